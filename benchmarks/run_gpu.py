@@ -1,0 +1,173 @@
+"""The GPU runner: ceilings, the GPU test suite and every benchmark in one run.
+
+Run on the H200 (through the ``device`` tool) from the repository root::
+
+    python benchmarks/run_gpu.py [--families sparse_mla,gemm] [--skip-tests] [--skip-bench]
+
+1. measures the ceilings in the same run (device copy bandwidth, cuBLAS bf16 and FP8);
+2. runs the tests marked ``gpu`` with ``TRITON_INTERPRET`` unset;
+3. runs ``benchmarks/bench_<family>.py`` (each has ``run(ceilings, quick) -> rows``);
+4. writes JSON, a Markdown table and PNG plots to ``benchmarks/results/`` (or ``$OUT``)
+   and prints a short table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.pop("TRITON_INTERPRET", None)
+
+
+def _families() -> list[str]:
+    return sorted(p.stem.removeprefix("bench_") for p in (ROOT / "benchmarks").glob("bench_*.py"))
+
+
+def run_tests(out_dir: Path, pytest_args: list[str]) -> dict:
+    log = out_dir / "gpu_tests.log"
+    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "--timeout", "300",
+           "-o", "addopts=", "-rfE", *pytest_args]
+    t0 = time.time()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    log.write_text(proc.stdout + "\n" + proc.stderr)
+    tail = [ln for ln in proc.stdout.strip().splitlines() if ln.strip()][-1:] or ["(no output)"]
+    failed = [ln for ln in proc.stdout.splitlines() if ln.startswith(("FAILED", "ERROR"))]
+    return {"returncode": proc.returncode, "summary": tail[0], "failed": failed[:50], "seconds": time.time() - t0}
+
+
+def run_benchmarks(families: list[str], ceilings: dict, quick: bool) -> list[dict]:
+    rows: list[dict] = []
+    for fam in families:
+        path = ROOT / "benchmarks" / f"bench_{fam}.py"
+        spec = importlib.util.spec_from_file_location(f"bench_{fam}", path)
+        mod = importlib.util.module_from_spec(spec)
+        t0 = time.time()
+        try:
+            spec.loader.exec_module(mod)
+            rows += mod.run(ceilings, quick=quick)
+        except Exception:
+            rows.append({"family": fam, "op": "(benchmark crashed)", "shape": "", "impl": "mate", "time_us": None,
+                         "note": traceback.format_exc()[-800:]})
+        print(f"[run_gpu] {fam}: {time.time() - t0:.0f} s", flush=True)
+    return rows
+
+
+def _fmt(v, spec):
+    return "" if v is None else format(v, spec)
+
+
+def markdown(ceilings: dict, tests: dict | None, rows: list[dict], env: dict) -> str:
+    lines = [f"# mate benchmarks, {env['date']} on {env['gpu']}", "",
+             f"torch {env['torch']}, triton {env['triton']}. Times are medians of CUDA-graph replays "
+             "over rotated inputs.", "",
+             "| ceiling | measured |", "| --- | --- |"]
+    lines += [f"| {k} | {v:.1f} |" for k, v in ceilings.items()]
+    if tests:
+        lines += ["", f"GPU tests: `{tests['summary']}`"]
+    lines += ["",
+              "| family | op | shape | dtype | impl | time (us) | TFLOP/s | GB/s | fraction of ceiling | note |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        frac = f"{r['frac_ceiling']:.0%} of {r['ceiling']}" if r.get("frac_ceiling") is not None else ""
+        note = (r.get("note") or "").replace("\n", " ").replace("|", "/")[:120]
+        lines.append(f"| {r['family']} | {r['op']} | {r['shape']} | {r.get('dtype', '')} | {r['impl']} | "
+                     f"{_fmt(r.get('time_us'), '.1f')} | {_fmt(r.get('TFLOPs'), '.1f')} | {_fmt(r.get('GBps'), '.0f')} | "
+                     f"{frac} | {note} |")
+    return "\n".join(lines) + "\n"
+
+
+def plots(rows: list[dict], out_dir: Path, stem: str) -> list[Path]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception:
+        return []
+    paths = []
+    for fam in sorted({r["family"] for r in rows}):
+        fr = [r for r in rows if r["family"] == fam and r.get("time_us")]
+        if not fr:
+            continue
+        cases = list(dict.fromkeys(f"{r['op']}\n{r['shape']}" for r in fr))
+        impls = list(dict.fromkeys(r["impl"] for r in fr))
+        fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(cases) + 2), 4.5))
+        width = 0.8 / len(impls)
+        for i, impl in enumerate(impls):
+            vals = []
+            for c in cases:
+                match = [r for r in fr if f"{r['op']}\n{r['shape']}" == c and r["impl"] == impl]
+                vals.append(match[0]["time_us"] if match else 0)
+            ax.bar([x + i * width for x in range(len(cases))], vals, width, label=impl)
+        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(cases))])
+        ax.set_xticklabels(cases, rotation=60, ha="right", fontsize=6)
+        ax.set_ylabel("time (us), lower is better")
+        ax.set_yscale("log")
+        ax.set_title(f"mate {fam}")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = out_dir / f"{stem}-{fam}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--families", default=",".join(_families()))
+    ap.add_argument("--skip-tests", action="store_true")
+    ap.add_argument("--skip-bench", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="fewer shapes")
+    ap.add_argument("--pytest-args", default="", help="extra pytest arguments, space-separated")
+    args = ap.parse_args()
+
+    import torch
+    import triton
+
+    from mate.testing.bench import measure_ceilings
+
+    out_dir = Path(os.environ.get("OUT") or ROOT / "benchmarks" / "results")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    gpu = torch.cuda.get_device_name(0)
+    env = {"date": dt.date.today().isoformat(), "gpu": gpu, "torch": torch.__version__, "triton": triton.__version__}
+    ceilings = measure_ceilings()
+    print("[run_gpu] ceilings:", json.dumps({k: round(v, 1) for k, v in ceilings.items()}), flush=True)
+    tests = None if args.skip_tests else run_tests(out_dir, args.pytest_args.split())
+    if tests:
+        print(f"[run_gpu] tests: {tests['summary']} ({tests['seconds']:.0f} s)", flush=True)
+    families = [f for f in args.families.split(",") if f]
+    rows = [] if args.skip_bench else run_benchmarks(families, ceilings, args.quick)
+
+    stem = f"{env['date']}-{gpu.replace('NVIDIA ', '').replace(' ', '_').lower()}"
+    payload = {"env": env, "ceilings": ceilings, "tests": tests, "rows": rows}
+    (out_dir / f"{stem}.json").write_text(json.dumps(payload, indent=2))
+    (out_dir / f"{stem}.md").write_text(markdown(ceilings, tests, rows, env))
+    plots(rows, out_dir, stem)
+
+    print("\n" + "=" * 100)
+    print("ceilings: " + ", ".join(f"{k}={v:.0f}" for k, v in ceilings.items()))
+    if tests:
+        print(f"gpu tests: {tests['summary']}")
+        for f in tests["failed"][:15]:
+            print("  " + f[:160])
+    for r in rows:
+        frac = f"{r['frac_ceiling']:.0%}" if r.get("frac_ceiling") is not None else ""
+        print(f"{r['family'][:10]:10} {r['op'][:22]:22} {r['shape'][:34]:34} {r['impl'][:14]:14} "
+              f"{_fmt(r.get('time_us'), '9.1f'):>9} us {_fmt(r.get('TFLOPs'), '7.1f'):>7} TF "
+              f"{_fmt(r.get('GBps'), '6.0f'):>6} GB/s {frac:>5} {(r.get('note') or '')[:40]}")
+    return 0 if not tests or tests["returncode"] in (0, 5) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

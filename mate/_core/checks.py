@@ -1,0 +1,198 @@
+"""Validation helpers shared by every public op.
+
+Each helper raises the exception type the conventions prescribe (``TypeError`` for a
+wrong dtype, ``ValueError`` for shapes, layouts, devices and values,
+``NotImplementedError`` for documented options that are not implemented) with a message
+that names the argument, what was expected and what was given.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+
+__all__ = [
+    "check_tensor",
+    "check_dtype",
+    "check_shape",
+    "check_ndim",
+    "check_contiguous",
+    "check_last_dim_contiguous",
+    "check_same_device",
+    "check_out_tensor",
+    "check_value",
+    "check_choice",
+    "check_positive_int",
+    "check_python_float",
+    "check_default",
+    "check_inputs_enabled",
+    "fmt_dtypes",
+]
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype)
+
+
+def fmt_dtypes(dtypes: Iterable[torch.dtype]) -> str:
+    names = [_dtype_name(d) for d in dtypes]
+    return names[0] if len(names) == 1 else "one of (" + ", ".join(names) + ")"
+
+
+def check_inputs_enabled() -> bool:
+    """True when ``MATE_CHECK_INPUTS=1``: the expensive checks that need a host read run."""
+    return os.environ.get("MATE_CHECK_INPUTS", "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+def check_is_tensor(name: str, t: Any) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+
+
+def check_dtype(name: str, t: torch.Tensor, dtypes: torch.dtype | Sequence[torch.dtype]) -> None:
+    """``TypeError`` unless ``t.dtype`` is one of ``dtypes``."""
+    check_is_tensor(name, t)
+    allowed = (dtypes,) if isinstance(dtypes, torch.dtype) else tuple(dtypes)
+    if t.dtype not in allowed:
+        raise TypeError(f"{name} must be {fmt_dtypes(allowed)}, got {_dtype_name(t.dtype)}")
+
+
+def check_ndim(name: str, t: torch.Tensor, ndims: int | Sequence[int]) -> None:
+    allowed = (ndims,) if isinstance(ndims, int) else tuple(ndims)
+    if t.dim() not in allowed:
+        want = " or ".join(f"{n}-D" for n in allowed)
+        raise ValueError(f"{name} must be {want}, got {t.dim()}-D with shape {tuple(t.shape)}")
+
+
+def _fmt_shape(shape: Sequence[int | None | str]) -> str:
+    return "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
+
+
+def check_shape(name: str, t: torch.Tensor, shape: Sequence[int | None]) -> None:
+    """``ValueError`` unless ``t.shape`` matches ``shape`` (``None`` matches any size)."""
+    if t.dim() != len(shape) or any(s is not None and s != d for s, d in zip(shape, t.shape)):
+        raise ValueError(f"{name} must have shape {_fmt_shape(shape)}, got {list(t.shape)}")
+
+
+def check_contiguous(name: str, t: torch.Tensor) -> None:
+    if not t.is_contiguous():
+        raise ValueError(
+            f"{name} must be contiguous, got shape {list(t.shape)} with strides {list(t.stride())}"
+        )
+
+
+def check_last_dim_contiguous(name: str, t: torch.Tensor) -> None:
+    if t.dim() > 0 and t.shape[-1] > 1 and t.stride(-1) != 1:
+        raise ValueError(
+            f"{name} must have a contiguous last dimension (stride 1), got strides {list(t.stride())}"
+        )
+
+
+def check_same_device(**tensors: torch.Tensor | None) -> torch.device:
+    """``ValueError`` unless every given tensor is on one device; returns that device."""
+    device = None
+    first = None
+    for name, t in tensors.items():
+        if t is None:
+            continue
+        if device is None:
+            device, first = t.device, name
+        elif t.device != device:
+            raise ValueError(f"{name} must be on {device} (the device of {first}), got {t.device}")
+    if device is None:
+        raise ValueError("at least one tensor argument is required")
+    return device
+
+
+def check_tensor(
+    name: str,
+    t: Any,
+    *,
+    dtype: torch.dtype | Sequence[torch.dtype] | None = None,
+    shape: Sequence[int | None] | None = None,
+    ndim: int | Sequence[int] | None = None,
+    contiguous: bool = False,
+    last_dim_contiguous: bool = False,
+    device: torch.device | None = None,
+) -> torch.Tensor:
+    """One call for the usual checks of a tensor argument, in the conventional order."""
+    check_is_tensor(name, t)
+    if dtype is not None:
+        check_dtype(name, t, dtype)
+    if ndim is not None:
+        check_ndim(name, t, ndim)
+    if shape is not None:
+        check_shape(name, t, shape)
+    if device is not None and t.device != torch.device(device):
+        raise ValueError(f"{name} must be on {device}, got {t.device}")
+    if contiguous:
+        check_contiguous(name, t)
+    if last_dim_contiguous:
+        check_last_dim_contiguous(name, t)
+    return t
+
+
+def check_out_tensor(
+    name: str,
+    out: torch.Tensor,
+    *,
+    shape: Sequence[int],
+    dtype: torch.dtype | Sequence[torch.dtype],
+    device: torch.device,
+    contiguous: bool = True,
+    last_dim_contiguous: bool = False,
+) -> torch.Tensor:
+    """Checks a caller-supplied output buffer; never reallocates a wrong one."""
+    return check_tensor(
+        name,
+        out,
+        dtype=dtype,
+        shape=shape,
+        device=device,
+        contiguous=contiguous,
+        last_dim_contiguous=last_dim_contiguous,
+    )
+
+
+def check_value(name: str, ok: bool, expected: str, given: Any) -> None:
+    """``ValueError`` with the standard message unless ``ok``."""
+    if not ok:
+        raise ValueError(f"{name} must be {expected}, got {given!r}")
+
+
+def check_choice(name: str, value: Any, choices: Iterable[Any]) -> None:
+    choices = tuple(choices)
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {choices!r}, got {value!r}")
+
+
+def check_positive_int(name: str, value: Any, *, multiple_of: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value <= 0 or value % multiple_of:
+        what = "a positive int" if multiple_of == 1 else f"a positive multiple of {multiple_of}"
+        raise ValueError(f"{name} must be {what}, got {value}")
+    return value
+
+
+def check_python_float(name: str, value: Any) -> float:
+    """Scales passed as Python numbers; a tensor-valued scale is not implemented."""
+    if isinstance(value, torch.Tensor):
+        raise NotImplementedError(
+            f"{name} must be a Python float; tensor-valued {name} is not implemented"
+        )
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a float, got {type(value).__name__}")
+    return float(value)
+
+
+def check_default(name: str, value: Any, default: Any) -> None:
+    """``NotImplementedError`` when an argument that would change the result is not at its default."""
+    same = value is default if default is None or isinstance(default, bool) else value == default
+    if not same:
+        raise NotImplementedError(
+            f"{name}={value!r} is not implemented (only the default {default!r} is supported)"
+        )

@@ -1,0 +1,25 @@
+"""The environment variables mate reads, with their defaults and meaning."""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["ENV_VARS", "env_in_effect"]
+
+ENV_VARS: dict[str, tuple[str, str]] = {
+    "MATE_BACKEND": ("auto", "auto | triton | reference: Triton kernels on CUDA, reference on CPU; "
+                     "triton on CPU needs TRITON_INTERPRET=1"),
+    "MATE_CHECK_INPUTS": ("0", "1: run the expensive input checks that need a host read (index ranges, layouts)"),
+    "MATE_LOGLEVEL": ("0", "API logging: 0 off, 1 names, 3 arguments and results, 5 tensor statistics, 10 dumps"),
+    "MATE_LOGDEST": ("stderr", "stdout, stderr or a file path (%i becomes the process id)"),
+    "MATE_DUMP_DIR": ("mate_dumps", "root folder of the dumps written at MATE_LOGLEVEL=10"),
+    "MATE_DUMP_MAX_SIZE_GB": ("20", "stop dumping once this many GB were written by the process"),
+    "MATE_DUMP_MAX_COUNT": ("1000", "stop dumping after this many calls"),
+    "MATE_DUMP_INCLUDE": ("", "comma-separated fnmatch patterns: dump only matching function names"),
+    "MATE_DUMP_EXCLUDE": ("", "comma-separated fnmatch patterns: never dump matching function names"),
+}
+
+
+def env_in_effect() -> dict[str, str]:
+    """Every MATE_* variable: its value if set, else its default."""
+    return {name: os.environ.get(name, default) for name, (default, _) in ENV_VARS.items()}

@@ -1,0 +1,330 @@
+"""API logging, statistics and dumps for every public mate function.
+
+``@mate_api`` wraps each public function. Its behaviour is configured by environment
+variables read once, when this module is imported:
+
+``MATE_LOGLEVEL``
+    0 (default): the decorator returns the function itself (no overhead).
+    1: the function name before each call. 3: plus every argument and result (tensor
+    shape, stride, dtype, device). 5: plus tensor statistics (min, max, mean, NaN/Inf
+    counts), skipped while a CUDA graph is being captured. 10: plus a dump of the inputs
+    before and the outputs after each call.
+``MATE_LOGDEST``
+    ``stdout``, ``stderr`` (default) or a file path; ``%i`` becomes the process id.
+``MATE_DUMP_DIR``, ``MATE_DUMP_MAX_SIZE_GB``, ``MATE_DUMP_MAX_COUNT``,
+``MATE_DUMP_INCLUDE``, ``MATE_DUMP_EXCLUDE``
+    Where dumps go, their total size and count limits, and comma-separated fnmatch
+    patterns on function names that select which calls are dumped.
+
+A failure inside logging or dumping is reported on the log destination and never
+reaches the caller.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime as _dt
+import fnmatch
+import functools
+import itertools
+import json
+import os
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+__all__ = ["mate_api", "LogConfig", "CONFIG", "snapshot_tensors", "restore_tensors"]
+
+
+def _env_float(name: str, default: float) -> float:
+    try:
+        return float(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+def _env_patterns(name: str) -> tuple[str, ...]:
+    raw = os.environ.get(name, "")
+    return tuple(p.strip() for p in raw.split(",") if p.strip())
+
+
+@dataclasses.dataclass(frozen=True)
+class LogConfig:
+    """The logging configuration in force (read from the environment once)."""
+
+    level: int
+    dest: str
+    dump_dir: str
+    dump_max_size_gb: float
+    dump_max_count: int
+    dump_include: tuple[str, ...]
+    dump_exclude: tuple[str, ...]
+
+    @classmethod
+    def from_env(cls) -> LogConfig:
+        try:
+            level = int(os.environ.get("MATE_LOGLEVEL", "0"))
+        except ValueError:
+            level = 0
+        return cls(
+            level=level,
+            dest=os.environ.get("MATE_LOGDEST", "stderr"),
+            dump_dir=os.environ.get("MATE_DUMP_DIR", "mate_dumps"),
+            dump_max_size_gb=_env_float("MATE_DUMP_MAX_SIZE_GB", 20.0),
+            dump_max_count=int(_env_float("MATE_DUMP_MAX_COUNT", 1000)),
+            dump_include=_env_patterns("MATE_DUMP_INCLUDE"),
+            dump_exclude=_env_patterns("MATE_DUMP_EXCLUDE"),
+        )
+
+
+CONFIG = LogConfig.from_env()
+
+_lock = threading.Lock()
+_stream = None
+_call_counter = itertools.count(1)
+_dump_state = {"count": 0, "bytes": 0}
+
+
+def _log_stream():
+    global _stream
+    if _stream is None:
+        dest = CONFIG.dest
+        if dest == "stdout":
+            _stream = sys.stdout
+        elif dest == "stderr":
+            _stream = sys.stderr
+        else:
+            path = Path(dest.replace("%i", str(os.getpid())))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            _stream = open(path, "a", buffering=1)  # noqa: SIM115 - kept open for the process
+    return _stream
+
+
+def _emit(line: str) -> None:
+    with _lock:
+        stream = _log_stream()
+        stream.write(line + "\n")
+        stream.flush()
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def _describe(value: Any, with_stats: bool) -> str:
+    if isinstance(value, torch.Tensor):
+        text = (
+            f"Tensor(shape={list(value.shape)}, stride={list(value.stride())}, "
+            f"dtype={value.dtype}, device={value.device})"
+        )
+        if with_stats and not _capturing():
+            text += " " + _stats(value)
+        return text
+    if isinstance(value, (list, tuple)):
+        inner = ", ".join(_describe(v, with_stats) for v in value)
+        return f"[{inner}]" if isinstance(value, list) else f"({inner})"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_describe(v, with_stats)}" for k, v in value.items()) + "}"
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return type(value).__name__ + "(...)"
+    text = repr(value)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _stats(t: torch.Tensor) -> str:
+    if t.numel() == 0:
+        return "{empty}"
+    x = t.detach()
+    if x.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) or x.dtype.is_floating_point:
+        x = x.float()
+        nan = int(torch.isnan(x).sum())
+        inf = int(torch.isinf(x).sum())
+        finite = x[torch.isfinite(x)]
+        if finite.numel() == 0:
+            return f"{{nan={nan}, inf={inf}}}"
+        return (
+            f"{{min={finite.min().item():.6g}, max={finite.max().item():.6g}, "
+            f"mean={finite.mean().item():.6g}, nan={nan}, inf={inf}}}"
+        )
+    if x.dtype == torch.bool:
+        return f"{{true={int(x.sum())}}}"
+    if x.is_complex():
+        return "{complex}"
+    return f"{{min={x.min().item()}, max={x.max().item()}}}"
+
+
+# ---------------------------------------------------------------------------- dumps
+
+
+def snapshot_tensors(value: Any) -> Any:
+    """Deep-copies the tensors in ``value`` to the CPU, keeping shapes, strides and dtypes.
+
+    A strided view is copied with the span of storage it covers, so that a replay writes
+    through the same strides (for example an output that is a slice of a merged buffer).
+    """
+    if isinstance(value, torch.Tensor):
+        t = value.detach()
+        if t.numel() == 0:
+            return t.cpu().clone()
+        span = 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride()))
+        flat = t.as_strided((span,), (1,), t.storage_offset()).cpu().clone()
+        return flat.as_strided(t.shape, t.stride(), 0)
+    if isinstance(value, list):
+        return [snapshot_tensors(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(snapshot_tensors(v) for v in value)
+    if isinstance(value, dict):
+        return {k: snapshot_tensors(v) for k, v in value.items()}
+    return value
+
+
+def restore_tensors(value: Any, device: torch.device) -> Any:
+    """Moves the tensors of a snapshot to ``device``, keeping strides."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() == 0:
+            return value.to(device)
+        span = 1 + sum((s - 1) * st for s, st in zip(value.shape, value.stride()))
+        flat = value.as_strided((span,), (1,), value.storage_offset()).to(device).clone()
+        return flat.as_strided(value.shape, value.stride(), 0)
+    if isinstance(value, list):
+        return [restore_tensors(v, device) for v in value]
+    if isinstance(value, tuple):
+        return tuple(restore_tensors(v, device) for v in value)
+    if isinstance(value, dict):
+        return {k: restore_tensors(v, device) for k, v in value.items()}
+    return value
+
+
+def _nbytes(value: Any) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.untyped_storage().nbytes()
+    if isinstance(value, (list, tuple)):
+        return sum(_nbytes(v) for v in value)
+    if isinstance(value, dict):
+        return sum(_nbytes(v) for v in value.values())
+    return 0
+
+
+def _dump_selected(name: str) -> bool:
+    if CONFIG.dump_include and not any(fnmatch.fnmatch(name, p) for p in CONFIG.dump_include):
+        return False
+    return not any(fnmatch.fnmatch(name, p) for p in CONFIG.dump_exclude)
+
+
+def _first_device(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return str(value.device)
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
+    for v in items:
+        d = _first_device(v)
+        if d:
+            return d
+    return ""
+
+
+class _Dump:
+    """One call's dump folder."""
+
+    def __init__(self, qualname: str, short: str, call_id: int, args: tuple, kwargs: dict):
+        root = Path(CONFIG.dump_dir)
+        stamp = _dt.datetime.now().strftime("%Y%m%d_%H%M%S_%f")
+        self.root = root
+        self.dir = root / f"{stamp}_pid{os.getpid()}_{short}_call{call_id:04d}"
+        self.qualname = qualname
+        self.inputs = {"args": snapshot_tensors(list(args)), "kwargs": snapshot_tensors(dict(kwargs))}
+        self.device = _first_device([args, kwargs])
+
+    def fits(self) -> bool:
+        limit = CONFIG.dump_max_size_gb * (1 << 30)
+        return (
+            _dump_state["count"] < CONFIG.dump_max_count
+            and _dump_state["bytes"] + _nbytes(self.inputs) <= limit
+        )
+
+    def write(self, result: Any, error: str | None) -> None:
+        outputs = snapshot_tensors(result)
+        size = _nbytes(self.inputs) + _nbytes(outputs)
+        if _dump_state["bytes"] + size > CONFIG.dump_max_size_gb * (1 << 30):
+            _emit(f"[mate] dump of {self.qualname} skipped: MATE_DUMP_MAX_SIZE_GB reached")
+            return
+        self.dir.mkdir(parents=True, exist_ok=False)
+        torch.save(self.inputs, self.dir / "inputs.pt")
+        torch.save({"result": outputs}, self.dir / "outputs.pt")
+        meta = {
+            "function": self.qualname,
+            "pid": os.getpid(),
+            "time": _dt.datetime.now().isoformat(),
+            "device": self.device,
+            "torch": torch.__version__,
+            "error": error,
+            "bytes": size,
+        }
+        (self.dir / "metadata.json").write_text(json.dumps(meta, indent=2))
+        with open(self.root / "session.jsonl", "a") as f:
+            f.write(json.dumps({**meta, "dir": self.dir.name}) + "\n")
+        _dump_state["count"] += 1
+        _dump_state["bytes"] += size
+
+
+# ---------------------------------------------------------------------------- decorator
+
+
+def _safe(what: str, fn: Callable[[], Any]) -> Any:
+    try:
+        return fn()
+    except Exception as exc:  # logging must never reach the caller
+        with contextlib.suppress(Exception):
+            _emit(f"[mate] logging failed during {what}: {type(exc).__name__}: {exc}")
+        return None
+
+
+def mate_api(fn: F) -> F:
+    """Wraps a public function with logging and dumps as configured by ``MATE_LOGLEVEL``."""
+    level = CONFIG.level
+    if level <= 0:
+        return fn
+    qualname = f"{fn.__module__}:{fn.__qualname__}"
+    short = fn.__name__
+    display = f"{fn.__module__}.{fn.__qualname__}"
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        call_id = next(_call_counter)
+        _safe("call logging", lambda: _emit(f"[mate] call #{call_id} {display}"))
+        if level >= 3:
+
+            def log_args() -> None:
+                for i, a in enumerate(args):
+                    _emit(f"[mate]   arg{i} = {_describe(a, level >= 5)}")
+                for k, v in kwargs.items():
+                    _emit(f"[mate]   {k} = {_describe(v, level >= 5)}")
+
+            _safe("argument logging", log_args)
+        dump = None
+        if level >= 10 and _dump_selected(short) and not _capturing():
+            dump = _safe("input dump", lambda: _Dump(qualname, short, call_id, args, kwargs))
+            if dump is not None and not _safe("dump limits", dump.fits):
+                _safe("dump limit", lambda: _emit(f"[mate] dump of {display} skipped: dump limits reached"))
+                dump = None
+        try:
+            result = fn(*args, **kwargs)
+        except Exception as exc:
+            if dump is not None:
+                message = f"{type(exc).__name__}: {exc}"
+                _safe("error dump", lambda: dump.write(None, message))
+            raise
+        if level >= 3:
+            _safe("result logging", lambda: _emit(f"[mate]   result = {_describe(result, level >= 5)}"))
+        if dump is not None:
+            _safe("output dump", lambda: dump.write(result, None))
+        return result
+
+    wrapper.__mate_api__ = True  # type: ignore[attr-defined]
+    return wrapper  # type: ignore[return-value]

@@ -1,0 +1,135 @@
+"""GPU timing and ceilings used by the benchmarks.
+
+Times are medians of CUDA-graph replays (or CUDA events when a callable cannot be
+captured), with inputs rotated over several sets so that the L2 does not flatter.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+__all__ = ["time_fn", "measure_ceilings", "rotation_count", "record"]
+
+L2_BYTES = 60 * (1 << 20)
+
+
+def rotation_count(bytes_per_set: int, min_total: int = 4 * L2_BYTES, max_sets: int = 64) -> int:
+    """How many input sets to rotate through so their total exceeds several L2 sizes."""
+    if bytes_per_set <= 0:
+        return 1
+    return max(1, min(max_sets, -(-min_total // bytes_per_set)))
+
+
+def time_fn(
+    fns: Sequence[Callable[[], Any]] | Callable[[], Any],
+    *,
+    iters: int = 50,
+    warmup: int = 5,
+    use_graph: bool = True,
+) -> float:
+    """Median time in microseconds of one call, rotating over ``fns`` (one per input set).
+
+    With ``use_graph`` the rotation is captured in one CUDA graph and each replay is
+    timed with events; the time is divided by the number of calls per replay.
+    """
+    if callable(fns):
+        fns = [fns]
+    fns = list(fns)
+    for _ in range(warmup):
+        for f in fns:
+            f()
+    torch.cuda.synchronize()
+    times: list[float] = []
+    if use_graph:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for f in fns:
+                f()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for f in fns:
+                f()
+        graph.replay()
+        torch.cuda.synchronize()
+        reps = max(3, iters // len(fns))
+        for _ in range(reps):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1e3 / len(fns))
+    else:
+        for i in range(iters):
+            f = fns[i % len(fns)]
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            f()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(times)
+
+
+def measure_ceilings() -> dict[str, float]:
+    """Copy bandwidth (GB/s, read + write) and cuBLAS bf16 / fp8 rates (TFLOP/s)."""
+    dev = "cuda"
+    out: dict[str, float] = {}
+    n = 1 << 30  # 1 GiB per buffer
+    src = torch.empty(n, dtype=torch.uint8, device=dev).random_(0, 255)
+    dst = torch.empty_like(src)
+    t = time_fn(lambda: dst.copy_(src), iters=20, use_graph=False)
+    out["copy_GBps"] = 2 * n / (t * 1e-6) / 1e9
+    m = n_ = k = 8192
+    a = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+    b = torch.randn(n_, k, device=dev, dtype=torch.bfloat16)
+    t = time_fn(lambda: a @ b.t(), iters=20, use_graph=False)
+    out["cublas_bf16_TFLOPs"] = 2 * m * n_ * k / (t * 1e-6) / 1e12
+    a8 = a.to(torch.float8_e4m3fn)
+    b8 = b.to(torch.float8_e4m3fn)
+    one = torch.ones((), device=dev)
+    t = time_fn(lambda: torch._scaled_mm(a8, b8.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16),
+                iters=20, use_graph=False)
+    out["cublas_fp8_TFLOPs"] = 2 * m * n_ * k / (t * 1e-6) / 1e12
+    return out
+
+
+def record(
+    ceilings: dict[str, float],
+    *,
+    family: str,
+    op: str,
+    shape: str,
+    impl: str,
+    time_us: float | None,
+    flops: float | None = None,
+    nbytes: float | None = None,
+    dtype: str = "",
+    ceiling: str = "",
+    note: str = "",
+) -> dict[str, Any]:
+    """One benchmark row: time, TFLOP/s, GB/s and the fractions of the measured ceilings.
+
+    ``ceiling`` names the rate the op should be compared with (``cublas_bf16_TFLOPs``,
+    ``cublas_fp8_TFLOPs`` or ``copy_GBps``); ``time_us=None`` records a peer that failed or
+    is unavailable, with the reason in ``note``.
+    """
+    row: dict[str, Any] = {"family": family, "op": op, "shape": shape, "dtype": dtype, "impl": impl,
+                           "time_us": time_us, "note": note}
+    if time_us:
+        if flops is not None:
+            row["TFLOPs"] = flops / (time_us * 1e-6) / 1e12
+        if nbytes is not None:
+            row["GBps"] = nbytes / (time_us * 1e-6) / 1e9
+        if ceiling and ceiling in ceilings:
+            achieved = row.get("GBps") if ceiling.endswith("GBps") else row.get("TFLOPs")
+            if achieved is not None:
+                row["frac_ceiling"] = achieved / ceilings[ceiling]
+                row["ceiling"] = ceiling
+    return row

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Sets up mate (and the flashinfer wrapper) and runs the CPU test suite: kernels run under
+# Triton's interpreter. Used by the README and by .ci/run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python -m pip install -q -e ".[test]"
+if [ -f wrappers/flashinfer/pyproject.toml ]; then
+    python -m pip install -q --no-deps -e wrappers/flashinfer
+fi
+python -m ruff check .
+export TRITON_INTERPRET=1
+set +e
+python -m pytest -n 2 --timeout 600 -q "$@"
+rc=$?
+set -e
+if [ "$rc" -eq 5 ]; then
+    echo "pytest collected no tests: failing" >&2
+    exit 1
+fi
+exit "$rc"
