@@ -33,12 +33,17 @@ def _families() -> list[str]:
     return sorted(p.stem.removeprefix("bench_") for p in (ROOT / "benchmarks").glob("bench_*.py"))
 
 
+def _env_with_root() -> dict:
+    paths = [str(ROOT), str(ROOT / "wrappers" / "flashinfer"), os.environ.get("PYTHONPATH", "")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+
+
 def run_tests(out_dir: Path, pytest_args: list[str]) -> dict:
     log = out_dir / "gpu_tests.log"
     cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "--timeout", "300",
            "-o", "addopts=", "-rfE", *pytest_args]
     t0 = time.time()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=_env_with_root())
     log.write_text(proc.stdout + "\n" + proc.stderr)
     tail = [ln for ln in proc.stdout.strip().splitlines() if ln.strip()][-1:] or ["(no output)"]
     failed = [ln for ln in proc.stdout.splitlines() if ln.startswith(("FAILED", "ERROR"))]
@@ -81,8 +86,8 @@ def markdown(ceilings: dict, tests: dict | None, rows: list[dict], env: dict) ->
         frac = f"{r['frac_ceiling']:.0%} of {r['ceiling']}" if r.get("frac_ceiling") is not None else ""
         note = (r.get("note") or "").replace("\n", " ").replace("|", "/")[:120]
         lines.append(f"| {r['family']} | {r['op']} | {r['shape']} | {r.get('dtype', '')} | {r['impl']} | "
-                     f"{_fmt(r.get('time_us'), '.1f')} | {_fmt(r.get('TFLOPs'), '.1f')} | {_fmt(r.get('GBps'), '.0f')} | "
-                     f"{frac} | {note} |")
+                     f"{_fmt(r.get('time_us'), '.1f')} | {_fmt(r.get('TFLOPs'), '.1f')} | "
+                     f"{_fmt(r.get('GBps'), '.0f')} | {frac} | {note} |")
     return "\n".join(lines) + "\n"
 
 
