@@ -3,10 +3,7 @@
 # Triton's interpreter. Used by the README and by .ci/run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python -m pip install -q -e ".[test]"
-if [ -f wrappers/flashinfer/pyproject.toml ]; then
-    python -m pip install -q --no-deps -e wrappers/flashinfer
-fi
+bash scripts/setup.sh
 python -m ruff check .
 export TRITON_INTERPRET=1
 set +e
