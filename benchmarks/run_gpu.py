@@ -135,6 +135,8 @@ def main() -> int:
     ap.add_argument("--skip-bench", action="store_true")
     ap.add_argument("--quick", action="store_true", help="fewer shapes")
     ap.add_argument("--pytest-args", default="", help="extra pytest arguments, space-separated")
+    ap.add_argument("--shape-filter", default="", help="comma-separated substrings: keep rows whose shape has one")
+    ap.add_argument("--mate-only", action="store_true", help="drop the peers' rows")
     args = ap.parse_args()
 
     import torch
@@ -153,6 +155,11 @@ def main() -> int:
         print(f"[run_gpu] tests: {tests['summary']} ({tests['seconds']:.0f} s)", flush=True)
     families = [f for f in args.families.split(",") if f]
     rows = [] if args.skip_bench else run_benchmarks(families, ceilings, args.quick)
+    if args.shape_filter:
+        keep = [s for s in args.shape_filter.split(",") if s]
+        rows = [r for r in rows if any(k in r["shape"] for k in keep)]
+    if args.mate_only:
+        rows = [r for r in rows if r["impl"].startswith("mate")]
 
     stem = f"{env['date']}-{gpu.replace('NVIDIA ', '').replace(' ', '_').lower()}"
     payload = {"env": env, "ceilings": ceilings, "tests": tests, "rows": rows}

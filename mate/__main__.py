@@ -274,14 +274,23 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    """Runs one family's benchmark (``benchmarks/bench_<op>.py``) through the GPU runner."""
     bench_dir = Path(__file__).resolve().parent.parent / "benchmarks"
     script = bench_dir / f"bench_{args.op}.py"
     if not script.is_file():
         have = sorted(p.stem.removeprefix("bench_") for p in bench_dir.glob("bench_*.py"))
         print(f"no benchmark for {args.op!r}; available: {', '.join(have) or 'none (benchmarks/ not found)'}")
         return 1
-    cmd = [sys.executable, str(script)] + (["--shape", *args.shape] if args.shape else [])
-    cmd += ["--peers"] if args.peers else []
+    import torch
+
+    if not torch.cuda.is_available():
+        print("mate bench needs a CUDA GPU (benchmarks time the Triton kernels against GPU peers)")
+        return 1
+    cmd = [sys.executable, str(bench_dir / "run_gpu.py"), "--skip-tests", "--families", args.op]
+    if args.shape:
+        cmd += ["--shape-filter", ",".join(args.shape)]
+    if not args.peers:
+        cmd += ["--mate-only"]
     return subprocess.call(cmd)
 
 
@@ -302,8 +311,8 @@ def build_parser() -> argparse.ArgumentParser:
     rp.set_defaults(fn=cmd_replay)
     bp = sub.add_parser("bench", help="run the benchmark of one op family")
     bp.add_argument("op")
-    bp.add_argument("--shape", nargs="*", default=None)
-    bp.add_argument("--peers", action="store_true")
+    bp.add_argument("--shape", nargs="*", default=None, help="keep rows whose shape contains one of these")
+    bp.add_argument("--peers", action="store_true", help="also show the peers (cuBLAS, FlashMLA, ...)")
     bp.set_defaults(fn=cmd_bench)
     return p
 
