@@ -56,7 +56,8 @@ def _e4m3_bits(x):
     # |x| < 2**-6: subnormal multiples of 2**-9 (a result of 8 is the smallest normal)
     sub = _rne_int(ax * 512.0).to(tl.int32)
     mag = tl.where(ax < 0.015625, sub, normal)
-    sign = tl.where(x < 0, 0x80, 0)
+    # the sign bit, not ``x < 0``: -0.0 becomes the byte 0x80, as torch's cast gives
+    sign = ((x.to(tl.uint32, bitcast=True) >> 24) & 0x80).to(tl.int32)
     byte = tl.where(is_nan, 0x7F, mag | sign)
     return byte.to(tl.uint8)
 
@@ -75,9 +76,13 @@ def to_fp8_e4m3(x):
 def to_bf16(x):
     """fp32 -> bf16 with round to nearest even (the interpreter truncates)."""
     if INTERPRET:
+        # round the fp32 bits, then reinterpret the upper half: the interpreter's own
+        # fp32 -> bf16 cast is also wrong for fp32 subnormals. NaN is kept apart, since
+        # rounding could carry a NaN payload into an infinity or the sign bit.
         bits = x.to(tl.uint32, bitcast=True)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-        return bits.to(tl.float32, bitcast=True).to(tl.bfloat16)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        bits = tl.where(x != x, 0x7FC0, bits)
+        return bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
     else:
         return x.to(tl.bfloat16)
 

@@ -17,6 +17,9 @@ DTYPE_TOL: dict[torch.dtype, tuple[float, float]] = {
 }
 
 
+_BITS_DTYPE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
 def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     """||out - ref|| / ||ref|| in float64 (0 when both are zero)."""
     o = out.detach().double().cpu()
@@ -27,14 +30,15 @@ def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def assert_equal(out: torch.Tensor, ref: torch.Tensor, name: str = "output") -> None:
-    """Bit-exact equality (NaN equals NaN); reports the first mismatches."""
+    """Bit-exact equality: identical bit patterns (so -0.0 differs from 0.0), except that
+    any NaN equals any NaN (NaN payloads and signs differ between backends). Reports the
+    first mismatches."""
     assert out.shape == ref.shape, f"{name}: shape {tuple(out.shape)} != {tuple(ref.shape)}"
     assert out.dtype == ref.dtype, f"{name}: dtype {out.dtype} != {ref.dtype}"
     o, r = out.detach().cpu(), ref.detach().cpu()
     if o.dtype.is_floating_point:
-        same = (o.view(torch.uint8) == r.view(torch.uint8)) if o.element_size() == 1 else None
-        if same is None:
-            same = (o == r) | (torch.isnan(o.float()) & torch.isnan(r.float()))
+        bits = _BITS_DTYPE[o.element_size()]
+        same = (o.view(bits) == r.view(bits)) | (torch.isnan(o.float()) & torch.isnan(r.float()))
     else:
         same = o == r
     if not bool(same.all()):

@@ -1,0 +1,219 @@
+"""The validation helpers of ``mate._core.checks``: exception types and messages that name
+the argument, what was expected and what was given."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from mate._core import checks
+from mate._core.checks import (
+    check_choice,
+    check_contiguous,
+    check_default,
+    check_dtype,
+    check_inputs_enabled,
+    check_last_dim_contiguous,
+    check_ndim,
+    check_out_tensor,
+    check_positive_int,
+    check_python_float,
+    check_same_device,
+    check_shape,
+    check_tensor,
+    check_value,
+    fmt_dtypes,
+)
+
+
+def _raises(exc: type[Exception], *parts: str):
+    """pytest.raises matching every part of the message, in order."""
+    return pytest.raises(exc, match=".*".join(re.escape(p) for p in parts))
+
+
+def test_every_exported_helper_is_tested():
+    tested = {
+        "check_tensor", "check_dtype", "check_shape", "check_ndim", "check_contiguous",
+        "check_last_dim_contiguous", "check_same_device", "check_out_tensor", "check_value",
+        "check_choice", "check_positive_int", "check_python_float", "check_default",
+        "check_inputs_enabled", "fmt_dtypes", "check_is_tensor",
+    }
+    assert set(checks.__all__) <= tested, set(checks.__all__) - tested
+
+
+def test_check_is_tensor():
+    with _raises(TypeError, "query must be a torch.Tensor, got list"):
+        checks.check_is_tensor("query", [1.0])
+    with _raises(TypeError, "query must be a torch.Tensor, got NoneType"):
+        check_tensor("query", None)
+
+
+def test_fmt_dtypes():
+    assert fmt_dtypes([torch.bfloat16]) == "torch.bfloat16"
+    assert fmt_dtypes([torch.bfloat16, torch.float16]) == "one of (torch.bfloat16, torch.float16)"
+
+
+def test_check_dtype():
+    x = torch.zeros(2, dtype=torch.bfloat16)
+    check_dtype("query", x, torch.bfloat16)
+    check_dtype("query", x, (torch.float16, torch.bfloat16))
+    with _raises(TypeError, "query must be torch.float8_e4m3fn, got torch.bfloat16"):
+        check_dtype("query", x, torch.float8_e4m3fn)
+    with _raises(TypeError, "kv must be one of (torch.float16, torch.float32), got torch.bfloat16"):
+        check_dtype("kv", x, [torch.float16, torch.float32])
+    with _raises(TypeError, "kv must be a torch.Tensor, got float"):
+        check_dtype("kv", 1.0, torch.float32)
+
+
+def test_check_ndim():
+    x = torch.zeros(2, 3)
+    check_ndim("a", x, 2)
+    check_ndim("a", x, (2, 3))
+    with _raises(ValueError, "a must be 3-D, got 2-D with shape (2, 3)"):
+        check_ndim("a", x, 3)
+    with _raises(ValueError, "a must be 3-D or 4-D, got 2-D"):
+        check_ndim("a", x, [3, 4])
+
+
+def test_check_shape():
+    x = torch.zeros(2, 3, 4)
+    check_shape("kv", x, (2, None, 4))
+    check_shape("kv", torch.zeros(0, 3), (0, 3))
+    with _raises(ValueError, "kv must have shape [2, *, 5], got [2, 3, 4]"):
+        check_shape("kv", x, (2, None, 5))
+    with _raises(ValueError, "kv must have shape [2, 3], got [2, 3, 4]"):
+        check_shape("kv", x, (2, 3))
+
+
+def test_check_contiguous():
+    x = torch.zeros(4, 6)
+    check_contiguous("out", x)
+    with _raises(ValueError, "out must be contiguous, got shape [6, 4] with strides [1, 6]"):
+        check_contiguous("out", x.t())
+
+
+def test_check_last_dim_contiguous():
+    x = torch.zeros(4, 6)
+    check_last_dim_contiguous("q", x[:, :3])  # a row slice keeps stride 1
+    check_last_dim_contiguous("q", x[:, ::6])  # size-1 last dim (stride 6): any stride
+    check_last_dim_contiguous("q", torch.zeros(()))
+    with _raises(ValueError, "q must have a contiguous last dimension (stride 1), got strides [1, 6]"):
+        check_last_dim_contiguous("q", x.t())
+
+
+def test_check_same_device():
+    a, b = torch.zeros(1), torch.zeros(1)
+    assert check_same_device(a=a, b=b, c=None) == torch.device("cpu")
+    with _raises(ValueError, "at least one tensor argument is required"):
+        check_same_device(a=None)
+    meta = torch.zeros(1, device="meta")
+    with _raises(ValueError, "b must be on cpu (the device of a), got meta"):
+        check_same_device(a=a, b=meta)
+
+
+def test_check_tensor_order_and_options():
+    x = torch.zeros(4, 8, dtype=torch.float16)
+    assert check_tensor("x", x, dtype=torch.float16, shape=(4, 8), ndim=2, contiguous=True,
+                        last_dim_contiguous=True, device=torch.device("cpu")) is x
+    # the dtype is checked before the shape
+    with _raises(TypeError, "x must be torch.float32, got torch.float16"):
+        check_tensor("x", x, dtype=torch.float32, shape=(1,))
+    with _raises(ValueError, "x must be 3-D, got 2-D"):
+        check_tensor("x", x, ndim=3, shape=(4, 8, 1))
+    with _raises(ValueError, "x must have shape [4, 9], got [4, 8]"):
+        check_tensor("x", x, shape=(4, 9))
+    with _raises(ValueError, "x must be on meta, got cpu"):
+        check_tensor("x", x, device="meta")
+    with _raises(ValueError, "x must be contiguous"):
+        check_tensor("x", x.t(), contiguous=True)
+    with _raises(ValueError, "x must have a contiguous last dimension"):
+        check_tensor("x", x.t(), last_dim_contiguous=True)
+
+
+def test_check_out_tensor():
+    out = torch.empty(3, 5, dtype=torch.bfloat16)
+    dev = torch.device("cpu")
+    assert check_out_tensor("out", out, shape=(3, 5), dtype=torch.bfloat16, device=dev) is out
+    with _raises(ValueError, "out must have shape [3, 6], got [3, 5]"):
+        check_out_tensor("out", out, shape=(3, 6), dtype=torch.bfloat16, device=dev)
+    with _raises(TypeError, "out must be torch.float32, got torch.bfloat16"):
+        check_out_tensor("out", out, shape=(3, 5), dtype=torch.float32, device=dev)
+    with _raises(ValueError, "out must be on meta, got cpu"):
+        check_out_tensor("out", out, shape=(3, 5), dtype=torch.bfloat16, device=torch.device("meta"))
+    # contiguous by default; strided outputs are allowed when the op says so
+    strided = torch.empty(3, 8, dtype=torch.bfloat16)[:, :5]
+    with _raises(ValueError, "out must be contiguous"):
+        check_out_tensor("out", strided, shape=(3, 5), dtype=torch.bfloat16, device=dev)
+    check_out_tensor("out", strided, shape=(3, 5), dtype=torch.bfloat16, device=dev, contiguous=False,
+                     last_dim_contiguous=True)
+    with _raises(ValueError, "out must have a contiguous last dimension"):
+        check_out_tensor("out", strided.t(), shape=(5, 3), dtype=torch.bfloat16, device=dev, contiguous=False,
+                         last_dim_contiguous=True)
+
+
+def test_check_value():
+    check_value("topk", True, "a positive multiple of 64", 128)
+    with _raises(ValueError, "topk must be a positive multiple of 64, got 100"):
+        check_value("topk", False, "a positive multiple of 64", 100)
+    with _raises(ValueError, "layout must be 'NHD', got 'HND'"):
+        check_value("layout", False, "'NHD'", "HND")
+
+
+def test_check_choice():
+    check_choice("backend", "auto", ("auto", "triton"))
+    with _raises(ValueError, "backend must be one of ('auto', 'triton'), got 'cuda'"):
+        check_choice("backend", "cuda", iter(["auto", "triton"]))
+
+
+def test_check_positive_int():
+    assert check_positive_int("block", 64, multiple_of=64) == 64
+    with _raises(TypeError, "block must be an int, got float"):
+        check_positive_int("block", 64.0)
+    with _raises(TypeError, "block must be an int, got bool"):
+        check_positive_int("block", True)
+    with _raises(ValueError, "block must be a positive int, got 0"):
+        check_positive_int("block", 0)
+    with _raises(ValueError, "block must be a positive int, got -3"):
+        check_positive_int("block", -3)
+    with _raises(ValueError, "block must be a positive multiple of 64, got 96"):
+        check_positive_int("block", 96, multiple_of=64)
+
+
+def test_check_python_float():
+    assert check_python_float("scale", 2) == 2.0 and isinstance(check_python_float("scale", 2), float)
+    assert check_python_float("scale", 0.5) == 0.5
+    with _raises(NotImplementedError, "scale must be a Python float; tensor-valued scale is not implemented"):
+        check_python_float("scale", torch.tensor(1.0))
+    with _raises(TypeError, "scale must be a float, got str"):
+        check_python_float("scale", "1.0")
+    with _raises(TypeError, "scale must be a float, got bool"):
+        check_python_float("scale", False)
+
+
+def test_check_default():
+    check_default("causal", False, False)
+    check_default("window", None, None)
+    check_default("softcap", 0.0, 0.0)
+    with _raises(NotImplementedError, "causal=True is not implemented (only the default False is supported)"):
+        check_default("causal", True, False)
+    with _raises(NotImplementedError, "window=128 is not implemented (only the default None is supported)"):
+        check_default("window", 128, None)
+    # identity for None and bools: 0 is not the default False
+    with _raises(NotImplementedError, "causal=0 is not implemented"):
+        check_default("causal", 0, False)
+    with _raises(NotImplementedError, "softcap=30.0 is not implemented (only the default 0.0"):
+        check_default("softcap", 30.0, 0.0)
+
+
+@pytest.mark.parametrize(
+    ("value", "enabled"),
+    [(None, False), ("0", False), ("", False), ("1", True), ("true", True), (" ON ", True), ("no", False)],
+)
+def test_check_inputs_enabled(monkeypatch, value, enabled):
+    if value is None:
+        monkeypatch.delenv("MATE_CHECK_INPUTS", raising=False)
+    else:
+        monkeypatch.setenv("MATE_CHECK_INPUTS", value)
+    assert check_inputs_enabled() is enabled

@@ -1,0 +1,111 @@
+"""Registration of flat private ops with ``mate_custom_op``: eager calls, torch.compile on
+the CPU and ``torch.library.opcheck``."""
+
+from __future__ import annotations
+
+import torch
+
+from mate._core.custom_op import LIBRARY_NAMESPACE, mate_custom_op
+from mate.testing import assert_close, assert_equal, poisoned
+
+
+# A mutating op in the shape every public op uses: the public function allocates the
+# outputs, the flat op writes into them and returns nothing (no fake needed).
+@mate_custom_op("core_test_scale_add", mutates_args=("out", "amax"))
+def _scale_add(x: torch.Tensor, y: torch.Tensor, scale: float, out: torch.Tensor, amax: torch.Tensor) -> None:
+    res = x.float() * scale + y.float()
+    out.copy_(res.to(out.dtype))
+    amax.copy_(res.abs().amax(dim=-1))
+
+
+def scale_add(x: torch.Tensor, y: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    out = torch.empty_like(x)
+    amax = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+    torch.ops.mate.core_test_scale_add(x, y, scale, out, amax)
+    return out, amax
+
+
+# A functional op that returns a fresh tensor: it needs a fake implementation.
+def _rowsum_fake(x: torch.Tensor, bias: float) -> torch.Tensor:
+    return x.new_empty(x.shape[:-1], dtype=torch.float32)
+
+
+@mate_custom_op("core_test_rowsum", fake=_rowsum_fake)
+def _rowsum(x: torch.Tensor, bias: float) -> torch.Tensor:
+    return x.float().sum(dim=-1) + bias
+
+
+def _ref(x, y, scale):
+    res = x.double() * scale + y.double()
+    return res, res.abs().amax(dim=-1)
+
+
+def test_registered_under_the_namespace():
+    assert LIBRARY_NAMESPACE == "mate"
+    assert hasattr(torch.ops.mate, "core_test_scale_add")
+    schema = str(torch.ops.mate.core_test_scale_add.default._schema)
+    # the mutated buffers are declared in the schema
+    assert "Tensor(a3!) out" in schema and "Tensor(a4!) amax" in schema, schema
+
+
+def test_eager():
+    x = torch.randn(5, 33, dtype=torch.bfloat16)
+    y = torch.randn(5, 33, dtype=torch.bfloat16)
+    out, amax = scale_add(x, y, 0.75)
+    ref, ref_amax = _ref(x, y, 0.75)
+    # bf16 output of fp32 math: one bf16 rounding (2**-8 relative) on top of fp32
+    assert_close(out, ref.to(torch.bfloat16), atol=1e-2, rtol=8e-3)
+    assert_close(amax, ref_amax.float(), atol=1e-5, rtol=1e-5)  # fp32 math vs fp64
+    # writes into the given buffers, every element
+    buf = poisoned((5, 33), torch.bfloat16)
+    amax_buf = poisoned((5,), torch.float32)
+    assert _scale_add(x, y, 0.75, buf, amax_buf) is None
+    assert_equal(buf, out)
+    assert_equal(amax_buf, amax)
+    assert_close(_rowsum(x, 1.5), x.double().sum(-1).float() + 1.5, atol=1e-4, rtol=1e-5)
+
+
+def test_torch_compile():
+    torch._dynamo.reset()
+    x = torch.randn(4, 64)
+    y = torch.randn(4, 64)
+
+    def f(x, y):
+        out, amax = scale_add(x, y, 2.0)
+        return out * 2, amax, _rowsum(out, 0.5)
+
+    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
+    got = compiled(x, y)
+    want = f(x, y)
+    for g, w in zip(got, want):
+        assert_equal(g, w)  # the same fp32 ops in the same order: bit-identical
+    torch._dynamo.reset()
+
+
+def test_opcheck():
+    x = torch.randn(3, 40)
+    y = torch.randn(3, 40)
+    out = torch.empty(3, 40)
+    amax = torch.empty(3)
+    torch.library.opcheck(torch.ops.mate.core_test_scale_add.default, (x, y, 0.5, out, amax))
+    torch.library.opcheck(torch.ops.mate.core_test_rowsum.default, (x, 0.25))
+
+
+def _bad_fake(x: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape)  # wrong: the op returns one value per row
+
+
+@mate_custom_op("core_test_bad_fake", fake=_bad_fake)
+def _rowmax(x: torch.Tensor) -> torch.Tensor:
+    return x.amax(dim=-1)
+
+
+def test_opcheck_catches_a_wrong_fake():
+    # the opcheck above is not vacuous: a fake with the wrong output shape is reported
+    x = torch.randn(3, 8)
+    try:
+        torch.library.opcheck(torch.ops.mate.core_test_bad_fake.default, (x,))
+    except Exception as exc:  # OpCheckError (its module moved between torch versions)
+        assert "fake" in str(exc).lower() or "shape" in str(exc).lower(), exc
+    else:
+        raise AssertionError("opcheck accepted a fake implementation with the wrong shape")
