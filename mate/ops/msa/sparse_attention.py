@@ -1,0 +1,530 @@
+"""MSA sparse forward in Triton: attention of each query token over its selected blocks.
+
+Design (see ``shared/notes/msa-in-triton.md``):
+
+* A **tile** is TT consecutive query tokens x the query heads of one KV head (padded to a
+  power of two), 64 rows for MiniMax-M3 (4 tokens x 16 heads), so the QK^T and PV products
+  are 64-row Hopper wgmma's. Tokens of a tile may belong to different requests.
+* ``_msa_union_kernel`` (one program per tile and KV head) maps each token's logical
+  block ids through its request's page table, drops -1, out-of-range and causally
+  invisible ids, de-duplicates the (page, block) pairs of the tile and writes the union
+  with a bit mask of the tile tokens that selected each entry. It also writes each
+  token's position and KV length.
+* ``_msa_sparse_fwd_kernel`` streams the union's 128-key pages once per tile and masks
+  per row (the row's token must have selected the entry; causal and key-length masks),
+  with an online softmax in the exp2 domain. Decode uses one-token tiles and splits a
+  tile's union across programs; ``_msa_combine_kernel`` merges the partial results.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from mate._core.triton_helpers import INTERPRET, dot_operand, to_out_dtype
+
+__all__ = ["SparseTiling", "sparse_attention", "sparse_attention_triton", "sparse_tiling"]
+
+BLOCK = 128
+LOG2E = 1.4426950408889634
+NUM_SMS_DEFAULT = 132
+
+
+@triton.jit
+def _or_combine(a, b):
+    return a | b
+
+
+@triton.jit
+def _msa_union_kernel(
+    idx_ptr, stride_it, stride_ih,
+    qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, B, n_iter,
+    page_table_ptr, stride_pt, kv_indices_ptr, kv_page_indptr_ptr,
+    tok_pos_ptr, tok_kvlen_ptr,
+    u_page_ptr, u_blk_ptr, u_mask_ptr, u_cnt_ptr,
+    total_q, W,
+    TT: tl.constexpr, BLOCK_W: tl.constexpr,
+    CAUSAL: tl.constexpr, USE_PAGE_TABLE: tl.constexpr, HAS_QO_OFFSET: tl.constexpr,
+):
+    tile = tl.program_id(0)
+    kvh = tl.program_id(1)
+    n_kvh = tl.num_programs(1)
+    C: tl.constexpr = TT * BLOCK_W
+    c = tl.arange(0, C)
+    tok_l = c // BLOCK_W
+    w = c % BLOCK_W
+    t = tile * TT + tok_l
+    tvalid = t < total_q
+    # request of each token: the largest i with qo_indptr[i] <= t (binary search)
+    lo = tl.zeros([C], dtype=tl.int32)
+    hi = tl.zeros([C], dtype=tl.int32) + B
+    for _ in range(n_iter):
+        mid = (lo + hi) // 2
+        vm = tl.load(qo_indptr_ptr + mid, mask=tvalid, other=0)
+        go = vm <= t
+        lo = tl.where(go, mid, lo)
+        hi = tl.where(go, hi, mid)
+    req = lo
+    q_start = tl.load(qo_indptr_ptr + req, mask=tvalid, other=0)
+    q_end = tl.load(qo_indptr_ptr + req + 1, mask=tvalid, other=0)
+    kv_len = tl.load(kv_lens_ptr + req, mask=tvalid, other=0)
+    if HAS_QO_OFFSET:
+        q_off = tl.load(qo_offset_ptr + req, mask=tvalid, other=0)
+    else:
+        q_off = kv_len - (q_end - q_start)
+    pos = q_off + (t - q_start)
+    if kvh == 0:
+        tl.store(tok_pos_ptr + t, pos, mask=tvalid & (w == 0))
+        tl.store(tok_kvlen_ptr + t, kv_len, mask=tvalid & (w == 0))
+    nblk = (kv_len + 127) // 128
+    ids = tl.load(idx_ptr + t.to(tl.int64) * stride_it + kvh * stride_ih + w,
+                  mask=tvalid & (w < W), other=-1)
+    valid = (ids >= 0) & (ids < nblk) & tvalid
+    if CAUSAL:
+        valid = valid & (ids * 128 <= pos)
+    if USE_PAGE_TABLE:
+        page = tl.load(page_table_ptr + req.to(tl.int64) * stride_pt + ids, mask=valid, other=0)
+    else:
+        pstart = tl.load(kv_page_indptr_ptr + req, mask=valid, other=0)
+        page = tl.load(kv_indices_ptr + pstart + ids, mask=valid, other=0)
+    # de-duplicate (page, block) pairs: an entry is kept where no earlier one equals it
+    same = (page[:, None] == page[None, :]) & (ids[:, None] == ids[None, :])
+    same = same & valid[:, None] & valid[None, :]
+    earlier = c[None, :] < c[:, None]
+    dup = tl.max((same & earlier).to(tl.int32), axis=1)
+    first = valid & (dup == 0)
+    bits = tl.where(same, (1 << tok_l)[None, :], 0)
+    mask = tl.reduce(bits, 1, _or_combine)
+    slot = tl.cumsum(first.to(tl.int32), axis=0) - 1
+    base = (tile.to(tl.int64) * n_kvh + kvh) * C
+    tl.store(u_page_ptr + base + slot, page, mask=first)
+    tl.store(u_blk_ptr + base + slot, ids, mask=first)
+    tl.store(u_mask_ptr + base + slot, mask, mask=first)
+    cnt = tl.sum(first.to(tl.int32), axis=0)
+    tl.store(u_cnt_ptr + tile * n_kvh + kvh, cnt)
+
+
+@triton.jit
+def _msa_sparse_fwd_kernel(
+    q_ptr, stride_qt, stride_qh,
+    k_ptr, v_ptr, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
+    tok_pos_ptr, tok_kvlen_ptr,
+    u_page_ptr, u_blk_ptr, u_mask_ptr, u_cnt_ptr,
+    o_ptr, stride_ot, stride_oh, lse_ptr, stride_lt,
+    op_ptr, lp_ptr,
+    total_q, HQ, RATIO, qk_scale, v_scale,
+    TT: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr, C: tl.constexpr,
+    HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, CAUSAL: tl.constexpr,
+    IS_FP8: tl.constexpr,
+):
+    tile = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    n_kvh = tl.num_programs(1)
+    rows = tl.arange(0, BLOCK_M)
+    tok_l = rows // GP
+    hl = rows % GP
+    t = tile * TT + tok_l
+    h = kvh * RATIO + hl
+    rvalid = (t < total_q) & (hl < RATIO) & (tok_l < TT)
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_n = tl.arange(0, 128)
+    q = tl.load(q_ptr + t.to(tl.int64)[:, None] * stride_qt + h[:, None] * stride_qh + offs_d[None, :],
+                mask=rvalid[:, None], other=0.0)
+    q = dot_operand(q)
+    pos = tl.load(tok_pos_ptr + t, mask=rvalid, other=-1)
+    kv_len = tl.load(tok_kvlen_ptr + t, mask=rvalid, other=0)
+    limit = kv_len - 1
+    if CAUSAL:
+        limit = tl.minimum(limit, pos)
+    ubase = (tile.to(tl.int64) * n_kvh + kvh) * C
+    cnt = tl.load(u_cnt_ptr + tile * n_kvh + kvh)
+    if NUM_SPLITS == 1:
+        e0 = 0
+        e1 = cnt
+    else:
+        chunk = (cnt + NUM_SPLITS - 1) // NUM_SPLITS
+        e0 = split * chunk
+        e1 = tl.minimum(cnt, e0 + chunk)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    k_off = kvh * stride_kh + offs_n[:, None] * stride_kt + offs_d[None, :]
+    v_off = kvh * stride_vh + offs_n[:, None] * stride_vt + offs_d[None, :]
+    for e in range(e0, e1):
+        page = tl.load(u_page_ptr + ubase + e).to(tl.int64)
+        blk = tl.load(u_blk_ptr + ubase + e)
+        sel = tl.load(u_mask_ptr + ubase + e)
+        kt = tl.load(k_ptr + page * stride_kp + k_off)
+        s = tl.dot(q, tl.trans(dot_operand(kt))) * qk_scale
+        kpos = blk * 128 + offs_n
+        row_sel = ((sel >> tok_l) & 1) != 0
+        vis = row_sel[:, None] & (kpos[None, :] <= limit[:, None])
+        s = tl.where(vis, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_use[:, None])
+        alpha = tl.exp2(m_i - m_use)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        vt = tl.load(v_ptr + page * stride_vp + v_off)
+        if IS_FP8:
+            vt = vt.to(tl.bfloat16)
+        acc = acc * alpha[:, None] + tl.dot(dot_operand(p.to(vt.dtype)), dot_operand(vt))
+        m_i = m_new
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(l_safe)) * 0.6931471805599453)
+    if NUM_SPLITS == 1:
+        o = acc / l_safe[:, None] * v_scale
+        o_dtype = o_ptr.dtype.element_ty
+        tl.store(o_ptr + t.to(tl.int64)[:, None] * stride_ot + h[:, None] * stride_oh + offs_d[None, :],
+                 to_out_dtype(o, o_dtype), mask=rvalid[:, None])
+        tl.store(lse_ptr + t.to(tl.int64) * stride_lt + h, lse, mask=rvalid)
+    else:
+        o = acc / l_safe[:, None]
+        prow = (split.to(tl.int64) * total_q + t) * HQ + h
+        tl.store(op_ptr + prow[:, None] * HEAD_DIM + offs_d[None, :], o, mask=rvalid[:, None])
+        tl.store(lp_ptr + prow, lse, mask=rvalid)
+
+
+@triton.jit
+def _msa_combine_kernel(
+    op_ptr, lp_ptr, o_ptr, stride_ot, stride_oh, lse_ptr, stride_lt,
+    total_q, HQ, v_scale,
+    NUM_SPLITS: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_DIM: tl.constexpr,
+):
+    t = tl.program_id(0)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    hv = h < HQ
+    offs_d = tl.arange(0, HEAD_DIM)
+    m = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    for s in tl.static_range(NUM_SPLITS):
+        ls = tl.load(lp_ptr + (s * total_q + t).to(tl.int64) * HQ + h, mask=hv, other=float("-inf"))
+        m = tl.maximum(m, ls)
+    m_use = tl.where(m == float("-inf"), 0.0, m)
+    den = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, HEAD_DIM], dtype=tl.float32)
+    for s in tl.static_range(NUM_SPLITS):
+        row = (s * total_q + t).to(tl.int64) * HQ + h
+        ls = tl.load(lp_ptr + row, mask=hv, other=float("-inf"))
+        wgt = tl.exp(ls - m_use)
+        os_ = tl.load(op_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], mask=hv[:, None], other=0.0)
+        acc += wgt[:, None] * os_
+        den += wgt
+    empty = den == 0.0
+    den_safe = tl.where(empty, 1.0, den)
+    o = acc / den_safe[:, None] * v_scale
+    lse = tl.where(empty, float("-inf"), m_use + tl.log(den_safe))
+    o_dtype = o_ptr.dtype.element_ty
+    tl.store(o_ptr + t.to(tl.int64) * stride_ot + h[:, None] * stride_oh + offs_d[None, :],
+             to_out_dtype(o, o_dtype), mask=hv[:, None])
+    tl.store(lse_ptr + t.to(tl.int64) * stride_lt + h, lse, mask=hv)
+
+
+class SparseTiling:
+    """Tile geometry of one call: tokens per tile, padded group, rows, union capacity."""
+
+    def __init__(self, ratio: int, width: int, decode: bool):
+        self.gp = triton.next_power_of_2(ratio)
+        self.block_w = max(4, triton.next_power_of_2(width))
+        if decode:
+            self.tt = 1
+        else:
+            self.tt = max(1, min(64 // self.gp, 128 // self.block_w))
+        self.block_m = max(16, self.tt * self.gp)
+        self.capacity = self.tt * self.block_w
+
+    def __repr__(self) -> str:
+        return f"SparseTiling(tt={self.tt}, gp={self.gp}, block_m={self.block_m}, capacity={self.capacity})"
+
+
+def sparse_tiling(ratio: int, width: int, decode: bool) -> SparseTiling:
+    return SparseTiling(ratio, width, decode)
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return NUM_SMS_DEFAULT
+
+
+def choose_num_splits(num_tiles: int, num_kv_heads: int, width: int, device: torch.device) -> int:
+    """Decode split count: enough programs for two waves over the SMs, at most 8."""
+    programs = max(1, num_tiles * num_kv_heads)
+    want = -(-2 * _num_sms(device) // programs)
+    return int(max(1, min(8, want, width)))
+
+
+def sparse_attention_triton(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_block_indexes: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    kv_lens: torch.Tensor,
+    qo_offset: torch.Tensor | None,
+    page_table: torch.Tensor | None,
+    kv_indices: torch.Tensor | None,
+    kv_page_indptr: torch.Tensor | None,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    *,
+    layout: str,
+    sm_scale: float,
+    k_scale: float,
+    v_scale: float,
+    causal: bool,
+    decode: bool,
+    num_splits: int = -1,
+) -> None:
+    """Launches the union pre-kernel, the sparse forward and (split decode) the combine.
+
+    All tensors validated by the caller; ``out`` [total_q, Hq, D] and ``lse`` [total_q, Hq]
+    may be strided views (last dimension contiguous). No host sync, device allocations only.
+    """
+    total_q, hq, d = q.shape
+    hkv = k.shape[2] if layout == "NHD" else k.shape[1]
+    ratio = hq // hkv
+    width = kv_block_indexes.shape[2]
+    batch = kv_lens.shape[0]
+    if total_q == 0 or batch == 0:
+        return
+    til = SparseTiling(ratio, width, decode)
+    num_tiles = -(-total_q // til.tt)
+    dev = q.device
+    i32 = torch.int32
+    u_page = torch.empty(num_tiles * hkv * til.capacity, dtype=i32, device=dev)
+    u_blk = torch.empty_like(u_page)
+    u_mask = torch.empty_like(u_page)
+    u_cnt = torch.empty(num_tiles * hkv, dtype=i32, device=dev)
+    tok_pos = torch.empty(total_q, dtype=i32, device=dev)
+    tok_kvlen = torch.empty(total_q, dtype=i32, device=dev)
+    head_step = 1 if kv_block_indexes.shape[1] == hkv else ratio
+    use_pt = page_table is not None
+    dummy = u_cnt
+    n_iter = max(1, math.ceil(math.log2(batch + 1)) + 1)
+    _msa_union_kernel[(num_tiles, hkv)](
+        kv_block_indexes, kv_block_indexes.stride(0), kv_block_indexes.stride(1) * head_step,
+        qo_indptr, kv_lens, qo_offset if qo_offset is not None else dummy, batch, n_iter,
+        page_table if use_pt else dummy, page_table.stride(0) if use_pt else 0,
+        kv_indices if not use_pt else dummy, kv_page_indptr if not use_pt else dummy,
+        tok_pos, tok_kvlen, u_page, u_blk, u_mask, u_cnt,
+        total_q, width,
+        TT=til.tt, BLOCK_W=til.block_w, CAUSAL=causal, USE_PAGE_TABLE=use_pt,
+        HAS_QO_OFFSET=qo_offset is not None,
+        num_warps=4 if til.capacity <= 64 else 8,
+    )
+    if layout == "NHD":
+        skp, skt, skh = k.stride(0), k.stride(1), k.stride(2)
+        svp, svt, svh = v.stride(0), v.stride(1), v.stride(2)
+    else:
+        skp, skh, skt = k.stride(0), k.stride(1), k.stride(2)
+        svp, svh, svt = v.stride(0), v.stride(1), v.stride(2)
+    if decode:
+        splits = choose_num_splits(num_tiles, hkv, width, dev) if num_splits <= 0 else num_splits
+    else:
+        splits = 1 if num_splits <= 0 else num_splits
+    if splits > 1:
+        o_part = torch.empty(splits * total_q * hq * d, dtype=torch.float32, device=dev)
+        l_part = torch.empty(splits * total_q * hq, dtype=torch.float32, device=dev)
+    else:
+        o_part = l_part = out
+    is_fp8 = q.dtype == torch.float8_e4m3fn
+    big = til.block_m >= 64
+    extra = {} if INTERPRET or not big else {"maxnreg": 168}
+    _msa_sparse_fwd_kernel[(num_tiles, hkv, splits)](
+        q, q.stride(0), q.stride(1),
+        k, v, skp, skt, skh, svp, svt, svh,
+        tok_pos, tok_kvlen, u_page, u_blk, u_mask, u_cnt,
+        out, out.stride(0), out.stride(1), lse, lse.stride(0),
+        o_part, l_part,
+        total_q, hq, ratio, sm_scale * k_scale * LOG2E, v_scale,
+        TT=til.tt, GP=til.gp, BLOCK_M=til.block_m, C=til.capacity, HEAD_DIM=d,
+        NUM_SPLITS=splits, CAUSAL=causal, IS_FP8=is_fp8,
+        num_warps=4, num_stages=1, **extra,
+    )
+    if splits > 1:
+        block_h = min(16, triton.next_power_of_2(hq))
+        _msa_combine_kernel[(total_q, -(-hq // block_h))](
+            o_part, l_part, out, out.stride(0), out.stride(1), lse, lse.stride(0),
+            total_q, hq, v_scale,
+            NUM_SPLITS=splits, BLOCK_H=block_h, HEAD_DIM=d, num_warps=4,
+        )
+
+
+# ------------------------------------------------------------------ custom op + entry
+
+
+def _sparse_attention_op_impl(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_block_indexes: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    kv_lens: torch.Tensor,
+    qo_offset: torch.Tensor | None,
+    page_table: torch.Tensor | None,
+    kv_indices: torch.Tensor | None,
+    kv_page_indptr: torch.Tensor | None,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    head_major: bool,
+    sm_scale: float,
+    k_scale: float,
+    v_scale: float,
+    causal: bool,
+    decode: bool,
+    num_splits: int,
+) -> None:
+    sparse_attention_triton(
+        q, k, v, kv_block_indexes, qo_indptr, kv_lens, qo_offset, page_table, kv_indices,
+        kv_page_indptr, out, lse, layout="HND" if head_major else "NHD", sm_scale=sm_scale,
+        k_scale=k_scale, v_scale=v_scale, causal=causal, decode=decode, num_splits=num_splits,
+    )
+
+
+def _register():
+    from mate._core.custom_op import mate_custom_op
+
+    return mate_custom_op("msa_sparse_attention", mutates_args=("out", "lse"))(_sparse_attention_op_impl)
+
+
+msa_sparse_attention_op = _register()
+
+
+_QKV_DTYPES = (torch.float16, torch.bfloat16, torch.float8_e4m3fn)
+_MAX_WIDTH = 64
+
+
+def sparse_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    plan=None,
+    kv_block_indexes: torch.Tensor,
+    page_table: torch.Tensor | None = None,
+    kv_indices: torch.Tensor | None = None,
+    kv_page_indptr: torch.Tensor | None = None,
+    qo_indptr: torch.Tensor,
+    kv_lens: torch.Tensor,
+    qo_offset: torch.Tensor | None = None,
+    sm_scale: float | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+    out: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
+    causal: bool | None = None,
+    decode: bool | None = None,
+    num_kv_splits: int | None = None,
+    num_kv_heads: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """MSA sparse forward over the selected 128-token blocks (the ``msa()`` sparse modes).
+
+    Parameters
+    ----------
+    q : [total_q, Hq, 128] fp16 / bf16 / float8_e4m3fn
+    k, v : paged caches, page size 128, [pages, 128, Hkv, 128] (token-major) or
+        [pages, Hkv, 128, 128] (head-major), q's dtype; read in place.
+    plan : an ``MsaPlan`` (or None); supplies ``causal``, ``mode`` ("sparse_decode" schedules
+        one-token tiles with split blocks), ``num_kv_splits`` and ``num_kv_heads`` unless the
+        keywords below override them.
+    kv_block_indexes : int32 [total_q, Hkv or Hq, width], 1 <= width <= 64. Logical block ids
+        of the token's request; -1 / out-of-range ids are skipped; duplicates count once.
+    page_table : int32 [B, max_pages], or ``kv_indices`` int32 [pages] + ``kv_page_indptr``
+        int32 [B + 1].
+    qo_indptr : int32 [B + 1]; kv_lens : int32 [B]; qo_offset : int32 [B] or None
+        (default kv_len - q_len).
+    sm_scale : softmax scale (default D ** -0.5); k_scale folds into it, v_scale scales out.
+    out : [total_q, Hq, 128] q's dtype (bf16 for fp8 inputs), last dim contiguous (a strided
+        slice of a larger buffer is fine); lse : fp32 [total_q, Hq] (natural log).
+
+    Returns
+    -------
+    (out, lse); rows without a visible key get out 0 and lse -inf.
+
+    Raises
+    ------
+    TypeError for wrong dtypes, ValueError for wrong shapes / devices / values.
+    """
+    from mate._core import checks
+    from mate._core.dispatch import select_backend
+
+    checks.check_tensor("q", q, dtype=_QKV_DTYPES, ndim=3, last_dim_contiguous=True)
+    total_q, hq, d = q.shape
+    checks.check_value("q.shape[2] (head_dim)", d == 128, "128", d)
+    checks.check_tensor("k", k, dtype=q.dtype, ndim=4, last_dim_contiguous=True)
+    checks.check_tensor("v", v, dtype=q.dtype, ndim=4, last_dim_contiguous=True)
+    if num_kv_heads is None and plan is not None:
+        num_kv_heads = getattr(plan, "num_kv_heads", None)
+    from mate.ops.msa.reference_attention import kv_layout_of
+
+    layout = kv_layout_of(k, num_kv_heads)
+    hkv = k.shape[2] if layout == "NHD" else k.shape[1]
+    page_shape = [None, 128, hkv, d] if layout == "NHD" else [None, hkv, 128, d]
+    checks.check_shape("k", k, page_shape)
+    checks.check_shape("v", v, [k.shape[0], *page_shape[1:]])
+    checks.check_value("q.shape[1] (num_qo_heads)", hkv > 0 and hq % hkv == 0,
+                       f"a multiple of num_kv_heads={hkv}", hq)
+    checks.check_tensor("kv_block_indexes", kv_block_indexes, dtype=torch.int32, ndim=3,
+                        last_dim_contiguous=True)
+    width = kv_block_indexes.shape[2]
+    checks.check_shape("kv_block_indexes", kv_block_indexes, [total_q, None, None])
+    checks.check_value("kv_block_indexes.shape[1]", kv_block_indexes.shape[1] in (hkv, hq),
+                       f"num_kv_heads={hkv} or num_qo_heads={hq}", kv_block_indexes.shape[1])
+    checks.check_value("kv_block_indexes.shape[2] (width)", 1 <= width <= _MAX_WIDTH, f"in [1, {_MAX_WIDTH}]", width)
+    checks.check_tensor("kv_lens", kv_lens, dtype=torch.int32, ndim=1, contiguous=True)
+    batch = kv_lens.shape[0]
+    checks.check_tensor("qo_indptr", qo_indptr, dtype=torch.int32, shape=[batch + 1], contiguous=True)
+    if qo_offset is not None:
+        checks.check_tensor("qo_offset", qo_offset, dtype=torch.int32, shape=[batch], contiguous=True)
+    if page_table is not None:
+        checks.check_tensor("page_table", page_table, dtype=torch.int32, shape=[batch, None],
+                            last_dim_contiguous=True)
+    else:
+        if kv_indices is None or kv_page_indptr is None:
+            raise ValueError("page_table or both kv_indices and kv_page_indptr must be given, got neither")
+        checks.check_tensor("kv_indices", kv_indices, dtype=torch.int32, ndim=1, contiguous=True)
+        checks.check_tensor("kv_page_indptr", kv_page_indptr, dtype=torch.int32, shape=[batch + 1],
+                            contiguous=True)
+    out_dtype = torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype
+    device = checks.check_same_device(q=q, k=k, v=v, kv_block_indexes=kv_block_indexes, qo_indptr=qo_indptr,
+                                      kv_lens=kv_lens, qo_offset=qo_offset, page_table=page_table,
+                                      kv_indices=kv_indices, kv_page_indptr=kv_page_indptr, out=out, lse=lse)
+    if out is None:
+        out = torch.empty(total_q, hq, d, dtype=out_dtype, device=device)
+    else:
+        checks.check_out_tensor("out", out, shape=[total_q, hq, d], dtype=out_dtype, device=device,
+                                contiguous=False, last_dim_contiguous=True)
+    if lse is None:
+        lse = torch.empty(total_q, hq, dtype=torch.float32, device=device)
+    else:
+        checks.check_out_tensor("lse", lse, shape=[total_q, hq], dtype=torch.float32, device=device,
+                                contiguous=False, last_dim_contiguous=True)
+    if sm_scale is None:
+        sm_scale = d ** -0.5
+    if causal is None:
+        causal = bool(getattr(plan, "causal", True))
+    if decode is None:
+        decode = getattr(plan, "mode", "sparse_prefill") == "sparse_decode"
+    if num_kv_splits is None:
+        num_kv_splits = int(getattr(plan, "num_kv_splits", -1) or -1)
+    if select_backend(device) == "reference":
+        from mate.ops.msa.reference_attention import sparse_attention_reference
+
+        ro, rl = sparse_attention_reference(
+            q, k, v, kv_block_indexes, qo_indptr, kv_lens, qo_offset, page_table=page_table,
+            kv_indices=kv_indices, kv_page_indptr=kv_page_indptr, sm_scale=sm_scale, k_scale=k_scale,
+            v_scale=v_scale, causal=causal, num_kv_heads=hkv)
+        out.copy_(ro)
+        lse.copy_(rl)
+        return out, lse
+    msa_sparse_attention_op(
+        q, k, v, kv_block_indexes, qo_indptr, kv_lens, qo_offset, page_table, kv_indices, kv_page_indptr,
+        out, lse, layout == "HND", float(sm_scale), float(k_scale), float(v_scale), bool(causal), bool(decode),
+        int(num_kv_splits),
+    )
+    return out, lse
