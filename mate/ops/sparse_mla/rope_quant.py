@@ -1,0 +1,146 @@
+"""Triton kernel for ``mla_rope_quantize_fp8``: RoPE on the 64-value tail + FP8 quantization.
+
+One launch writes all four outputs. The grid is ``(nnz, head_blocks + 1)``: program
+``(i, b)`` with ``b < head_blocks`` handles ``BLOCK_H`` query heads of token ``i`` (their
+512 latent and 64 rotary values); program ``(i, head_blocks)`` handles the key row of token
+``i``. Every row is read once and written once with its last dimension contiguous, so the
+loads and stores are 16-byte vectors; leading dimensions take any stride (outputs may be
+slices of merged 576-value rows).
+
+RoPE as one formula for both layouts: ``rot[d] = x[d] * cos[d] + sign[d] * x[partner(d)] *
+sin[d]``, with ``partner(d) = d ^ 32`` (NeoX halves) or ``d ^ 1`` (interleaved pairs),
+``sign = -1`` on the first member of a pair, and the cache column ``d % 32`` or ``d // 2``.
+The partner values are a second load of the same 128 bytes (served by L1).
+
+Positions outside ``[0, max_seq_len)`` are clamped, so the cache is never read out of
+bounds (the spec leaves those rows' values unspecified).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from mate._core.triton_helpers import to_fp8_e4m3
+
+__all__ = ["mla_rope_quantize_fp8_kernel", "mla_rope_quantize_fp8_triton", "rope_quant_config"]
+
+ROPE: tl.constexpr = tl.constexpr(64)
+NOPE: tl.constexpr = tl.constexpr(512)
+
+
+@triton.jit
+def _rope_quant_rows(
+    rope_ptr, nope_ptr, rope_out_ptr, nope_out_ptr,
+    stride_rope, stride_nope, stride_rope_out, stride_nope_out,
+    n_rows, cos, sin, d, partner, scale,
+    BLOCK_R: tl.constexpr,
+):
+    """Rotates and quantizes ``n_rows`` rows (row r at ``ptr + r * stride``)."""
+    r = tl.arange(0, BLOCK_R)
+    rmask = r < n_rows
+    r64 = r.to(tl.int64)
+    # 64-value rotary tail: x and its rotation partner, fp32 right after the load
+    rope_rows = rope_ptr + r64[:, None] * stride_rope
+    x = tl.load(rope_rows + d[None, :], mask=rmask[:, None], other=0.0).to(tl.float32)
+    xp = tl.load(rope_rows + partner[None, :], mask=rmask[:, None], other=0.0).to(tl.float32)
+    rot = x * cos[None, :] + xp * sin[None, :]
+    tl.store(rope_out_ptr + r64[:, None] * stride_rope_out + d[None, :], to_fp8_e4m3(rot * scale),
+             mask=rmask[:, None])
+    # 512-value latent part: scale and quantize
+    n = tl.arange(0, NOPE)
+    y = tl.load(nope_ptr + r64[:, None] * stride_nope + n[None, :], mask=rmask[:, None], other=0.0).to(tl.float32)
+    tl.store(nope_out_ptr + r64[:, None] * stride_nope_out + n[None, :], to_fp8_e4m3(y * scale),
+             mask=rmask[:, None])
+
+
+@triton.jit
+def mla_rope_quantize_fp8_kernel(
+    q_rope_ptr, k_rope_ptr, q_nope_ptr, k_nope_ptr, cache_ptr, pos_ptr,
+    q_rope_out_ptr, k_rope_out_ptr, q_nope_out_ptr, k_nope_out_ptr,
+    H, max_seq_len,
+    s_qr_t, s_qr_h, s_kr_t, s_qn_t, s_qn_h, s_kn_t,
+    s_qro_t, s_qro_h, s_kro_t, s_qno_t, s_qno_h, s_kno_t,
+    quant_scale_q, quant_scale_kv,
+    IS_NEOX: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
+    i = tl.program_id(0).to(tl.int64)
+    hb = tl.program_id(1)
+    num_hb = tl.cdiv(H, BLOCK_H)
+
+    # cos/sin of this token's position, clamped into the cache, fp32
+    pos = tl.load(pos_ptr + i).to(tl.int64)
+    pos = tl.minimum(tl.maximum(pos, 0), max_seq_len - 1)
+    d = tl.arange(0, ROPE)
+    if IS_NEOX:
+        col = d % 32
+        partner = d ^ 32
+    else:
+        col = d // 2
+        partner = d ^ 1
+    first = partner > d  # first member of its pair: rot = x * c - x' * s
+    cs_row = cache_ptr + pos * 64
+    cos = tl.load(cs_row + col).to(tl.float32)
+    sin = tl.load(cs_row + 32 + col).to(tl.float32)
+    sin = tl.where(first, -sin, sin)
+
+    if hb < num_hb:
+        h0 = hb * BLOCK_H
+        _rope_quant_rows(
+            q_rope_ptr + i * s_qr_t + h0 * s_qr_h, q_nope_ptr + i * s_qn_t + h0 * s_qn_h,
+            q_rope_out_ptr + i * s_qro_t + h0 * s_qro_h, q_nope_out_ptr + i * s_qno_t + h0 * s_qno_h,
+            s_qr_h, s_qn_h, s_qro_h, s_qno_h,
+            H - h0, cos, sin, d, partner, quant_scale_q,
+            BLOCK_H,
+        )
+    else:
+        _rope_quant_rows(
+            k_rope_ptr + i * s_kr_t, k_nope_ptr + i * s_kn_t,
+            k_rope_out_ptr + i * s_kro_t, k_nope_out_ptr + i * s_kno_t,
+            0, 0, 0, 0,
+            1, cos, sin, d, partner, quant_scale_kv,
+            1,
+        )
+
+
+def rope_quant_config(num_heads: int) -> tuple[int, int]:
+    """(BLOCK_H, num_warps): 8 heads per program (8 x 576 values, 16-byte accesses)."""
+    block_h = min(8, triton.next_power_of_2(num_heads))
+    return block_h, 4
+
+
+def mla_rope_quantize_fp8_triton(
+    q_rope: torch.Tensor,
+    k_rope: torch.Tensor,
+    q_nope: torch.Tensor,
+    k_nope: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    pos_ids: torch.Tensor,
+    is_neox: bool,
+    quant_scale_q: float,
+    quant_scale_kv: float,
+    q_rope_out: torch.Tensor,
+    k_rope_out: torch.Tensor,
+    q_nope_out: torch.Tensor,
+    k_nope_out: torch.Tensor,
+) -> None:
+    """Launches the kernel on validated tensors (see the public function); nnz = 0: nothing."""
+    nnz, H = q_rope.shape[0], q_rope.shape[1]
+    if nnz == 0:
+        return
+    block_h, num_warps = rope_quant_config(H)
+    grid = (nnz, triton.cdiv(H, block_h) + 1)
+    mla_rope_quantize_fp8_kernel[grid](
+        q_rope, k_rope, q_nope, k_nope, cos_sin_cache, pos_ids,
+        q_rope_out, k_rope_out, q_nope_out, k_nope_out,
+        H, cos_sin_cache.shape[0],
+        q_rope.stride(0), q_rope.stride(1), k_rope.stride(0), q_nope.stride(0), q_nope.stride(1), k_nope.stride(0),
+        q_rope_out.stride(0), q_rope_out.stride(1), k_rope_out.stride(0),
+        q_nope_out.stride(0), q_nope_out.stride(1), k_nope_out.stride(0),
+        float(quant_scale_q), float(quant_scale_kv),
+        IS_NEOX=bool(is_neox),
+        BLOCK_H=block_h,
+        num_warps=num_warps,
+    )
