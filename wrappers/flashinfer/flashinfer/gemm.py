@@ -1,0 +1,255 @@
+"""FlashInfer's GEMM names (``flashinfer.gemm``) on top of :mod:`mate.gemm`.
+
+Each function keeps upstream FlashInfer 0.6.17's argument names, order and defaults
+(except ``backend``, which defaults to ``"auto"``) and forwards to the mate function of
+the same name; mate validates every argument and allocates the outputs. Upstream backend
+names are accepted and all mean "let mate choose".
+"""
+
+from __future__ import annotations
+
+import torch
+
+import mate.gemm as _mate_gemm
+from flashinfer._compat import mate_backend as _mate_backend
+from mate.api_logging import mate_api
+
+__all__ = [
+    "batch_deepgemm_fp8_nt_groupwise",
+    "bmm_bf16",
+    "bmm_fp8",
+    "gemm_fp8_nt_groupwise",
+    "group_deepgemm_fp8_nt_groupwise",
+]
+
+
+@mate_api
+def bmm_bf16(
+    A: torch.Tensor,
+    B: torch.Tensor,
+    out: torch.Tensor | None = None,
+    out_dtype: torch.dtype = torch.bfloat16,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Batched 16-bit matrix product ``out[i] = A[i] @ B[i]`` (fp32 accumulation).
+
+    Parameters
+    ----------
+    A : torch.Tensor
+        ``[b, m, k]``, bfloat16 or float16, any strides.
+    B : torch.Tensor
+        ``[b, k, n]``, same dtype as ``A``. Usually the transpose view of a contiguous
+        ``[b, n, k]`` weight (column-major, as upstream expects); it is passed to mate as
+        it is, without a layout copy.
+    out : torch.Tensor, optional
+        ``[b, m, n]`` buffer of ``out_dtype``; written and returned when given.
+    out_dtype : torch.dtype
+        bfloat16 (default), float16 or float32.
+    backend : str
+        Any upstream name (``"cudnn"``, ``"cutlass"``, ``"auto"``, ...): mate chooses.
+
+    Returns
+    -------
+    torch.Tensor
+        ``[b, m, n]`` of ``out_dtype`` (``out`` itself when given).
+
+    Raises
+    ------
+    TypeError, ValueError
+        From :func:`mate.gemm.bmm_bf16` for wrong dtypes, shapes or devices; ``ValueError``
+        for a backend name upstream does not know.
+    """
+    return _mate_gemm.bmm_bf16(A, B, out=out, out_dtype=out_dtype, backend=_mate_backend(backend))
+
+
+@mate_api
+def bmm_fp8(
+    A: torch.Tensor,
+    B: torch.Tensor,
+    A_scale: torch.Tensor,
+    B_scale: torch.Tensor,
+    dtype: torch.dtype,
+    out: torch.Tensor | None = None,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Batched FP8 matrix product with scales: ``out = dtype((A @ B) * A_scale * B_scale)``.
+
+    Parameters
+    ----------
+    A : torch.Tensor
+        ``[b, m, k]``, float8_e4m3fn or float8_e5m2.
+    B : torch.Tensor
+        ``[b, k, n]``, float8_e4m3fn or float8_e5m2 (not both operands e5m2); usually the
+        transpose view of a contiguous ``[b, n, k]``, passed through without a copy.
+    A_scale, B_scale : torch.Tensor
+        float32 multipliers of the dequantized values (real = fp8 * scale). One element
+        each (per-tensor, as upstream), or the mate extension ``A_scale`` ``[b, m, 1]`` and
+        ``B_scale`` ``[b, 1, n]`` (per row of A and per column of B).
+    dtype : torch.dtype
+        Output dtype, bfloat16 or float16.
+    out : torch.Tensor, optional
+        ``[b, m, n]`` of ``dtype``; written and returned when given.
+    backend : str
+        Any upstream name (``"cublas"``, ``"cudnn"``, ``"cutlass"``, ``"auto"``): mate chooses.
+
+    Returns
+    -------
+    torch.Tensor
+        ``[b, m, n]`` of ``dtype`` (``out`` itself when given).
+    """
+    return _mate_gemm.bmm_fp8(A, B, A_scale, B_scale, dtype, out=out, backend=_mate_backend(backend))
+
+
+@mate_api
+def gemm_fp8_nt_groupwise(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    a_scale: torch.Tensor,
+    b_scale: torch.Tensor,
+    scale_major_mode: str | None = None,
+    mma_sm: int = 1,
+    scale_granularity_mnk: tuple[int, int, int] = (1, 128, 128),
+    out: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+    backend: str = "auto",
+    output_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Groupwise-scaled FP8 product ``out = a @ b.T`` (DeepSeek-V3 1x128 / 128x128 blocks).
+
+    Parameters
+    ----------
+    a : torch.Tensor
+        ``[m, k]`` float8_e4m3fn, k contiguous; ``k % 128 == 0``.
+    b : torch.Tensor
+        ``[n, k]`` float8_e4m3fn, k contiguous.
+    a_scale, b_scale : torch.Tensor
+        float32 multipliers, ``kb = k / 128``, ``nb = ceil(n / 128)``: ``[m, kb]`` and
+        ``[nb, kb]`` when ``scale_major_mode="K"``, ``[kb, m]`` and ``[kb, nb]`` when
+        ``"MN"``; ``None`` lets mate infer the mode from ``a_scale``'s shape.
+    scale_major_mode : {"K", "MN"}, optional
+    mma_sm : int
+        Upstream tuning knob; accepted and ignored.
+    scale_granularity_mnk : tuple of int
+        Only ``(1, 128, 128)``.
+    out : torch.Tensor, optional
+        ``[m, n]``; written and returned when given.
+    out_dtype : torch.dtype, optional
+        bfloat16 (default) or float16.
+    backend : str
+        Any upstream name (``"cutlass"``, ``"trtllm"``, ``"auto"``): mate chooses.
+    output_scale : torch.Tensor, optional
+        mate extension, not in upstream: float32 ``[m, nb]`` filled in place with the
+        per-row, per-128-column scales of an FP8 (e4m3) output (see
+        :func:`mate.gemm.gemm_fp8_nt_groupwise`).
+
+    Returns
+    -------
+    torch.Tensor
+        ``[m, n]`` (``out`` itself when given).
+    """
+    return _mate_gemm.gemm_fp8_nt_groupwise(
+        a,
+        b,
+        a_scale,
+        b_scale,
+        scale_major_mode=scale_major_mode,
+        mma_sm=mma_sm,
+        scale_granularity_mnk=scale_granularity_mnk,
+        out=out,
+        out_dtype=out_dtype,
+        backend=_mate_backend(backend),
+        output_scale=output_scale,
+    )
+
+
+@mate_api
+def group_deepgemm_fp8_nt_groupwise(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    a_scale: torch.Tensor,
+    b_scale: torch.Tensor,
+    m_indices: torch.Tensor,
+    scale_granularity_mnk: tuple[int, int, int] = (1, 128, 128),
+    out: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """Grouped (MoE "contiguous" layout) groupwise FP8 product: ``out[i] = a[i] @ b[m_indices[i]].T``.
+
+    Parameters
+    ----------
+    a : torch.Tensor
+        ``[m, k]`` float8_e4m3fn.
+    b : torch.Tensor
+        ``[G, n, k]`` float8_e4m3fn.
+    a_scale, b_scale : torch.Tensor
+        float32 ``[m, k / 128]`` and ``[G, ceil(n / 128), k / 128]``.
+    m_indices : torch.Tensor
+        int32 ``[m]``: the group of each row, -1 for padding rows (output unspecified).
+        Each group's rows form one range starting at a multiple of 128.
+    scale_granularity_mnk : tuple of int
+        Only ``(1, 128, 128)``.
+    out : torch.Tensor, optional
+        bfloat16 ``[m, n]``; written and returned when given.
+    out_dtype : torch.dtype, optional
+        bfloat16.
+
+    Returns
+    -------
+    torch.Tensor
+        bfloat16 ``[m, n]`` (``out`` itself when given).
+    """
+    return _mate_gemm.group_deepgemm_fp8_nt_groupwise(
+        a, b, a_scale, b_scale, m_indices, scale_granularity_mnk=scale_granularity_mnk, out=out, out_dtype=out_dtype
+    )
+
+
+@mate_api
+def batch_deepgemm_fp8_nt_groupwise(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    a_scale: torch.Tensor,
+    b_scale: torch.Tensor,
+    masked_m: torch.Tensor,
+    expected_m: int,
+    scale_granularity_mnk: tuple[int, int, int] = (1, 128, 128),
+    out: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """Batched (MoE "masked" layout) groupwise FP8 product: ``out[g, :masked_m[g]] = a[g, :masked_m[g]] @ b[g].T``.
+
+    Parameters
+    ----------
+    a : torch.Tensor
+        ``[G, max_m, k]`` float8_e4m3fn.
+    b : torch.Tensor
+        ``[G, n, k]`` float8_e4m3fn.
+    a_scale, b_scale : torch.Tensor
+        float32 ``[G, max_m, k / 128]`` and ``[G, ceil(n / 128), k / 128]``.
+    masked_m : torch.Tensor
+        int32 ``[G]`` on the device: valid rows per group (read by the kernel, no host sync).
+    expected_m : int
+        Positive hint for tile selection.
+    scale_granularity_mnk : tuple of int
+        Only ``(1, 128, 128)``.
+    out : torch.Tensor, optional
+        bfloat16 ``[G, max_m, n]``; written and returned when given. Rows at or past
+        ``masked_m[g]`` are unspecified.
+    out_dtype : torch.dtype, optional
+        bfloat16.
+
+    Returns
+    -------
+    torch.Tensor
+        bfloat16 ``[G, max_m, n]`` (``out`` itself when given).
+    """
+    return _mate_gemm.batch_deepgemm_fp8_nt_groupwise(
+        a,
+        b,
+        a_scale,
+        b_scale,
+        masked_m,
+        expected_m,
+        scale_granularity_mnk=scale_granularity_mnk,
+        out=out,
+        out_dtype=out_dtype,
+    )
