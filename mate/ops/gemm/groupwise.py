@@ -1,0 +1,216 @@
+"""Triton kernels for block-scaled (1x128 activations, 128x128 weights) FP8 GEMM.
+
+One kernel serves three layouts (constexpr ``LAYOUT``):
+
+- ``PLAIN``: a [m, k] x b [n, k]ᵀ, optional split-K into an fp32 workspace;
+- ``CONTIGUOUS``: MoE rows grouped by expert (``m_indices``, -1 padding rows skipped);
+- ``MASKED``: a [G, max_m, k] x b [G, n, k]ᵀ with ``masked_m`` read on the device.
+
+Each K step is 128 wide, so one activation scale per row and one weight scale per tile
+apply to each partial product: acc += dot(a, bᵀ) * a_scale[:, None] * b_scale, in fp32.
+Scales are read in place through their strides (K-major or MN-major). The epilogue
+rounds to bf16/fp16, or quantizes to e4m3 per row and 128-column group and writes the
+group scales (amax / 448, 1 for a zero group).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from mate._core.triton_helpers import to_fp8_e4m3, to_out_dtype
+
+__all__ = ["groupwise_gemm_triton", "PLAIN", "CONTIGUOUS", "MASKED"]
+
+PLAIN, CONTIGUOUS, MASKED = 0, 1, 2
+
+_TL_DTYPE = {
+    torch.bfloat16: tl.bfloat16,
+    torch.float16: tl.float16,
+    torch.float32: tl.float32,
+    torch.float8_e4m3fn: tl.float8e4nv,
+}
+
+
+@triton.jit
+def _epilogue(acc, c_ptr, cs_ptr, offs_m, offs_n, row_ok, M, N, stride_cm, stride_csm, pid_n,
+              OUT_FP8: tl.constexpr, OUT_DTYPE: tl.constexpr):
+    """Stores an fp32 tile [BLOCK_M, BLOCK_N] (BLOCK_N == 128 when OUT_FP8)."""
+    col_ok = offs_n < N
+    mask = row_ok[:, None] & col_ok[None, :]
+    c_ptrs = c_ptr + offs_m.to(tl.int64)[:, None] * stride_cm + offs_n[None, :]
+    if OUT_FP8:
+        amax = tl.max(tl.where(mask, tl.abs(acc), 0.0), axis=1)
+        scale = tl.where(amax > 0.0, amax / 448.0, 1.0)
+        q = to_fp8_e4m3(acc / scale[:, None])
+        tl.store(c_ptrs, q, mask=mask)
+        tl.store(cs_ptr + offs_m.to(tl.int64) * stride_csm + pid_n, scale, mask=row_ok)
+    else:
+        tl.store(c_ptrs, to_out_dtype(acc, OUT_DTYPE), mask=mask)
+
+
+@triton.jit
+def fp8_groupwise_gemm_kernel(
+    a_ptr, b_ptr, as_ptr, bs_ptr, c_ptr, cs_ptr, ws_ptr, idx_ptr, mm_ptr,
+    M, N, K, G,
+    stride_ag, stride_am,
+    stride_bg, stride_bn,
+    stride_asg, stride_asm, stride_ask,
+    stride_bsg, stride_bsn, stride_bsk,
+    stride_cg, stride_cm, stride_csm,
+    LAYOUT: tl.constexpr, SPLIT_K: tl.constexpr, OUT_FP8: tl.constexpr, OUT_DTYPE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    grp = tl.program_id(2)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    # grouped tile order: GROUP_M row tiles share each weight tile while it is in L2
+    width = GROUP_M * num_pid_n
+    first_m = (pid // width) * GROUP_M
+    size_m = tl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % width) % size_m
+    pid_n = (pid % width) // size_m
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    row_ok = offs_m < M
+    if LAYOUT == 2:  # MASKED: rows of group grp at or past masked_m[grp] are skipped
+        m_valid = tl.minimum(tl.load(mm_ptr + grp), M)
+        if pid_m * BLOCK_M >= m_valid:
+            return
+        row_ok = offs_m < m_valid
+        g64 = grp.to(tl.int64)
+        a_ptr += g64 * stride_ag
+        as_ptr += g64 * stride_asg
+        b_ptr += g64 * stride_bg
+        bs_ptr += g64 * stride_bsg
+        c_ptr += g64 * stride_cg
+    if LAYOUT == 1:  # CONTIGUOUS: the tile's expert; rows of another index are not written
+        idx = tl.load(idx_ptr + offs_m, mask=row_ok, other=-1)
+        expert = tl.max(idx, axis=0)
+        if expert < 0:
+            return
+        if expert >= G:
+            return
+        row_ok = idx == expert
+        e64 = expert.to(tl.int64)
+        b_ptr += e64 * stride_bg
+        bs_ptr += e64 * stride_bsg
+
+    num_kb = K // BLOCK_K
+    kb_per = tl.cdiv(num_kb, SPLIT_K)
+    kb_lo = pid_k * kb_per
+    kb_hi = tl.minimum(kb_lo + kb_per, num_kb)
+
+    col_ok = offs_n < N
+    a_ptrs = a_ptr + offs_m.to(tl.int64)[:, None] * stride_am + (kb_lo * BLOCK_K + offs_k)[None, :]
+    b_ptrs = b_ptr + offs_n.to(tl.int64)[:, None] * stride_bn + (kb_lo * BLOCK_K + offs_k)[None, :]
+    as_ptrs = as_ptr + offs_m.to(tl.int64) * stride_asm + kb_lo * stride_ask
+    bs_ptrs = bs_ptr + (pid_n * BLOCK_N // 128) * stride_bsn + kb_lo * stride_bsk
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for _ in tl.range(kb_lo, kb_hi, num_stages=NUM_STAGES):
+        a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)
+        b = tl.load(b_ptrs, mask=col_ok[:, None], other=0.0)
+        sa = tl.load(as_ptrs, mask=row_ok, other=0.0)
+        sb = tl.load(bs_ptrs)
+        part = tl.dot(a, tl.trans(b))
+        acc += part * (sa * sb)[:, None]
+        a_ptrs += BLOCK_K
+        b_ptrs += BLOCK_K
+        as_ptrs += stride_ask
+        bs_ptrs += stride_bsk
+
+    if SPLIT_K > 1:
+        w_ptrs = ws_ptr + (pid_k * M + offs_m.to(tl.int64))[:, None] * N + offs_n[None, :]
+        tl.store(w_ptrs, acc, mask=row_ok[:, None] & col_ok[None, :])
+    else:
+        _epilogue(acc, c_ptr, cs_ptr, offs_m, offs_n, row_ok, M, N, stride_cm, stride_csm, pid_n,
+                  OUT_FP8, OUT_DTYPE)
+
+
+@triton.jit
+def splitk_reduce_kernel(ws_ptr, c_ptr, cs_ptr, M, N, stride_cm, stride_csm,
+                         SPLIT_K: tl.constexpr, OUT_FP8: tl.constexpr, OUT_DTYPE: tl.constexpr,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Sums the fp32 split-K partials [SPLIT_K, M, N] in a fixed order, then the epilogue."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = offs_m < M
+    mask = row_ok[:, None] & (offs_n < N)[None, :]
+    ptrs = ws_ptr + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for s in range(SPLIT_K):
+        acc += tl.load(ptrs + s * M * N, mask=mask, other=0.0)
+    _epilogue(acc, c_ptr, cs_ptr, offs_m, offs_n, row_ok, M, N, stride_cm, stride_csm, pid_n,
+              OUT_FP8, OUT_DTYPE)
+
+
+def groupwise_gemm_triton(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    a_scale: torch.Tensor,
+    a_scale_strides: tuple[int, int, int],
+    b_scale: torch.Tensor,
+    b_scale_strides: tuple[int, int, int],
+    out: torch.Tensor,
+    output_scale: torch.Tensor | None,
+    *,
+    layout: int,
+    config: dict,
+    m_indices: torch.Tensor | None = None,
+    masked_m: torch.Tensor | None = None,
+) -> None:
+    """Launches the kernel on validated tensors (k contiguous) and preallocated outputs.
+
+    ``a`` is [m, k] (PLAIN, CONTIGUOUS) or [G, max_m, k] (MASKED); ``b`` is [n, k] or
+    [G, n, k]. ``*_scale_strides`` are (group, row, k-block) element strides of the scale
+    tensors, which lets both scale-major modes be read in place. ``config`` holds
+    BLOCK_M, BLOCK_N, SPLIT_K, GROUP_M, num_warps, num_stages.
+    """
+    M, K = a.shape[-2], a.shape[-1]
+    N = b.shape[-2]
+    G = b.shape[0] if b.dim() == 3 else 1
+    if M == 0 or N == 0 or out.numel() == 0:
+        return
+    out_fp8 = out.dtype == torch.float8_e4m3fn
+    bm, bn = config["BLOCK_M"], config["BLOCK_N"]
+    split_k = config.get("SPLIT_K", 1) if layout == PLAIN else 1
+    split_k = max(1, min(split_k, K // 128))
+    if out_fp8:
+        assert bn == 128, "FP8 output needs BLOCK_N == 128 (one scale group per tile)"
+    tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
+    grid = (tiles, split_k, G if layout == MASKED else 1)
+    ws = torch.empty((split_k, M, N), dtype=torch.float32, device=a.device) if split_k > 1 else out
+    cs = output_scale if output_scale is not None else out
+    idx = m_indices if m_indices is not None else out
+    mm = masked_m if masked_m is not None else out
+    stride_ag = a.stride(0) if a.dim() == 3 else 0
+    stride_bg = b.stride(0) if b.dim() == 3 else 0
+    stride_cg = out.stride(0) if out.dim() == 3 else 0
+    stride_csm = output_scale.stride(0) if output_scale is not None else 0
+    fp8_groupwise_gemm_kernel[grid](
+        a, b, a_scale, b_scale, out, cs, ws, idx, mm,
+        M, N, K, G,
+        stride_ag, a.stride(-2),
+        stride_bg, b.stride(-2),
+        *a_scale_strides, *b_scale_strides,
+        stride_cg, out.stride(-2), stride_csm,
+        LAYOUT=layout, SPLIT_K=split_k, OUT_FP8=out_fp8, OUT_DTYPE=_TL_DTYPE[out.dtype],
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=128, GROUP_M=config.get("GROUP_M", 8),
+        NUM_STAGES=config.get("num_stages", 3),
+        num_warps=config.get("num_warps", 4), num_stages=config.get("num_stages", 3),
+    )
+    if split_k > 1:
+        rbm = 32
+        splitk_reduce_kernel[(triton.cdiv(M, rbm), triton.cdiv(N, 128))](
+            ws, out, cs, M, N, out.stride(0), stride_csm,
+            SPLIT_K=split_k, OUT_FP8=out_fp8, OUT_DTYPE=_TL_DTYPE[out.dtype],
+            BLOCK_M=rbm, BLOCK_N=128, num_warps=4,
+        )

@@ -1,0 +1,35 @@
+"""Random inputs shared by the GEMM tests (fresh random data on every call)."""
+
+from __future__ import annotations
+
+import torch
+
+from mate.testing import rand_fp8
+
+
+def fp8_block_operands(m: int, n: int, k: int, device="cpu", a_dtype=torch.float8_e4m3fn,
+                       b_dtype=torch.float8_e4m3fn):
+    """a [m, k], b [n, k] FP8 with K-major fp32 scales a_scale [m, k/128], b_scale [ceil(n/128), k/128]."""
+    a = rand_fp8((m, k), device=device, scale=2.0).to(a_dtype)
+    b = rand_fp8((n, k), device=device, scale=2.0).to(b_dtype)
+    kb, nb = k // 128, -(-n // 128)
+    a_scale = torch.rand(m, kb, device=device) * 0.02 + 0.005
+    b_scale = torch.rand(nb, kb, device=device) * 0.02 + 0.005
+    return a, b, a_scale, b_scale
+
+
+def fp64_groupwise_loop(a, b, a_scale, b_scale):
+    """Plain float64 triple loop over (i, j, k-block): the definition, for tiny inputs."""
+    m, k = a.shape
+    n = b.shape[0]
+    A, B = a.double().cpu(), b.double().cpu()
+    sa, sb = a_scale.double().cpu(), b_scale.double().cpu()
+    out = torch.zeros(m, n, dtype=torch.float64)
+    for i in range(m):
+        for j in range(n):
+            acc = 0.0
+            for kb in range(k // 128):
+                blk = float((A[i, kb * 128:(kb + 1) * 128] * B[j, kb * 128:(kb + 1) * 128]).sum())
+                acc += float(sa[i, kb]) * float(sb[j // 128, kb]) * blk
+            out[i, j] = acc
+    return out
