@@ -77,8 +77,10 @@ def mla_rope_quantize_fp8_reference(
     pos = pos_ids.long().clamp(0, max_seq_len - 1)
     cs = cos_sin_cache.float()[pos]  # [nnz, 64]
     cos, sin = cs[:, :32], cs[:, 32:]
-    sq = torch.tensor(quant_scale_q, dtype=torch.float32, device=q_rope.device)
-    skv = torch.tensor(quant_scale_kv, dtype=torch.float32, device=q_rope.device)
+    # the scales rounded to fp32 (as the kernel receives them), kept as host numbers: no copy to
+    # the device, so the reference can be captured in a CUDA graph
+    sq = torch.tensor(quant_scale_q, dtype=torch.float32).item()
+    skv = torch.tensor(quant_scale_kv, dtype=torch.float32).item()
     q_rot = rope_fp32(q_rope.float(), cos[:, None, :], sin[:, None, :], is_neox)
     k_rot = rope_fp32(k_rope.float(), cos, sin, is_neox)
     q_rope_out.copy_(fp8_e4m3_saturate(q_rot * sq))

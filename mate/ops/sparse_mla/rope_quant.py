@@ -125,12 +125,17 @@ def mla_rope_quantize_fp8_triton(
     k_rope_out: torch.Tensor,
     q_nope_out: torch.Tensor,
     k_nope_out: torch.Tensor,
+    *,
+    config: tuple[int, int] | None = None,
 ) -> None:
-    """Launches the kernel on validated tensors (see the public function); nnz = 0: nothing."""
+    """Launches the kernel on validated tensors (see the public function); nnz = 0: nothing.
+
+    ``config`` = (BLOCK_H, num_warps) overrides :func:`rope_quant_config` (benchmarks).
+    """
     nnz, H = q_rope.shape[0], q_rope.shape[1]
     if nnz == 0:
         return
-    block_h, num_warps = rope_quant_config(H)
+    block_h, num_warps = config if config is not None else rope_quant_config(H)
     grid = (nnz, triton.cdiv(H, block_h) + 1)
     mla_rope_quantize_fp8_kernel[grid](
         q_rope, k_rope, q_nope, k_nope, cos_sin_cache, pos_ids,
