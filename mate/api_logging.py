@@ -30,6 +30,7 @@ import functools
 import itertools
 import json
 import os
+import shutil
 import sys
 import threading
 from collections.abc import Callable
@@ -255,8 +256,13 @@ class _Dump:
             _emit(f"[mate] dump of {self.qualname} skipped: MATE_DUMP_MAX_SIZE_GB reached")
             return
         self.dir.mkdir(parents=True, exist_ok=False)
-        torch.save(self.inputs, self.dir / "inputs.pt")
-        torch.save({"result": outputs}, self.dir / "outputs.pt")
+        try:
+            torch.save(self.inputs, self.dir / "inputs.pt")
+            torch.save({"result": outputs}, self.dir / "outputs.pt")
+        except BaseException:
+            # an argument torch.save cannot pickle: leave no half-written call folder
+            shutil.rmtree(self.dir, ignore_errors=True)
+            raise
         meta = {
             "function": self.qualname,
             "pid": os.getpid(),

@@ -1,0 +1,102 @@
+"""Fixtures for the foundation tests: Python subprocesses with a chosen environment (the
+logging configuration is read once, at import of ``mate.api_logging``) and one dump of
+real calls shared by the dump, replay and CLI tests."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+
+
+def subprocess_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The current environment without any MATE_* variable, with ``_demo_ops`` and the
+    repository importable, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MATE_")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), str(REPO), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra or {})
+    return env
+
+
+def _run(argv: list[str], cwd: Path, env: dict[str, str] | None) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, cwd=cwd, env=subprocess_env(env), capture_output=True, text=True, timeout=180)
+
+
+@pytest.fixture
+def run_py(tmp_path) -> Callable[..., subprocess.CompletedProcess]:
+    """``run_py(code, **env)``: runs ``code`` with ``python -c`` in ``tmp_path``."""
+
+    def run(code: str, cwd: Path | None = None, **env: str) -> subprocess.CompletedProcess:
+        return _run([sys.executable, "-c", textwrap.dedent(code)], cwd or tmp_path, env)
+
+    return run
+
+
+@pytest.fixture
+def run_mate(tmp_path) -> Callable[..., subprocess.CompletedProcess]:
+    """``run_mate(*args, **env)``: runs ``python -m mate args...`` in ``tmp_path``."""
+
+    def run(*args: str, cwd: Path | None = None, **env: str) -> subprocess.CompletedProcess:
+        return _run([sys.executable, "-m", "mate", *args], cwd or tmp_path, env)
+
+    return run
+
+
+DEMO_CALLS = """
+import os, torch, _demo_ops
+from mate.testing import poisoned
+x = torch.randn(4, 6)
+r1 = _demo_ops.scale_rows(x, 2.0)
+# strided input; outputs = two views of one merged byte buffer (fp8 part + bf16 part)
+big = torch.randn(8, 12) * 200
+xs = big[::2]
+buf = poisoned((4, 16), torch.uint8)
+q, r = buf[:, :8].view(torch.float8_e4m3fn), buf[:, 8:].view(torch.bfloat16)
+r2 = _demo_ops.split_quantize(xs, q, r, scale=3.0)
+# strided output given with out=
+out = poisoned((6, 8), torch.float32)[:, 2:6]
+r3 = _demo_ops.scale_rows(x.t(), -1.5, out=out)
+try:
+    _demo_ops.scale_rows(torch.ones(2, 2, dtype=torch.int32), 1.0)
+except TypeError as exc:
+    print("raised:", exc)
+# clones: torch.save refuses two views of one storage with different dtypes
+torch.save({"r1": r1, "q": q.clone(), "r": r.clone(), "r3": r3, "x": x, "xs": xs}, "expected.pt")
+print("pid", os.getpid())
+"""
+
+
+@pytest.fixture(scope="session")
+def demo_dump(tmp_path_factory) -> dict:
+    """Four real calls dumped at MATE_LOGLEVEL=10 (one raising); read-only for tests.
+
+    Made once per test session: the pytest-xdist workers share it through a folder of the
+    common base temporary directory, guarded by a file lock.
+    """
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # shared by the workers of this run
+    work = base / "core_demo_dump"
+    work.mkdir(exist_ok=True)
+    with open(work / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (work / "result.json").exists():
+            proc = _run([sys.executable, "-c", DEMO_CALLS], work,
+                        {"MATE_LOGLEVEL": "10", "MATE_DUMP_DIR": str(work / "dumps"), "MATE_LOGDEST": "stderr"})
+            assert proc.returncode == 0, proc.stderr
+            pid = int(proc.stdout.split("pid ")[1].split()[0])
+            result = {"pid": pid, "stdout": proc.stdout, "stderr": proc.stderr}
+            (work / "result.json").write_text(json.dumps(result))
+        result = json.loads((work / "result.json").read_text())
+    return {**result, "root": work / "dumps", "work": work}
