@@ -198,3 +198,268 @@ def mla_rope_quantize_fp8(
 
 
 # ---- get_batch_decode_metadata_mla / sparse_mla_fp8_decode (section owned by the decode work)
+
+from mate.ops.sparse_mla.metadata import BLOCK_N as _DECODE_BLOCK_N  # noqa: E402
+from mate.ops.sparse_mla.metadata import DecodeMetadata, plan_decode  # noqa: E402
+
+_FP8 = torch.float8_e4m3fn
+_ROW = 576  # kv_lora_rank + qk_rope_head_dim
+
+
+@mate_custom_op("sparse_mla_fp8_decode", mutates_args=("out", "lse", "partial_o", "partial_lse"))
+def _sparse_mla_fp8_decode_op(
+    query: torch.Tensor,
+    kv_rows: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor | None,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    partial_o: torch.Tensor,
+    partial_lse: torch.Tensor,
+    bmm1_scale: float,
+    bmm2_scale: float,
+    block_h: int,
+    num_splits: int,
+    split_blocks: int,
+    num_warps: int,
+    num_stages: int,
+) -> None:
+    if select_backend(query.device) == "triton":
+        from mate.ops.sparse_mla.decode import sparse_mla_decode_triton
+
+        sparse_mla_decode_triton(query, kv_rows, block_tables, seq_lens, out, lse, partial_o, partial_lse,
+                                 bmm1_scale, bmm2_scale, block_h, num_splits, split_blocks, num_warps, num_stages)
+    else:
+        from mate.ops.sparse_mla.reference import sparse_mla_decode_reference
+
+        o, l_ = sparse_mla_decode_reference(query, kv_rows, block_tables, seq_lens, bmm1_scale, bmm2_scale)
+        out.copy_(o)
+        lse.copy_(l_.view(lse.shape))
+
+
+def _check_decode_query(query: torch.Tensor) -> tuple[int, int, int]:
+    checks.check_tensor("query", query, dtype=_FP8, ndim=4, contiguous=True)
+    batch, q_len, heads = query.shape[:3]
+    checks.check_shape("query", query, [batch, q_len, heads, _ROW])
+    return batch, q_len, heads
+
+
+def _check_seq_lens(seq_lens: torch.Tensor | None, batch: int) -> torch.Tensor | None:
+    """int32 [B] or [B, 1]; returns the flat [B] view (or None)."""
+    if seq_lens is None:
+        return None
+    checks.check_tensor("seq_lens", seq_lens, dtype=torch.int32, ndim=(1, 2), contiguous=True)
+    checks.check_shape("seq_lens", seq_lens, [batch] if seq_lens.dim() == 1 else [batch, 1])
+    return seq_lens.view(batch)
+
+
+@mate_api
+def get_batch_decode_metadata_mla(
+    query: torch.Tensor,
+    seq_lens: torch.Tensor | None,
+    sparse_mla_top_k: int,
+) -> DecodeMetadata:
+    """Plans :func:`sparse_mla_fp8_decode` once for a (B, q_len, H, top-k) configuration.
+
+    The plan (heads per program, how each query position's top-k list is split across
+    programs, launch configuration) depends only on the shapes and the device, never on
+    the values in ``seq_lens``, which the kernel reads on the device. So one metadata
+    object stays valid while ``seq_lens`` changes from step to step, and a decode call
+    given it does no planning, no host sync and no allocation (none at all when ``out``
+    and, if requested, ``lse`` are supplied): the call can be captured in a CUDA graph and
+    replayed. Preparing it again after ``seq_lens`` changes, as MATE asks, is allowed and
+    never needed.
+
+    Parameters
+    ----------
+    query : torch.Tensor
+        The decode query: contiguous float8_e4m3fn [B, q_len, H, 576] (only its shape and
+        device are used).
+    seq_lens : torch.Tensor or None
+        int32 [B] (or [B, 1]) on the query's device; only validated.
+    sparse_mla_top_k : int
+        Positive multiple of 64: the top-k width of ``block_tables``.
+
+    Returns
+    -------
+    DecodeMetadata
+        A frozen object that records (B, q_len, H, top-k, device) and owns the fp32
+        scratch for partial results. It must not be shared by overlapping decode calls.
+
+    Raises
+    ------
+    TypeError
+        Wrong dtypes or a non-int ``sparse_mla_top_k``.
+    ValueError
+        Wrong shapes, devices or a top-k that is not a positive multiple of 64.
+    """
+    batch, q_len, heads = _check_decode_query(query)
+    top_k = checks.check_positive_int("sparse_mla_top_k", sparse_mla_top_k, multiple_of=_DECODE_BLOCK_N)
+    _check_seq_lens(seq_lens, batch)
+    checks.check_same_device(query=query, seq_lens=seq_lens)
+    return plan_decode(batch, q_len, heads, top_k, query.device)
+
+
+@mate_api
+def sparse_mla_fp8_decode(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    workspace_buffer: object,
+    qk_nope_head_dim: int,
+    kv_lora_rank: int,
+    qk_rope_head_dim: int,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor | None,
+    max_seq_len: int,
+    sparse_mla_top_k: int = 0,
+    out: torch.Tensor | None = None,
+    bmm1_scale: float = 1.0,
+    bmm2_scale: float = 1.0,
+    sinks: list[torch.Tensor] | None = None,
+    skip_softmax_threshold_scale_factor: float | None = None,
+    enable_pdl: bool | None = None,
+    backend: str = "auto",
+    is_var_seq: bool = True,
+    uses_shared_paged_kv_idx: bool = True,
+    lse: torch.Tensor | None = None,
+    return_lse: bool = False,
+    cute_dsl_impl: str = "auto",
+    kv_scale_format: str = "auto",
+    cum_seq_lens_q: torch.Tensor | None = None,
+    max_q_len: int | None = None,
+    multi_ctas_kv_counter_buffer: torch.Tensor | None = None,
+    metadata: DecodeMetadata | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """FP8 sparse MLA decode (DeepSeek-V3.2): each query attends to its own top-k cache rows.
+
+    For batch ``b``, query position ``t`` and head ``h``, the valid slots are
+    ``J = {j < seq_lens[b] : 0 <= block_tables[b, t, j] < pages * page_size}`` and
+    ``row(j)`` is the cache viewed as [pages * page_size, 576] at ``block_tables[b, t, j]``::
+
+        logit_j = bmm1_scale * dot(query[b, t, h], row(j))            (fp32, FP8 upcast)
+        out[b, t, h] = bf16(bmm2_scale * sum_j softmax(logit)_j * row(j)[:512])
+        lse[b, t, h] = log(sum_j exp(logit_j))                        (natural log)
+
+    Keys are whole 576-value rows, values their first 512 values. Invalid slots (negative,
+    out of range, or at ``j >= seq_lens[b]``) are skipped and never read; a row listed in
+    two valid slots counts twice; when ``J`` is empty, ``out = 0`` and ``lse = +inf``.
+    With per-tensor quantization ``Q_fp8 = Q * sq`` and ``KV_fp8 = KV * skv``, pass
+    ``bmm1_scale = softmax_scale / (sq * skv)`` and ``bmm2_scale = 1 / skv``.
+
+    On CUDA the Triton kernel computes Q·Kᵀ on FP8 tensor cores straight from the e4m3
+    rows, P·V on fp16 tensor cores, the softmax online in fp32, and splits the top-k list
+    across programs (with a combine step) when the query positions do not fill the GPU.
+
+    Parameters
+    ----------
+    query : torch.Tensor
+        Contiguous float8_e4m3fn [B, q_len, H, 576].
+    kv_cache : torch.Tensor
+        Contiguous float8_e4m3fn [pages, page_size, 576] or [pages, 1, page_size, 576]:
+        row ``page * page_size + slot`` holds 512 latent values then 64 rotary values.
+    workspace_buffer : object
+        Ignored (compatibility).
+    qk_nope_head_dim : int
+        Ignored (compatibility).
+    kv_lora_rank : int
+        Must be 512.
+    qk_rope_head_dim : int
+        Must be 64.
+    block_tables : torch.Tensor
+        Contiguous int32 [B, q_len, sparse_mla_top_k]: physical token indices (row numbers
+        of the flattened cache); -1 or any out-of-range value marks an unused slot.
+    seq_lens : torch.Tensor or None
+        Contiguous int32 [B] (or [B, 1]): only the first ``seq_lens[b]`` slots of batch
+        ``b`` are candidates. None: every slot.
+    max_seq_len : int
+        Ignored (compatibility).
+    sparse_mla_top_k : int
+        Positive multiple of 64 equal to ``block_tables.shape[-1]``.
+    out : torch.Tensor, optional
+        Contiguous bf16 [B, q_len, H, 512], written and returned.
+    bmm1_scale, bmm2_scale : float
+        Logit and output multipliers (Python numbers).
+    sinks, skip_softmax_threshold_scale_factor, uses_shared_paged_kv_idx, cum_seq_lens_q, max_q_len
+        Accepted only at their defaults (None, None, True, None, None):
+        ``NotImplementedError`` otherwise, since ignoring them would change the result.
+    enable_pdl, backend, is_var_seq, cute_dsl_impl, kv_scale_format, multi_ctas_kv_counter_buffer
+        Ignored whatever their value (they only steer performance or storage).
+    lse : torch.Tensor, optional
+        Contiguous fp32 [B * q_len, H] or [B, q_len, H], written in place.
+    return_lse : bool
+        Return ``(out, lse)``; ``lse`` is allocated as [B, q_len, H] when not supplied.
+    metadata : DecodeMetadata, optional
+        From :func:`get_batch_decode_metadata_mla` for this (B, q_len, H, top-k, device);
+        built for the call when omitted. With it the call does no host sync and allocates
+        nothing beyond omitted outputs.
+
+    Returns
+    -------
+    torch.Tensor or tuple of torch.Tensor
+        ``out`` bf16 [B, q_len, H, 512], or ``(out, lse)`` when ``return_lse``.
+
+    Raises
+    ------
+    TypeError
+        Wrong dtypes, non-bool ``return_lse``, a ``metadata`` that is not a DecodeMetadata.
+    ValueError
+        Wrong shapes, layouts or devices; ``kv_lora_rank != 512`` or
+        ``qk_rope_head_dim != 64``; a top-k that is not a positive multiple of 64 equal to
+        ``block_tables.shape[-1]``; metadata prepared for another configuration.
+    NotImplementedError
+        A non-default ``sinks``, ``skip_softmax_threshold_scale_factor``,
+        ``uses_shared_paged_kv_idx``, ``cum_seq_lens_q`` or ``max_q_len``; tensor-valued
+        ``bmm1_scale`` / ``bmm2_scale``.
+    """
+    checks.check_default("sinks", sinks, None)
+    checks.check_default("skip_softmax_threshold_scale_factor", skip_softmax_threshold_scale_factor, None)
+    checks.check_default("uses_shared_paged_kv_idx", uses_shared_paged_kv_idx, True)
+    checks.check_default("cum_seq_lens_q", cum_seq_lens_q, None)
+    checks.check_default("max_q_len", max_q_len, None)
+    checks.check_value("kv_lora_rank", kv_lora_rank == 512, "512", kv_lora_rank)
+    checks.check_value("qk_rope_head_dim", qk_rope_head_dim == 64, "64", qk_rope_head_dim)
+    bmm1_scale = checks.check_python_float("bmm1_scale", bmm1_scale)
+    bmm2_scale = checks.check_python_float("bmm2_scale", bmm2_scale)
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
+
+    batch, q_len, heads = _check_decode_query(query)
+    checks.check_tensor("kv_cache", kv_cache, dtype=_FP8, ndim=(3, 4), contiguous=True)
+    if kv_cache.dim() == 3:
+        checks.check_shape("kv_cache", kv_cache, [None, None, _ROW])
+    else:
+        checks.check_shape("kv_cache", kv_cache, [None, 1, None, _ROW])
+    top_k = checks.check_positive_int("sparse_mla_top_k", sparse_mla_top_k, multiple_of=_DECODE_BLOCK_N)
+    checks.check_tensor("block_tables", block_tables, dtype=torch.int32, ndim=3, contiguous=True)
+    checks.check_value("sparse_mla_top_k", top_k == block_tables.shape[-1],
+                       f"equal to block_tables.shape[-1] ({block_tables.shape[-1]})", top_k)
+    checks.check_shape("block_tables", block_tables, [batch, q_len, top_k])
+    device = checks.check_same_device(query=query, kv_cache=kv_cache, block_tables=block_tables,
+                                      seq_lens=seq_lens, out=out, lse=lse)
+    seq_lens = _check_seq_lens(seq_lens, batch)
+
+    if metadata is None:
+        metadata = plan_decode(batch, q_len, heads, top_k, device)
+    elif not isinstance(metadata, DecodeMetadata):
+        raise TypeError(
+            f"metadata must be a DecodeMetadata from get_batch_decode_metadata_mla, got {type(metadata).__name__}"
+        )
+    metadata.check_matches(batch, q_len, heads, top_k, device)
+
+    if out is None:
+        out = torch.empty((batch, q_len, heads, 512), dtype=torch.bfloat16, device=device)
+    else:
+        checks.check_out_tensor("out", out, shape=[batch, q_len, heads, 512], dtype=torch.bfloat16, device=device)
+    if lse is not None:
+        checks.check_tensor("lse", lse, dtype=torch.float32, ndim=(2, 3), contiguous=True)
+        checks.check_shape("lse", lse, [batch * q_len, heads] if lse.dim() == 2 else [batch, q_len, heads])
+        lse_buf = lse
+    elif return_lse:
+        lse = lse_buf = torch.empty((batch, q_len, heads), dtype=torch.float32, device=device)
+    else:
+        lse_buf = metadata.lse_scratch
+
+    _sparse_mla_fp8_decode_op(query, kv_cache.view(-1, _ROW), block_tables, seq_lens, out, lse_buf,
+                              metadata.partial_o, metadata.partial_lse, bmm1_scale, bmm2_scale, metadata.block_h,
+                              metadata.num_splits, metadata.split_blocks, metadata.num_warps, metadata.num_stages)
+    return (out, lse) if return_lse else out

@@ -1,0 +1,341 @@
+"""Triton kernels of the FP8 sparse MLA decode: split-K attention over gathered rows + combine.
+
+Layout: query e4m3 [B * q_len, H, 576]; cache rows e4m3 [tokens, 576] (the paged cache
+viewed flat: row = page * page_size + slot); ``block_tables`` int32 [B * q_len, top_k].
+
+One program of ``sparse_mla_decode_split_kernel`` handles ``BLOCK_H`` heads of one query
+position and ``SPLIT_BLOCKS * BLOCK_N`` slots of its top-k list. Per step it gathers
+``BLOCK_N`` rows (invalid slots are masked, never read), computes Q·Kᵀ on FP8 tensor cores
+straight from the e4m3 rows (512 + 64 as two dots), runs the online softmax in fp32 with
+``exp2`` and a log2(e)-folded scale, and accumulates P·V in fp16 with V (the first 512
+values of the same rows, already loaded for Q·Kᵀ) converted e4m3 -> fp16 in registers.
+Without a split it writes the bf16 output and the natural-log LSE; with a split it writes
+fp32 partial results that ``sparse_mla_decode_combine_kernel`` merges.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from mate._core.triton_helpers import INTERPRET, to_bf16
+from mate.ops.sparse_mla.metadata import BLOCK_N, HEAD_DIM_ROPE, HEAD_DIM_V
+
+__all__ = [
+    "sparse_mla_decode_split_kernel",
+    "sparse_mla_decode_split_kernel_t",
+    "sparse_mla_decode_combine_kernel",
+    "sparse_mla_decode_triton",
+]
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+
+@triton.jit
+def sparse_mla_decode_split_kernel(
+    q_ptr,
+    kv_ptr,
+    idx_ptr,
+    seq_lens_ptr,
+    out_ptr,
+    lse_ptr,
+    po_ptr,
+    plse_ptr,
+    num_tokens,
+    qk_scale_log2,
+    out_scale,
+    H,
+    q_len,
+    TOP_K: tl.constexpr,
+    SPLIT_BLOCKS: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    D_V: tl.constexpr,
+    D_R: tl.constexpr,
+    HAS_SEQ_LENS: tl.constexpr,
+):
+    D_ROW: tl.constexpr = D_V + D_R
+    pid_h = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    bt = tl.program_id(2).to(tl.int64)  # query position b * q_len + t
+
+    offs_h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
+    h_mask = offs_h < H
+    offs_v = tl.arange(0, D_V)
+    offs_r = tl.arange(0, D_R)
+    offs_n = tl.arange(0, BLOCK_N)
+
+    # Query tile, e4m3, kept for the whole loop (padded heads read as 0).
+    q_rows = q_ptr + (bt * H + offs_h.to(tl.int64))[:, None] * D_ROW
+    q_nope = tl.load(q_rows + offs_v[None, :], mask=h_mask[:, None], other=0.0)
+    q_rope = tl.load(q_rows + D_V + offs_r[None, :], mask=h_mask[:, None], other=0.0)
+
+    # This split's slots, cut at seq_lens[b]: blocks wholly past it are not visited.
+    lo = pid_s * (SPLIT_BLOCKS * BLOCK_N)
+    hi = tl.minimum(lo + SPLIT_BLOCKS * BLOCK_N, TOP_K)
+    if HAS_SEQ_LENS:
+        seq_len = tl.load(seq_lens_ptr + bt // q_len)
+        seq_len = tl.minimum(tl.maximum(seq_len, 0), TOP_K)
+        hi = tl.minimum(hi, seq_len)
+    else:
+        seq_len = TOP_K
+
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, D_V], tl.float32)
+    idx_row = idx_ptr + bt * TOP_K
+    for start in tl.range(lo, hi, BLOCK_N):
+        slots = start + offs_n
+        tok = tl.load(idx_row + slots, mask=slots < seq_len, other=-1)
+        valid = (tok >= 0) & (tok < num_tokens)
+        kv_rows = kv_ptr + tok.to(tl.int64)[:, None] * D_ROW
+        k_nope = tl.load(kv_rows + offs_v[None, :], mask=valid[:, None], other=0.0)
+        k_rope = tl.load(kv_rows + D_V + offs_r[None, :], mask=valid[:, None], other=0.0)
+
+        s = tl.dot(q_nope, tl.trans(k_nope))
+        s = tl.dot(q_rope, tl.trans(k_rope), s)
+        s = tl.where(valid[None, :], s * qk_scale_log2, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # all-invalid so far: no NaN
+        alpha = tl.math.exp2(m_i - m_use)
+        p = tl.math.exp2(s - m_use[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        p16 = p.to(tl.float16)
+        v16 = k_nope.to(tl.float16)  # e4m3 -> fp16 is exact
+        if INTERPRET:
+            acc = acc * alpha[:, None] + tl.dot(p16.to(tl.float32), v16.to(tl.float32))
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p16, v16)
+        m_i = m_new
+
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    lse = tl.where(empty, float("inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
+    o = acc / l_safe[:, None]
+    if NUM_SPLITS == 1:
+        o_rows = (bt * H + offs_h.to(tl.int64))[:, None] * D_V
+        tl.store(out_ptr + o_rows + offs_v[None, :], to_bf16(o * out_scale), mask=h_mask[:, None])
+        tl.store(lse_ptr + bt * H + offs_h, lse, mask=h_mask)
+    else:
+        p_rows = ((bt * NUM_SPLITS + pid_s) * H + offs_h.to(tl.int64))
+        tl.store(po_ptr + p_rows[:, None] * D_V + offs_v[None, :], o, mask=h_mask[:, None])
+        tl.store(plse_ptr + p_rows, tl.where(empty, float("-inf"), lse), mask=h_mask)
+
+
+@triton.jit
+def sparse_mla_decode_split_kernel_t(
+    q_ptr,
+    kv_ptr,
+    idx_ptr,
+    seq_lens_ptr,
+    out_ptr,
+    lse_ptr,
+    po_ptr,
+    plse_ptr,
+    num_tokens,
+    qk_scale_log2,
+    out_scale,
+    H,
+    q_len,
+    TOP_K: tl.constexpr,
+    SPLIT_BLOCKS: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    D_V: tl.constexpr,
+    D_R: tl.constexpr,
+    HAS_SEQ_LENS: tl.constexpr,
+):
+    """Small-H variant (H <= 32): the same math computed transposed.
+
+    Sᵀ = K·Qᵀ puts the 64 gathered rows on M (the smallest wgmma M) and the few heads on
+    N, so no M rows are padding; Oᵀ = Vᵀ·Pᵀ accumulates [512, BLOCK_H] in fp32. The
+    gathered rows feed the first dot straight from shared memory, which lets Triton
+    pipeline their loads (cp.async) over ``num_stages`` buffers.
+    """
+    D_ROW: tl.constexpr = D_V + D_R
+    pid_h = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    bt = tl.program_id(2).to(tl.int64)
+
+    offs_h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
+    h_mask = offs_h < H
+    offs_v = tl.arange(0, D_V)
+    offs_r = tl.arange(0, D_R)
+    offs_n = tl.arange(0, BLOCK_N)
+
+    # Qᵀ tiles [576, BLOCK_H] (K-major for the FP8 dot), padded heads read as 0.
+    q_cols = q_ptr + (bt * H + offs_h.to(tl.int64))[None, :] * D_ROW
+    q_nope_t = tl.load(q_cols + offs_v[:, None], mask=h_mask[None, :], other=0.0)
+    q_rope_t = tl.load(q_cols + D_V + offs_r[:, None], mask=h_mask[None, :], other=0.0)
+
+    lo = pid_s * (SPLIT_BLOCKS * BLOCK_N)
+    hi = tl.minimum(lo + SPLIT_BLOCKS * BLOCK_N, TOP_K)
+    if HAS_SEQ_LENS:
+        seq_len = tl.load(seq_lens_ptr + bt // q_len)
+        seq_len = tl.minimum(tl.maximum(seq_len, 0), TOP_K)
+        hi = tl.minimum(hi, seq_len)
+    else:
+        seq_len = TOP_K
+
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([D_V, BLOCK_H], tl.float32)
+    idx_row = idx_ptr + bt * TOP_K
+    for start in tl.range(lo, hi, BLOCK_N):
+        slots = start + offs_n
+        tok = tl.load(idx_row + slots, mask=slots < seq_len, other=-1)
+        valid = (tok >= 0) & (tok < num_tokens)
+        kv_rows = kv_ptr + tok.to(tl.int64)[:, None] * D_ROW
+        k_nope = tl.load(kv_rows + offs_v[None, :], mask=valid[:, None], other=0.0)
+        k_rope = tl.load(kv_rows + D_V + offs_r[None, :], mask=valid[:, None], other=0.0)
+
+        s = tl.dot(k_nope, q_nope_t)  # [BLOCK_N, BLOCK_H]
+        s = tl.dot(k_rope, q_rope_t, s)
+        s = tl.where(valid[:, None], s * qk_scale_log2, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(s, 0))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2(m_i - m_use)
+        p = tl.math.exp2(s - m_use[None, :])
+        l_i = l_i * alpha + tl.sum(p, 0)
+        p16 = p.to(tl.float16)
+        v16_t = tl.trans(k_nope.to(tl.float16))  # [512, BLOCK_N], e4m3 -> fp16 is exact
+        if INTERPRET:
+            acc = acc * alpha[None, :] + tl.dot(v16_t.to(tl.float32), p16.to(tl.float32))
+        else:
+            acc = acc * alpha[None, :] + tl.dot(v16_t, p16)
+        m_i = m_new
+
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    lse = tl.where(empty, float("inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
+    o = acc / l_safe[None, :]
+    if NUM_SPLITS == 1:
+        o_cols = (bt * H + offs_h.to(tl.int64))[None, :] * D_V
+        tl.store(out_ptr + o_cols + offs_v[:, None], to_bf16(o * out_scale), mask=h_mask[None, :])
+        tl.store(lse_ptr + bt * H + offs_h, lse, mask=h_mask)
+    else:
+        p_rows = ((bt * NUM_SPLITS + pid_s) * H + offs_h.to(tl.int64))
+        tl.store(po_ptr + p_rows[None, :] * D_V + offs_v[:, None], o, mask=h_mask[None, :])
+        tl.store(plse_ptr + p_rows, tl.where(empty, float("-inf"), lse), mask=h_mask)
+
+
+@triton.jit
+def sparse_mla_decode_combine_kernel(
+    po_ptr,
+    plse_ptr,
+    out_ptr,
+    lse_ptr,
+    out_scale,
+    H,
+    NUM_SPLITS: tl.constexpr,
+    BLOCK_HC: tl.constexpr,
+    D_V: tl.constexpr,
+):
+    """Merges the splits of ``BLOCK_HC`` heads of one query position (LSE-weighted)."""
+    pid_h = tl.program_id(0)
+    bt = tl.program_id(1).to(tl.int64)
+    offs_h = pid_h * BLOCK_HC + tl.arange(0, BLOCK_HC)
+    h_mask = offs_h < H
+    offs_v = tl.arange(0, D_V)
+
+    m = tl.full([BLOCK_HC], float("-inf"), tl.float32)
+    for s in tl.static_range(NUM_SPLITS):
+        m = tl.maximum(m, tl.load(plse_ptr + (bt * NUM_SPLITS + s) * H + offs_h, mask=h_mask, other=float("-inf")))
+    m_use = tl.where(m == float("-inf"), 0.0, m)
+    total = tl.zeros([BLOCK_HC], tl.float32)
+    acc = tl.zeros([BLOCK_HC, D_V], tl.float32)
+    for s in tl.static_range(NUM_SPLITS):
+        rows = (bt * NUM_SPLITS + s) * H + offs_h.to(tl.int64)
+        lse_s = tl.load(plse_ptr + rows, mask=h_mask, other=float("-inf"))
+        w = tl.exp(lse_s - m_use)  # 0 for an empty split
+        o_s = tl.load(po_ptr + rows[:, None] * D_V + offs_v[None, :], mask=h_mask[:, None] & (w > 0.0)[:, None],
+                      other=0.0)
+        total += w
+        acc += w[:, None] * o_s
+    empty = total == 0.0
+    t_safe = tl.where(empty, 1.0, total)
+    o = acc / t_safe[:, None] * out_scale
+    lse = tl.where(empty, float("inf"), m_use + tl.log(t_safe))
+    o_rows = (bt * H + offs_h.to(tl.int64))[:, None] * D_V
+    tl.store(out_ptr + o_rows + offs_v[None, :], to_bf16(o), mask=h_mask[:, None])
+    tl.store(lse_ptr + bt * H + offs_h, lse, mask=h_mask)
+
+
+def sparse_mla_decode_triton(
+    query: torch.Tensor,
+    kv_rows: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor | None,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    partial_o: torch.Tensor,
+    partial_lse: torch.Tensor,
+    bmm1_scale: float,
+    bmm2_scale: float,
+    block_h: int,
+    num_splits: int,
+    split_blocks: int,
+    num_warps: int,
+    num_stages: int,
+) -> None:
+    """Launches the decode on validated tensors; writes ``out`` (bf16) and ``lse`` (fp32).
+
+    ``query`` [B, q_len, H, 576], ``kv_rows`` [tokens, 576], ``block_tables``
+    [B, q_len, top_k], ``seq_lens`` [B] or None, ``out`` [B, q_len, H, 512], ``lse`` with
+    B * q_len * H contiguous elements; all contiguous. ``partial_o`` / ``partial_lse`` are
+    the split scratch of a :class:`DecodeMetadata` (read only when ``num_splits > 1``) and
+    the remaining arguments its launch configuration. No allocation, no host sync.
+    """
+    B, q_len, H, _ = query.shape
+    top_k = block_tables.shape[-1]
+    rows = B * q_len
+    if rows == 0 or H == 0:
+        return
+    split = num_splits > 1
+    grid = (triton.cdiv(H, block_h), num_splits, rows)
+    kernel = sparse_mla_decode_split_kernel_t if block_h <= 32 else sparse_mla_decode_split_kernel
+    kernel[grid](
+        query,
+        kv_rows,
+        block_tables,
+        seq_lens if seq_lens is not None else block_tables,
+        out,
+        lse,
+        partial_o if split else out,
+        partial_lse if split else lse,
+        kv_rows.shape[0],
+        bmm1_scale * LOG2E,
+        bmm2_scale,
+        H,
+        q_len,
+        TOP_K=top_k,
+        SPLIT_BLOCKS=split_blocks,
+        NUM_SPLITS=num_splits,
+        BLOCK_H=block_h,
+        BLOCK_N=BLOCK_N,
+        D_V=HEAD_DIM_V,
+        D_R=HEAD_DIM_ROPE,
+        HAS_SEQ_LENS=seq_lens is not None,
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
+    if split:
+        block_hc = min(16, triton.next_power_of_2(H))
+        sparse_mla_decode_combine_kernel[(triton.cdiv(H, block_hc), rows)](
+            partial_o,
+            partial_lse,
+            out,
+            lse,
+            bmm2_scale,
+            H,
+            NUM_SPLITS=num_splits,
+            BLOCK_HC=block_hc,
+            D_V=HEAD_DIM_V,
+            num_warps=4,
+        )
