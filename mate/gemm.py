@@ -584,6 +584,7 @@ def batch_deepgemm_fp8_nt_groupwise(
     """
     check_tensor("a", a, ndim=3)
     G, max_m = a.shape[0], a.shape[1]
+    check_tensor("b", b, ndim=3, shape=(G, None, None))
     Gb, n, k = _check_grouped_operands(a, b, a_scale, b_scale, scale_granularity_mnk, (G, max_m))
     check_tensor("masked_m", masked_m, dtype=torch.int32, shape=(G,), contiguous=True)
     check_positive_int("expected_m", expected_m)
