@@ -160,6 +160,13 @@ def test_example_runs(capsys):
 
 
 @pytest.mark.gpu
+def test_example_runs_on_the_gpu(capsys):
+    """The example at its DeepSeek-V3.2 decode size, on mate's Triton kernels."""
+    runpy.run_path(str(EXAMPLE), run_name="__main__")
+    assert "ok on cuda" in capsys.readouterr().out
+
+
+@pytest.mark.gpu
 def test_rope_and_decode_in_a_cuda_graph():
     """RoPE + FP8 into the merged query buffer and the decode, captured once with reused
     metadata, then replayed after new inputs and seq_lens are copied in place."""
