@@ -18,6 +18,7 @@ import math
 import torch
 
 from mate.sparse_mla_interface import get_batch_decode_metadata_mla, mla_rope_quantize_fp8, sparse_mla_fp8_decode
+from mate.testing import rel_error
 
 
 def rope_fp32(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -25,6 +26,14 @@ def rope_fp32(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Te
     x = x.float()
     x1, x2 = x[..., :32], x[..., 32:]
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+def attention(q: torch.Tensor, kv: torch.Tensor, idx: torch.Tensor, valid: torch.Tensor, scale: float) -> torch.Tensor:
+    """fp32 attention of q [n, H, 576] over rows kv[idx] (keys: 576 values, values: first 512)."""
+    keys = kv[idx.clamp(min=0)]  # [n, top_k, 576]
+    logits = torch.einsum("nhd,nkd->nhk", q, keys) * scale
+    logits = logits.masked_fill(~valid[:, None, :], float("-inf"))
+    return torch.einsum("nhk,nkd->nhd", logits.softmax(-1), keys[..., :512])
 
 
 def main() -> None:
@@ -94,14 +103,17 @@ def main() -> None:
                                          bmm2_scale=bmm2_scale, return_lse=True, metadata=metadata)
         idx = block_tables.view(nnz, top_k).long()
         slot_ok = (idx >= 0) & (torch.arange(top_k, device=device)[None, :] < valid)
-        keys = kv_ref[idx.clamp(min=0)]  # [nnz, top_k, 576]
-        logits = torch.einsum("nhd,nkd->nhk", q_ref.view(nnz, H, 576), keys) * softmax_scale
-        logits = logits.masked_fill(~slot_ok[:, None, :], float("-inf"))
-        ref = torch.einsum("nhk,nkd->nhd", logits.softmax(-1), keys[..., :512]).view(B, q_len, H, 512)
-        err = ((out.float() - ref).norm() / ref.norm()).item()
-        print(f"step {step}: seq_lens={valid}, out {tuple(out.shape)} {out.dtype}, lse {tuple(lse.shape)}, "
-              f"relative error vs the bf16 reference {err:.4f} (FP8 quantization of q and kv)")
-        assert err < 0.05, err
+        # (a) exactly what the kernel computes: attention over the dequantized FP8 values
+        exact = attention(query.view(nnz, H, 576).float() / q_scale, rows.float() / kv_scale, idx, slot_ok,
+                          softmax_scale).view(B, q_len, H, 512)
+        # (b) what the model meant: attention over the unquantized bf16 values
+        model = attention(q_ref.view(nnz, H, 576), kv_ref, idx, slot_ok, softmax_scale).view(B, q_len, H, 512)
+        err_exact = rel_error(out, exact)
+        err_model = rel_error(out, model)
+        print(f"step {step}: seq_lens={valid}, out {tuple(out.shape)} {out.dtype}, lse {tuple(lse.shape)}; "
+              f"relative error vs dequantized reference {err_exact:.2e}, vs bf16 model {err_model:.3f}")
+        assert err_exact < 1e-2, err_exact  # bf16 output rounding (2^-9) plus FP8 tensor-core accumulation
+        assert err_model < 0.1, err_model  # e4m3 keeps 3 mantissa bits: a few percent per element
         assert torch.isfinite(lse).all()
     print(f"ok ({'GPU Triton kernels' if gpu else 'CPU reference'})")
 
