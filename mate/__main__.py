@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import os
@@ -126,12 +127,17 @@ def _config() -> dict[str, Any]:
         triton_version = None
     import mate
 
-    requested = requested_backend()
     cuda = torch.cuda.is_available()
-    if requested == "auto":
-        picks = "triton (CUDA tensors)" if cuda else "reference (CPU tensors)"
+    try:
+        requested = requested_backend()
+    except ValueError as exc:  # a diagnostic command reports a bad MATE_BACKEND, it does not crash
+        requested = os.environ.get("MATE_BACKEND", "")
+        picks = f"none: {exc}"
     else:
-        picks = requested
+        if requested == "auto":
+            picks = "triton (CUDA tensors)" if cuda else "reference (CPU tensors)"
+        else:
+            picks = requested
     return {
         "mate": mate.__version__,
         "python": platform.python_version(),
@@ -227,6 +233,18 @@ def _compare(out: Any, ref: Any, where: str) -> list[str]:
         for i, (o, r) in enumerate(zip(out, ref)):
             errs += _compare(o, r, f"{where}[{i}]")
         return errs
+    if isinstance(ref, dict):
+        if not isinstance(out, dict) or out.keys() != ref.keys():
+            return [f"{where}: expected a dict with keys {sorted(map(str, ref))}"]
+        return [e for k in ref for e in _compare(out[k], ref[k], f"{where}[{k!r}]")]
+    if dataclasses.is_dataclass(ref) and not isinstance(ref, type):
+        if type(out) is not type(ref):
+            return [f"{where}: expected {type(ref).__name__}, got {type(out).__name__}"]
+        return [e for f in dataclasses.fields(ref)
+                for e in _compare(getattr(out, f.name), getattr(ref, f.name), f"{where}.{f.name}")]
+    if ref is None or isinstance(ref, (bool, int, float, str)):
+        same = out == ref or (isinstance(ref, float) and isinstance(out, float) and ref != ref and out != out)
+        return [] if same else [f"{where}: {out!r} != {ref!r}"]
     return []
 
 
@@ -251,10 +269,16 @@ def cmd_replay(args: argparse.Namespace) -> int:
         try:
             result = fn(*args_, **kwargs)
         except Exception as exc:
-            if meta.get("error"):
-                print(f"SAME-ERROR {d.name}: {type(exc).__name__}: {exc}")
+            error = f"{type(exc).__name__}: {exc}"
+            if error == meta.get("error"):
+                print(f"SAME-ERROR {d.name}: {error}")
                 continue
-            print(f"FAIL {d.name}: raised {type(exc).__name__}: {exc}")
+            dumped = f" (the dumped call raised {meta['error']})" if meta.get("error") else ""
+            print(f"FAIL {d.name}: raised {error}{dumped}")
+            failed += 1
+            continue
+        if meta.get("error"):
+            print(f"FAIL {d.name}: the dumped call raised {meta['error']}; the replay returned")
             failed += 1
             continue
         if not args.compare:
