@@ -1,0 +1,399 @@
+"""Dense and paged attention with FlashAttention-3's interface (MSA's dense and paged modes).
+
+``flash_attn_varlen_func``, ``flash_attn_with_kvcache`` and ``get_scheduler_metadata``
+keep FA3's signatures. Conventions: causal and window masks are bottom-right aligned
+(query i of a request with q_len queries and k_len keys sits at key position
+i + k_len - q_len), GQA by head groups (query head h uses KV head h // (Hq / Hkv)), the
+LSE is natural-log fp32, and a query that sees no key gets output 0 and LSE -inf.
+
+CUDA tensors run a Triton kernel (ragged, ``seqused_k``, batched or paged caches); a
+single dense sequence without LSE goes to torch's fused SDPA, which is as fast as it
+gets there. CPU tensors run the fp32 PyTorch reference. Arguments listed as not
+implemented raise ``NotImplementedError`` when given a non-default value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from mate._core import checks
+from mate._core.dispatch import select_backend
+from mate.api_logging import mate_api
+
+__all__ = ["MhaSchedulerMetadata", "flash_attn_varlen_func", "flash_attn_with_kvcache", "get_scheduler_metadata"]
+
+_DTYPES = (torch.float16, torch.bfloat16)
+_HEAD_DIMS = (16, 32, 64, 128, 256)
+
+
+@dataclasses.dataclass(frozen=True)
+class MhaSchedulerMetadata:
+    """Opaque scheduling object of ``get_scheduler_metadata``: the configuration it was made
+    for. The Triton kernels need no precomputed schedule; calls accept it and check heads."""
+
+    batch_size: int
+    max_seqlen_q: int
+    max_seqlen_k: int
+    num_heads_q: int
+    num_heads_kv: int
+    headdim: int
+    causal: bool
+    window_size: tuple[int, int]
+    page_size: int | None
+
+
+def _not_implemented(**given: tuple[Any, Any]) -> None:
+    for name, (value, default) in given.items():
+        checks.check_default(name, value, default)
+
+
+def _check_window(window_size: Any) -> tuple[int, int]:
+    ok = (isinstance(window_size, (tuple, list)) and len(window_size) == 2
+          and all(isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in window_size))
+    checks.check_value("window_size", ok, "a pair of ints >= -1", window_size)
+    return int(window_size[0]), int(window_size[1])
+
+
+def _check_scheduler(meta: Any, hq: int, hkv: int) -> None:
+    if meta is None:
+        return
+    checks.check_value("scheduler_metadata", isinstance(meta, MhaSchedulerMetadata),
+                       "an object returned by get_scheduler_metadata or None", type(meta).__name__)
+    checks.check_value("scheduler_metadata.num_heads_q", meta.num_heads_q == hq, f"{hq} (q's heads)", meta.num_heads_q)
+    checks.check_value("scheduler_metadata.num_heads_kv", meta.num_heads_kv == hkv, f"{hkv} (k's heads)",
+                       meta.num_heads_kv)
+
+
+def _check_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, int, int]:
+    hq, d = q.shape[-2], q.shape[-1]
+    hkv = k.shape[-2]
+    checks.check_value("q.shape[-1] (headdim)", d in _HEAD_DIMS, f"one of {_HEAD_DIMS}", d)
+    checks.check_value("k.shape[-1] (headdim)", k.shape[-1] == d, f"{d} (q's headdim)", k.shape[-1])
+    if v.shape[-1] != d:
+        raise NotImplementedError(
+            f"v.shape[-1] (headdim_v) must equal headdim {d}; got {v.shape[-1]} (not implemented)")
+    checks.check_value("k.shape[-2] (num_heads_k)", hkv > 0 and hq % hkv == 0, f"a divisor of num_heads_q={hq}", hkv)
+    return hq, hkv, d
+
+
+def _run(q, k, v, out, lse, *, cu_seqlens_q, max_seqlen_q, cu_seqlens_k, seqused_k, page_table, batched,
+         softmax_scale, window, backend, k_lens_host=None) -> None:
+    if select_backend(q.device, backend) == "reference":
+        from mate.ops.mha.reference import attention_varlen_reference
+
+        b = cu_seqlens_q.shape[0] - 1
+        if seqused_k is not None:
+            k_lens = [int(x) for x in seqused_k.tolist()]
+        elif cu_seqlens_k is not None:
+            ck = cu_seqlens_k.tolist()
+            k_lens = [ck[i + 1] - ck[i] for i in range(b)]
+        else:
+            k_lens = k_lens_host
+        starts = None if cu_seqlens_k is None else [int(x) for x in cu_seqlens_k.tolist()[:b]]
+        ro, rl = attention_varlen_reference(q, k, v, cu_seqlens_q, k_lens, k_starts=starts, page_table=page_table,
+                                            batched=batched, softmax_scale=softmax_scale, causal=False,
+                                            window_size=window)
+        out.copy_(ro)
+        lse.copy_(rl)
+        return
+    from mate.ops.mha.attention import mha_fwd_op
+
+    mha_fwd_op(q, k, v, out, lse, cu_seqlens_q, int(max_seqlen_q), cu_seqlens_k, seqused_k, page_table,
+               bool(batched), float(softmax_scale), int(window[0]), int(window[1]))
+
+
+def _sdpa_single_sequence(q, k, v, out, softmax_scale, causal) -> None:
+    """One dense sequence through torch's fused attention ([T, H, D] views, GQA native)."""
+    import torch.nn.functional as F
+
+    o = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
+                                       v.transpose(0, 1).unsqueeze(0), is_causal=causal, scale=softmax_scale,
+                                       enable_gqa=k.shape[1] != q.shape[1])
+    out.copy_(o[0].transpose(0, 1))
+
+
+@mate_api
+def flash_attn_varlen_func(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor | None = None,
+    cu_seqlens_k: torch.Tensor | None = None,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
+    seqused_q: torch.Tensor | None = None,
+    seqused_k: torch.Tensor | None = None,
+    page_table: torch.Tensor | None = None,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    qv: torch.Tensor | None = None,
+    q_descale: torch.Tensor | None = None,
+    k_descale: torch.Tensor | None = None,
+    v_descale: torch.Tensor | None = None,
+    window_size: tuple[int, int] = (-1, -1),
+    learnable_sink: torch.Tensor | None = None,
+    attention_chunk: int = 0,
+    softcap: float = 0.0,
+    scheduler_metadata: MhaSchedulerMetadata | None = None,
+    num_splits: int = 0,
+    pack_gqa: bool | None = None,
+    deterministic: bool = False,
+    sm_margin: int = 0,
+    return_softmax_lse: bool = False,
+    backend: str = "auto",
+    cp_world_size: int = 1,
+    cp_rank: int = 0,
+    cp_tot_seqused_k: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Attention over ragged (variable-length) sequences, FlashAttention-3 conventions.
+
+    Parameters
+    ----------
+    q : [total_q, Hq, D] fp16 / bf16, D in (16, 32, 64, 128, 256)
+    k, v : ragged [total_k, Hkv, D] with ``cu_seqlens_k``, or a paged cache
+        [num_pages, page_size, Hkv, D] with ``page_table`` and ``seqused_k``; q's dtype.
+    cu_seqlens_q : int32 [B + 1], required; cu_seqlens_k : int32 [B + 1] (dense k/v).
+    max_seqlen_q : int, required (bounds the grid); max_seqlen_k : int or None (unused).
+    seqused_k : int32 [B] or None: keys actually used per request (dense: the first
+        seqused_k[i] rows of each sequence; paged: the context length, required).
+    page_table : int32 [B, max_pages] or None.
+    softmax_scale : default D ** -0.5. causal : bottom-right aligned.
+    window_size : (left, right), -1 = unbounded; causal sets right to 0.
+    return_softmax_lse : also return the LSE, fp32 [Hq, total_q], natural log.
+    backend : "auto" | "triton" | "reference" (as ``MATE_BACKEND``).
+    out : optional [total_q, Hq, D] in q's dtype, written and returned.
+    scheduler_metadata : from :func:`get_scheduler_metadata` or None.
+    num_splits, pack_gqa, sm_margin : performance hints, accepted and ignored.
+    deterministic : accepted; the kernels are deterministic.
+    qv, q_descale, k_descale, v_descale, learnable_sink, attention_chunk, softcap, seqused_q,
+    cp_world_size, cp_rank, cp_tot_seqused_k : not implemented (``NotImplementedError``
+        unless at their defaults).
+
+    Returns
+    -------
+    out, or (out, lse) with ``return_softmax_lse``. Queries that see no key: out 0, lse -inf.
+    """
+    _not_implemented(qv=(qv, None), q_descale=(q_descale, None), k_descale=(k_descale, None),
+                     v_descale=(v_descale, None), learnable_sink=(learnable_sink, None),
+                     attention_chunk=(attention_chunk, 0), softcap=(softcap, 0.0), seqused_q=(seqused_q, None),
+                     cp_world_size=(cp_world_size, 1), cp_rank=(cp_rank, 0),
+                     cp_tot_seqused_k=(cp_tot_seqused_k, None))
+    checks.check_choice("backend", backend, ("auto", "triton", "reference"))
+    checks.check_tensor("q", q, dtype=_DTYPES, ndim=3, last_dim_contiguous=True)
+    paged = page_table is not None
+    checks.check_tensor("k", k, dtype=q.dtype, ndim=4 if paged else 3, last_dim_contiguous=True)
+    checks.check_tensor("v", v, dtype=q.dtype, shape=list(k.shape), last_dim_contiguous=True)
+    total_q = q.shape[0]
+    hq, hkv, d = _check_heads(q, k, v)
+    _check_scheduler(scheduler_metadata, hq, hkv)
+    if cu_seqlens_q is None:
+        raise ValueError("cu_seqlens_q must be an int32 [batch + 1] tensor, got None")
+    checks.check_tensor("cu_seqlens_q", cu_seqlens_q, dtype=torch.int32, ndim=1, contiguous=True)
+    batch = cu_seqlens_q.shape[0] - 1
+    checks.check_value("cu_seqlens_q.shape[0]", batch >= 0, ">= 1", cu_seqlens_q.shape[0])
+    if max_seqlen_q is None or isinstance(max_seqlen_q, bool) or not isinstance(max_seqlen_q, int):
+        raise TypeError(f"max_seqlen_q must be an int, got {type(max_seqlen_q).__name__}")
+    checks.check_value("max_seqlen_q", max_seqlen_q >= 0, ">= 0", max_seqlen_q)
+    if paged:
+        checks.check_tensor("page_table", page_table, dtype=torch.int32, shape=[batch, None], last_dim_contiguous=True)
+        ps = k.shape[1]
+        checks.check_value("k.shape[1] (page_size)", ps >= 16 and ps & (ps - 1) == 0, "a power of two >= 16", ps)
+        if seqused_k is None:
+            raise ValueError("seqused_k must be an int32 [batch] tensor with a paged KV cache, got None")
+        if cu_seqlens_k is not None:
+            raise ValueError("cu_seqlens_k must be None with a paged KV cache (use seqused_k), got a tensor")
+    else:
+        if cu_seqlens_k is None:
+            raise ValueError("cu_seqlens_k must be an int32 [batch + 1] tensor for dense k/v, got None")
+        checks.check_tensor("cu_seqlens_k", cu_seqlens_k, dtype=torch.int32, shape=[batch + 1], contiguous=True)
+    if seqused_k is not None:
+        checks.check_tensor("seqused_k", seqused_k, dtype=torch.int32, shape=[batch], contiguous=True)
+    left, right = _check_window(window_size)
+    if causal:
+        right = 0
+    device = checks.check_same_device(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                                      seqused_k=seqused_k, page_table=page_table, out=out)
+    if out is None:
+        out = torch.empty(total_q, hq, d, dtype=q.dtype, device=device)
+    else:
+        checks.check_out_tensor("out", out, shape=[total_q, hq, d], dtype=q.dtype, device=device,
+                                contiguous=False, last_dim_contiguous=True)
+    scale = d ** -0.5 if softmax_scale is None else checks.check_python_float("softmax_scale", softmax_scale)
+    backend_used = select_backend(device, backend)
+    single = (backend_used == "triton" and device.type == "cuda" and not paged and seqused_k is None
+              and batch == 1 and not return_softmax_lse and left < 0 and (right < 0 or causal)
+              and max_seqlen_q == total_q and (not causal or k.shape[0] == total_q))
+    if single:
+        # one dense sequence spanning the tensors: torch's fused (cuDNN / flash) attention
+        _sdpa_single_sequence(q, k, v, out, scale, causal)
+        return out
+    lse = torch.empty(hq, total_q, dtype=torch.float32, device=device)
+    _run(q, k, v, out, lse, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, cu_seqlens_k=cu_seqlens_k,
+         seqused_k=seqused_k, page_table=page_table, batched=False, softmax_scale=scale, window=(left, right),
+         backend=backend)
+    return (out, lse) if return_softmax_lse else out
+
+
+@mate_api
+def flash_attn_with_kvcache(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: torch.Tensor | None = None,
+    v: torch.Tensor | None = None,
+    qv: torch.Tensor | None = None,
+    rotary_cos: torch.Tensor | None = None,
+    rotary_sin: torch.Tensor | None = None,
+    cache_seqlens: torch.Tensor | int | None = None,
+    cache_batch_idx: torch.Tensor | None = None,
+    cache_leftpad: torch.Tensor | None = None,
+    page_table: torch.Tensor | None = None,
+    cu_seqlens_q: torch.Tensor | None = None,
+    cu_seqlens_k_new: torch.Tensor | None = None,
+    max_seqlen_q: int | None = None,
+    rotary_seqlens: torch.Tensor | None = None,
+    q_descale: torch.Tensor | None = None,
+    k_descale: torch.Tensor | None = None,
+    v_descale: torch.Tensor | None = None,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    learnable_sink: torch.Tensor | None = None,
+    attention_chunk: int = 0,
+    softcap: float = 0.0,
+    rotary_interleaved: bool = True,
+    scheduler_metadata: MhaSchedulerMetadata | None = None,
+    num_splits: int = 0,
+    pack_gqa: bool | None = None,
+    sm_margin: int = 0,
+    return_softmax_lse: bool = False,
+    cp_world_size: int = 1,
+    cp_rank: int = 0,
+    cp_tot_seqused_k: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Attention of a batch of queries over a KV cache (decode / chunked prefill).
+
+    Parameters
+    ----------
+    q : [B, S_q, Hq, D] fp16 / bf16, D in (16, 32, 64, 128, 256)
+    k_cache, v_cache : [B, S_cache, Hkv, D] (batched), or paged [num_pages, page_size, Hkv, D]
+        with ``page_table`` int32 [B, max_pages] (page_size a power of two >= 16); q's dtype.
+    cache_seqlens : int32 [B] or an int: context length per request (default S_cache for a
+        batched cache; required with ``page_table``).
+    softmax_scale, causal (bottom-right aligned), window_size : as ``flash_attn_varlen_func``.
+    return_softmax_lse : also return the LSE, fp32 [B, Hq, S_q], natural log.
+    scheduler_metadata : from :func:`get_scheduler_metadata` or None.
+    rotary_interleaved, num_splits, pack_gqa, sm_margin : accepted and ignored.
+    k, v, qv, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, cu_seqlens_q,
+    cu_seqlens_k_new, max_seqlen_q, rotary_seqlens, q_descale, k_descale, v_descale,
+    learnable_sink, attention_chunk, softcap, cp_world_size, cp_rank, cp_tot_seqused_k :
+        not implemented (``NotImplementedError`` unless at their defaults).
+
+    Returns
+    -------
+    out [B, S_q, Hq, D] in q's dtype, or (out, lse) with ``return_softmax_lse``.
+    """
+    _not_implemented(k=(k, None), v=(v, None), qv=(qv, None), rotary_cos=(rotary_cos, None),
+                     rotary_sin=(rotary_sin, None), cache_batch_idx=(cache_batch_idx, None),
+                     cache_leftpad=(cache_leftpad, None), cu_seqlens_q=(cu_seqlens_q, None),
+                     cu_seqlens_k_new=(cu_seqlens_k_new, None), max_seqlen_q=(max_seqlen_q, None),
+                     rotary_seqlens=(rotary_seqlens, None), q_descale=(q_descale, None),
+                     k_descale=(k_descale, None), v_descale=(v_descale, None),
+                     learnable_sink=(learnable_sink, None), attention_chunk=(attention_chunk, 0),
+                     softcap=(softcap, 0.0), cp_world_size=(cp_world_size, 1), cp_rank=(cp_rank, 0),
+                     cp_tot_seqused_k=(cp_tot_seqused_k, None))
+    checks.check_tensor("q", q, dtype=_DTYPES, ndim=4, last_dim_contiguous=True)
+    checks.check_tensor("k_cache", k_cache, dtype=q.dtype, ndim=4, last_dim_contiguous=True)
+    checks.check_tensor("v_cache", v_cache, dtype=q.dtype, shape=list(k_cache.shape), last_dim_contiguous=True)
+    b, sq, hq, d = q.shape
+    hq, hkv, d = _check_heads(q, k_cache, v_cache)
+    _check_scheduler(scheduler_metadata, hq, hkv)
+    paged = page_table is not None
+    if paged:
+        checks.check_tensor("page_table", page_table, dtype=torch.int32, shape=[b, None], last_dim_contiguous=True)
+        ps = k_cache.shape[1]
+        checks.check_value("k_cache.shape[1] (page_size)", ps >= 16 and ps & (ps - 1) == 0, "a power of two >= 16",
+                           ps)
+        if cache_seqlens is None:
+            raise ValueError("cache_seqlens must be given with a paged KV cache, got None")
+    else:
+        checks.check_shape("k_cache", k_cache, [b, None, hkv, d])
+    device = checks.check_same_device(q=q, k_cache=k_cache, v_cache=v_cache, page_table=page_table,
+                                      cache_seqlens=cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None)
+    if cache_seqlens is None:
+        seqused = torch.full((b,), k_cache.shape[1], dtype=torch.int32, device=device)
+    elif isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
+        checks.check_value("cache_seqlens", cache_seqlens >= 0, ">= 0", cache_seqlens)
+        seqused = torch.full((b,), cache_seqlens, dtype=torch.int32, device=device)
+    else:
+        seqused = checks.check_tensor("cache_seqlens", cache_seqlens, dtype=torch.int32, shape=[b], contiguous=True)
+    left, right = _check_window(window_size)
+    if causal:
+        right = 0
+    scale = d ** -0.5 if softmax_scale is None else checks.check_python_float("softmax_scale", softmax_scale)
+    out = torch.empty(b, sq, hq, d, dtype=q.dtype, device=device)
+    lse = torch.empty(hq, b * sq, dtype=torch.float32, device=device)
+    cu_q = torch.arange(0, (b + 1) * sq, sq, dtype=torch.int32, device=device) if sq > 0 else \
+        torch.zeros(b + 1, dtype=torch.int32, device=device)
+    qf = q.reshape(b * sq, hq, d)
+    of = out.view(b * sq, hq, d)
+    _run(qf, k_cache, v_cache, of, lse, cu_seqlens_q=cu_q, max_seqlen_q=sq, cu_seqlens_k=None, seqused_k=seqused,
+         page_table=page_table, batched=not paged, softmax_scale=scale, window=(left, right), backend="auto")
+    if return_softmax_lse:
+        return out, lse.view(hq, b, sq).permute(1, 0, 2).contiguous()
+    return out
+
+
+@mate_api
+def get_scheduler_metadata(
+    batch_size: int,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    num_heads_q: int,
+    num_heads_kv: int,
+    headdim: int,
+    seqused_q: torch.Tensor | None = None,
+    seqused_k: torch.Tensor | None = None,
+    qkv_dtype: torch.dtype = torch.bfloat16,
+    headdim_v: int | None = None,
+    cu_seqlens_q: torch.Tensor | None = None,
+    cu_seqlens_k: torch.Tensor | None = None,
+    cu_seqlens_k_new: torch.Tensor | None = None,
+    cache_leftpad: torch.Tensor | None = None,
+    page_size: int | None = None,
+    max_seqlen_k_new: int = 0,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    attention_chunk: int = 0,
+    has_softcap: bool = False,
+    num_splits: int = 0,
+    pack_gqa: bool | None = None,
+    mp_margin: int = 0,
+) -> MhaSchedulerMetadata:
+    """Scheduling object for later ``flash_attn_*`` calls (no device work, no host sync).
+
+    Returns a :class:`MhaSchedulerMetadata` recording the configuration; the Triton kernels
+    schedule from the call's own arguments. Tensor arguments are accepted and not read.
+    ``headdim_v`` other than ``headdim``, ``attention_chunk`` and ``has_softcap`` are not
+    implemented. Non-positive sizes or heads that do not divide: ``ValueError``.
+    """
+    for name, value in (("batch_size", batch_size), ("num_heads_q", num_heads_q), ("num_heads_kv", num_heads_kv),
+                        ("headdim", headdim)):
+        checks.check_positive_int(name, value)
+    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        checks.check_value(name, value >= 0, ">= 0", value)
+    checks.check_value("num_heads_kv", num_heads_q % num_heads_kv == 0, f"a divisor of num_heads_q={num_heads_q}",
+                       num_heads_kv)
+    checks.check_dtype("qkv_dtype", torch.empty(0, dtype=qkv_dtype), _DTYPES)
+    if headdim_v is not None and headdim_v != headdim:
+        raise NotImplementedError(f"headdim_v={headdim_v} different from headdim={headdim} is not implemented")
+    _not_implemented(attention_chunk=(attention_chunk, 0), has_softcap=(has_softcap, False))
+    left, right = _check_window(window_size)
+    return MhaSchedulerMetadata(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, num_heads_kv, headdim,
+                                bool(causal), (left, right), page_size)

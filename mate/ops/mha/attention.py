@@ -1,0 +1,207 @@
+"""Triton attention for ``mate.mha_interface``: ragged varlen, ``seqused_k``, batched and
+paged KV caches, GQA, bottom-right causal / sliding windows, natural-log LSE.
+
+One program owns TM query tokens of one request times the query heads of one KV head
+(padded to GP, a power of two): BLOCK_M = TM * GP rows, so decode with GQA fills the MMA
+rows with heads and K/V are read once per KV head. Keys stream in BLOCK_N tiles; a paged
+cache looks up the page of every key (any power-of-two page size).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from mate._core.triton_helpers import INTERPRET, dot_operand, to_out_dtype
+
+__all__ = ["mha_tiling", "attention_triton", "mha_fwd_op"]
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _mha_fwd_kernel(
+    q_ptr, stride_qt, stride_qh,
+    k_ptr, v_ptr, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+    cu_q_ptr, cu_k_ptr, seqused_k_ptr, page_table_ptr, stride_pt,
+    o_ptr, stride_ot, stride_oh, lse_ptr, stride_lh, stride_lt,
+    RATIO, qk_scale, window_left, window_right,
+    TM: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, HAS_CU_K: tl.constexpr, HAS_SEQUSED: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+):
+    mblk = tl.program_id(0)
+    req = tl.program_id(1)
+    kvh = tl.program_id(2)
+    q_start = tl.load(cu_q_ptr + req)
+    q_len = tl.load(cu_q_ptr + req + 1) - q_start
+    if mblk * TM >= q_len:
+        return
+    if HAS_CU_K:
+        k_start = tl.load(cu_k_ptr + req)
+        k_len = tl.load(cu_k_ptr + req + 1) - k_start
+    else:
+        k_start = 0
+        k_len = 0
+    if HAS_SEQUSED:
+        k_len = tl.load(seqused_k_ptr + req)
+    rows = tl.arange(0, BLOCK_M)
+    tok = mblk * TM + rows // GP
+    hl = rows % GP
+    h = kvh * RATIO + hl
+    rvalid = (tok < q_len) & (hl < RATIO) & (rows // GP < TM)
+    t = (q_start + tok).to(tl.int64)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q = tl.load(q_ptr + t[:, None] * stride_qt + h[:, None] * stride_qh + offs_d[None, :],
+                mask=rvalid[:, None], other=0.0)
+    q = dot_operand(q)
+    pos = tok + (k_len - q_len)  # bottom-right aligned position of each row's query
+    if HAS_RIGHT:
+        hi_row = tl.where(rvalid, pos + window_right, -1)
+    else:
+        hi_row = tl.where(rvalid, k_len - 1, -1)
+    hi = tl.minimum(k_len, tl.max(hi_row, axis=0) + 1)
+    lo = 0
+    if HAS_LEFT:
+        lo_row = tl.where(rvalid, pos - window_left, k_len)
+        lo = tl.maximum(0, tl.min(lo_row, axis=0))
+        lo = (lo // BLOCK_N) * BLOCK_N
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    offs_n = tl.arange(0, BLOCK_N)
+    kb = req.to(tl.int64) * stride_kb + kvh * stride_kh
+    vb = req.to(tl.int64) * stride_vb + kvh * stride_vh
+    for n0 in range(lo, hi, BLOCK_N):
+        n = n0 + offs_n
+        nvalid = n < hi
+        if PAGED:
+            page = tl.load(page_table_ptr + req.to(tl.int64) * stride_pt + n // PAGE_SIZE, mask=nvalid, other=0)
+            krow = page.to(tl.int64) * stride_kb + (n % PAGE_SIZE) * stride_kt + kvh * stride_kh
+            vrow = page.to(tl.int64) * stride_vb + (n % PAGE_SIZE) * stride_vt + kvh * stride_vh
+        else:
+            krow = kb + (k_start + n).to(tl.int64) * stride_kt
+            vrow = vb + (k_start + n).to(tl.int64) * stride_vt
+        kt = tl.load(k_ptr + krow[:, None] + offs_d[None, :], mask=nvalid[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(dot_operand(kt))) * qk_scale
+        vis = nvalid[None, :] & rvalid[:, None]
+        if HAS_RIGHT:
+            vis = vis & (n[None, :] <= pos[:, None] + window_right)
+        if HAS_LEFT:
+            vis = vis & (n[None, :] >= pos[:, None] - window_left)
+        s = tl.where(vis, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_use[:, None])
+        alpha = tl.exp2(m_i - m_use)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        vt = tl.load(v_ptr + vrow[:, None] + offs_d[None, :], mask=nvalid[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(dot_operand(p.to(vt.dtype)), dot_operand(vt))
+        m_i = m_new
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    o = acc / l_safe[:, None]
+    tl.store(o_ptr + t[:, None] * stride_ot + h[:, None] * stride_oh + offs_d[None, :],
+             to_out_dtype(o, o_ptr.dtype.element_ty), mask=rvalid[:, None])
+    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(l_safe)) * 0.6931471805599453)
+    tl.store(lse_ptr + h.to(tl.int64) * stride_lh + t * stride_lt, lse, mask=rvalid)
+
+
+def mha_tiling(ratio: int, max_seqlen_q: int) -> tuple[int, int, int]:
+    """(TM tokens per program, GP padded group, BLOCK_M rows)."""
+    gp = triton.next_power_of_2(ratio)
+    tm = max(1, min(64 // gp if gp <= 64 else 1, triton.next_power_of_2(max(1, max_seqlen_q))))
+    return tm, gp, max(16, tm * gp)
+
+
+def attention_triton(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    *,
+    cu_seqlens_q: torch.Tensor,
+    max_seqlen_q: int,
+    cu_seqlens_k: torch.Tensor | None,
+    seqused_k: torch.Tensor | None,
+    page_table: torch.Tensor | None,
+    batched: bool,
+    softmax_scale: float,
+    window_left: int,
+    window_right: int,
+) -> None:
+    """Launches ``_mha_fwd_kernel``; inputs validated by the caller.
+
+    q [total_q, Hq, D]; k/v ragged [total_k, Hkv, D] (``cu_seqlens_k``), batched
+    [B, S, Hkv, D] (``batched``) or paged [pages, page_size, Hkv, D] (``page_table``);
+    out [total_q, Hq, D]; lse [Hq, total_q] (any strides).
+    """
+    total_q, hq, d = q.shape
+    hkv = k.shape[-2]
+    ratio = hq // hkv
+    batch = cu_seqlens_q.shape[0] - 1
+    if total_q == 0 or batch == 0 or max_seqlen_q <= 0:
+        return
+    tm, gp, block_m = mha_tiling(ratio, max_seqlen_q)
+    paged = page_table is not None
+    if paged:
+        skb, skt, skh = k.stride(0), k.stride(1), k.stride(2)
+        svb, svt, svh = v.stride(0), v.stride(1), v.stride(2)
+        page_size = k.shape[1]
+    elif batched:
+        skb, skt, skh = k.stride(0), k.stride(1), k.stride(2)
+        svb, svt, svh = v.stride(0), v.stride(1), v.stride(2)
+        page_size = 1
+    else:
+        skb, skt, skh = 0, k.stride(0), k.stride(1)
+        svb, svt, svh = 0, v.stride(0), v.stride(1)
+        page_size = 1
+    dummy = cu_seqlens_q
+    block_n = 64
+    num_warps = 4 if block_m <= 64 else 8
+    grid = (triton.cdiv(max_seqlen_q, tm), batch, hkv)
+    _mha_fwd_kernel[grid](
+        q, q.stride(0), q.stride(1),
+        k, v, skb, skt, skh, svb, svt, svh,
+        cu_seqlens_q, cu_seqlens_k if cu_seqlens_k is not None else dummy,
+        seqused_k if seqused_k is not None else dummy,
+        page_table if paged else dummy, page_table.stride(0) if paged else 0,
+        out, out.stride(0), out.stride(1), lse, lse.stride(0), lse.stride(1),
+        ratio, softmax_scale * LOG2E, window_left, window_right,
+        TM=tm, GP=gp, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=d, PAGE_SIZE=page_size, PAGED=paged,
+        HAS_CU_K=cu_seqlens_k is not None, HAS_SEQUSED=seqused_k is not None,
+        HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0,
+        num_warps=num_warps, num_stages=1 if INTERPRET else 2,
+    )
+
+
+def _mha_fwd_op_impl(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    max_seqlen_q: int,
+    cu_seqlens_k: torch.Tensor | None,
+    seqused_k: torch.Tensor | None,
+    page_table: torch.Tensor | None,
+    batched: bool,
+    softmax_scale: float,
+    window_left: int,
+    window_right: int,
+) -> None:
+    attention_triton(q, k, v, out, lse, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
+                     cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k, page_table=page_table, batched=batched,
+                     softmax_scale=softmax_scale, window_left=window_left, window_right=window_right)
+
+
+def _register():
+    from mate._core.custom_op import mate_custom_op
+
+    return mate_custom_op("mha_fwd", mutates_args=("out", "lse"))(_mha_fwd_op_impl)
+
+
+mha_fwd_op = _register()

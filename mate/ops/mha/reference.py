@@ -1,0 +1,96 @@
+"""PyTorch reference of ``mate.mha_interface`` (FlashAttention-3 conventions) in fp32.
+
+Causal and window masks are bottom-right aligned: query i of a request with q_len queries
+and k_len keys sits at key position i + k_len - q_len; it sees key j when
+``pos - left <= j <= pos + right`` (``left``/``right`` of ``window_size``, -1 = unbounded;
+``causal`` sets right = 0). Query head h uses KV head h // (Hq / Hkv).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["request_keys", "attention_varlen_reference"]
+
+
+def request_keys(
+    cache: torch.Tensor,
+    i: int,
+    k_len: int,
+    *,
+    k_start: int = 0,
+    page_table: torch.Tensor | None = None,
+    batched: bool = False,
+) -> torch.Tensor:
+    """The ``k_len`` keys of request ``i`` as [k_len, Hkv, D].
+
+    ``cache`` is ragged [total_k, Hkv, D] (rows from ``k_start``), batched [B, S, Hkv, D]
+    (``batched=True``) or paged [pages, page_size, Hkv, D] with ``page_table`` [B, max_pages].
+    """
+    if page_table is not None:
+        page_size = cache.shape[1]
+        n = -(-k_len // page_size)
+        sel = cache[page_table[i, :n].long()]
+        return sel.reshape(-1, cache.shape[2], cache.shape[3])[:k_len]
+    if batched:
+        return cache[i, :k_len]
+    return cache[k_start:k_start + k_len]
+
+
+def attention_varlen_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    k_lens: list[int] | torch.Tensor,
+    *,
+    k_starts: list[int] | None = None,
+    page_table: torch.Tensor | None = None,
+    batched: bool = False,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    compute_dtype: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of ragged queries [total_q, Hq, D] over each request's keys.
+
+    Returns ``out`` [total_q, Hq, D] (q's dtype; fp32/fp64 math) and ``lse`` [Hq, total_q]
+    (natural log, -inf where a query sees no key; its output row is 0).
+    """
+    total_q, hq, d = q.shape
+    hkv = k.shape[-2]
+    ratio = hq // hkv
+    scale = d ** -0.5 if softmax_scale is None else softmax_scale
+    left, right = window_size
+    if causal:
+        right = 0
+    out = torch.zeros(total_q, hq, d, dtype=compute_dtype, device=q.device)
+    lse = torch.full((hq, total_q), -math.inf, dtype=compute_dtype, device=q.device)
+    cu = [int(x) for x in cu_seqlens_q.tolist()]
+    lens = [int(x) for x in (k_lens.tolist() if isinstance(k_lens, torch.Tensor) else k_lens)]
+    for i, k_len in enumerate(lens):
+        q0, q1 = cu[i], cu[i + 1]
+        if q1 == q0:
+            continue
+        start = 0 if k_starts is None else k_starts[i]
+        kr = request_keys(k, i, k_len, k_start=start, page_table=page_table, batched=batched).to(compute_dtype)
+        vr = request_keys(v, i, k_len, k_start=start, page_table=page_table, batched=batched).to(compute_dtype)
+        kr = kr.repeat_interleave(ratio, dim=1)
+        vr = vr.repeat_interleave(ratio, dim=1)
+        pos = torch.arange(q1 - q0, device=q.device) + (k_len - (q1 - q0))
+        keys = torch.arange(k_len, device=q.device)
+        vis = torch.ones(q1 - q0, k_len, dtype=torch.bool, device=q.device)
+        if right >= 0:
+            vis &= keys[None, :] <= pos[:, None] + right
+        if left >= 0:
+            vis &= keys[None, :] >= pos[:, None] - left
+        s = torch.einsum("thd,khd->htk", q[q0:q1].to(compute_dtype), kr) * scale
+        s = s.masked_fill(~vis[None], -math.inf)
+        l_ = torch.logsumexp(s, dim=-1)  # [Hq, n]
+        p = torch.exp(s - torch.where(torch.isinf(l_), 0.0, l_)[..., None])
+        out[q0:q1] = torch.einsum("htk,khd->thd", p, vr)
+        lse[:, q0:q1] = l_
+    lse_dtype = torch.float64 if compute_dtype == torch.float64 else torch.float32
+    return out.to(q.dtype), lse.to(lse_dtype)

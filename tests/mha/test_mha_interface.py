@@ -1,0 +1,204 @@
+"""mate.mha_interface: the reference against a float64 loop, the Triton kernel against the
+reference (interpreter on CPU, H200 in the GPU suite), FA3 conventions and errors."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from mate.mha_interface import flash_attn_varlen_func, flash_attn_with_kvcache, get_scheduler_metadata
+from mate.ops.mha.reference import attention_varlen_reference
+from mate.testing import assert_close, poisoned
+
+# bf16 output: 2^-8 relative resolution, plus P rounded to bf16 before PV: ~2-3 ulps.
+# fp16: 2^-11. LSE: fp32 math on the same logits, differences of accumulation order only.
+TOL = {torch.bfloat16: (2e-2, 2e-2), torch.float16: (3e-3, 3e-3)}
+LSE_TOL = dict(atol=1e-4, rtol=1e-4)
+
+
+def cu(lens, device):
+    return torch.tensor([0] + list(torch.tensor(lens).cumsum(0).tolist()), dtype=torch.int32, device=device)
+
+
+def paged_cache(k_lens, hkv, d, page_size, dtype, device, g):
+    """A shuffled paged cache holding each request's keys, plus the ragged original."""
+    npages = [-(-n // page_size) for n in k_lens]
+    total_pages = sum(npages) + 2
+    perm = torch.randperm(total_pages, generator=g)
+    kc = torch.randn(total_pages, page_size, hkv, d, generator=g).to(dtype)
+    vc = torch.randn(total_pages, page_size, hkv, d, generator=g).to(dtype)
+    table = torch.zeros(len(k_lens), max(npages) + 1, dtype=torch.int32)
+    p = 0
+    for i, n in enumerate(npages):
+        table[i, :n] = perm[p:p + n].to(torch.int32)
+        p += n
+    return kc.to(device), vc.to(device), table.to(device)
+
+
+def loop_attention(q, k, v, cu_q, k_lens, k_starts, scale, causal, window):
+    """float64 loops over queries, heads and keys, bottom-right aligned masks."""
+    total_q, hq, d = q.shape
+    ratio = hq // k.shape[1]
+    out = torch.zeros(total_q, hq, d, dtype=torch.float64)
+    lse = torch.full((hq, total_q), -math.inf, dtype=torch.float64)
+    left, right = window
+    if causal:
+        right = 0
+    for i in range(len(k_lens)):
+        q0, q1 = int(cu_q[i]), int(cu_q[i + 1])
+        for j in range(q1 - q0):
+            pos = j + k_lens[i] - (q1 - q0)
+            for h in range(hq):
+                ls, vs = [], []
+                for n in range(k_lens[i]):
+                    if (right >= 0 and n > pos + right) or (left >= 0 and n < pos - left):
+                        continue
+                    kk = k[k_starts[i] + n, h // ratio].double()
+                    ls.append(float((q[q0 + j, h].double() * kk).sum()) * scale)
+                    vs.append(v[k_starts[i] + n, h // ratio].double())
+                if ls:
+                    s = torch.tensor(ls, dtype=torch.float64)
+                    p = torch.exp(s - s.max())
+                    out[q0 + j, h] = (p[:, None] * torch.stack(vs)).sum(0) / p.sum()
+                    lse[h, q0 + j] = s.max() + torch.log(p.sum())
+    return out, lse
+
+
+@pytest.mark.parametrize("causal,window", [(True, (-1, -1)), (False, (2, 1)), (True, (3, -1))])
+def test_reference_matches_float64_loop(causal, window):
+    g = torch.Generator().manual_seed(0)
+    q_lens, k_lens = [3, 4], [5, 2]
+    q = torch.randn(7, 4, 16, generator=g, dtype=torch.float64)
+    k = torch.randn(7, 2, 16, generator=g, dtype=torch.float64)
+    v = torch.randn(7, 2, 16, generator=g, dtype=torch.float64)
+    cq = cu(q_lens, "cpu")
+    out, lse = attention_varlen_reference(q, k, v, cq, k_lens, k_starts=[0, 5], softmax_scale=0.3, causal=causal,
+                                          window_size=window, compute_dtype=torch.float64)
+    ro, rl = loop_attention(q, k, v, cq, k_lens, [0, 5], 0.3, causal, window)
+    assert_close(out, ro, atol=1e-10, rtol=1e-10)  # float64 both sides: summation order only
+    assert_close(lse, rl, atol=1e-10, rtol=1e-10)
+    assert torch.isinf(rl).any()  # request 2 has queries before its first key (bottom-right causal)
+
+
+@pytest.mark.parametrize(
+    "dtype,hq,hkv,d,causal,window,seqused",
+    [
+        (torch.bfloat16, 8, 2, 64, True, (-1, -1), False),
+        (torch.float16, 4, 4, 128, False, (-1, -1), True),
+        (torch.bfloat16, 6, 2, 32, True, (20, -1), False),
+        (torch.float16, 2, 1, 64, False, (5, 3), True),
+    ],
+)
+def test_varlen_dense_matches_reference(device, triton_backend, dtype, hq, hkv, d, causal, window, seqused):
+    g = torch.Generator().manual_seed(torch.seed() % 2**31)
+    q_lens, k_lens = [5, 0, 70], [40, 9, 130]
+    used = [33, 0, 127] if seqused else k_lens
+    q = torch.randn(sum(q_lens), hq, d, generator=g).to(dtype).to(device)
+    k = torch.randn(sum(k_lens), hkv, d, generator=g).to(dtype).to(device)
+    v = torch.randn(sum(k_lens), hkv, d, generator=g).to(dtype).to(device)
+    out = poisoned((sum(q_lens), hq, d), dtype, device)
+    su = torch.tensor(used, dtype=torch.int32, device=device) if seqused else None
+    o, lse = flash_attn_varlen_func(q, k, v, cu(q_lens, device), cu(k_lens, device), max(q_lens), max(k_lens),
+                                    seqused_k=su, causal=causal, window_size=window, return_softmax_lse=True,
+                                    out=out)
+    assert o is out
+    ro, rl = attention_varlen_reference(q.cpu(), k.cpu(), v.cpu(), cu(q_lens, "cpu"), used,
+                                        k_starts=cu(k_lens, "cpu").tolist()[:-1], causal=causal, window_size=window)
+    atol, rtol = TOL[dtype]
+    assert_close(o, ro, atol=atol, rtol=rtol)
+    assert_close(lse, rl, name="lse", **LSE_TOL)
+
+
+@pytest.mark.parametrize("page_size", [16, 64, 128])
+def test_varlen_paged_matches_reference(device, triton_backend, page_size):
+    g = torch.Generator().manual_seed(torch.seed() % 2**31)
+    q_lens, k_lens = [1, 6, 3], [100, 200, 3]
+    hq, hkv, d = 8, 2, 64
+    kc, vc, table = paged_cache(k_lens, hkv, d, page_size, torch.bfloat16, device, g)
+    q = torch.randn(sum(q_lens), hq, d, generator=g).to(torch.bfloat16).to(device)
+    su = torch.tensor(k_lens, dtype=torch.int32, device=device)
+    o, lse = flash_attn_varlen_func(q, kc, vc, cu(q_lens, device), None, max(q_lens), None, seqused_k=su,
+                                    page_table=table, causal=True, return_softmax_lse=True)
+    ro, rl = attention_varlen_reference(q.cpu(), kc.cpu(), vc.cpu(), cu(q_lens, "cpu"), k_lens,
+                                        page_table=table.cpu(), causal=True)
+    assert_close(o, ro, atol=2e-2, rtol=2e-2)
+    assert_close(lse, rl, name="lse", **LSE_TOL)
+
+
+@pytest.mark.parametrize("paged,sq", [(False, 1), (True, 1), (True, 3)])
+def test_kvcache_matches_reference(device, triton_backend, paged, sq):
+    g = torch.Generator().manual_seed(torch.seed() % 2**31)
+    b, hq, hkv, d, s_cache = 3, 16, 2, 64, 160
+    lens = [160, 7, 65]
+    q = torch.randn(b, sq, hq, d, generator=g).to(torch.float16).to(device)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=device)
+    meta = get_scheduler_metadata(b, sq, s_cache, hq, hkv, d, qkv_dtype=torch.float16, causal=True)
+    if paged:
+        kc, vc, table = paged_cache(lens, hkv, d, 32, torch.float16, device, g)
+        o, lse = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, page_table=table, causal=True,
+                                         return_softmax_lse=True, scheduler_metadata=meta)
+        ro, rl = attention_varlen_reference(q.reshape(b * sq, hq, d).cpu(), kc.cpu(), vc.cpu(),
+                                            cu([sq] * b, "cpu"), lens, page_table=table.cpu(), causal=True)
+    else:
+        kc = torch.randn(b, s_cache, hkv, d, generator=g).to(torch.float16).to(device)
+        vc = torch.randn(b, s_cache, hkv, d, generator=g).to(torch.float16).to(device)
+        o, lse = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, causal=True, return_softmax_lse=True,
+                                         scheduler_metadata=meta)
+        ro, rl = attention_varlen_reference(q.reshape(b * sq, hq, d).cpu(), kc.cpu(), vc.cpu(),
+                                            cu([sq] * b, "cpu"), lens, batched=True, causal=True)
+    assert o.shape == (b, sq, hq, d) and lse.shape == (b, hq, sq)
+    assert_close(o.reshape(b * sq, hq, d), ro, atol=3e-3, rtol=3e-3)
+    assert_close(lse, rl.view(hq, b, sq).permute(1, 0, 2), name="lse", **LSE_TOL)
+
+
+def test_reference_backend_on_cpu_matches(reference_backend):
+    g = torch.Generator().manual_seed(torch.seed() % 2**31)
+    q = torch.randn(4, 2, 32, generator=g).to(torch.bfloat16)
+    k = torch.randn(6, 1, 32, generator=g).to(torch.bfloat16)
+    o = flash_attn_varlen_func(q, k, k, cu([4], "cpu"), cu([6], "cpu"), 4, 6, causal=True)
+    ro, _ = attention_varlen_reference(q, k, k, cu([4], "cpu"), [6], k_starts=[0], causal=True)
+    assert_close(o, ro)
+
+
+def test_custom_op_opcheck(triton_backend):
+    from mate.ops.mha.attention import mha_fwd_op
+
+    q = torch.randn(3, 2, 16).to(torch.bfloat16)
+    k = torch.randn(5, 1, 16).to(torch.bfloat16)
+    out = torch.empty_like(q)
+    lse = torch.empty(2, 3)
+    torch.library.opcheck(mha_fwd_op, (q, k, k, out, lse, cu([3], "cpu"), 3, cu([5], "cpu"), None, None, False,
+                                       0.25, -1, 0), test_utils=("test_schema", "test_faketensor"))
+
+
+def test_errors(device):
+    q = torch.randn(4, 2, 64, dtype=torch.bfloat16, device=device)
+    k = torch.randn(4, 1, 64, dtype=torch.bfloat16, device=device)
+    cq = cu([4], device)
+    with pytest.raises(NotImplementedError, match="softcap"):
+        flash_attn_varlen_func(q, k, k, cq, cq, 4, 4, softcap=1.0)
+    with pytest.raises(NotImplementedError, match="qv"):
+        flash_attn_varlen_func(q, k, k, cq, cq, 4, 4, qv=q)
+    with pytest.raises(TypeError, match="k must be"):
+        flash_attn_varlen_func(q, k.half(), k.half(), cq, cq, 4, 4)
+    with pytest.raises(ValueError, match="cu_seqlens_k"):
+        flash_attn_varlen_func(q, k, k, cq, None, 4, 4)
+    with pytest.raises(ValueError, match="window_size"):
+        flash_attn_varlen_func(q, k, k, cq, cq, 4, 4, window_size=(-2, 0))
+    with pytest.raises(ValueError, match="num_heads_k"):
+        flash_attn_varlen_func(q[:, :1].expand(4, 3, 64), k.expand(4, 2, 64), k.expand(4, 2, 64), cq, cq, 4, 4)
+    with pytest.raises(ValueError, match="out"):
+        flash_attn_varlen_func(q, k, k, cq, cq, 4, 4, out=torch.empty(4, 2, 32, dtype=torch.bfloat16, device=device))
+    kc = torch.zeros(2, 24, 1, 64, dtype=torch.bfloat16, device=device)
+    table = torch.zeros(1, 2, dtype=torch.int32, device=device)
+    with pytest.raises(ValueError, match="page_size"):
+        flash_attn_with_kvcache(q[None, :1], kc, kc, cache_seqlens=3, page_table=table)
+    with pytest.raises(NotImplementedError, match="rotary_cos"):
+        flash_attn_with_kvcache(q[None, :1], kc, kc, rotary_cos=q)
+    with pytest.raises(ValueError, match="num_heads_kv"):
+        get_scheduler_metadata(1, 1, 1, 6, 4, 64)
+    meta = get_scheduler_metadata(1, 4, 4, 4, 1, 64)
+    with pytest.raises(ValueError, match="scheduler_metadata.num_heads_q"):
+        flash_attn_varlen_func(q, k, k, cq, cq, 4, 4, scheduler_metadata=meta)
