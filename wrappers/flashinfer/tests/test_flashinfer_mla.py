@@ -76,7 +76,8 @@ def _decode_inputs(device, B=2, q_len=2, H=16, top_k=128, pages=5, page_size=64,
     block_tables = torch.randint(0, n_tok, (B, q_len, top_k), dtype=torch.int32, device=device)
     block_tables[0, 0, :9] = -1  # invalid slots are skipped
     block_tables[-1, -1, -3:] = n_tok + 7  # out of range: skipped
-    seq_lens = torch.tensor([top_k - 50, top_k][:B], dtype=torch.int32, device=device)
+    seq_lens = torch.full((B,), top_k, dtype=torch.int32, device=device)
+    seq_lens[0] = top_k - 50  # the last 50 slots of batch 0 do not count
     return query, kv_cache, block_tables, seq_lens
 
 
