@@ -279,37 +279,50 @@ def flash_attn_with_kvcache(
 
     Parameters
     ----------
-    q : [B, S_q, Hq, D] fp16 / bf16, D in (16, 32, 64, 128, 256)
+    q : [B, S_q, Hq, D] fp16 / bf16, D in (16, 32, 64, 128, 256); or ragged [total_q, Hq, D]
+        with ``cu_seqlens_q`` int32 [B + 1] and ``max_seqlen_q`` (int).
     k_cache, v_cache : [B, S_cache, Hkv, D] (batched), or paged [num_pages, page_size, Hkv, D]
         with ``page_table`` int32 [B, max_pages] (page_size a power of two >= 16); q's dtype.
     cache_seqlens : int32 [B] or an int: context length per request (default S_cache for a
         batched cache; required with ``page_table``).
     softmax_scale, causal (bottom-right aligned), window_size : as ``flash_attn_varlen_func``.
-    return_softmax_lse : also return the LSE, fp32 [B, Hq, S_q], natural log.
+    return_softmax_lse : also return the LSE, fp32 [B, Hq, S_q] ([Hq, total_q] with ragged q),
+        natural log.
     scheduler_metadata : from :func:`get_scheduler_metadata` or None.
     rotary_interleaved, num_splits, pack_gqa, sm_margin : accepted and ignored.
-    k, v, qv, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, cu_seqlens_q,
-    cu_seqlens_k_new, max_seqlen_q, rotary_seqlens, q_descale, k_descale, v_descale,
+    k, v, qv, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad,
+    cu_seqlens_k_new, rotary_seqlens, q_descale, k_descale, v_descale,
     learnable_sink, attention_chunk, softcap, cp_world_size, cp_rank, cp_tot_seqused_k :
         not implemented (``NotImplementedError`` unless at their defaults).
 
     Returns
     -------
-    out [B, S_q, Hq, D] in q's dtype, or (out, lse) with ``return_softmax_lse``.
+    out in q's shape and dtype, or (out, lse) with ``return_softmax_lse``.
     """
     _not_implemented(k=(k, None), v=(v, None), qv=(qv, None), rotary_cos=(rotary_cos, None),
                      rotary_sin=(rotary_sin, None), cache_batch_idx=(cache_batch_idx, None),
-                     cache_leftpad=(cache_leftpad, None), cu_seqlens_q=(cu_seqlens_q, None),
-                     cu_seqlens_k_new=(cu_seqlens_k_new, None), max_seqlen_q=(max_seqlen_q, None),
+                     cache_leftpad=(cache_leftpad, None),
+                     cu_seqlens_k_new=(cu_seqlens_k_new, None),
                      rotary_seqlens=(rotary_seqlens, None), q_descale=(q_descale, None),
                      k_descale=(k_descale, None), v_descale=(v_descale, None),
                      learnable_sink=(learnable_sink, None), attention_chunk=(attention_chunk, 0),
                      softcap=(softcap, 0.0), cp_world_size=(cp_world_size, 1), cp_rank=(cp_rank, 0),
                      cp_tot_seqused_k=(cp_tot_seqused_k, None))
-    checks.check_tensor("q", q, dtype=_DTYPES, ndim=4, last_dim_contiguous=True)
+    varlen = cu_seqlens_q is not None
+    checks.check_tensor("q", q, dtype=_DTYPES, ndim=3 if varlen else 4, last_dim_contiguous=True)
     checks.check_tensor("k_cache", k_cache, dtype=q.dtype, ndim=4, last_dim_contiguous=True)
     checks.check_tensor("v_cache", v_cache, dtype=q.dtype, shape=list(k_cache.shape), last_dim_contiguous=True)
-    b, sq, hq, d = q.shape
+    if varlen:
+        checks.check_tensor("cu_seqlens_q", cu_seqlens_q, dtype=torch.int32, ndim=1, contiguous=True)
+        b = cu_seqlens_q.shape[0] - 1
+        checks.check_value("cu_seqlens_q.shape[0]", b >= 0, ">= 1", cu_seqlens_q.shape[0])
+        if max_seqlen_q is None or isinstance(max_seqlen_q, bool) or not isinstance(max_seqlen_q, int):
+            raise TypeError(f"max_seqlen_q must be an int with cu_seqlens_q, got {type(max_seqlen_q).__name__}")
+        sq = max_seqlen_q
+    else:
+        if max_seqlen_q is not None:
+            raise ValueError("max_seqlen_q must be None without cu_seqlens_q, got an int")
+        b, sq = q.shape[0], q.shape[1]
     hq, hkv, d = _check_heads(q, k_cache, v_cache)
     _check_scheduler(scheduler_metadata, hq, hkv)
     paged = page_table is not None
@@ -323,6 +336,7 @@ def flash_attn_with_kvcache(
     else:
         checks.check_shape("k_cache", k_cache, [b, None, hkv, d])
     device = checks.check_same_device(q=q, k_cache=k_cache, v_cache=v_cache, page_table=page_table,
+                                      cu_seqlens_q=cu_seqlens_q,
                                       cache_seqlens=cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None)
     if cache_seqlens is None:
         seqused = torch.full((b,), k_cache.shape[1], dtype=torch.int32, device=device)
@@ -335,14 +349,21 @@ def flash_attn_with_kvcache(
     if causal:
         right = 0
     scale = d ** -0.5 if softmax_scale is None else checks.check_python_float("softmax_scale", softmax_scale)
-    out = torch.empty(b, sq, hq, d, dtype=q.dtype, device=device)
-    lse = torch.empty(hq, b * sq, dtype=torch.float32, device=device)
-    cu_q = torch.arange(0, (b + 1) * sq, sq, dtype=torch.int32, device=device) if sq > 0 else \
-        torch.zeros(b + 1, dtype=torch.int32, device=device)
-    qf = q.reshape(b * sq, hq, d)
-    of = out.view(b * sq, hq, d)
+    out = torch.empty(q.shape, dtype=q.dtype, device=device)
+    total_q = q.shape[0] if varlen else b * sq
+    lse = torch.empty(hq, total_q, dtype=torch.float32, device=device)
+    if varlen:
+        cu_q = cu_seqlens_q
+    elif sq > 0:
+        cu_q = torch.arange(0, (b + 1) * sq, sq, dtype=torch.int32, device=device)
+    else:
+        cu_q = torch.zeros(b + 1, dtype=torch.int32, device=device)
+    qf = q.reshape(total_q, hq, d)
+    of = out.view(total_q, hq, d)
     _run(qf, k_cache, v_cache, of, lse, cu_seqlens_q=cu_q, max_seqlen_q=sq, cu_seqlens_k=None, seqused_k=seqused,
          page_table=page_table, batched=not paged, softmax_scale=scale, window=(left, right), backend="auto")
+    if varlen:
+        return (out, lse) if return_softmax_lse else out
     if return_softmax_lse:
         return out, lse.view(hq, b, sq).permute(1, 0, 2).contiguous()
     return out

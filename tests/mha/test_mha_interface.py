@@ -202,3 +202,20 @@ def test_errors(device):
     meta = get_scheduler_metadata(1, 4, 4, 4, 1, 64)
     with pytest.raises(ValueError, match="scheduler_metadata.num_heads_q"):
         flash_attn_varlen_func(q, k, k, cq, cq, 4, 4, scheduler_metadata=meta)
+
+
+def test_kvcache_ragged_q(device, triton_backend):
+    """Ragged queries over a paged cache (MSA's paged mode): out [total_q, Hq, D], lse [Hq, total_q]."""
+    g = torch.Generator().manual_seed(torch.seed() % 2**31)
+    q_lens, lens = [2, 0, 5], [130, 4, 5]
+    hq, hkv, d = 4, 1, 128
+    kc, vc, table = paged_cache(lens, hkv, d, 128, torch.bfloat16, device, g)
+    q = torch.randn(sum(q_lens), hq, d, generator=g).to(torch.bfloat16).to(device)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=device)
+    o, lse = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, page_table=table,
+                                     cu_seqlens_q=cu(q_lens, device), max_seqlen_q=5, causal=True,
+                                     return_softmax_lse=True)
+    ro, rl = attention_varlen_reference(q.cpu(), kc.cpu(), vc.cpu(), cu(q_lens, "cpu"), lens, page_table=table.cpu(),
+                                        causal=True)
+    assert_close(o, ro, atol=2e-2, rtol=2e-2)
+    assert_close(lse, rl, name="lse", **LSE_TOL)
