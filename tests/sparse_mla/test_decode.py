@@ -21,16 +21,18 @@ from mate.testing import assert_close, assert_equal, poisoned
 
 FP8 = torch.float8_e4m3fn
 
-# Tolerances. out is bf16: the kernel rounds P to fp16 (relative 2**-11) and sums in a
-# different fp32 order than the reference, then both round to bf16 (2**-8 relative), so
-# outputs may differ by one bf16 unit: rtol 1.6e-2 (two units) and atol 1e-2 for outputs
-# near 0 (|out| ~ 1 here). lse is fp32 computed with exp2/log2 instead of exp/log: a few
-# fp32 units of a value ~ log(top-k) + |logit| < 10, so atol = rtol = 1e-5.
-OUT_TOL = dict(atol=1e-2, rtol=1.6e-2)
+# Tolerances. out is bf16: the kernel rounds P to fp16 (relative 2**-11 per weight) and sums
+# in another fp32 order than the reference, then both round to bf16 (2**-8 relative), so an
+# output may differ by one bf16 unit: rtol 1.6e-2 (two units); atol 2e-3 covers outputs near
+# 0, where the fp16 rounding of P (<= 2**-11 * sum_j p_j |v_j| ~ 5e-4 here) dominates.
+# lse is fp32 computed with exp2/log2 instead of exp/log: a few fp32 units of a value
+# ~ log(top-k) + |logit| < 10, so atol = rtol = 1e-5.
+OUT_TOL = dict(atol=2e-3, rtol=1.6e-2)
 LSE_TOL = dict(atol=1e-5, rtol=1e-5)
 # On the GPU, FP8 tensor-core accumulation is not full fp32 (measured LSE errors of 2-6e-3
-# absolute at 576-wide dots): a logit error d moves the output by ~d relatively.
-GPU_OUT_TOL = dict(atol=2e-2, rtol=3e-2)
+# absolute at 576-wide dots): a logit error d moves each softmax weight by ~d relatively, so
+# out gets rtol 3e-2 and atol 1e-3 (|out| ~ 0.05 with 2048 keys: 2e-2 of it), lse atol 1.5e-2.
+GPU_OUT_TOL = dict(atol=1e-3, rtol=3e-2)
 GPU_LSE_TOL = dict(atol=1.5e-2, rtol=2e-3)
 
 
@@ -303,11 +305,8 @@ gpu = pytest.mark.gpu
 
 @gpu
 @pytest.mark.parametrize("H", [16, 32, 64, 128])
-@pytest.mark.parametrize("top_k", [2048, 2112])
-@pytest.mark.parametrize("B,q_len", [(1, 1), (8, 2), (64, 1)])
-def test_gpu_decode_shapes(H, top_k, B, q_len):
-    if B == 64 and top_k == 2112 and H in (16, 32):
-        pytest.skip("covered by the other shapes; keeps the reference check short")
+@pytest.mark.parametrize("B,q_len,top_k", [(1, 1, 2112), (8, 2, 2048), (64, 1, 2048), (3, 2, 2112)])
+def test_gpu_decode_shapes(H, B, q_len, top_k):
     q, kv, idx, sl = _make(B, q_len, H, top_k, pages=64, page_size=64, four_d=H == 32, device="cuda")
     out = poisoned((B, q_len, H, 512), torch.bfloat16, "cuda")
     lse = poisoned((B, q_len, H), torch.float32, "cuda")

@@ -4,7 +4,7 @@ Layout: query e4m3 [B * q_len, H, 576]; cache rows e4m3 [tokens, 576] (the paged
 viewed flat: row = page * page_size + slot); ``block_tables`` int32 [B * q_len, top_k].
 
 One program of ``sparse_mla_decode_split_kernel`` handles ``BLOCK_H`` heads of one query
-position and ``SPLIT_BLOCKS * BLOCK_N`` slots of its top-k list. Per step it gathers
+position and ``split_blocks * BLOCK_N`` slots of its top-k list. Per step it gathers
 ``BLOCK_N`` rows (invalid slots are masked, never read), computes Q·Kᵀ on FP8 tensor cores
 straight from the e4m3 rows (512 + 64 as two dots), runs the online softmax in fp32 with
 ``exp2`` and a log2(e)-folded scale, and accumulates P·V in fp16 with V (the first 512
@@ -48,9 +48,10 @@ def sparse_mla_decode_split_kernel(
     out_scale,
     H,
     q_len,
-    TOP_K: tl.constexpr,
-    SPLIT_BLOCKS: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
+    top_k,
+    split_blocks,
+    num_splits,
+    SPLIT: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
     D_V: tl.constexpr,
@@ -74,19 +75,19 @@ def sparse_mla_decode_split_kernel(
     q_rope = tl.load(q_rows + D_V + offs_r[None, :], mask=h_mask[:, None], other=0.0)
 
     # This split's slots, cut at seq_lens[b]: blocks wholly past it are not visited.
-    lo = pid_s * (SPLIT_BLOCKS * BLOCK_N)
-    hi = tl.minimum(lo + SPLIT_BLOCKS * BLOCK_N, TOP_K)
+    lo = pid_s * (split_blocks * BLOCK_N)
+    hi = tl.minimum(lo + split_blocks * BLOCK_N, top_k)
     if HAS_SEQ_LENS:
         seq_len = tl.load(seq_lens_ptr + bt // q_len)
-        seq_len = tl.minimum(tl.maximum(seq_len, 0), TOP_K)
+        seq_len = tl.minimum(tl.maximum(seq_len, 0), top_k)
         hi = tl.minimum(hi, seq_len)
     else:
-        seq_len = TOP_K
+        seq_len = top_k
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, D_V], tl.float32)
-    idx_row = idx_ptr + bt * TOP_K
+    idx_row = idx_ptr + bt * top_k
     for start in tl.range(lo, hi, BLOCK_N):
         slots = start + offs_n
         tok = tl.load(idx_row + slots, mask=slots < seq_len, other=-1)
@@ -116,12 +117,12 @@ def sparse_mla_decode_split_kernel(
     l_safe = tl.where(empty, 1.0, l_i)
     lse = tl.where(empty, float("inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
     o = acc / l_safe[:, None]
-    if NUM_SPLITS == 1:
+    if not SPLIT:
         o_rows = (bt * H + offs_h.to(tl.int64))[:, None] * D_V
         tl.store(out_ptr + o_rows + offs_v[None, :], to_bf16(o * out_scale), mask=h_mask[:, None])
         tl.store(lse_ptr + bt * H + offs_h, lse, mask=h_mask)
     else:
-        p_rows = ((bt * NUM_SPLITS + pid_s) * H + offs_h.to(tl.int64))
+        p_rows = (bt * num_splits + pid_s) * H + offs_h.to(tl.int64)
         tl.store(po_ptr + p_rows[:, None] * D_V + offs_v[None, :], o, mask=h_mask[:, None])
         tl.store(plse_ptr + p_rows, tl.where(empty, float("-inf"), lse), mask=h_mask)
 
@@ -141,9 +142,10 @@ def sparse_mla_decode_split_kernel_t(
     out_scale,
     H,
     q_len,
-    TOP_K: tl.constexpr,
-    SPLIT_BLOCKS: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
+    top_k,
+    split_blocks,
+    num_splits,
+    SPLIT: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
     D_V: tl.constexpr,
@@ -173,19 +175,19 @@ def sparse_mla_decode_split_kernel_t(
     q_nope_t = tl.load(q_cols + offs_v[:, None], mask=h_mask[None, :], other=0.0)
     q_rope_t = tl.load(q_cols + D_V + offs_r[:, None], mask=h_mask[None, :], other=0.0)
 
-    lo = pid_s * (SPLIT_BLOCKS * BLOCK_N)
-    hi = tl.minimum(lo + SPLIT_BLOCKS * BLOCK_N, TOP_K)
+    lo = pid_s * (split_blocks * BLOCK_N)
+    hi = tl.minimum(lo + split_blocks * BLOCK_N, top_k)
     if HAS_SEQ_LENS:
         seq_len = tl.load(seq_lens_ptr + bt // q_len)
-        seq_len = tl.minimum(tl.maximum(seq_len, 0), TOP_K)
+        seq_len = tl.minimum(tl.maximum(seq_len, 0), top_k)
         hi = tl.minimum(hi, seq_len)
     else:
-        seq_len = TOP_K
+        seq_len = top_k
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([D_V, BLOCK_H], tl.float32)
-    idx_row = idx_ptr + bt * TOP_K
+    idx_row = idx_ptr + bt * top_k
     for start in tl.range(lo, hi, BLOCK_N):
         slots = start + offs_n
         tok = tl.load(idx_row + slots, mask=slots < seq_len, other=-1)
@@ -215,12 +217,12 @@ def sparse_mla_decode_split_kernel_t(
     l_safe = tl.where(empty, 1.0, l_i)
     lse = tl.where(empty, float("inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
     o = acc / l_safe[None, :]
-    if NUM_SPLITS == 1:
+    if not SPLIT:
         o_cols = (bt * H + offs_h.to(tl.int64))[None, :] * D_V
         tl.store(out_ptr + o_cols + offs_v[:, None], to_bf16(o * out_scale), mask=h_mask[None, :])
         tl.store(lse_ptr + bt * H + offs_h, lse, mask=h_mask)
     else:
-        p_rows = ((bt * NUM_SPLITS + pid_s) * H + offs_h.to(tl.int64))
+        p_rows = (bt * num_splits + pid_s) * H + offs_h.to(tl.int64)
         tl.store(po_ptr + p_rows[None, :] * D_V + offs_v[:, None], o, mask=h_mask[None, :])
         tl.store(plse_ptr + p_rows, tl.where(empty, float("-inf"), lse), mask=h_mask)
 
@@ -233,7 +235,7 @@ def sparse_mla_decode_combine_kernel(
     lse_ptr,
     out_scale,
     H,
-    NUM_SPLITS: tl.constexpr,
+    num_splits,
     BLOCK_HC: tl.constexpr,
     D_V: tl.constexpr,
 ):
@@ -245,13 +247,13 @@ def sparse_mla_decode_combine_kernel(
     offs_v = tl.arange(0, D_V)
 
     m = tl.full([BLOCK_HC], float("-inf"), tl.float32)
-    for s in tl.static_range(NUM_SPLITS):
-        m = tl.maximum(m, tl.load(plse_ptr + (bt * NUM_SPLITS + s) * H + offs_h, mask=h_mask, other=float("-inf")))
+    for s in range(num_splits):
+        m = tl.maximum(m, tl.load(plse_ptr + (bt * num_splits + s) * H + offs_h, mask=h_mask, other=float("-inf")))
     m_use = tl.where(m == float("-inf"), 0.0, m)
     total = tl.zeros([BLOCK_HC], tl.float32)
     acc = tl.zeros([BLOCK_HC, D_V], tl.float32)
-    for s in tl.static_range(NUM_SPLITS):
-        rows = (bt * NUM_SPLITS + s) * H + offs_h.to(tl.int64)
+    for s in range(num_splits):
+        rows = (bt * num_splits + s) * H + offs_h.to(tl.int64)
         lse_s = tl.load(plse_ptr + rows, mask=h_mask, other=float("-inf"))
         w = tl.exp(lse_s - m_use)  # 0 for an empty split
         o_s = tl.load(po_ptr + rows[:, None] * D_V + offs_v[None, :], mask=h_mask[:, None] & (w > 0.0)[:, None],
@@ -302,7 +304,7 @@ def sparse_mla_decode_triton(
     kernel = sparse_mla_decode_split_kernel_t if block_h <= 32 else sparse_mla_decode_split_kernel
     kernel[grid](
         query,
-        kv_rows,
+        kv_rows if kv_rows.numel() > 0 else query,  # an empty cache is never read
         block_tables,
         seq_lens if seq_lens is not None else block_tables,
         out,
@@ -314,9 +316,10 @@ def sparse_mla_decode_triton(
         bmm2_scale,
         H,
         q_len,
-        TOP_K=top_k,
-        SPLIT_BLOCKS=split_blocks,
-        NUM_SPLITS=num_splits,
+        top_k,
+        split_blocks,
+        num_splits,
+        SPLIT=split,
         BLOCK_H=block_h,
         BLOCK_N=BLOCK_N,
         D_V=HEAD_DIM_V,
@@ -334,7 +337,7 @@ def sparse_mla_decode_triton(
             lse,
             bmm2_scale,
             H,
-            NUM_SPLITS=num_splits,
+            num_splits,
             BLOCK_HC=block_hc,
             D_V=HEAD_DIM_V,
             num_warps=4,

@@ -1,0 +1,179 @@
+"""Benchmark of ``sparse_mla_fp8_decode`` (sparse-MLA part 2) on the H200.
+
+Shapes (the spec's DeepSeek-V3.2 decode): H in {16, 32, 64, 128}, B in {1, 8, 32, 64, 128},
+q_len in {1, 2}, top-k 2048, page size 64; ``quick`` keeps a subset with the bar shapes.
+Indices are uniform over a cache of max(B, 8) * 8192 tokens (no two queries share rows).
+
+Peers on the same attention problem:
+- naive PyTorch (gather + einsum in fp32; skipped when the gathered fp32 tensor is huge);
+- FlashMLA's sparse FP8 decode (``flash_mla_with_kvcache(..., is_fp8_kvcache=True,
+  indices=...)``) when ``flash_mla`` imports, in its own cache format (656 bytes per token:
+  512 e4m3 + 4 fp32 scales (1.0 here) + 64 bf16 rope values, the same numbers as ours), with
+  a bf16 query and heads padded to 64 when H < 64 (its SM90 kernel supports 64 or 128).
+
+Reported: time (CUDA-graph replay, rotated input sets), TFLOP/s with FlashMLA's count
+2 * B * q_len * H * top-k * (576 + 512), and GB/s of B * q_len * top-k * 576 gathered bytes
++ query + output, as a fraction of the measured copy bandwidth. ``mate block_h=64`` rows
+time the padded H >= 64 kernel at small H, to compare with the default small-H kernel.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from mate.ops.sparse_mla.metadata import plan_decode
+from mate.sparse_mla_interface import sparse_mla_fp8_decode
+from mate.testing import rel_error
+from mate.testing.bench import record, rotation_count, time_fn
+
+FAMILY = "sparse_mla"
+OP = "sparse_mla_fp8_decode"
+TOP_K = 2048
+PAGE = 64
+FULL = [(h, b, s) for h in (16, 32, 64, 128) for b in (1, 8, 32, 64, 128) for s in (1, 2)]
+QUICK = [(128, 64, 1), (128, 128, 2), (16, 128, 1), (128, 8, 1), (64, 128, 1), (32, 128, 1), (16, 32, 2),
+         (128, 1, 1), (16, 8, 1)]
+
+
+def _flops(B: int, q_len: int, H: int) -> float:
+    return 2.0 * B * q_len * H * TOP_K * (576 + 512)
+
+
+def _bytes(B: int, q_len: int, H: int) -> float:
+    return B * q_len * (TOP_K * 576 + H * 576 + H * 512 * 2)
+
+
+def _cache(B: int) -> torch.Tensor:
+    pages = max(B, 8) * 8192 // PAGE
+    return (torch.randn(pages, PAGE, 576, device="cuda") * 0.5).to(torch.float8_e4m3fn)
+
+
+def _sets(B: int, q_len: int, H: int, tokens: int) -> list[dict]:
+    n = rotation_count(B * q_len * TOP_K * 576)
+    sets = []
+    for _ in range(n):
+        sets.append({
+            "q": torch.randn(B, q_len, H, 576, device="cuda").to(torch.float8_e4m3fn),
+            "idx": torch.randint(0, tokens, (B, q_len, TOP_K), device="cuda", dtype=torch.int32),
+            "sl": torch.full((B,), TOP_K, device="cuda", dtype=torch.int32),
+            "out": torch.empty(B, q_len, H, 512, device="cuda", dtype=torch.bfloat16),
+        })
+    return sets
+
+
+def _mate_fn(s: dict, kv: torch.Tensor, scale: float, md):
+    return lambda: sparse_mla_fp8_decode(s["q"], kv, None, 128, 512, 64, s["idx"], s["sl"], 0, TOP_K,
+                                         out=s["out"], bmm1_scale=scale, metadata=md)
+
+
+def _naive(q: torch.Tensor, kv: torch.Tensor, idx: torch.Tensor, scale: float) -> torch.Tensor:
+    rows = kv.view(-1, 576)[idx.long()].float()  # [B, q_len, topk, 576]
+    logits = torch.einsum("bthd,btkd->bthk", q.float(), rows) * scale
+    p = torch.softmax(logits, dim=-1)
+    return torch.einsum("bthk,btkd->bthd", p, rows[..., :512]).to(torch.bfloat16)
+
+
+def _flashmla_cache(kv: torch.Tensor) -> torch.Tensor:
+    """Our e4m3 rows in FlashMLA's 656-byte V3.2 layout (scales 1.0, rope as bf16)."""
+    pages = kv.shape[0]
+    fm = torch.empty(pages, PAGE, 656, dtype=torch.uint8, device="cuda")
+    fm[..., :512] = kv[..., :512].view(torch.uint8)
+    fm[..., 512:528].view(torch.float32)[:] = 1.0
+    fm[..., 528:].view(torch.bfloat16)[:] = kv[..., 512:].to(torch.bfloat16)
+    return fm.view(pages, PAGE, 1, 656).view(torch.float8_e4m3fn)
+
+
+def run(ceilings: dict, quick: bool = False) -> list[dict]:
+    rows: list[dict] = []
+    try:
+        import flash_mla  # noqa: F401
+
+        fm_err = None
+    except Exception as exc:  # the peer is optional
+        fm_err = f"flash_mla not importable: {type(exc).__name__}: {exc}"[:200]
+    caches: dict[int, torch.Tensor] = {}
+    fm_caches: dict[int, torch.Tensor] = {}
+    scale = 1 / math.sqrt(576)
+    for H, B, q_len in QUICK if quick else FULL:
+        shape = f"B={B} q_len={q_len} H={H} topk={TOP_K}"
+        key = max(B, 8)
+        if key not in caches:
+            caches.clear()
+            fm_caches.clear()
+            torch.cuda.empty_cache()
+            caches[key] = _cache(B)
+        kv = caches[key]
+        tokens = kv.shape[0] * PAGE
+        sets = _sets(B, q_len, H, tokens)
+        common = dict(family=FAMILY, op=OP, shape=shape, flops=_flops(B, q_len, H), nbytes=_bytes(B, q_len, H),
+                      dtype="e4m3", ceiling="copy_GBps")
+        md0 = plan_decode(B, q_len, H, TOP_K, "cuda")  # sequential calls may share one plan
+        note = f"block_h={md0.block_h} splits={md0.num_splits} warps={md0.num_warps} stages={md0.num_stages}"
+        # correctness on the first set against the naive reference (not timed)
+        s0 = sets[0]
+        _mate_fn(s0, kv, scale, md0)()
+        ref = None
+        if B * q_len <= 64:
+            ref = _naive(s0["q"], kv, s0["idx"], scale)
+            err = rel_error(s0["out"], ref)
+            note += f"; rel err vs naive {err:.1e}" + (" (FAILED)" if err > 2e-2 else "")
+        try:
+            t = time_fn([_mate_fn(s, kv, scale, md0) for s in sets])
+        except Exception as exc:
+            t, note = None, f"{type(exc).__name__}: {exc}"[:200]
+        rows.append(record(ceilings, impl="mate", time_us=t, note=note, **common))
+        if H < 64:  # the padded H >= 64 kernel, for comparison with the small-H kernel
+            md64 = plan_decode(B, q_len, H, TOP_K, "cuda", block_h=64)
+            try:
+                t = time_fn([_mate_fn(s, kv, scale, md64) for s in sets])
+                n2 = f"block_h=64 splits={md64.num_splits}"
+            except Exception as exc:
+                t, n2 = None, f"{type(exc).__name__}: {exc}"[:200]
+            rows.append(record(ceilings, impl="mate block_h=64", time_us=t, note=n2, **common))
+        if ref is not None:
+            try:
+                t = time_fn([lambda s=s, kv=kv: _naive(s["q"], kv, s["idx"], scale) for s in sets[:4]])
+                nn = ""
+            except Exception as exc:
+                t, nn = None, f"{type(exc).__name__}: {exc}"[:200]
+            rows.append(record(ceilings, impl="naive torch", time_us=t, note=nn, **common))
+        else:
+            rows.append(record(ceilings, impl="naive torch", time_us=None, note="skipped: gathered fp32 too large",
+                               **common))
+        if fm_err is not None:
+            rows.append(record(ceilings, impl="FlashMLA", time_us=None, note=fm_err, **common))
+        else:
+            rows.append(_flashmla_row(ceilings, common, sets, kv, fm_caches, key, H, scale))
+        del sets
+    return rows
+
+
+def _flashmla_row(ceilings, common, sets, kv, fm_caches, key, H, scale) -> dict:
+    from flash_mla import flash_mla_with_kvcache, get_mla_metadata
+
+    try:
+        if key not in fm_caches:
+            fm_caches[key] = _flashmla_cache(kv)
+        fkv = fm_caches[key]
+        hp = max(64, H)
+        fsets = []
+        for s in sets:
+            B, q_len = s["q"].shape[:2]
+            q = torch.zeros(B, q_len, hp, 576, device="cuda", dtype=torch.bfloat16)
+            q[:, :, :H] = s["q"].to(torch.bfloat16)
+            fsets.append((q, s["idx"], get_mla_metadata()[0]))
+
+        def call(q, idx, meta):
+            return flash_mla_with_kvcache(q, fkv, None, None, 512, meta, None, softmax_scale=scale,
+                                          is_fp8_kvcache=True, indices=idx)
+
+        o, _ = call(*fsets[0])
+        note = f"heads padded to {hp}" if hp != H else ""
+        err = rel_error(o[:, :, :H], sets[0]["out"])
+        note += f"; rel diff vs mate {err:.1e}"
+        t = time_fn([lambda f=f: call(*f) for f in fsets])
+        return record(ceilings, impl="FlashMLA", time_us=t, note=note.strip("; "), **common)
+    except Exception as exc:
+        return record(ceilings, impl="FlashMLA", time_us=None, note=f"{type(exc).__name__}: {exc}"[:200], **common)
