@@ -1,0 +1,249 @@
+"""GEMM benchmarks: groupwise FP8 on DeepSeek-V3 shapes, MoE grouped (contiguous and masked),
+bmm_bf16 / bmm_fp8, against cuBLAS (torch._scaled_mm / torch.bmm) and DeepGEMM when it loads.
+
+``run(ceilings, quick)`` returns rows built with :func:`mate.testing.bench.record`; the
+runner is ``benchmarks/run_gpu.py``. A time budget (``MATE_BENCH_BUDGET_S``, default 150 s)
+stops adding shapes once spent; skipped shapes get a row with a note.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+
+import torch
+
+from mate import gemm
+from mate.testing.bench import record, rotation_count, time_fn
+
+FAMILY = "gemm"
+CEIL = "cublas_fp8_TFLOPs"
+M_FULL = (1, 16, 64, 128, 512, 4096, 16384)
+NK_FULL = ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048))
+M_QUICK = (1, 64, 128, 4096)
+NK_QUICK = ((2112, 7168), (4096, 7168), (24576, 1536))
+
+
+def _deep_gemm():
+    try:
+        import deep_gemm
+
+        return deep_gemm, ""
+    except Exception as exc:  # a peer that fails to load gets rows with the reason
+        return None, f"deep_gemm import failed: {type(exc).__name__}: {exc}"[:200]
+
+
+def _operands(m, n, k, sets):
+    out = []
+    for _ in range(sets):
+        a = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
+        b = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn)
+        sa = torch.rand(m, k // 128, device="cuda") * 0.01 + 0.001
+        sb = torch.rand(-(-n // 128), k // 128, device="cuda") * 0.01 + 0.001
+        out.append((a, b, sa, sb))
+    return out
+
+
+def _time(fns):
+    try:
+        return time_fn(fns), ""
+    except Exception as exc:
+        return None, f"{type(exc).__name__}: {exc}"[:200]
+
+
+def _groupwise_rows(ceilings, m, n, k, dg, dg_note):
+    rows = []
+    flops = 2.0 * m * n * k
+    per_set = m * k + n * k + 2 * m * n
+    sets = _operands(m, n, k, rotation_count(per_set, max_sets=16))
+    shape = f"M={m} N={n} K={k}"
+    outs = [torch.empty(m, n, dtype=torch.bfloat16, device="cuda") for _ in sets]
+    # MN-major scales: the activation scale is what cuBLAS wants in place
+    mn = [(a, b, sa.t().contiguous(), sb.t().contiguous()) for a, b, sa, sb in sets]
+    impls = {
+        "mate-auto": "auto",
+        "mate-triton": "triton",
+        "mate-cublas": "cublas",
+    }
+    for impl, backend in impls.items():
+        fns = [lambda x=x, o=o, be=backend: gemm.gemm_fp8_nt_groupwise(*x, scale_major_mode="MN", out=o, backend=be)
+               for x, o in zip(mn, outs)]
+        t, note = _time(fns)
+        if impl == "mate-auto":
+            from mate.ops.gemm import tuning
+
+            note = (note + " " if note else "") + f"auto->{tuning.groupwise_backend(m, n, k)}"
+        rows.append(record(ceilings, family=FAMILY, op="gemm_fp8_nt_groupwise", shape=shape, impl=impl,
+                           time_us=t, flops=flops, dtype="e4m3->bf16", ceiling=CEIL, note=note))
+    # K-major scales through the Triton kernel (read in place)
+    fns = [lambda x=x, o=o: gemm.gemm_fp8_nt_groupwise(*x, scale_major_mode="K", out=o, backend="triton")
+           for x, o in zip(sets, outs)]
+    t, note = _time(fns)
+    rows.append(record(ceilings, family=FAMILY, op="gemm_fp8_nt_groupwise", shape=shape, impl="mate-triton-Kmajor",
+                       time_us=t, flops=flops, dtype="e4m3->bf16", ceiling=CEIL, note=note))
+    # FP8 output with fused quantization
+    o8 = [torch.empty(m, n, dtype=torch.float8_e4m3fn, device="cuda") for _ in sets]
+    os_ = [torch.empty(m, -(-n // 128), device="cuda") for _ in sets]
+    fns = [lambda x=x, o=o, s=s: gemm.gemm_fp8_nt_groupwise(*x, scale_major_mode="K", out=o, output_scale=s)
+           for x, o, s in zip(sets, o8, os_)]
+    t, note = _time(fns)
+    rows.append(record(ceilings, family=FAMILY, op="gemm_fp8_nt_groupwise(fp8 out)", shape=shape, impl="mate-auto",
+                       time_us=t, flops=flops, dtype="e4m3->e4m3", ceiling=CEIL, note=note))
+    # cuBLAS blockwise with scales pre-laid out (outside the timed region)
+    cb = [(a, b.t(), sa.t().contiguous().t(), sb.t()) for a, b, sa, sb in sets]
+    fns = [lambda x=x, o=o: torch._scaled_mm(x[0], x[1], scale_a=x[2], scale_b=x[3], out_dtype=torch.bfloat16, out=o)
+           for x, o in zip(cb, outs)]
+    t, note = _time(fns)
+    rows.append(record(ceilings, family=FAMILY, op="gemm_fp8_nt_groupwise", shape=shape, impl="cublas-blockwise",
+                       time_us=t, flops=flops, dtype="e4m3->bf16", ceiling=CEIL, note=note))
+    # DeepGEMM with its scale layout prepared outside the timed region
+    if dg is None or m > 128:  # DeepGEMM JIT-compiles per shape (~6 s): measured where its bar applies
+        rows.append(record(ceilings, family=FAMILY, op="gemm_fp8_nt_groupwise", shape=shape, impl="deepgemm",
+                           time_us=None, note=dg_note or "not run at M > 128 (JIT time)"))
+    else:
+        try:
+            prepared = [(a, dg.get_mn_major_tma_aligned_tensor(sa), b, sb) for a, b, sa, sb in sets]
+            fns = [lambda x=x, o=o: dg.fp8_gemm_nt((x[0], x[1]), (x[2], x[3]), o) for x, o in zip(prepared, outs)]
+            t, note = _time(fns)
+        except Exception:
+            t, note = None, traceback.format_exc()[-200:]
+        rows.append(record(ceilings, family=FAMILY, op="gemm_fp8_nt_groupwise", shape=shape, impl="deepgemm",
+                           time_us=t, flops=flops, dtype="e4m3->bf16", ceiling=CEIL, note=note))
+    return rows
+
+
+def _grouped_rows(ceilings, G, rows_per_group, n, k, dg, dg_note):
+    m = G * rows_per_group
+    a = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
+    sa = torch.rand(m, k // 128, device="cuda") * 0.01 + 0.001
+    b = torch.randn(G, n, k, device="cuda").to(torch.float8_e4m3fn)
+    sb = torch.rand(G, n // 128, k // 128, device="cuda") * 0.01 + 0.001
+    idx = torch.arange(G, device="cuda", dtype=torch.int32).repeat_interleave(rows_per_group)
+    out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+    flops = 2.0 * m * n * k
+    shape = f"G={G} x {rows_per_group} rows N={n} K={k}"
+    res = []
+    t, note = _time(lambda: gemm.group_deepgemm_fp8_nt_groupwise(a, b, sa, sb, idx, out=out))
+    res.append(record(ceilings, family=FAMILY, op="group_deepgemm (contiguous)", shape=shape, impl="mate",
+                      time_us=t, flops=flops, dtype="e4m3->bf16", ceiling=CEIL, note=note))
+    if dg is None:
+        res.append(record(ceilings, family=FAMILY, op="group_deepgemm (contiguous)", shape=shape, impl="deepgemm",
+                          time_us=None, note=dg_note))
+    else:
+        try:
+            sa_dg = dg.get_mn_major_tma_aligned_tensor(sa)
+            t, note = _time(lambda: dg.m_grouped_fp8_gemm_nt_contiguous((a, sa_dg), (b, sb), out, idx))
+        except Exception:
+            t, note = None, traceback.format_exc()[-200:]
+        res.append(record(ceilings, family=FAMILY, op="group_deepgemm (contiguous)", shape=shape, impl="deepgemm",
+                          time_us=t, flops=flops, dtype="e4m3->bf16", ceiling=CEIL, note=note))
+    return res
+
+
+def _masked_rows(ceilings, G, max_m, expected_m, n, k, dg, dg_note):
+    a = torch.randn(G, max_m, k, device="cuda").to(torch.float8_e4m3fn)
+    sa = torch.rand(G, max_m, k // 128, device="cuda") * 0.01 + 0.001
+    b = torch.randn(G, n, k, device="cuda").to(torch.float8_e4m3fn)
+    sb = torch.rand(G, n // 128, k // 128, device="cuda") * 0.01 + 0.001
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    counts = torch.randint(max(1, expected_m // 2), min(max_m, expected_m * 3 // 2) + 1, (G,), generator=gen)
+    masked_m = counts.to(torch.int32).cuda()
+    out = torch.empty(G, max_m, n, dtype=torch.bfloat16, device="cuda")
+    flops = 2.0 * int(counts.sum()) * n * k  # valid rows only
+    shape = f"G={G} max_m={max_m} expected_m={expected_m} N={n} K={k}"
+    res = []
+    t, note = _time(lambda: gemm.batch_deepgemm_fp8_nt_groupwise(a, b, sa, sb, masked_m, expected_m, out=out))
+    res.append(record(ceilings, family=FAMILY, op="batch_deepgemm (masked)", shape=shape, impl="mate",
+                      time_us=t, flops=flops, dtype="e4m3->bf16", ceiling=CEIL, note=note))
+    if dg is None:
+        res.append(record(ceilings, family=FAMILY, op="batch_deepgemm (masked)", shape=shape, impl="deepgemm",
+                          time_us=None, note=dg_note))
+    else:
+        try:
+            sa_dg = dg.get_mn_major_tma_aligned_tensor(sa)
+            t, note = _time(lambda: dg.m_grouped_fp8_gemm_nt_masked((a, sa_dg), (b, sb), out, masked_m, expected_m))
+        except Exception:
+            t, note = None, traceback.format_exc()[-200:]
+        res.append(record(ceilings, family=FAMILY, op="batch_deepgemm (masked)", shape=shape, impl="deepgemm",
+                          time_us=t, flops=flops, dtype="e4m3->bf16", ceiling=CEIL, note=note))
+    return res
+
+
+def _bmm_rows(ceilings, b, m, n, k):
+    res = []
+    A = torch.randn(b, m, k, device="cuda", dtype=torch.bfloat16)
+    Bt = torch.randn(b, n, k, device="cuda", dtype=torch.bfloat16)
+    B = Bt.transpose(1, 2)
+    out = torch.empty(b, m, n, device="cuda", dtype=torch.bfloat16)
+    flops = 2.0 * b * m * n * k
+    shape = f"b={b} m={m} n={n} k={k}"
+    for impl, fn in (("mate-auto", lambda: gemm.bmm_bf16(A, B, out=out)),
+                     ("mate-triton", lambda: gemm.bmm_bf16(A, B, out=out, backend="triton")),
+                     ("cublas", lambda: torch.bmm(A, B, out=out))):
+        t, note = _time(fn)
+        res.append(record(ceilings, family=FAMILY, op="bmm_bf16", shape=shape, impl=impl, time_us=t, flops=flops,
+                          dtype="bf16", ceiling="cublas_bf16_TFLOPs", note=note))
+    A8, B8 = A.to(torch.float8_e4m3fn), Bt.to(torch.float8_e4m3fn).transpose(1, 2)
+    sa, sb = torch.ones(1, device="cuda"), torch.ones(1, device="cuda")
+    sa0, sb0 = sa.reshape(()), sb.reshape(())
+
+    def cublas_loop():
+        for i in range(b):
+            torch._scaled_mm(A8[i], B8[i], scale_a=sa0, scale_b=sb0, out_dtype=torch.bfloat16, out=out[i])
+
+    sac = torch.ones(b, m, 1, device="cuda")
+    sbc = torch.ones(b, 1, n, device="cuda")
+    for impl, fn in (("mate-auto", lambda: gemm.bmm_fp8(A8, B8, sa, sb, torch.bfloat16, out=out)),
+                     ("mate-triton", lambda: gemm.bmm_fp8(A8, B8, sa, sb, torch.bfloat16, out=out, backend="triton")),
+                     ("mate-channelwise", lambda: gemm.bmm_fp8(A8, B8, sac, sbc, torch.bfloat16, out=out)),
+                     ("cublas", cublas_loop)):
+        t, note = _time(fn)
+        res.append(record(ceilings, family=FAMILY, op="bmm_fp8", shape=shape, impl=impl, time_us=t, flops=flops,
+                          dtype="e4m3->bf16", ceiling=CEIL, note=note))
+    return res
+
+
+def run(ceilings: dict, quick: bool = False) -> list[dict]:
+    budget = float(os.environ.get("MATE_BENCH_BUDGET_S", "150"))
+    t0 = time.time()
+    dg, dg_note = _deep_gemm()
+    rows: list[dict] = []
+
+    def spent() -> bool:
+        return time.time() - t0 > budget
+
+    jobs = []
+    # the bar shapes first, so a short budget still measures them
+    jobs.append(("grouped", (4, 8192, 4096, 7168)))
+    jobs.append(("masked", (64, 128, 64, 4096, 7168)))
+    ms = M_QUICK if quick else M_FULL
+    for m in sorted(ms, key=lambda m: (m > 128, m != 64, m)):  # M=64 first, large M last
+        for n, k in (NK_QUICK if quick else NK_FULL):
+            jobs.append(("groupwise", (m, n, k)))
+    jobs.append(("bmm", (8, 512, 512, 4096)))
+    jobs.append(("bmm", (1, 4096, 4096, 4096)))
+    if not quick:
+        for G, rpg, n, k in ((8, 1024, 4096, 7168), (32, 256, 7168, 2048), (256, 128, 7168, 2048)):
+            jobs.append(("grouped", (G, rpg, n, k)))
+        for G, mm, em in ((32, 256, 128), (256, 64, 32)):
+            jobs.append(("masked", (G, mm, em, 4096, 7168)))
+    for kind, args in jobs:
+        if spent():
+            rows.append(record(ceilings, family=FAMILY, op=kind, shape=str(args), impl="mate", time_us=None,
+                               note="skipped: benchmark time budget spent"))
+            continue
+        try:
+            if kind == "groupwise":
+                rows += _groupwise_rows(ceilings, *args, dg, dg_note)
+            elif kind == "grouped":
+                rows += _grouped_rows(ceilings, *args, dg, dg_note)
+            elif kind == "masked":
+                rows += _masked_rows(ceilings, *args, dg, dg_note)
+            else:
+                rows += _bmm_rows(ceilings, *args)
+        except Exception:
+            rows.append(record(ceilings, family=FAMILY, op=kind, shape=str(args), impl="mate", time_us=None,
+                               note=traceback.format_exc()[-300:]))
+        torch.cuda.empty_cache()
+    return rows

@@ -1,0 +1,161 @@
+"""Regenerates the ``backend="auto"`` table of gemm_fp8_nt_groupwise (mate/ops/gemm/tuning.py).
+
+Run on the H200 from the repository root::
+
+    python benchmarks/tune_gemm.py [--write] [--budget-s 600] [--json OUT.json]
+
+For each M bucket (its upper bound as the representative M) and each DeepSeek-V3 (N, K)
+it times cuBLAS blockwise (through mate's cublas backend) and every Triton config of the
+sweep (CUDA-graph replay, rotated inputs). A bucket's entry is the Triton config with the
+best geometric-mean time over the (N, K) shapes, and its backend is the faster path on
+most shapes; (bucket, N, K) where the other backend wins by more than 3% become
+overrides. ``--write`` rewrites the block between ``BEGIN TABLE`` and ``END TABLE``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.pop("TRITON_INTERPRET", None)
+
+NK = ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048))
+BUCKET_M = {"m16": 16, "m32": 32, "m64": 64, "m128": 128, "m256": 256, "m512": 512, "m1024": 1024,
+            "m2048": 2048, "m4096": 4096, "mmax": 16384}
+
+
+def configs_for(m: int) -> list[dict]:
+    bms = (64,) if m <= 64 else (64, 128)
+    out = []
+    for bm, bn, stages in itertools.product(bms, (64, 128), (3, 4, 5)):
+        warps = 8 if bm == 128 else 4
+        if bm == 128 and bn == 128 and stages > 4:
+            continue  # over the shared-memory budget with 5 stages
+        out.append({"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": warps, "num_stages": stages})
+    return out
+
+
+def _time_one(m, n, k, backend, cfg, sets):
+    import torch
+
+    from mate import gemm
+    from mate.ops.gemm import tuning
+    from mate.testing.bench import time_fn
+
+    saved = dict(tuning.GROUPWISE_TABLE)
+    key = tuning.m_bucket(m)
+    try:
+        if cfg is not None:
+            tuning.GROUPWISE_TABLE[key] = {"backend": "triton", **cfg}
+            tuning.GROUPWISE_OVERRIDES.pop(f"{key},{n},{k}", None)
+        outs = [torch.empty(m, n, dtype=torch.bfloat16, device="cuda") for _ in sets]
+        fns = [lambda x=x, o=o: gemm.gemm_fp8_nt_groupwise(*x, scale_major_mode="MN", out=o, backend=backend)
+               for x, o in zip(sets, outs)]
+        return time_fn(fns, iters=30)
+    except Exception as exc:  # a config that fails to compile or launch is skipped
+        print(f"  {backend} {cfg} failed: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
+        return math.inf
+    finally:
+        tuning.GROUPWISE_TABLE.clear()
+        tuning.GROUPWISE_TABLE.update(saved)
+
+
+def sweep(budget_s: float) -> dict:
+    import torch
+
+    from mate.testing.bench import rotation_count
+
+    t0 = time.time()
+    results: dict = {}
+    for key, m in BUCKET_M.items():
+        for n, k in NK:
+            if time.time() - t0 > budget_s:
+                print("budget spent; stopping", flush=True)
+                return results
+            per_set = m * k + n * k + 2 * m * n
+            sets = []
+            for _ in range(rotation_count(per_set, max_sets=8)):
+                a = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
+                b = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn)
+                sa = torch.rand(k // 128, m, device="cuda") * 0.01 + 0.001
+                sb = torch.rand(k // 128, -(-n // 128), device="cuda") * 0.01 + 0.001
+                sets.append((a, b, sa, sb))
+            cub = _time_one(m, n, k, "cublas", None, sets)
+            tri = {json.dumps(c, sort_keys=True): _time_one(m, n, k, "triton", c, sets) for c in configs_for(m)}
+            results[f"{key},{n},{k}"] = {"cublas": cub, "triton": tri}
+            best = min(tri.values())
+            print(f"{key} N={n} K={k}: cublas {cub:.1f} us, best triton {best:.1f} us", flush=True)
+            del sets
+            torch.cuda.empty_cache()
+    return results
+
+
+def build_table(results: dict) -> tuple[dict, dict]:
+    table, overrides = {}, {}
+    for key in BUCKET_M:
+        shapes = {k: v for k, v in results.items() if k.split(",")[0] == key}
+        if not shapes:
+            continue
+        cfgs = set().union(*(v["triton"].keys() for v in shapes.values()))
+
+        def geo(c, shapes=shapes):
+            ts = [v["triton"].get(c, math.inf) for v in shapes.values()]
+            return math.exp(sum(math.log(t) for t in ts) / len(ts)) if all(math.isfinite(t) for t in ts) else math.inf
+
+        best_cfg = min(cfgs, key=geo)
+        wins = sum(v["triton"][best_cfg] < v["cublas"] for v in shapes.values())
+        backend = "triton" if wins * 2 > len(shapes) else "cublas"
+        table[key] = {"backend": backend, **json.loads(best_cfg)}
+        for sk, v in shapes.items():
+            t_best = min(v["triton"].values())
+            other = "cublas" if backend == "triton" else "triton"
+            t_this = v["triton"][best_cfg] if backend == "triton" else v["cublas"]
+            t_other = v["cublas"] if other == "cublas" else t_best
+            if t_other < 0.97 * t_this:
+                cfg = min(v["triton"], key=v["triton"].get)
+                overrides[sk] = {"backend": other, **json.loads(cfg)}
+    return table, overrides
+
+
+def write_table(table: dict, overrides: dict) -> None:
+    path = ROOT / "mate" / "ops" / "gemm" / "tuning.py"
+    text = path.read_text()
+    start = text.index("# BEGIN TABLE")
+    end = text.index("# END TABLE")
+    lines = ["# BEGIN TABLE (generated by benchmarks/tune_gemm.py; edit by re-running it)",
+             "GROUPWISE_TABLE: dict[str, dict] = {"]
+    lines += [f"    {k!r}: {v!r}," for k, v in table.items()]
+    lines += ["}", "# (bucket, n, k) overrides", "GROUPWISE_OVERRIDES: dict[str, dict] = {"]
+    lines += [f"    {k!r}: {v!r}," for k, v in overrides.items()]
+    lines += ["}", ""]
+    path.write_text(text[:start] + "\n".join(lines).replace("'", '"') + text[end:])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--write", action="store_true")
+    ap.add_argument("--budget-s", type=float, default=900.0)
+    ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "tune_gemm.json"))
+    args = ap.parse_args()
+    results = sweep(args.budget_s)
+    Path(args.json).write_text(json.dumps(results, indent=1))
+    table, overrides = build_table(results)
+    print(json.dumps({"table": table, "overrides": overrides}, indent=1))
+    if args.write:
+        from mate.ops.gemm import tuning
+
+        merged = {**tuning.GROUPWISE_TABLE, **table}
+        write_table(merged, overrides)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""GPU suite of the GEMM family (run on the H200 through benchmarks/run_gpu.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mate import gemm
+from mate.ops.gemm import reference as R
+from mate.testing import assert_close, poisoned, rand_fp8, randn
+from tests.gemm._inputs import fp8_block_operands
+
+pytestmark = pytest.mark.gpu
+
+# bf16 outputs of fp32 accumulations: the kernel (tensor-core fp32 accumulation, other
+# order) and the reference differ by ~1e-5 relative before the single bf16 rounding; the
+# default bf16 tolerance covers it. Norm-wise we ask for 1e-2.
+
+
+@pytest.mark.parametrize("m", [1, 64, 4096])
+@pytest.mark.parametrize("nk", [(2112, 7168), (24576, 1536), (7168, 2048)])
+@pytest.mark.parametrize("backend", ["triton", "cublas", "auto"])
+def test_groupwise_deepseek_shapes(m, nk, backend):
+    n, k = nk
+    a, b, sa, sb = fp8_block_operands(m, n, k, "cuda")
+    ref = R.groupwise_fp32_ref(a, b, sa, sb)
+    for mode in ("K", "MN"):
+        out = poisoned((m, n), torch.bfloat16, "cuda")
+        if mode == "K":
+            gemm.gemm_fp8_nt_groupwise(a, b, sa, sb, scale_major_mode="K", out=out, backend=backend)
+        else:
+            gemm.gemm_fp8_nt_groupwise(a, b, sa.t().contiguous(), sb.t().contiguous(), scale_major_mode="MN",
+                                       out=out, backend=backend)
+        assert_close(out, ref, max_rel_error=1e-2, name=f"{backend} {mode}")
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 2112, 7168), (64, 7168, 2048), (300, 4096, 7168)])
+def test_groupwise_fp8_output_gpu(m, n, k):
+    a, b, sa, sb = fp8_block_operands(m, n, k, "cuda")
+    nb = -(-n // 128)
+    out = poisoned((m, n), torch.float8_e4m3fn, "cuda")
+    oscale = poisoned((m, nb), torch.float32, "cuda")
+    gemm.gemm_fp8_nt_groupwise(a, b, sa, sb, out=out, output_scale=oscale)
+    ref = R.groupwise_fp32_ref(a, b, sa, sb)
+    _, want = R.quantize_fp8_row_groups_ref(ref)
+    assert_close(oscale, want, atol=0.0, rtol=1e-4)  # amax of results differing in fp32 order only
+    scale_e = oscale.repeat_interleave(128, dim=1)[:, :n]
+    # e4m3 rounding: <= 2^-4 relative or 2^-10 absolute in units of the group scale
+    assert_close(out.float(), ref / scale_e, atol=2 ** -9, rtol=2 ** -4 + 1e-3)
+
+
+def test_bmm_bf16_cublas_no_copy(monkeypatch):
+    from mate.ops.gemm import cublas
+
+    seen = {}
+    real = cublas.bmm_cublas
+
+    def spy(A, B, out):
+        seen.update(a=A.data_ptr(), b=B.data_ptr(), bs=B.stride())
+        return real(A, B, out)
+
+    monkeypatch.setattr(cublas, "bmm_cublas", spy)
+    A = randn((4, 256, 512), device="cuda")
+    Bt = randn((4, 384, 512), device="cuda")
+    B = Bt.transpose(1, 2)
+    for out_dtype in (torch.bfloat16, torch.float32):
+        out = gemm.bmm_bf16(A, B, out_dtype=out_dtype)
+        assert seen == {"a": A.data_ptr(), "b": Bt.data_ptr(), "bs": B.stride()}
+        assert_close(out, R.bmm_ref(A, B, torch.float32).to(out_dtype), max_rel_error=1e-2)
+    out_t = gemm.bmm_bf16(A, B, backend="triton")
+    assert_close(out_t, R.bmm_ref(A, B, torch.float32).bfloat16())
+
+
+@pytest.mark.parametrize("backend", ["cublas", "triton"])
+def test_bmm_fp8_gpu(backend):
+    b, m, n, k = 3, 128, 512, 1024
+    A = rand_fp8((b, m, k), device="cuda")
+    B = rand_fp8((b, n, k), device="cuda").transpose(1, 2)
+    sa = torch.rand(1, device="cuda") + 0.5
+    sb = torch.rand(1, device="cuda") + 0.5
+    out = poisoned((b, m, n), torch.bfloat16, "cuda")
+    gemm.bmm_fp8(A, B, sa, sb, torch.bfloat16, out=out, backend=backend)
+    assert_close(out, R.bmm_fp8_ref(A, B, sa, sb, torch.float32), max_rel_error=1e-2)
+    if backend == "triton":
+        sa_c = torch.rand(b, m, 1, device="cuda") + 0.5
+        sb_c = torch.rand(b, 1, n, device="cuda") + 0.5
+        out = gemm.bmm_fp8(A, B, sa_c, sb_c, torch.float16)
+        assert_close(out, R.bmm_fp8_ref(A, B, sa_c, sb_c, torch.float32))
+
+
+def test_grouped_contiguous_gpu():
+    G, n, k, rows = 4, 4096, 7168, [300, 0, 128, 517]
+    idx = []
+    for g, r in enumerate(rows):
+        idx += [g] * r + [-1] * (-(-r // 128) * 128 - r)
+    idx = torch.tensor(idx, dtype=torch.int32, device="cuda")
+    m = idx.numel()
+    a = rand_fp8((m, k), device="cuda", scale=2.0)
+    sa = torch.rand(m, k // 128, device="cuda") * 0.02 + 0.005
+    b = rand_fp8((G, n, k), device="cuda", scale=2.0)
+    sb = torch.rand(G, n // 128, k // 128, device="cuda") * 0.02 + 0.005
+    out = poisoned((m, n), torch.bfloat16, "cuda")
+    gemm.group_deepgemm_fp8_nt_groupwise(a, b, sa, sb, idx, out=out)
+    ref = R.grouped_contiguous_ref(a, b, sa, sb, idx, torch.float32)
+    valid = idx >= 0
+    assert_close(out[valid], ref[valid], max_rel_error=1e-2)
+
+
+def test_masked_cuda_graph_replay():
+    G, max_m, n, k = 8, 128, 4096, 7168
+    a = rand_fp8((G, max_m, k), device="cuda", scale=2.0)
+    sa = torch.rand(G, max_m, k // 128, device="cuda") * 0.02 + 0.005
+    b = rand_fp8((G, n, k), device="cuda", scale=2.0)
+    sb = torch.rand(G, n // 128, k // 128, device="cuda") * 0.02 + 0.005
+    masked_m = torch.tensor([64, 0, 128, 1, 77, 5, 128, 30], dtype=torch.int32, device="cuda")
+    out = poisoned((G, max_m, n), torch.bfloat16, "cuda")
+    fn = lambda: gemm.batch_deepgemm_fp8_nt_groupwise(a, b, sa, sb, masked_m, 64, out=out)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    for counts in ([64, 0, 128, 1, 77, 5, 128, 30], [0, 128, 3, 64, 0, 100, 1, 127]):
+        masked_m.copy_(torch.tensor(counts, dtype=torch.int32))
+        out.view(torch.int16).fill_(0x7FC0)  # bf16 NaN
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = R.masked_ref(a, b, sa, sb, masked_m, torch.float32)
+        for g, r in enumerate(counts):
+            if r:
+                assert_close(out[g, :r], ref[g, :r], max_rel_error=1e-2, name=f"group {g}")
+            else:  # masked_m 0: the group is not written
+                assert bool(torch.isnan(out[g].float()).all()), f"group {g} written"
