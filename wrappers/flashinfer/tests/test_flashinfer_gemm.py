@@ -220,3 +220,20 @@ def test_gemms_in_a_cuda_graph():
     rows = torch.arange(max_m, device=dev)[None, :] < masked_m[:, None]
     ref_m = mate.gemm.batch_deepgemm_fp8_nt_groupwise(ga, gb, gas, gbs, masked_m, 16)
     same(out_m[rows], ref_m[rows])
+
+
+def test_adapters_trace_under_torch_compile(device):
+    """Engines compile their models: the adapters must not break the graph around mate's custom ops."""
+    A = randn((2, 16, 64), torch.bfloat16, device)
+    B = randn((2, 48, 64), torch.bfloat16, device).transpose(1, 2)
+    a, b, a_scale, b_scale = _groupwise_inputs(device, 16, 128, 128, "K")
+
+    def f(A, B, a, b, a_scale, b_scale):
+        x = fg.bmm_bf16(A, B, backend="cudnn")
+        y = fg.gemm_fp8_nt_groupwise(a, b, a_scale, b_scale, scale_major_mode="K", backend="cutlass")
+        return x, y
+
+    torch._dynamo.reset()
+    got = torch.compile(f, fullgraph=True, backend="eager")(A, B, a, b, a_scale, b_scale)
+    for g, e in zip(got, f(A, B, a, b, a_scale, b_scale)):
+        same(g, e)
