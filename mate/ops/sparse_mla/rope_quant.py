@@ -7,10 +7,9 @@ One launch writes all four outputs. The grid is ``(nnz, head_blocks + 1)``: prog
 loads and stores are 16-byte vectors; leading dimensions take any stride (outputs may be
 slices of merged 576-value rows).
 
-RoPE as one formula for both layouts: ``rot[d] = x[d] * cos[d] + sign[d] * x[partner(d)] *
-sin[d]``, with ``partner(d) = d ^ 32`` (NeoX halves) or ``d ^ 1`` (interleaved pairs),
-``sign = -1`` on the first member of a pair, and the cache column ``d % 32`` or ``d // 2``.
-The partner values are a second load of the same 128 bytes (served by L1).
+RoPE: NeoX rows are loaded as two contiguous 32-value halves; interleaved rows as one
+contiguous [32, 2] tile split into even and odd values (``tl.split``) and joined back
+after the rotation, so both layouts read and write each value once, vectorized.
 
 Positions outside ``[0, max_seq_len)`` are clamped, so the cache is never read out of
 bounds (the spec leaves those rows' values unspecified).
@@ -26,7 +25,6 @@ from mate._core.triton_helpers import to_fp8_e4m3
 
 __all__ = ["mla_rope_quantize_fp8_kernel", "mla_rope_quantize_fp8_triton", "rope_quant_config"]
 
-ROPE: tl.constexpr = tl.constexpr(64)
 NOPE: tl.constexpr = tl.constexpr(512)
 
 
@@ -34,25 +32,43 @@ NOPE: tl.constexpr = tl.constexpr(512)
 def _rope_quant_rows(
     rope_ptr, nope_ptr, rope_out_ptr, nope_out_ptr,
     stride_rope, stride_nope, stride_rope_out, stride_nope_out,
-    n_rows, cos, sin, d, partner, scale,
+    n_rows, cos, sin, scale,
+    IS_NEOX: tl.constexpr,
     BLOCK_R: tl.constexpr,
 ):
-    """Rotates and quantizes ``n_rows`` rows (row r at ``ptr + r * stride``)."""
+    """Rotates and quantizes ``n_rows`` rows (row r at ``ptr + r * stride``).
+
+    ``cos``/``sin`` are the 32 fp32 values of the token's position.
+    """
     r = tl.arange(0, BLOCK_R)
-    rmask = r < n_rows
-    r64 = r.to(tl.int64)
-    # 64-value rotary tail: x and its rotation partner, fp32 right after the load
-    rope_rows = rope_ptr + r64[:, None] * stride_rope
-    x = tl.load(rope_rows + d[None, :], mask=rmask[:, None], other=0.0).to(tl.float32)
-    xp = tl.load(rope_rows + partner[None, :], mask=rmask[:, None], other=0.0).to(tl.float32)
-    rot = x * cos[None, :] + xp * sin[None, :]
-    tl.store(rope_out_ptr + r64[:, None] * stride_rope_out + d[None, :], to_fp8_e4m3(rot * scale),
-             mask=rmask[:, None])
+    rmask = (r < n_rows)[:, None]
+    r64 = r.to(tl.int64)[:, None]
+    j = tl.arange(0, 32)[None, :]
+    c = cos[None, :]
+    s = sin[None, :]
+    # 64-value rotary tail, fp32 right after the load
+    if IS_NEOX:
+        # halves: two contiguous 32-value loads per row
+        in_off = r64 * stride_rope + j
+        out_off = r64 * stride_rope_out + j
+        x1 = tl.load(rope_ptr + in_off, mask=rmask, other=0.0).to(tl.float32)
+        x2 = tl.load(rope_ptr + in_off + 32, mask=rmask, other=0.0).to(tl.float32)
+        tl.store(rope_out_ptr + out_off, to_fp8_e4m3((x1 * c - x2 * s) * scale), mask=rmask)
+        tl.store(rope_out_ptr + out_off + 32, to_fp8_e4m3((x2 * c + x1 * s) * scale), mask=rmask)
+    else:
+        # pairs: one contiguous [BLOCK_R, 32, 2] load, split into even and odd values
+        k = tl.arange(0, 2)[None, None, :]
+        in_off = r64[:, :, None] * stride_rope + 2 * j[:, :, None] + k
+        out_off = r64[:, :, None] * stride_rope_out + 2 * j[:, :, None] + k
+        m3 = rmask[:, :, None]
+        x = tl.load(rope_ptr + in_off, mask=m3, other=0.0).to(tl.float32)
+        x1, x2 = tl.split(x)
+        y = tl.join(x1 * c - x2 * s, x2 * c + x1 * s)
+        tl.store(rope_out_ptr + out_off, to_fp8_e4m3(y * scale), mask=m3)
     # 512-value latent part: scale and quantize
-    n = tl.arange(0, NOPE)
-    y = tl.load(nope_ptr + r64[:, None] * stride_nope + n[None, :], mask=rmask[:, None], other=0.0).to(tl.float32)
-    tl.store(nope_out_ptr + r64[:, None] * stride_nope_out + n[None, :], to_fp8_e4m3(y * scale),
-             mask=rmask[:, None])
+    n = tl.arange(0, NOPE)[None, :]
+    y = tl.load(nope_ptr + r64 * stride_nope + n, mask=rmask, other=0.0).to(tl.float32)
+    tl.store(nope_out_ptr + r64 * stride_nope_out + n, to_fp8_e4m3(y * scale), mask=rmask)
 
 
 @triton.jit
@@ -73,18 +89,9 @@ def mla_rope_quantize_fp8_kernel(
     # cos/sin of this token's position, clamped into the cache, fp32
     pos = tl.load(pos_ptr + i).to(tl.int64)
     pos = tl.minimum(tl.maximum(pos, 0), max_seq_len - 1)
-    d = tl.arange(0, ROPE)
-    if IS_NEOX:
-        col = d % 32
-        partner = d ^ 32
-    else:
-        col = d // 2
-        partner = d ^ 1
-    first = partner > d  # first member of its pair: rot = x * c - x' * s
-    cs_row = cache_ptr + pos * 64
-    cos = tl.load(cs_row + col).to(tl.float32)
-    sin = tl.load(cs_row + 32 + col).to(tl.float32)
-    sin = tl.where(first, -sin, sin)
+    col = tl.arange(0, 32)
+    cos = tl.load(cache_ptr + pos * 64 + col).to(tl.float32)
+    sin = tl.load(cache_ptr + pos * 64 + 32 + col).to(tl.float32)
 
     if hb < num_hb:
         h0 = hb * BLOCK_H
@@ -92,16 +99,16 @@ def mla_rope_quantize_fp8_kernel(
             q_rope_ptr + i * s_qr_t + h0 * s_qr_h, q_nope_ptr + i * s_qn_t + h0 * s_qn_h,
             q_rope_out_ptr + i * s_qro_t + h0 * s_qro_h, q_nope_out_ptr + i * s_qno_t + h0 * s_qno_h,
             s_qr_h, s_qn_h, s_qro_h, s_qno_h,
-            H - h0, cos, sin, d, partner, quant_scale_q,
-            BLOCK_H,
+            H - h0, cos, sin, quant_scale_q,
+            IS_NEOX, BLOCK_H,
         )
     else:
         _rope_quant_rows(
             k_rope_ptr + i * s_kr_t, k_nope_ptr + i * s_kn_t,
             k_rope_out_ptr + i * s_kro_t, k_nope_out_ptr + i * s_kno_t,
             0, 0, 0, 0,
-            1, cos, sin, d, partner, quant_scale_kv,
-            1,
+            1, cos, sin, quant_scale_kv,
+            IS_NEOX, 1,
         )
 
 
