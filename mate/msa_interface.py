@@ -484,6 +484,8 @@ def _attend_dense_or_paged(q, k, v, part: _Part, out, lse, sm_scale) -> None:
             return_softmax_lse=want_lse, out=op,
         )
     else:
+        if _k_layout(k, plan) == LAYOUT_HEAD_MAJOR:
+            k, v = k.transpose(1, 2), v.transpose(1, 2)  # token-major views of the same pages (read in place)
         res = mha_interface.flash_attn_with_kvcache(
             qp, k, v, cache_seqlens=part.kv_lens, page_table=_part_page_table(part),
             cu_seqlens_q=part.cu_seqlens_q, max_seqlen_q=plan.prefill_plan.max_seqlen_q,

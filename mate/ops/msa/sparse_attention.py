@@ -57,7 +57,9 @@ def _msa_union_kernel(
     tok_l = c // BLOCK_W
     w = c % BLOCK_W
     t = tile * TT + tok_l
-    tvalid = t < total_q
+    in_bounds = t < total_q
+    # rows past qo_indptr[B] (a static plan's padding) see no key: out 0, lse -inf
+    tvalid = in_bounds & (t < tl.load(qo_indptr_ptr + B))
     # request of each token: the largest i with qo_indptr[i] <= t (binary search)
     lo = tl.zeros([C], dtype=tl.int32)
     hi = tl.zeros([C], dtype=tl.int32) + B
@@ -77,8 +79,8 @@ def _msa_union_kernel(
         q_off = kv_len - (q_end - q_start)
     pos = q_off + (t - q_start)
     if kvh == 0:
-        tl.store(tok_pos_ptr + t, pos, mask=tvalid & (w == 0))
-        tl.store(tok_kvlen_ptr + t, kv_len, mask=tvalid & (w == 0))
+        tl.store(tok_pos_ptr + t, tl.where(tvalid, pos, -1), mask=in_bounds & (w == 0))
+        tl.store(tok_kvlen_ptr + t, tl.where(tvalid, kv_len, 0), mask=in_bounds & (w == 0))
     nblk = (kv_len + 127) // 128
     ids = tl.load(idx_ptr + t.to(tl.int64) * stride_it + kvh * stride_ih + w,
                   mask=tvalid & (w < W), other=-1)
