@@ -77,26 +77,66 @@ print("pid", os.getpid())
 """
 
 
-@pytest.fixture(scope="session")
-def demo_dump(tmp_path_factory) -> dict:
-    """Four real calls dumped at MATE_LOGLEVEL=10 (one raising); read-only for tests.
-
-    Made once per test session: the pytest-xdist workers share it through a folder of the
-    common base temporary directory, guarded by a file lock.
-    """
+def _shared_run(tmp_path_factory, name: str, code: str, env: dict[str, str]) -> tuple[Path, dict]:
+    """Runs ``code`` once per test session in the folder ``name`` (relative paths in
+    ``env`` values are relative to it): the pytest-xdist workers share the folder, which
+    sits in their common base temporary directory, guarded by a file lock. Returns the
+    folder and ``{"stdout", "stderr"}`` of the run."""
     base = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         base = base.parent  # shared by the workers of this run
-    work = base / "core_demo_dump"
+    work = base / name
     work.mkdir(exist_ok=True)
     with open(work / "lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (work / "result.json").exists():
-            proc = _run([sys.executable, "-c", DEMO_CALLS], work,
-                        {"MATE_LOGLEVEL": "10", "MATE_DUMP_DIR": str(work / "dumps"), "MATE_LOGDEST": "stderr"})
+            proc = _run([sys.executable, "-c", code], work, {k: str(work / v) if k in _PATH_VARS else v
+                                                              for k, v in env.items()})
             assert proc.returncode == 0, proc.stderr
-            pid = int(proc.stdout.split("pid ")[1].split()[0])
-            result = {"pid": pid, "stdout": proc.stdout, "stderr": proc.stderr}
-            (work / "result.json").write_text(json.dumps(result))
+            (work / "result.json").write_text(json.dumps({"stdout": proc.stdout, "stderr": proc.stderr}))
         result = json.loads((work / "result.json").read_text())
-    return {**result, "root": work / "dumps", "work": work}
+    return work, result
+
+
+_PATH_VARS = ("MATE_DUMP_DIR",)
+
+
+@pytest.fixture(scope="session")
+def demo_dump(tmp_path_factory) -> dict:
+    """Four real calls of ``_demo_ops`` dumped at MATE_LOGLEVEL=10 (one raising), under
+    ``root``; read-only for tests (copy before tampering)."""
+    work, result = _shared_run(tmp_path_factory, "core_demo_dump", DEMO_CALLS,
+                               {"MATE_LOGLEVEL": "10", "MATE_DUMP_DIR": "dumps", "MATE_LOGDEST": "stderr"})
+    pid = int(result["stdout"].split("pid ")[1].split()[0])
+    return {**result, "pid": pid, "root": work / "dumps", "work": work}
+
+
+RUN_MLA_ROPE = """
+import torch
+from mate.sparse_mla_interface import mla_rope_quantize_fp8
+from mate.testing import poisoned
+nnz, H = 5, 2
+bf = torch.bfloat16
+q_rope, k_rope = torch.randn(nnz, H, 64).to(bf), torch.randn(nnz, 64).to(bf)
+q_nope, k_nope = torch.randn(nnz, H, 512).to(bf), torch.randn(nnz, 512).to(bf)
+cache = torch.randn(32, 64)
+pos = torch.randint(0, 32, (nnz,), dtype=torch.int32)
+q = poisoned((nnz, H, 576), torch.float8_e4m3fn)
+k = poisoned((nnz, 576), torch.float8_e4m3fn)
+outs = mla_rope_quantize_fp8(q_rope, k_rope, q_nope, k_nope, cache, pos, is_neox=False, quant_scale_q=4.0,
+                             quant_scale_kv=0.5, q_rope_out=q[..., 512:], k_rope_out=k[:, 512:],
+                             q_nope_out=q[..., :512], k_nope_out=k[:, :512])
+assert outs[0].data_ptr() == q[..., 512:].data_ptr() and not torch.isnan(q.float()).any()
+torch.save({"q": q, "k": k}, "merged.pt")
+"""
+
+
+@pytest.fixture(scope="session")
+def mla_rope_dump(tmp_path_factory) -> Path:
+    """One ``mla_rope_quantize_fp8`` call (reference backend) dumped under ``d``, its
+    outputs being views of merged buffers saved in ``merged.pt``."""
+    pytest.importorskip("mate.sparse_mla_interface")
+    work, _ = _shared_run(tmp_path_factory, "core_mla_rope_dump", RUN_MLA_ROPE,
+                          {"MATE_LOGLEVEL": "10", "MATE_DUMP_DIR": "d", "MATE_LOGDEST": "stderr",
+                           "MATE_BACKEND": "reference"})
+    return work
