@@ -58,7 +58,7 @@ def max_score_reference(
     out = torch.full((total_q, Hq, num_k_tiles), float("-inf"), dtype=torch.float32, device=dev)
     if total_q == 0 or num_k_tiles == 0:
         return out
-    Hkv = k.shape[2] if layout in (LAYOUT_DENSE, LAYOUT_TOKEN_MAJOR) else k.shape[1]
+    Hkv = k.shape[2] if layout == LAYOUT_TOKEN_MAJOR else k.shape[1]
     ratio = Hq // Hkv
     req, local = _token_requests(cu_seqlens_q, total_q)
     kv_len = kv_lens.to(torch.int64)[req]

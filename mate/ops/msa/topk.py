@@ -1,0 +1,184 @@
+"""MSA top-k block selection in Triton (exact; ties to the lower block index).
+
+Scores become order-preserving int32 keys (NaN -> one key above +inf, -0.0 -> 0.0),
+forced blocks counted in the top-k get the largest key and everything that may not be
+chosen by score (blocks >= n, forced blocks appended outside the top-k) the smallest.
+Selection then runs in two steps per row:
+
+1. **threshold**: the K-th largest key ``tau`` (with multiplicity) by a bitonic top-K of
+   the int32 keys (``tl.topk``). Short rows (``max_k_tiles <= CHUNK``) do it once on
+   registers; long rows (up to 12,287 tiles and more) scan ``CHUNK``-wide pieces and merge
+   each piece's top-K into a running top-K (a tournament), so registers stay bounded.
+2. **compaction**: a block is chosen when its key is ``> tau``, or ``== tau`` and it is
+   among the first ``K - #(> tau)`` such ties in index order (a prefix sum). Forced blocks
+   are added, and the chosen ids are written in ascending order by a second prefix sum
+   (their output slot), which makes the output sorted without a sort. Slots left over
+   are -1. Rows with ``n <= W`` take every valid block (the identity fast path; a block
+   of rows where all are short skips step 1 entirely).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["sparse_topk_select_triton", "topk_config", "_topk_select_kernel"]
+
+INT32_MIN = -2147483648
+INT32_MAX = 2147483647
+# canonical key of every NaN: the key of the quiet NaN 0x7FC00000, above +inf (0x7F800000)
+NAN_KEY = 0x7FC00000
+
+
+@triton.jit
+def _score_keys(s, idx, n, FB: tl.constexpr, FE: tl.constexpr, COUNTED: tl.constexpr):
+    """int32 keys whose signed order is the float order (NaN largest, -0.0 == 0.0).
+    Forced blocks counted in the top-k get INT32_MAX; blocks >= n, and forced blocks
+    appended outside the top-k, get INT32_MIN. Also returns the forced and valid masks."""
+    idx_ok = idx[None, :] < n[:, None]
+    forced = idx_ok & ((idx[None, :] < FB) | (idx[None, :] >= (n - FE)[:, None]))
+    s = tl.where(s == 0.0, 0.0, s)
+    bits = s.to(tl.int32, bitcast=True)
+    key = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    key = tl.where(s != s, 0x7FC00000, key)
+    if COUNTED:
+        key = tl.where(forced, 2147483647, key)
+        key = tl.where(idx_ok, key, -2147483648)
+    else:
+        key = tl.where(idx_ok & ~forced, key, -2147483648)
+    return key, forced, idx_ok
+
+
+@triton.jit
+def _row_counts(rows, n_rows, qpos_ptr, num_valid_pages, H: tl.constexpr, HAS_QPOS: tl.constexpr):
+    """Valid block count n of each row (0 for rows past the end)."""
+    row_ok = rows < n_rows
+    n = tl.zeros_like(rows) + num_valid_pages
+    if HAS_QPOS:
+        pos = tl.load(qpos_ptr + rows // H, mask=row_ok, other=0)
+        lim = tl.where(pos < 0, 0, pos // 128 + 1)
+        n = tl.minimum(n.to(tl.int64), lim).to(tl.int32)
+    return tl.where(row_ok, n, 0)
+
+
+@triton.jit
+def _chosen(key, forced, tau, take_ties, ties_seen, ALL_TIES):
+    """Chosen mask of one chunk: keys above tau, the first take_ties keys equal to tau
+    (index order, counting ties_seen of earlier chunks), and the forced blocks."""
+    eq = key == tau[:, None]
+    if ALL_TIES:
+        chosen = key >= tau[:, None]
+    else:
+        eq_rank = tl.cumsum(eq.to(tl.int32), axis=1) - 1 + ties_seen[:, None]
+        chosen = (key > tau[:, None]) | (eq & (eq_rank < take_ties[:, None]))
+    return chosen | forced, tl.sum(eq.to(tl.int32), axis=1)
+
+
+@triton.jit
+def _topk_select_kernel(
+    s_ptr, out_ptr, qpos_ptr,
+    n_rows, num_tiles, num_valid_pages,
+    H: tl.constexpr, K: tl.constexpr, FB: tl.constexpr, FE: tl.constexpr, COUNTED: tl.constexpr,
+    W: tl.constexpr, W_P2: tl.constexpr, ROWS: tl.constexpr, CHUNK: tl.constexpr, SINGLE: tl.constexpr,
+    HAS_QPOS: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    rows = pid * ROWS + tl.arange(0, ROWS)
+    row_ok = rows < n_rows
+    n = _row_counts(rows, n_rows, qpos_ptr, num_valid_pages, H, HAS_QPOS)
+    short = n <= W  # identity rows: 0 .. n-1
+    any_long = tl.max(tl.where(row_ok & (n > W), 1, 0), axis=0) > 0
+    cols = tl.arange(0, CHUNK)
+    s_row = s_ptr + rows.to(tl.int64)[:, None] * num_tiles
+    o_row = out_ptr + rows.to(tl.int64)[:, None] * W
+    base = tl.zeros([ROWS], dtype=tl.int32)
+    if SINGLE:
+        # the whole row in registers: one load, one top-K, one compaction
+        idx = cols
+        s = tl.load(s_row + idx[None, :], mask=row_ok[:, None] & (idx < num_tiles)[None, :], other=0.0)
+        key, forced, idx_ok = _score_keys(s, idx, n, FB, FE, COUNTED)
+        sel = idx_ok
+        if any_long:
+            best = tl.topk(key, K)
+            tau = tl.min(best, axis=1)
+            take_ties = K - tl.sum((best > tau[:, None]).to(tl.int32), axis=1)
+            n_eq = tl.sum((key == tau[:, None]).to(tl.int32), axis=1)
+            zero = tl.zeros([ROWS], dtype=tl.int32)
+            if tl.max(tl.where(row_ok & ~short, n_eq - take_ties, 0), axis=0) > 0:
+                chosen, _ = _chosen(key, forced, tau, take_ties, zero, False)
+            else:
+                chosen, _ = _chosen(key, forced, tau, take_ties, zero, True)
+            sel = tl.where(short[:, None], idx_ok, chosen & idx_ok)
+        slot = tl.cumsum(sel.to(tl.int32), axis=1) - 1
+        tl.store(o_row + slot, idx[None, :] + tl.zeros_like(slot), mask=sel & row_ok[:, None])
+        base = tl.sum(sel.to(tl.int32), axis=1)
+    else:
+        # long rows: a running top-K over CHUNK-wide pieces, then a chunked compaction
+        tau = tl.zeros([ROWS], dtype=tl.int32) + 2147483647
+        take_ties = tl.zeros([ROWS], dtype=tl.int32)
+        if any_long:
+            best = tl.full([ROWS, K], -2147483648, dtype=tl.int32)
+            for c0 in range(0, num_tiles, CHUNK):
+                idx = c0 + cols
+                s = tl.load(s_row + idx[None, :], mask=row_ok[:, None] & (idx < num_tiles)[None, :], other=0.0)
+                key, forced, idx_ok = _score_keys(s, idx, n, FB, FE, COUNTED)
+                both = tl.reshape(tl.join(best, tl.topk(key, K)), [ROWS, 2 * K])
+                best = tl.topk(both, K)
+            tau = tl.min(best, axis=1)
+            take_ties = K - tl.sum((best > tau[:, None]).to(tl.int32), axis=1)
+        ties_seen = tl.zeros([ROWS], dtype=tl.int32)
+        n_max = tl.max(n, axis=0)
+        for c0 in range(0, n_max, CHUNK):
+            idx = c0 + cols
+            s = tl.load(s_row + idx[None, :], mask=row_ok[:, None] & (idx < num_tiles)[None, :], other=0.0)
+            key, forced, idx_ok = _score_keys(s, idx, n, FB, FE, COUNTED)
+            chosen, n_eq = _chosen(key, forced, tau, take_ties, ties_seen, False)
+            ties_seen += n_eq
+            sel = tl.where(short[:, None], idx_ok, chosen & idx_ok)
+            slot = tl.cumsum(sel.to(tl.int32), axis=1) - 1 + base[:, None]
+            tl.store(o_row + slot, idx[None, :] + tl.zeros_like(slot), mask=sel & row_ok[:, None])
+            base += tl.sum(sel.to(tl.int32), axis=1)
+    # ---- remaining slots: -1
+    wc = tl.arange(0, W_P2)
+    tl.store(o_row + wc[None, :], tl.full([ROWS, W_P2], -1, dtype=tl.int32),
+             mask=row_ok[:, None] & (wc[None, :] < W) & (wc[None, :] >= base[:, None]))
+
+
+def topk_config(num_tiles: int, k: int, max_chunk: int = 4096) -> dict:
+    """Chunk width, rows per program and warps (host ints only). Rows longer than
+    ``max_chunk`` take the chunked (tournament) path."""
+    chunk = max(triton.next_power_of_2(max(num_tiles, 1)), k, 16)
+    single = chunk <= max_chunk
+    if not single:
+        chunk = max_chunk
+    rows = max(1, 4096 // chunk)
+    return dict(CHUNK=chunk, SINGLE=single, ROWS=rows, num_warps=4 if chunk <= 1024 else 8)
+
+
+def sparse_topk_select_triton(
+    max_score: torch.Tensor,
+    output: torch.Tensor,
+    *,
+    query_positions: torch.Tensor | None,
+    num_valid_pages: int,
+    topk: int,
+    force_begin_blocks: int,
+    force_end_blocks: int,
+    force_blocks_count_in_topk: bool,
+    max_chunk: int = 4096,
+) -> None:
+    """Launches the selection on validated tensors (contiguous fp32 scores, int32 output).
+    ``max_chunk`` (a power of two >= 16) exists for tests of the long-row path."""
+    total_q, H, T = max_score.shape
+    W = output.shape[2]
+    n_rows = total_q * H
+    cfg = topk_config(T, topk, max_chunk)
+    grid = (triton.cdiv(n_rows, cfg["ROWS"]),)
+    _topk_select_kernel[grid](
+        max_score, output, query_positions if query_positions is not None else max_score,
+        n_rows, T, num_valid_pages,
+        H=H, K=topk, FB=force_begin_blocks, FE=force_end_blocks, COUNTED=force_blocks_count_in_topk,
+        W=W, W_P2=triton.next_power_of_2(W), ROWS=cfg["ROWS"], CHUNK=cfg["CHUNK"], SINGLE=cfg["SINGLE"],
+        HAS_QPOS=query_positions is not None, num_warps=cfg["num_warps"],
+    )
