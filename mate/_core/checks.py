@@ -29,6 +29,7 @@ __all__ = [
     "check_python_float",
     "check_default",
     "check_inputs_enabled",
+    "device_matches",
     "fmt_dtypes",
 ]
 
@@ -91,6 +92,13 @@ def check_last_dim_contiguous(name: str, t: torch.Tensor) -> None:
         )
 
 
+def device_matches(given: torch.device, wanted: torch.device | str) -> bool:
+    """True when ``given`` is ``wanted``; a ``wanted`` without an index (``"cuda"``)
+    matches every device of its type (``cuda:0`` included)."""
+    wanted = torch.device(wanted)
+    return given.type == wanted.type and (wanted.index is None or given.index == wanted.index)
+
+
 def check_same_device(**tensors: torch.Tensor | None) -> torch.device:
     """``ValueError`` unless every given tensor is on one device; returns that device."""
     device = None
@@ -126,7 +134,7 @@ def check_tensor(
         check_ndim(name, t, ndim)
     if shape is not None:
         check_shape(name, t, shape)
-    if device is not None and t.device != torch.device(device):
+    if device is not None and not device_matches(t.device, device):
         raise ValueError(f"{name} must be on {device}, got {t.device}")
     if contiguous:
         check_contiguous(name, t)
@@ -191,7 +199,10 @@ def check_python_float(name: str, value: Any) -> float:
 
 def check_default(name: str, value: Any, default: Any) -> None:
     """``NotImplementedError`` when an argument that would change the result is not at its default."""
-    same = value is default if default is None or isinstance(default, bool) else value == default
+    if default is None or isinstance(default, bool) or isinstance(value, torch.Tensor):
+        same = value is default  # a tensor is never a plain default (and has no truth value)
+    else:
+        same = value == default
     if not same:
         raise NotImplementedError(
             f"{name}={value!r} is not implemented (only the default {default!r} is supported)"

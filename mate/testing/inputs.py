@@ -27,7 +27,9 @@ def poisoned(shape: Sequence[int], dtype: torch.dtype, device="cpu") -> torch.Te
     t = torch.empty(tuple(shape), dtype=dtype, device=device)
     if dtype.is_floating_point:
         if t.element_size() == 1:
-            t.view(torch.uint8).fill_(0x7F)  # e4m3 NaN
+            # the NaN byte of this 8-bit format (0x7F for e4m3fn/e5m2, 0x80 for the fnuz ones)
+            nan_byte = torch.full((), float("nan"), dtype=dtype).view(torch.uint8).item()
+            t.view(torch.uint8).fill_(nan_byte)
         else:
             t.fill_(float("nan"))
     elif dtype == torch.bool:

@@ -24,6 +24,7 @@ from mate._core.checks import (
     check_shape,
     check_tensor,
     check_value,
+    device_matches,
     fmt_dtypes,
 )
 
@@ -38,7 +39,7 @@ def test_every_exported_helper_is_tested():
         "check_tensor", "check_dtype", "check_shape", "check_ndim", "check_contiguous",
         "check_last_dim_contiguous", "check_same_device", "check_out_tensor", "check_value",
         "check_choice", "check_positive_int", "check_python_float", "check_default",
-        "check_inputs_enabled", "fmt_dtypes", "check_is_tensor",
+        "check_inputs_enabled", "fmt_dtypes", "check_is_tensor", "device_matches",
     }
     assert set(checks.__all__) <= tested, set(checks.__all__) - tested
 
@@ -111,6 +112,13 @@ def test_check_same_device():
     meta = torch.zeros(1, device="meta")
     with _raises(ValueError, "b must be on cpu (the device of a), got meta"):
         check_same_device(a=a, b=meta)
+
+
+def test_device_matches():
+    cuda0, cuda1, cpu = torch.device("cuda", 0), torch.device("cuda", 1), torch.device("cpu")
+    assert device_matches(cuda0, "cuda") and device_matches(cuda1, torch.device("cuda"))
+    assert device_matches(cuda0, "cuda:0") and not device_matches(cuda1, "cuda:0")
+    assert device_matches(cpu, "cpu") and not device_matches(cpu, "cuda") and not device_matches(cuda0, "cpu")
 
 
 def test_check_tensor_order_and_options():
@@ -205,6 +213,9 @@ def test_check_default():
         check_default("causal", 0, False)
     with _raises(NotImplementedError, "softcap=30.0 is not implemented (only the default 0.0"):
         check_default("softcap", 30.0, 0.0)
+    # a tensor is never taken for a plain default (and never asked for its truth value)
+    with _raises(NotImplementedError, "softcap=tensor([0., 0.]) is not implemented"):
+        check_default("softcap", torch.zeros(2), 0.0)
 
 
 @pytest.mark.parametrize(

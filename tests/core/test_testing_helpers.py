@@ -10,9 +10,11 @@ from mate.testing import assert_close, assert_equal, poisoned, rand_fp8, randn, 
 from mate.testing.numeric import DTYPE_TOL
 
 FLOATS = [torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float64]
+FP8_ALL = [getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+           if hasattr(torch, n)]
 
 
-@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("dtype", FLOATS + FP8_ALL[1:])
 def test_poisoned_float_is_all_nan(dtype):
     t = poisoned((3, 5), dtype)
     assert t.shape == (3, 5) and t.dtype == dtype
