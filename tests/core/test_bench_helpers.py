@@ -1,0 +1,86 @@
+"""The benchmark helpers of ``mate.testing.bench``: result rows, input rotation, and (on
+the GPU) timing; plus API logging under CUDA-graph capture, which only a GPU can show."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from mate.testing.bench import L2_BYTES, record, rotation_count, time_fn
+
+CEILINGS = {"copy_GBps": 4000.0, "cublas_bf16_TFLOPs": 800.0}
+
+
+def test_record_rates_and_fractions():
+    row = record(CEILINGS, family="gemm", op="bmm_bf16", shape="8x4096x4096x4096", impl="mate", time_us=100.0,
+                 flops=4e10, nbytes=2e8, dtype="bf16", ceiling="cublas_bf16_TFLOPs", note="n")
+    assert row["TFLOPs"] == pytest.approx(400.0)  # 4e10 flop in 1e-4 s
+    assert row["GBps"] == pytest.approx(2000.0)  # 2e8 B in 1e-4 s
+    assert row["frac_ceiling"] == pytest.approx(0.5) and row["ceiling"] == "cublas_bf16_TFLOPs"
+    assert {k: row[k] for k in ("family", "op", "shape", "dtype", "impl", "time_us", "note")} == {
+        "family": "gemm", "op": "bmm_bf16", "shape": "8x4096x4096x4096", "dtype": "bf16", "impl": "mate",
+        "time_us": 100.0, "note": "n"}
+    row = record(CEILINGS, family="f", op="o", shape="s", impl="mate", time_us=50.0, nbytes=1e8, ceiling="copy_GBps")
+    assert row["GBps"] == pytest.approx(2000.0) and row["frac_ceiling"] == pytest.approx(0.5)
+    assert "TFLOPs" not in row
+
+
+def test_record_missing_peer_and_unknown_ceiling():
+    row = record(CEILINGS, family="f", op="o", shape="s", impl="FlashMLA", time_us=None, flops=1e9,
+                 ceiling="copy_GBps", note="flash_mla not importable")
+    assert row["time_us"] is None and row["note"] == "flash_mla not importable"
+    assert not {"TFLOPs", "GBps", "frac_ceiling", "ceiling"} & set(row)
+    row = record({}, family="f", op="o", shape="s", impl="mate", time_us=10.0, flops=1e9, ceiling="copy_GBps")
+    assert "frac_ceiling" not in row and row["TFLOPs"] == pytest.approx(100.0)  # 1e9 flop in 1e-5 s
+
+
+def test_rotation_count():
+    total = 4 * L2_BYTES
+    assert rotation_count(total) == 1
+    assert rotation_count(total // 3) == 3
+    assert rotation_count(total // 3 - 1) == 4  # rounded up: the sets together reach 4 L2 sizes
+    assert rotation_count(1) == 64  # capped
+    assert rotation_count(0) == 1 and rotation_count(10 * total) == 1
+
+
+@pytest.mark.gpu
+def test_time_fn_on_the_gpu():
+    x = torch.randn(1 << 24, device="cuda")
+    ys = [torch.empty_like(x) for _ in range(3)]
+    fns = [lambda y=y: y.copy_(x) for y in ys]
+    t_graph = time_fn(fns, iters=20)
+    t_events = time_fn(fns[0], iters=20, use_graph=False)
+    for t in (t_graph, t_events):
+        assert math.isfinite(t) and t > 0
+    # 128 MiB read + written: between 1 us and 10 ms on any GPU of this decade
+    assert 1.0 < t_graph < 1e4 and 1.0 < t_events < 1e4
+
+
+@pytest.mark.gpu
+def test_logging_under_cuda_graph_capture(run_py, tmp_path):
+    proc = run_py(
+        """
+        import torch, _demo_ops
+        x = torch.randn(4, 6, device="cuda")
+        out = torch.empty(4, 6, device="cuda")
+        _demo_ops.scale_rows(x, 2.0, out=out)  # call 1: logged with statistics and dumped
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            _demo_ops.scale_rows(x, 3.0, out=out)  # call 2: no statistics, no dump while capturing
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, x * 3.0)
+        print("done")
+        """,
+        MATE_LOGLEVEL="10", MATE_LOGDEST="stdout", MATE_DUMP_DIR=str(tmp_path / "d"),
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    log = proc.stdout
+    first, second = log.split("[mate] call #2 _demo_ops.scale_rows")
+    assert "nan=0, inf=0}" in first and "{min=" not in second and "nan=" not in second
+    assert "logging failed" not in log
+    dirs = [p.name for p in (tmp_path / "d").iterdir() if p.is_dir()]
+    assert len(dirs) == 1 and dirs[0].endswith("_scale_rows_call0001")
