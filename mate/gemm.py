@@ -223,7 +223,8 @@ def bmm_fp8(
     out : torch.Tensor, optional
         [b, m, n] of ``dtype`` with a contiguous last dimension; written and returned.
     backend : str
-        ``"auto"`` | ``"cublas"`` (per-tensor, CUDA only) | ``"triton"``.
+        ``"auto"`` (cuBLAS for b == 1, Triton for batches, as measured on the H200),
+        ``"cublas"`` (per-tensor, CUDA only; a loop over the batch) or ``"triton"``.
 
     Returns
     -------
@@ -253,7 +254,7 @@ def bmm_fp8(
     dtype = _out_dtype(dtype, (torch.bfloat16, torch.float16), torch.bfloat16, None)
     out = _alloc_out(out, (b, m, n), dtype, device)
     reason = cublas.bmm_fp8_cublas_reason(A, B, out, per_tensor)
-    impl = _resolve_backend(backend, device, reason, lambda: "cublas")
+    impl = _resolve_backend(backend, device, reason, lambda: tuning.bmm_fp8_backend(b, m, n, k))
     if out.numel() == 0:
         return out
     _bmm_fp8_op(A, B, A_scale, B_scale, out, impl)

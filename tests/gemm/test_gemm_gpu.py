@@ -23,6 +23,10 @@ pytestmark = pytest.mark.gpu
 def test_groupwise_deepseek_shapes(m, nk, backend):
     n, k = nk
     a, b, sa, sb = fp8_block_operands(m, n, k, "cuda")
+    if backend == "cublas" and m % 16:  # cuBLAS blockwise rejects m = 1 (measured): mate says so
+        with pytest.raises(ValueError, match="multiple of 16"):
+            gemm.gemm_fp8_nt_groupwise(a, b, sa, sb, scale_major_mode="K", backend=backend)
+        return
     ref = R.groupwise_fp32_ref(a, b, sa, sb)
     for mode in ("K", "MN"):
         out = poisoned((m, n), torch.bfloat16, "cuda")
@@ -43,7 +47,9 @@ def test_groupwise_fp8_output_gpu(m, n, k):
     gemm.gemm_fp8_nt_groupwise(a, b, sa, sb, out=out, output_scale=oscale)
     ref = R.groupwise_fp32_ref(a, b, sa, sb)
     _, want = R.quantize_fp8_row_groups_ref(ref)
-    assert_close(oscale, want, atol=0.0, rtol=1e-4)  # amax of results differing in fp32 order only
+    # Hopper FP8 MMAs keep ~14 bits while accumulating a 128-wide K block, so results (and
+    # their amax) differ from the fp32 reference by ~1e-4 relative (measured up to 1.4e-4)
+    assert_close(oscale, want, atol=0.0, rtol=1e-3)
     scale_e = oscale.repeat_interleave(128, dim=1)[:, :n]
     # e4m3 rounding: <= 2^-4 relative or 2^-10 absolute in units of the group scale
     assert_close(out.float(), ref / scale_e, atol=2 ** -9, rtol=2 ** -4 + 1e-3)
@@ -66,7 +72,9 @@ def test_bmm_bf16_cublas_no_copy(monkeypatch):
     for out_dtype in (torch.bfloat16, torch.float32):
         out = gemm.bmm_bf16(A, B, out_dtype=out_dtype)
         assert seen == {"a": A.data_ptr(), "b": Bt.data_ptr(), "bs": B.stride()}
-        assert_close(out, R.bmm_ref(A, B, torch.float32).to(out_dtype), max_rel_error=1e-2)
+        # fp32 out: accumulation order over k=512 terms of |x| ~ 1 (sums ~ 22): ~1e-4 absolute
+        tol = dict(atol=1e-3, rtol=1e-4) if out_dtype == torch.float32 else {}
+        assert_close(out, R.bmm_ref(A, B, torch.float32).to(out_dtype), max_rel_error=1e-2, **tol)
     out_t = gemm.bmm_bf16(A, B, backend="triton")
     assert_close(out_t, R.bmm_ref(A, B, torch.float32).bfloat16())
 
@@ -80,12 +88,17 @@ def test_bmm_fp8_gpu(backend):
     sb = torch.rand(1, device="cuda") + 0.5
     out = poisoned((b, m, n), torch.bfloat16, "cuda")
     gemm.bmm_fp8(A, B, sa, sb, torch.bfloat16, out=out, backend=backend)
-    assert_close(out, R.bmm_fp8_ref(A, B, sa, sb, torch.float32), max_rel_error=1e-2)
+    ref = R.bmm_fp8_ref(A, B, sa, sb, torch.float32)
+    # FP8 tensor-core accumulation keeps ~14 bits: near-zero outputs (cancellation) carry an
+    # absolute error of ~1e-4 of the output magnitude (measured 0.011 at max |ref| ~ 150)
+    fp8_atol = 1e-3 * float(ref.abs().max())
+    assert_close(out, ref, atol=fp8_atol, max_rel_error=1e-2)
     if backend == "triton":
         sa_c = torch.rand(b, m, 1, device="cuda") + 0.5
         sb_c = torch.rand(b, 1, n, device="cuda") + 0.5
         out = gemm.bmm_fp8(A, B, sa_c, sb_c, torch.float16)
-        assert_close(out, R.bmm_fp8_ref(A, B, sa_c, sb_c, torch.float32))
+        ref = R.bmm_fp8_ref(A, B, sa_c, sb_c, torch.float32)
+        assert_close(out, ref, atol=1e-3 * float(ref.abs().max()), max_rel_error=1e-2)
 
 
 def test_grouped_contiguous_gpu():

@@ -27,7 +27,7 @@ def bmm_kernel(
     stride_ab, stride_am, stride_ak,
     stride_bb, stride_bk, stride_bn,
     stride_cb, stride_cm, stride_cn,
-    SCALE_MODE: tl.constexpr, OUT_DTYPE: tl.constexpr,
+    SCALE_MODE: tl.constexpr, OUT_DTYPE: tl.constexpr, PROMOTE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -52,7 +52,12 @@ def bmm_kernel(
         k_ok = (k0 + offs_k) < K
         a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         b = tl.load(b_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-        acc = tl.dot(dot_operand(a), dot_operand(b), acc)
+        if PROMOTE:
+            # FP8 tensor-core MMAs keep only ~14 bits while accumulating: add each
+            # BLOCK_K partial product into the fp32 registers instead of chaining them
+            acc += tl.dot(a, b)
+        else:
+            acc = tl.dot(dot_operand(a), dot_operand(b), acc)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
     if SCALE_MODE == 1:
@@ -88,7 +93,7 @@ def bmm_triton(
     bmm_kernel[grid](
         A, B, out, sa, sb, M, N, K,
         *A.stride(), *B.stride(), *out.stride(),
-        SCALE_MODE=scale_mode, OUT_DTYPE=_TL_DTYPE[out.dtype],
+        SCALE_MODE=scale_mode, OUT_DTYPE=_TL_DTYPE[out.dtype], PROMOTE=A.element_size() == 1,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config.get("GROUP_M", 8),
         num_warps=config.get("num_warps", 4), num_stages=config.get("num_stages", 3),
     )

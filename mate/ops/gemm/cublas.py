@@ -68,6 +68,10 @@ def groupwise_cublas_reason(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor)
         return f"cuBLAS blockwise writes bf16 only, got out dtype {out.dtype}"
     if a.dtype != torch.float8_e4m3fn or b.dtype != torch.float8_e4m3fn:
         return "cuBLAS blockwise needs e4m3 operands"
+    if m < 16 or m % 16:
+        # measured on the H200 (torch 2.11): m = 1 gives CUBLAS_STATUS_NOT_SUPPORTED; multiples
+        # of 16 (64, 128, 4096) run; other m are not verified, so they go to Triton
+        return f"cuBLAS blockwise is used for m a positive multiple of 16 only, got m={m}"
     if n % 16 or (k // 128) % 4:
         return f"cuBLAS blockwise needs n % 16 == 0 and (k / 128) % 4 == 0, got n={n}, k={k}"
     if not out.is_contiguous() or a.stride(0) != k or b.stride(0) != k:

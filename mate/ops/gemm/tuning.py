@@ -5,10 +5,15 @@ backend on the H200 and the Triton config to use. ``benchmarks/tune_gemm.py`` me
 both backends on the GPU and rewrites the block between the ``BEGIN TABLE`` and
 ``END TABLE`` markers below.
 
-Provenance of the committed table: the measurements of the groupwise probe on the H200
-(``shared/notes/gemm-in-triton.md``, 2026-11-29): Triton 1.06-2.34x cuBLAS blockwise at
-M <= 128, 0.74-0.85x at M = 4096; M buckets between 128 and 4096 were not measured and
-go to cuBLAS. Regenerate with ``python benchmarks/tune_gemm.py --write`` on the GPU.
+Provenance of the committed table: the groupwise probe on the H200
+(``shared/notes/gemm-in-triton.md``, 2026-11-29), checked by one run of
+``benchmarks/bench_gemm.py --quick`` the same day (mate's kernels, CUDA-graph replay):
+M=1/64/128 with N=2112, 4096: Triton 15.5-18.8 us vs cuBLAS blockwise 22.6-25.4 us
+(cuBLAS rejects M=1); M=64, (24576, 1536): Triton 19.3 us vs mate's cuBLAS path 20.3 us;
+M=128, (24576, 1536): cuBLAS 18.6 us vs Triton 21.6 us (the override); M=4096: cuBLAS
+112-280 us vs Triton 195-485 us. Buckets between 128 and 4096 were not measured and go
+to cuBLAS. The Triton configs are the probe's, not a sweep: regenerate with
+``python benchmarks/tune_gemm.py --write`` on the GPU.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ __all__ = [
     "grouped_config",
     "masked_config",
     "bmm_config",
+    "bmm_fp8_backend",
     "NUM_SMS",
 ]
 
@@ -101,3 +107,12 @@ def bmm_config(m: int, n: int, k: int, fp8: bool) -> dict:
     bm = 64 if m <= 64 else 128
     return {"BLOCK_M": bm, "BLOCK_N": 128, "BLOCK_K": bk, "num_warps": 4 if bm == 64 else 8,
             "num_stages": 4, "GROUP_M": 8}
+
+
+def bmm_fp8_backend(b: int, m: int, n: int, k: int) -> str:
+    """Per-tensor bmm_fp8: cuBLAS takes 2-D operands only, so a batch is a loop of calls.
+
+    Measured on the H200 (2026-11-29): b=1, 4096^3: cuBLAS 110 us vs Triton 123 us;
+    b=8, 512x512x4096: the cuBLAS loop 61 us vs Triton 18 us.
+    """
+    return "cublas" if b == 1 else "triton"

@@ -1,0 +1,45 @@
+"""The auto table and the cuBLAS eligibility rules (pure Python, no kernels)."""
+
+from __future__ import annotations
+
+import torch
+
+from mate.ops.gemm import cublas, tuning
+
+
+def test_m_buckets_and_table_cover_every_m():
+    for m in (1, 16, 17, 64, 65, 128, 129, 4096, 4097, 1 << 20):
+        key = tuning.m_bucket(m)
+        assert key in tuning.GROUPWISE_TABLE
+        assert tuning.groupwise_backend(m, 2112, 7168) in ("cublas", "triton")
+    assert tuning.m_bucket(16) == "m16" and tuning.m_bucket(17) == "m32" and tuning.m_bucket(1 << 20) == "mmax"
+    # measured: small M goes to Triton, large M to cuBLAS, (128, 24576, 1536) to cuBLAS
+    assert tuning.groupwise_backend(64, 2112, 7168) == "triton"
+    assert tuning.groupwise_backend(4096, 4096, 7168) == "cublas"
+    assert tuning.groupwise_backend(128, 24576, 1536) == "cublas"
+
+
+def test_split_k_only_when_tiles_do_not_fill_the_gpu():
+    assert tuning.groupwise_config(64, 2112, 7168, fp8_out=False)["SPLIT_K"] > 1
+    assert tuning.groupwise_config(4096, 4096, 7168, fp8_out=False)["SPLIT_K"] == 1
+    assert tuning.groupwise_config(64, 2112, 512, fp8_out=False)["SPLIT_K"] == 1  # 4 k-blocks only
+    assert tuning.groupwise_config(64, 2112, 7168, fp8_out=True)["BLOCK_N"] == 128
+
+
+def test_bmm_fp8_backend_and_cublas_rules():
+    assert tuning.bmm_fp8_backend(1, 4096, 4096, 4096) == "cublas"
+    assert tuning.bmm_fp8_backend(8, 512, 512, 4096) == "triton"
+    a = torch.empty(1, 256, dtype=torch.float8_e4m3fn)
+    b = torch.empty(128, 256, dtype=torch.float8_e4m3fn)
+    out = torch.empty(1, 128, dtype=torch.bfloat16)
+    assert "m a positive multiple of 16" in cublas.groupwise_cublas_reason(a, b, out)
+    a = torch.empty(64, 512, dtype=torch.float8_e4m3fn)
+    b = torch.empty(128, 512, dtype=torch.float8_e4m3fn)
+    assert cublas.groupwise_cublas_reason(a, b, torch.empty(64, 128, dtype=torch.bfloat16)) is None
+    assert "bf16 only" in cublas.groupwise_cublas_reason(a, b, torch.empty(64, 128, dtype=torch.float16))
+    A = torch.empty(2, 16, 32, dtype=torch.float8_e4m3fn)
+    B_col = torch.empty(2, 48, 32, dtype=torch.float8_e4m3fn).transpose(1, 2)
+    o = torch.empty(2, 16, 48, dtype=torch.bfloat16)
+    assert cublas.bmm_fp8_cublas_reason(A, B_col, o, per_tensor=True) is None
+    assert "column-major" in cublas.bmm_fp8_cublas_reason(A, B_col.contiguous(), o, per_tensor=True)
+    assert "channelwise" in cublas.bmm_fp8_cublas_reason(A, B_col, o, per_tensor=False)
