@@ -273,3 +273,26 @@ def test_unwritable_log_destination(run_py, tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[[3.0, 3.0]]"
+
+
+def test_log_config_parsing(monkeypatch):
+    from mate.api_logging import LogConfig
+
+    for name in ("MATE_LOGLEVEL", "MATE_LOGDEST", "MATE_DUMP_DIR", "MATE_DUMP_MAX_SIZE_GB", "MATE_DUMP_MAX_COUNT",
+                 "MATE_DUMP_INCLUDE", "MATE_DUMP_EXCLUDE"):
+        monkeypatch.delenv(name, raising=False)
+    assert LogConfig.from_env() == LogConfig(level=0, dest="stderr", dump_dir="mate_dumps", dump_max_size_gb=20.0,
+                                             dump_max_count=1000, dump_include=(), dump_exclude=())
+    monkeypatch.setenv("MATE_LOGLEVEL", "5")
+    monkeypatch.setenv("MATE_DUMP_MAX_COUNT", "7")
+    monkeypatch.setenv("MATE_DUMP_MAX_SIZE_GB", "0.5")
+    monkeypatch.setenv("MATE_DUMP_INCLUDE", " mla_*, ,*decode ")
+    cfg = LogConfig.from_env()
+    assert (cfg.level, cfg.dump_max_count, cfg.dump_max_size_gb) == (5, 7, 0.5)
+    assert cfg.dump_include == ("mla_*", "*decode") and cfg.dump_exclude == ()
+    # unparsable values fall back to the defaults rather than breaking the import of mate
+    monkeypatch.setenv("MATE_LOGLEVEL", "verbose")
+    monkeypatch.setenv("MATE_DUMP_MAX_COUNT", "many")
+    monkeypatch.setenv("MATE_DUMP_MAX_SIZE_GB", "")
+    cfg = LogConfig.from_env()
+    assert (cfg.level, cfg.dump_max_count, cfg.dump_max_size_gb) == (0, 1000, 20.0)
