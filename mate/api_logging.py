@@ -3,18 +3,17 @@
 ``@mate_api`` wraps each public function. Its behaviour is configured by environment
 variables read once, when this module is imported:
 
-``MATE_LOGLEVEL``
-    0 (default): the decorator returns the function itself (no overhead).
-    1: the function name before each call. 3: plus every argument and result (tensor
-    shape, stride, dtype, device). 5: plus tensor statistics (min, max, mean, NaN/Inf
-    counts), skipped while a CUDA graph is being captured. 10: plus a dump of the inputs
-    before and the outputs after each call.
-``MATE_LOGDEST``
-    ``stdout``, ``stderr`` (default) or a file path; ``%i`` becomes the process id.
-``MATE_DUMP_DIR``, ``MATE_DUMP_MAX_SIZE_GB``, ``MATE_DUMP_MAX_COUNT``,
-``MATE_DUMP_INCLUDE``, ``MATE_DUMP_EXCLUDE``
-    Where dumps go, their total size and count limits, and comma-separated fnmatch
-    patterns on function names that select which calls are dumped.
+- ``MATE_LOGLEVEL``: 0 (default) makes the decorator return the function itself (no
+  overhead); 1 logs the function name before each call; 3 adds every argument and result
+  (tensor shape, stride, dtype, device); 5 adds tensor statistics (min, max, mean,
+  NaN/Inf counts), skipped while a CUDA graph is being captured; 10 adds a dump of the
+  inputs before and the outputs after each call.
+- ``MATE_LOGDEST``: ``stdout``, ``stderr`` (default) or a file path; ``%i`` becomes the
+  process id.
+- ``MATE_DUMP_DIR``, ``MATE_DUMP_MAX_SIZE_GB``, ``MATE_DUMP_MAX_COUNT``,
+  ``MATE_DUMP_INCLUDE``, ``MATE_DUMP_EXCLUDE``: where dumps go, their total size and
+  count limits, and comma-separated fnmatch patterns on function names that select which
+  calls are dumped.
 
 A failure inside logging or dumping is reported on the log destination and never
 reaches the caller.
