@@ -219,3 +219,55 @@ def test_kvcache_ragged_q(device, triton_backend):
                                         causal=True)
     assert_close(o, ro, atol=2e-2, rtol=2e-2)
     assert_close(lse, rl, name="lse", **LSE_TOL)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal,window", [(True, (-1, -1)), (False, (-1, -1)), (True, (300, -1))])
+def test_varlen_gpu_random_lengths(causal, window):
+    g = torch.Generator().manual_seed(torch.seed() % 2**31)
+    q_lens = torch.randint(0, 700, (5,), generator=g).tolist()
+    k_lens = [ql + int(torch.randint(0, 900, (1,), generator=g)) for ql in q_lens]
+    used = [int(torch.randint(max(0, kl - 50), kl + 1, (1,), generator=g)) for kl in k_lens]
+    hq, hkv, d = 32, 8, 128
+    q = torch.randn(sum(q_lens), hq, d, generator=g).to(torch.bfloat16).cuda()
+    k = torch.randn(sum(k_lens), hkv, d, generator=g).to(torch.bfloat16).cuda()
+    v = torch.randn(sum(k_lens), hkv, d, generator=g).to(torch.bfloat16).cuda()
+    su = torch.tensor(used, dtype=torch.int32, device="cuda")
+    o, lse = flash_attn_varlen_func(q, k, v, cu(q_lens, "cuda"), cu(k_lens, "cuda"), max(q_lens), max(k_lens),
+                                    seqused_k=su, causal=causal, window_size=window, return_softmax_lse=True)
+    ro, rl = attention_varlen_reference(q.cpu(), k.cpu(), v.cpu(), cu(q_lens, "cpu"), used,
+                                        k_starts=cu(k_lens, "cpu").tolist()[:-1], causal=causal, window_size=window)
+    assert_close(o, ro, atol=2e-2, rtol=2e-2)
+    assert_close(lse, rl, name="lse", **LSE_TOL)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page_size", [16, 128])
+def test_paged_decode_gpu(page_size):
+    g = torch.Generator().manual_seed(torch.seed() % 2**31)
+    lens = torch.randint(1, 5000, (16,), generator=g).tolist()
+    hq, hkv, d = 64, 4, 128
+    kc, vc, table = paged_cache(lens, hkv, d, page_size, torch.bfloat16, "cuda", g)
+    q = torch.randn(16, 2, hq, d, generator=g).to(torch.bfloat16).cuda()
+    seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    o, lse = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, page_table=table, causal=True,
+                                     return_softmax_lse=True)
+    ro, rl = attention_varlen_reference(q.reshape(32, hq, d).cpu(), kc.cpu(), vc.cpu(), cu([2] * 16, "cpu"), lens,
+                                        page_table=table.cpu(), causal=True)
+    assert_close(o.reshape(32, hq, d), ro, atol=2e-2, rtol=2e-2)
+    assert_close(lse, rl.view(hq, 16, 2).permute(1, 0, 2), name="lse", **LSE_TOL)
+
+
+@pytest.mark.gpu
+def test_single_sequence_sdpa_path_gpu():
+    g = torch.Generator().manual_seed(torch.seed() % 2**31)
+    T, hq, hkv, d = 2048, 16, 4, 128
+    q = torch.randn(T, hq, d, generator=g).to(torch.bfloat16).cuda()
+    k = torch.randn(T, hkv, d, generator=g).to(torch.bfloat16).cuda()
+    v = torch.randn(T, hkv, d, generator=g).to(torch.bfloat16).cuda()
+    c = cu([T], "cuda")
+    out = poisoned((T, hq, d), torch.bfloat16, "cuda")
+    o = flash_attn_varlen_func(q, k, v, c, c, T, T, causal=True, out=out)
+    assert o is out
+    ro, _ = attention_varlen_reference(q.cpu(), k.cpu(), v.cpu(), cu([T], "cpu"), [T], k_starts=[0], causal=True)
+    assert_close(o, ro, atol=2e-2, rtol=2e-2)

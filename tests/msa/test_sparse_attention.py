@@ -162,19 +162,19 @@ def run_case(device, pb, *, decode=False, causal=True, sm_scale=None, k_scale=1.
 TOL = {torch.bfloat16: (2e-2, 2e-2), torch.float16: (3e-3, 3e-3), torch.float8_e4m3fn: (3e-2, 3e-2)}
 
 
-@pytest.mark.parametrize(
-    "dtype,ratio,width,layout,flat,decode,hq_wide",
-    [
-        (torch.bfloat16, 16, 16, "NHD", False, False, False),  # M3-like prefill tile 4 x 16
-        (torch.bfloat16, 16, 16, "HND", True, True, True),  # decode, head-major, flat pages
-        (torch.float16, 1, 4, "NHD", False, False, False),  # MHA ratio 1
-        (torch.float16, 3, 8, "HND", False, False, True),  # odd ratio, padded group
-        (torch.bfloat16, 8, 64, "NHD", True, False, False),  # widest rows
-        (torch.float8_e4m3fn, 4, 8, "NHD", False, True, False),  # fp8 decode
-        (torch.float8_e4m3fn, 16, 16, "HND", False, False, False),  # fp8 prefill
-        (torch.bfloat16, 32, 8, "NHD", False, False, False),  # ratio > 16
-    ],
-)
+CASES = [
+    (torch.bfloat16, 16, 16, "NHD", False, False, False),  # M3-like prefill tile 4 x 16
+    (torch.bfloat16, 16, 16, "HND", True, True, True),  # decode, head-major, flat pages
+    (torch.float16, 1, 4, "NHD", False, False, False),  # MHA ratio 1
+    (torch.float16, 3, 8, "HND", False, False, True),  # odd ratio, padded group
+    (torch.bfloat16, 8, 64, "NHD", True, False, False),  # widest rows
+    (torch.float8_e4m3fn, 4, 8, "NHD", False, True, False),  # fp8 decode
+    (torch.float8_e4m3fn, 16, 16, "HND", False, False, False),  # fp8 prefill
+    (torch.bfloat16, 32, 8, "NHD", False, False, False),  # ratio > 16
+]
+
+
+@pytest.mark.parametrize("dtype,ratio,width,layout,flat,decode,hq_wide", CASES)
 def test_sparse_attention_matches_reference(device, triton_backend, dtype, ratio, width, layout, flat, decode,
                                             hq_wide):
     hkv = 2 if ratio <= 8 else 1
@@ -241,3 +241,23 @@ def test_validation_errors(device):
     no_pages = {key: val for key, val in pb.items() if key != "page_table"}
     with pytest.raises(ValueError, match="page_table"):
         sparse_attention(**no_pages)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,ratio,width,layout,flat,decode,hq_wide", CASES)
+@pytest.mark.parametrize("splits", [None, 4])
+def test_sparse_attention_gpu_random_lengths(dtype, ratio, width, layout, flat, decode, hq_wide, splits):
+    """The CPU cases on the H200 (tensor cores, TMA, races), at larger random lengths."""
+    g = torch.Generator().manual_seed(torch.seed() % 2**31)
+    hkv = 2 if ratio <= 8 else 4
+    b = 6
+    q_lens = torch.randint(0, 3 if decode else 300, (b,), generator=g).tolist()
+    kv_lens = [ql + int(torch.randint(0, 3000, (1,), generator=g)) for ql in q_lens]
+    pb = make_problem(q_lens, kv_lens, hq=hkv * ratio, hkv=hkv, width=width, dtype=dtype, device="cuda",
+                      layout=layout, flat=flat, hq_wide=hq_wide)
+    scale = (0.05, 2.0, 0.25) if dtype == torch.float8_e4m3fn else (None, 1.0, 1.0)
+    o, l_, ro, rl = run_case("cuda", pb, decode=decode, sm_scale=scale[0], k_scale=scale[1], v_scale=scale[2],
+                             splits=splits, strided=True)
+    atol, rtol = TOL[dtype]
+    assert_close(o, ro, atol=atol, rtol=rtol)
+    assert_close(l_, rl, atol=1e-4, rtol=1e-4, name="lse")

@@ -474,6 +474,10 @@ def sparse_attention(
     page_shape = [None, 128, hkv, d] if layout == "NHD" else [None, hkv, 128, d]
     checks.check_shape("k", k, page_shape)
     checks.check_shape("v", v, [k.shape[0], *page_shape[1:]])
+    for name, t in (("k", k), ("v", v)):  # the kernels read pages with TMA descriptors
+        aligned = t.data_ptr() % 16 == 0 and all(st * t.element_size() % 16 == 0 for st in t.stride()[:-1])
+        checks.check_value(f"{name} (address and strides)", aligned, "16-byte aligned",
+                           f"data_ptr % 16 = {t.data_ptr() % 16}, strides {list(t.stride())}")
     checks.check_value("q.shape[1] (num_qo_heads)", hkv > 0 and hq % hkv == 0,
                        f"a multiple of num_kv_heads={hkv}", hq)
     checks.check_tensor("kv_block_indexes", kv_block_indexes, dtype=torch.int32, ndim=3,

@@ -1,0 +1,92 @@
+"""Benchmark of ``mate.mha_interface`` on the H200 (MSA's dense and paged modes).
+
+- Dense causal prefill, one sequence of 16K tokens, 32 heads, d 128, bf16, through
+  ``flash_attn_varlen_func`` (which hands one dense sequence to torch's fused attention)
+  against torch SDPA's best backend (cuDNN, flash, memory-efficient; the fastest counts);
+  plus the Triton kernel on the same problem (forced by ``return_softmax_lse=True``) and
+  a ragged batch of 8 x 2K sequences (Triton).
+- Paged decode, B = 128, q_len 1, 8K context, 32 q heads / 8 KV heads, page 128 and 16,
+  bf16, through ``flash_attn_with_kvcache``: GB/s of the K/V bytes read, against the
+  measured copy bandwidth.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mate.mha_interface import flash_attn_varlen_func, flash_attn_with_kvcache
+from mate.testing.bench import record, time_fn
+
+FAMILY = "mha"
+
+
+def _prefill_rows(ceilings: dict) -> list[dict]:
+    rows = []
+    T, H, D = 16384, 32, 128
+    q = torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16)
+    cu = torch.tensor([0, T], dtype=torch.int32, device="cuda")
+    flops = 4.0 * D * H * T * (T + 1) / 2
+    shape = f"T={T} H={H} d={D} causal"
+    out = torch.empty_like(q)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    qt, kt, vt = (x.transpose(0, 1)[None] for x in (q, k, v))
+    best = None
+    for be in (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):
+        try:
+            with sdpa_kernel([be]):
+                t_us = time_fn(lambda: torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=True),
+                               iters=20)
+            note = ""
+        except Exception as exc:
+            t_us, note = None, f"failed: {exc}"[:150]
+        if t_us and (best is None or t_us < best):
+            best = t_us
+        rows.append(record(ceilings, family=FAMILY, op="varlen_prefill", shape=shape, impl=f"torch SDPA {be.name}",
+                           time_us=t_us, flops=flops, dtype="bf16", ceiling="cublas_bf16_TFLOPs", note=note))
+    t_us = time_fn(lambda: flash_attn_varlen_func(q, k, v, cu, cu, T, T, causal=True, out=out), iters=20)
+    rows.append(record(ceilings, family=FAMILY, op="varlen_prefill", shape=shape, impl="mate (fused SDPA path)",
+                       time_us=t_us, flops=flops, dtype="bf16", ceiling="cublas_bf16_TFLOPs",
+                       note=f"{best / t_us:.2f}x of SDPA's best" if best else ""))
+    t_us = time_fn(lambda: flash_attn_varlen_func(q, k, v, cu, cu, T, T, causal=True, out=out,
+                                                  return_softmax_lse=True), iters=10)
+    rows.append(record(ceilings, family=FAMILY, op="varlen_prefill", shape=shape, impl="mate Triton (with LSE)",
+                       time_us=t_us, flops=flops, dtype="bf16", ceiling="cublas_bf16_TFLOPs",
+                       note=f"{best / t_us:.2f}x of SDPA's best" if best else ""))
+    cu8 = torch.arange(0, T + 1, T // 8, dtype=torch.int32, device="cuda")
+    t_us = time_fn(lambda: flash_attn_varlen_func(q, k, v, cu8, cu8, T // 8, T // 8, causal=True, out=out), iters=20)
+    rows.append(record(ceilings, family=FAMILY, op="varlen_prefill", shape=f"8 x {T // 8} H={H} d={D} causal",
+                       impl="mate Triton", time_us=t_us, flops=flops / 8, dtype="bf16", ceiling="cublas_bf16_TFLOPs"))
+    return rows
+
+
+def _decode_rows(ceilings: dict, page: int) -> list[dict]:
+    B, ctx, HQ, HKV, D = 128, 8192, 32, 8, 128
+    npg = ctx // page
+    pages = B * npg
+    kc = torch.randn(pages, page, HKV, D, device="cuda", dtype=torch.bfloat16)
+    vc = torch.randn_like(kc)
+    table = torch.randperm(pages, device="cuda").to(torch.int32).view(B, npg).contiguous()
+    q = torch.randn(B, 1, HQ, D, device="cuda", dtype=torch.bfloat16)
+    lens = torch.full((B,), ctx, dtype=torch.int32, device="cuda")
+    nbytes = 2.0 * B * ctx * HKV * D * 2
+    t_us = time_fn(lambda: flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, page_table=table, causal=True),
+                   iters=30)
+    return [record(ceilings, family=FAMILY, op="paged_decode", shape=f"B={B} ctx={ctx} Hq={HQ} Hkv={HKV} page={page}",
+                   impl="mate", time_us=t_us, nbytes=nbytes, flops=4.0 * D * HQ * B * ctx, dtype="bf16",
+                   ceiling="copy_GBps", note="K/V bytes read")]
+
+
+def run(ceilings: dict, quick: bool = False) -> list[dict]:
+    rows: list[dict] = []
+    for op, job in (("varlen_prefill", lambda: _prefill_rows(ceilings)), ("paged_decode", lambda: _decode_rows(
+            ceilings, 128)), ("paged_decode", lambda: _decode_rows(ceilings, 16))):
+        try:
+            rows += job()
+        except Exception as exc:
+            rows.append(record(ceilings, family=FAMILY, op=op, shape="", impl="mate", time_us=None,
+                               note=f"crashed: {type(exc).__name__}: {exc}"[:300]))
+        torch.cuda.empty_cache()
+    return rows

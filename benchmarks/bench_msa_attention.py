@@ -1,0 +1,278 @@
+"""Benchmark of MSA sparse attention (prefill and decode) on the H200, MiniMax-M3 geometry.
+
+Geometry: 64 query heads, 4 KV heads, head_dim 128, paged bf16 (or fp8) K/V with page =
+block = 128 tokens, per-token per-KV-head lists of 16 blocks: the token's own block forced
+plus 15 from a top-k over a max-score pass.
+
+Selections (prefill) come from structured data as ``shared/notes/msa-in-triton.md``
+describes: per KV head, index q and k = a slowly varying rank-8 component + noise of
+standard deviation sigma (0.25, 0.5 = the main case, 1.0), plus fully random selections.
+The max-score pass and top-k run through mate's own kernels (``msa`` with
+``output_maxscore`` and ``sparse_topk_select``) when they work, else a torch reference.
+The union size of each 4-token tile is reported with every row.
+
+Rows:
+- mate sparse prefill, 32K tokens in one request, end to end (union pre-kernel + forward);
+- torch SDPA dense causal (cuDNN) over the full context: the peer to beat;
+- FlexAttention with a token-level ``mask_mod`` encoding the same selections (compiled,
+  ``create_block_mask`` compiled) at 8K only, when ``MATE_BENCH_FLEX=1`` (it costs about a
+  minute of compilation; gpu-peers.md measured 13.8 ms at 8K and 277 ms at 32K);
+- decode, B = 128, q_len 1, 64K context, bf16 and fp8 KV: mate split decode and a naive
+  PyTorch gather + einsum; GB/s of the selected K/V bytes against the copy bandwidth.
+
+Effective TFLOP/s count 4 * d * (visible selected keys) per query head.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+from mate.ops.msa.sparse_attention import sparse_attention
+from mate.testing.bench import record, time_fn
+
+FAMILY = "msa_attention"
+HQ, HKV, D, BLK, TOPK = 64, 4, 128, 128, 16
+
+
+def _structured(T: int, sigma: float | None, g: torch.Generator, heads: int, rank: int = 8) -> tuple:
+    """Index q/k per KV head [T, heads, D]: slow rank-8 component + noise (None: pure noise)."""
+    t = torch.arange(T, device="cuda", dtype=torch.float32)
+    qs, ks = [], []
+    for _ in range(heads):
+        basis = torch.randn(rank, D, device="cuda", generator=g)
+        periods = 512.0 * 2.0 ** torch.rand(rank, device="cuda", generator=g) * 8
+        phase = torch.rand(rank, device="cuda", generator=g) * 6.28
+        coef = torch.sin(t[:, None] * (6.283 / periods[None, :]) + phase[None, :])
+        base = coef @ basis
+        s = 1.0 if sigma is None else sigma
+        w = 0.0 if sigma is None else 1.0
+        qs.append(w * base + s * torch.randn(T, D, device="cuda", generator=g))
+        ks.append(w * base + s * torch.randn(T, D, device="cuda", generator=g))
+    return torch.stack(qs, 1), torch.stack(ks, 1)
+
+
+def _select_torch(qi: torch.Tensor, ki: torch.Tensor, topk: int) -> torch.Tensor:
+    """Causal max-score per (token, KV head, block) and top-k with the own block forced."""
+    T = qi.shape[0]
+    nb = -(-T // BLK)
+    out = torch.empty(T, HKV, topk, dtype=torch.int32, device="cuda")
+    pos = torch.arange(T, device="cuda")
+    for c0 in range(0, T, 2048):
+        c1 = min(T, c0 + 2048)
+        s = torch.einsum("thd,khd->htk", qi[c0:c1].float(), ki.float())  # [H, n, T]
+        s = s.masked_fill(pos[None, None, :] > pos[None, c0:c1, None], -math.inf)
+        pad = nb * BLK - T
+        if pad:
+            s = torch.nn.functional.pad(s, (0, pad), value=-math.inf)
+        ms = s.view(HKV, c1 - c0, nb, BLK).amax(-1)  # [H, n, nb]
+        own = (pos[c0:c1] // BLK)
+        ms.scatter_(2, own[None, :, None].expand(HKV, -1, 1), math.inf)
+        sel = ms.topk(min(topk, nb), dim=-1)
+        ids = torch.where(torch.isinf(sel.values) & (sel.values < 0), -1, sel.indices)
+        out[c0:c1] = ids.permute(1, 0, 2).to(torch.int32)
+    return out
+
+
+def _select_mate(qi: torch.Tensor, ki: torch.Tensor, topk: int) -> torch.Tensor:
+    """The same selection through mate's max-score and top-k kernels (paged, identity table)."""
+    from mate.msa_interface import _msa_plan_from_lengths, msa, sparse_topk_select
+
+    T = qi.shape[0]
+    nb = -(-T // BLK)
+    kp = torch.zeros(nb * BLK, HKV, D, device="cuda", dtype=torch.bfloat16)
+    kp[:T] = ki.to(torch.bfloat16)
+    kp = kp.view(nb, BLK, HKV, D)
+    table = torch.arange(nb, device="cuda", dtype=torch.int32)[None]
+    plan = _msa_plan_from_lengths(torch.tensor([T]), torch.tensor([T]), HKV, num_kv_heads=HKV, page_size=BLK,
+                                  output_maxscore=True, device="cuda")
+    ms = torch.empty(T, HKV, nb, dtype=torch.float32, device="cuda")
+    msa(qi.to(torch.bfloat16), kp, None, plan, max_score=ms, output_o=False, page_table=table)
+    pos = torch.arange(T, device="cuda", dtype=torch.int64)
+    return sparse_topk_select(ms, topk, force_end_blocks=1, query_positions=pos)
+
+
+def _union_and_work(idx: torch.Tensor, T: int, tile: int = 4) -> tuple[float, float]:
+    """Mean union size of a tile's lists (per KV head) and visible selected keys summed over
+    tokens and KV heads (causal)."""
+    n = T // tile
+    ids = idx[: n * tile].view(n, tile, HKV, -1).permute(0, 2, 1, 3).reshape(n, HKV, -1).long()
+    s, _ = ids.sort(-1)
+    first = torch.ones_like(s, dtype=torch.bool)
+    first[..., 1:] = s[..., 1:] != s[..., :-1]
+    union = ((s >= 0) & first).sum(-1).float().mean().item()
+    s2, _ = idx.long().sort(-1)
+    f2 = torch.ones_like(s2, dtype=torch.bool)
+    f2[..., 1:] = s2[..., 1:] != s2[..., :-1]
+    pos = torch.arange(T, device=idx.device)[:, None, None]
+    vis = (pos - s2 * BLK + 1).clamp(0, BLK)
+    keys = torch.where((s2 >= 0) & f2, vis, 0).sum().item()
+    return union, float(keys)
+
+
+def _prefill_rows(ceilings: dict, T: int) -> list[dict]:
+    rows = []
+    g = torch.Generator(device="cuda").manual_seed(0)
+    nb = -(-T // BLK)
+    # paged cache in shuffled pages (in-place reads), one request of T tokens
+    perm = torch.randperm(nb + 7, device="cuda", generator=g).to(torch.int32)
+    table = perm[:nb][None].contiguous()
+    k = torch.randn(nb + 7, BLK, HKV, D, device="cuda", generator=g).to(torch.bfloat16)
+    v = torch.randn_like(k)
+    qo = torch.tensor([0, T], dtype=torch.int32, device="cuda")
+    kvl = torch.tensor([T], dtype=torch.int32, device="cuda")
+    out = torch.empty(T, HQ, D, device="cuda", dtype=torch.bfloat16)
+    lse = torch.empty(T, HQ, device="cuda")
+    shape = f"T={T} Hq={HQ} Hkv={HKV} d={D} top{TOPK}"
+    sdpa_us = None
+    try:  # dense causal SDPA (cuDNN) over the whole context: the peer to beat
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        qd = torch.randn(1, HQ, T, D, device="cuda", dtype=torch.bfloat16)
+        kd = torch.randn(1, HKV, T, D, device="cuda", dtype=torch.bfloat16).repeat_interleave(HQ // HKV, 1)
+        vd = torch.randn_like(kd)
+        best = None
+        for be in (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION):
+            try:
+                with sdpa_kernel([be]):
+                    t_ = time_fn(lambda: torch.nn.functional.scaled_dot_product_attention(qd, kd, vd, is_causal=True),
+                                 iters=10, use_graph=False)
+                best = t_ if best is None else min(best, t_)
+            except Exception:
+                continue
+        sdpa_us = best
+        rows.append(record(ceilings, family=FAMILY, op="sparse_prefill", shape=shape, impl="torch SDPA dense causal",
+                           time_us=sdpa_us, flops=4.0 * D * HQ * T * (T + 1) / 2, dtype="bf16",
+                           ceiling="cublas_bf16_TFLOPs", note="full causal context (best of cuDNN / flash)"))
+    except Exception as exc:
+        rows.append(record(ceilings, family=FAMILY, op="sparse_prefill", shape=shape, impl="torch SDPA dense causal",
+                           time_us=None, note=f"failed: {exc}"[:200]))
+    for sigma in (0.5, 0.25, 1.0, None):
+        label = "random" if sigma is None else f"sigma {sigma}"
+        qi, ki = _structured(T, sigma, g, HKV)
+        how = "mate max-score + top-k"
+        try:
+            idx = _select_mate(qi, ki, TOPK)
+        except Exception as exc:
+            how = f"torch selection ({type(exc).__name__} in mate's)"
+            idx = _select_torch(qi, ki, TOPK)
+        union, keys = _union_and_work(idx, T)
+        q = (qi.repeat_interleave(HQ // HKV, 1) + 0.1 * torch.randn(T, HQ, D, device="cuda", generator=g))
+        q = (q * D ** -0.25).to(torch.bfloat16)
+        del qi, ki
+
+        def run(q=q, idx=idx):
+            sparse_attention(q, k, v, kv_block_indexes=idx, page_table=table, qo_indptr=qo, kv_lens=kvl,
+                             out=out, lse=lse, causal=True, decode=False, num_kv_heads=HKV)
+
+        try:
+            t_us = time_fn(run, iters=20)
+            note = f"{label}; union/4-token tile {union:.1f}; {how}"
+            if sdpa_us:
+                note += f"; {sdpa_us / t_us:.2f}x dense"
+        except Exception as exc:
+            t_us, note = None, f"{label}: failed: {exc}"[:300]
+        rows.append(record(ceilings, family=FAMILY, op="sparse_prefill", shape=shape, impl=f"mate ({label})",
+                           time_us=t_us, flops=4.0 * D * (HQ // HKV) * keys, dtype="bf16",
+                           ceiling="cublas_bf16_TFLOPs", note=note))
+        if sigma == 0.5 and os.environ.get("MATE_BENCH_FLEX") == "1":
+            rows.append(_flex_row(ceilings, idx, q, k, v, table, T))
+    return rows
+
+
+def _flex_row(ceilings, idx, q, k, v, table, T) -> dict:
+    shape = f"T={T} Hq={HQ} Hkv={HKV} d={D} top{TOPK}"
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        nb = -(-T // BLK)
+        sel = torch.zeros(T, HKV, nb + 1, dtype=torch.bool, device="cuda")
+        sel.scatter_(2, torch.where(idx >= 0, idx.long(), nb), True)
+        ratio = HQ // HKV
+
+        def mask_mod(b, h, qi, kv):
+            return (kv <= qi) & sel[qi, h // ratio, kv // BLK]
+
+        bm = torch.compile(create_block_mask)(mask_mod, 1, HQ, T, T, device="cuda")
+        kd = k[table[0].long()].reshape(-1, HKV, D)[:T].transpose(0, 1)[None]
+        vd = v[table[0].long()].reshape(-1, HKV, D)[:T].transpose(0, 1)[None]
+        qd = q.transpose(0, 1)[None]
+        fa = torch.compile(flex_attention)
+        t_us = time_fn(lambda: fa(qd, kd, vd, block_mask=bm, enable_gqa=True), iters=5, use_graph=False)
+        return record(ceilings, family=FAMILY, op="sparse_prefill", shape=shape, impl="FlexAttention token mask",
+                      time_us=t_us, dtype="bf16", note="sigma 0.5 selections as mask_mod (compiled)")
+    except Exception as exc:
+        return record(ceilings, family=FAMILY, op="sparse_prefill", shape=shape, impl="FlexAttention token mask",
+                      time_us=None, note=f"failed: {exc}"[:200])
+
+
+def _decode_rows(ceilings: dict, B: int, ctx: int, dtype: torch.dtype) -> list[dict]:
+    rows = []
+    g = torch.Generator(device="cuda").manual_seed(1)
+    nb = ctx // BLK
+    pages = B * nb
+    k = (torch.randn(pages, BLK, HKV, D, device="cuda", generator=g) * 0.5).to(dtype)
+    v = (torch.randn(pages, BLK, HKV, D, device="cuda", generator=g) * 0.5).to(dtype)
+    table = torch.randperm(pages, device="cuda", generator=g).to(torch.int32).view(B, nb).contiguous()
+    # 15 distinct blocks from a random score ranking + the own (last) block
+    scores = torch.rand(B, HKV, nb - 1, device="cuda", generator=g)
+    idx = torch.cat([scores.topk(TOPK - 1, -1).indices,
+                     torch.full((B, HKV, 1), nb - 1, device="cuda")], -1).to(torch.int32).contiguous()
+    q = (torch.randn(B, HQ, D, device="cuda", generator=g) * 0.5).to(dtype)
+    qo = torch.arange(B + 1, dtype=torch.int32, device="cuda")
+    kvl = torch.full((B,), ctx, dtype=torch.int32, device="cuda")
+    out_dtype = torch.bfloat16
+    out = torch.empty(B, HQ, D, device="cuda", dtype=out_dtype)
+    lse = torch.empty(B, HQ, device="cuda")
+    nbytes = 2.0 * B * HKV * TOPK * BLK * D * k.element_size()
+    flops = 4.0 * D * HQ * B * TOPK * BLK
+    name = "bf16" if dtype == torch.bfloat16 else "fp8"
+    shape = f"B={B} ctx={ctx} Hq={HQ} Hkv={HKV} top{TOPK}"
+    for splits in (-1, 1, 2):
+        try:
+            t_us = time_fn(lambda s=splits: sparse_attention(
+                q, k, v, kv_block_indexes=idx, page_table=table, qo_indptr=qo, kv_lens=kvl, out=out, lse=lse,
+                causal=True, decode=True, num_kv_splits=s, num_kv_heads=HKV), iters=50)
+            note = "selected K/V bytes"
+        except Exception as exc:
+            t_us, note = None, f"failed: {exc}"[:300]
+        rows.append(record(ceilings, family=FAMILY, op="sparse_decode", shape=shape,
+                           impl="mate" + ("" if splits == -1 else f" splits={splits}"), time_us=t_us, flops=flops,
+                           nbytes=nbytes, dtype=name, ceiling="copy_GBps", note=note))
+
+    def naive():
+        pg = torch.gather(table, 1, idx.view(B, -1).long()).view(B, HKV, TOPK)  # [B, Hkv, 16]
+        kk = k[pg.long(), :, torch.arange(HKV, device="cuda")[None, :, None]]  # [B, Hkv, 16, 128, D]
+        vv = v[pg.long(), :, torch.arange(HKV, device="cuda")[None, :, None]]
+        kk = kk.reshape(B, HKV, TOPK * BLK, D).float()
+        vv = vv.reshape(B, HKV, TOPK * BLK, D).float()
+        qq = q.view(B, HKV, HQ // HKV, D).float()
+        s = torch.einsum("bgrd,bgkd->bgrk", qq, kk) * D ** -0.5
+        return torch.einsum("bgrk,bgkd->bgrd", s.softmax(-1), vv)
+
+    try:
+        t_us = time_fn(naive, iters=10)
+        note = "gather + einsum (fp32)"
+    except Exception as exc:
+        t_us, note = None, f"failed: {exc}"[:200]
+    rows.append(record(ceilings, family=FAMILY, op="sparse_decode", shape=shape, impl="naive PyTorch gather",
+                       time_us=t_us, flops=flops, nbytes=nbytes, dtype=name, ceiling="copy_GBps", note=note))
+    torch.cuda.empty_cache()
+    return rows
+
+
+def run(ceilings: dict, quick: bool = False) -> list[dict]:
+    rows: list[dict] = []
+    jobs = [("sparse_prefill", lambda: _prefill_rows(ceilings, 32768))]
+    jobs += [("sparse_decode", lambda d=d: _decode_rows(ceilings, 128, 65536, d))
+             for d in (torch.bfloat16, torch.float8_e4m3fn)]
+    for op, job in jobs:
+        try:
+            rows += job()
+        except Exception as exc:  # one failing part must not hide the others
+            rows.append(record(ceilings, family=FAMILY, op=op, shape="", impl="mate", time_us=None,
+                               note=f"crashed: {type(exc).__name__}: {exc}"[:300]))
+        torch.cuda.empty_cache()
+    return rows
