@@ -245,8 +245,7 @@ def test_validation_errors(device):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype,ratio,width,layout,flat,decode,hq_wide", CASES)
-@pytest.mark.parametrize("splits", [None, 4])
-def test_sparse_attention_gpu_random_lengths(dtype, ratio, width, layout, flat, decode, hq_wide, splits):
+def test_sparse_attention_gpu_random_lengths(dtype, ratio, width, layout, flat, decode, hq_wide):
     """The CPU cases on the H200 (tensor cores, TMA, races), at larger random lengths."""
     g = torch.Generator().manual_seed(torch.seed() % 2**31)
     hkv = 2 if ratio <= 8 else 4
@@ -257,7 +256,7 @@ def test_sparse_attention_gpu_random_lengths(dtype, ratio, width, layout, flat, 
                       layout=layout, flat=flat, hq_wide=hq_wide)
     scale = (0.05, 2.0, 0.25) if dtype == torch.float8_e4m3fn else (None, 1.0, 1.0)
     o, l_, ro, rl = run_case("cuda", pb, decode=decode, sm_scale=scale[0], k_scale=scale[1], v_scale=scale[2],
-                             splits=splits, strided=True)
+                             splits=3 if decode and width >= 8 else None, strided=True)
     atol, rtol = TOL[dtype]
     assert_close(o, ro, atol=atol, rtol=rtol)
     assert_close(l_, rl, atol=1e-4, rtol=1e-4, name="lse")

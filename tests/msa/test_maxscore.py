@@ -1,0 +1,209 @@
+"""Max-score pass: reference vs a float64 loop, the Triton kernel vs the reference (CPU
+interpreter), and GPU cases up to 128K context."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from mate.msa_interface import MsaRuntimeMetadata, _msa_plan_from_lengths, msa, msa_plan
+from mate.testing import assert_close, poisoned
+
+BLK = 128
+# fp32 accumulation of D <= 128 products of exactly representable inputs: the kernel and
+# the reference differ only in summation order (a few fp32 ulps of sum |q_i k_i|).
+ATOL, RTOL = 1e-4, 1e-5
+DTYPES = (torch.bfloat16, torch.float16, torch.float8_e4m3fn)
+
+
+def _randn(shape, dtype, device):
+    x = torch.randn(shape, device=device)
+    return (x * 4).clamp(-448, 448).to(dtype) if dtype == torch.float8_e4m3fn else x.to(dtype)
+
+
+def make_case(q_lens, kv_lens, hq, hkv, d, dtype, device, *, layout="dense", qo_offset=None, causal=True,
+              extra_pages=3):
+    """Random q and K (dense ragged or a shuffled paged cache) plus the eager plan."""
+    qo, kv = torch.tensor(q_lens), torch.tensor(kv_lens)
+    page = BLK if layout != "dense" else -1
+    info = _msa_plan_from_lengths(qo, kv, hq, hkv, qo_offset=qo_offset, causal=causal, page_size=page,
+                                  output_maxscore=True, split_prefill_decode=False, device=device)
+    q = _randn((int(qo.sum()), hq, d), dtype, device)
+    kw = {}
+    if layout == "dense":
+        k = _randn((int(kv.sum()), hkv, d), dtype, device)
+    else:
+        nblk = [-(-n // BLK) for n in kv_lens]
+        pages = sum(nblk) + extra_pages
+        perm = torch.randperm(pages)
+        table = torch.zeros(len(kv_lens), max(nblk + [1]), dtype=torch.int32)
+        flat, p = [], 0
+        for i, n in enumerate(nblk):
+            table[i, :n] = perm[p:p + n].int()
+            flat += perm[p:p + n].tolist()
+            p += n
+        k = _randn((pages, BLK, hkv, d), dtype, device)
+        if layout == "head_major":
+            k = k.transpose(1, 2).contiguous()
+        if layout == "flat":
+            kw["kv_indices"] = torch.tensor(flat, dtype=torch.int32, device=device)
+        else:
+            kw["page_table"] = table.to(device)
+    return info, q, k, kw
+
+
+def loop_max_score(q, k, q_lens, kv_lens, layout, kw, causal=True, qo_offset=None, tiles=None):
+    """Plain float64 loop over tokens, heads and keys."""
+    total_q, hq, _ = q.shape
+    hkv = k.shape[1] if layout in ("dense", "head_major") else k.shape[2]
+    tiles = tiles or max([-(-n // BLK) for n in kv_lens] + [0])
+    out = torch.full((total_q, hq, tiles), -math.inf, dtype=torch.float64)
+    qd, kd = q.double().cpu(), k.double().cpu()
+    table = kw.get("page_table")
+    flat = kw.get("kv_indices")
+    t, k0, p0 = 0, 0, 0
+    for b, (ql, kl) in enumerate(zip(q_lens, kv_lens)):
+        off = kl - ql if qo_offset is None else int(qo_offset[b] if not isinstance(qo_offset, int) else qo_offset)
+        for i in range(ql):
+            pos = off + i
+            for h in range(hq):
+                g = h // (hq // hkv)
+                for j in range(kl):
+                    if causal and j > pos:
+                        break
+                    if layout == "dense":
+                        kv = kd[k0 + j, g]
+                    else:
+                        pg = int(table[b, j // BLK]) if table is not None else int(flat[p0 + j // BLK])
+                        kv = kd[pg, j % BLK, g] if layout != "head_major" else kd[pg, g, j % BLK]
+                    s = float((qd[t, h] * kv).sum())
+                    out[t, h, j // BLK] = max(out[t, h, j // BLK], s)
+            t += 1
+        k0 += kl
+        p0 += -(-kl // BLK)
+    return out
+
+
+@pytest.mark.parametrize("layout", ["dense", "token_major", "head_major", "flat"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_reference_matches_float64_loop(layout, causal, reference_backend):
+    q_lens, kv_lens = [2, 3, 0], [130, 5, 40]
+    info, q, k, kw = make_case(q_lens, kv_lens, 2, 1, 16, torch.bfloat16, "cpu", layout=layout, causal=causal)
+    _, ms = msa(q, k, None, info, output_o=False, **kw)
+    ref = loop_max_score(q, k, q_lens, kv_lens, layout, kw, causal=causal)
+    assert_close(ms, ref.float(), atol=ATOL, rtol=RTOL)
+
+
+CASES = [
+    # q_lens, kv_lens, hq, hkv: ragged, non-multiple-of-128 lengths, an empty request,
+    # q_len 0, GQA 3 (not a power of two), a context of a single key
+    ([3, 70, 0], [300, 200, 129], 2, 2),
+    ([5, 1, 40], [5, 1, 257], 6, 2),
+]
+
+
+@pytest.mark.parametrize("layout", ["dense", "token_major", "head_major", "flat"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_kernel_matches_reference(layout, dtype, device, triton_backend, monkeypatch):
+    q_lens, kv_lens, hq, hkv = CASES[DTYPES.index(dtype) % 2]
+    info, q, k, kw = make_case(q_lens, kv_lens, hq, hkv, 64, dtype, device, layout=layout)
+    tiles = info.plan.max_k_tiles + 1  # a wider buffer: the extra column must become -inf
+    buf = poisoned((q.shape[0], hq, tiles), torch.float32, device)
+    _, ms = msa(q, k, None, info, output_o=False, max_score=buf, **kw)
+    assert ms is buf
+    monkeypatch.setenv("MATE_BACKEND", "reference")
+    _, ref = msa(q, k, None, info, output_o=False, max_score=torch.empty_like(buf), **kw)
+    assert_close(ms, ref, atol=ATOL, rtol=RTOL)  # also checks the -inf pattern exactly
+    assert torch.isinf(ms[:, :, -1]).all()
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_kernel_offsets_and_overrides(causal, device, triton_backend, monkeypatch):
+    q_lens, kv_lens = [4, 70], [260, 140]
+    off = torch.tensor([-2, 100])
+    info, q, k, kw = make_case(q_lens, kv_lens, 2, 1, 64, torch.bfloat16, device, layout="token_major",
+                               qo_offset=off, causal=causal)
+    results = []
+    for backend in ("triton", "reference"):
+        monkeypatch.setenv("MATE_BACKEND", backend)
+        r1 = msa(q, k, None, info, output_o=False, **kw)[1]
+        r2 = msa(q, k, None, info, output_o=False, q_offset_override=130, **kw)[1]
+        r3 = msa(q, k, None, info, output_o=False, q_offset_override=off.int().flip(0).to(device), **kw)[1]
+        results.append((r1, r2, r3))
+    for a, b in zip(*results):
+        assert_close(a, b, atol=ATOL, rtol=RTOL)
+    # the plan's offsets as an independent loop computes them
+    assert_close(results[0][0], loop_max_score(q, k, q_lens, kv_lens, "token_major", kw, causal, off).float(),
+                 atol=ATOL, rtol=RTOL)
+
+
+def test_static_plan_runtime_metadata_and_mixed_plan(device, triton_backend):
+    """A static plan with runtime metadata and a mixed (decode + prefill) plan both equal
+    the single eager plan."""
+    q_lens, kv_lens = [1, 2, 150], [300, 129, 256]
+    info, q, k, kw = make_case(q_lens, kv_lens, 2, 2, 64, torch.bfloat16, device, layout="token_major")
+    _, ref = msa(q, k, None, info, output_o=False, **kw)
+    p = info.plan
+    static = msa_plan(3, 150, 300, 2, num_kv_heads=2, page_size=BLK, output_maxscore=True)
+    pt = torch.zeros(3, 4, dtype=torch.int32, device=device)
+    pt[:, : kw["page_table"].shape[1]] = kw["page_table"]
+    rt = MsaRuntimeMetadata(None, None, None, p.prefill_plan.cu_seqlens_q, p.prefill_plan.cu_seqlens_k,
+                            page_table=pt, seqused_k=p.kv_lens)
+    buf = poisoned(ref.shape, torch.float32, device)
+    msa(q, k, None, static, output_o=False, runtime_metadata=rt, max_score=buf)
+    assert_close(buf, ref, atol=0, rtol=0)
+    mixed = _msa_plan_from_lengths(torch.tensor(q_lens), torch.tensor(kv_lens), 2, 2, page_size=BLK,
+                                   output_maxscore=True, device=device)
+    assert mixed.has_mixed_prefill and mixed.split == 2
+    _, ms = msa(q, k, None, mixed, output_o=False, **kw)
+    assert_close(ms, ref, atol=0, rtol=0)
+
+
+# ----------------------------------------------------------------------------- GPU
+
+
+def _blocked_oracle(q, k_dense, q_len, kv_len, hq, hkv, tiles, chunk=2048):
+    """Per-request fp32 matmul oracle (GPU, no TF32) for one request with dense K [kv_len, Hkv, D]."""
+    out = torch.full((q_len, hq, tiles), -math.inf, device=q.device)
+    ratio = hq // hkv
+    kf = k_dense.float()
+    for t0 in range(0, q_len, chunk):
+        t1 = min(q_len, t0 + chunk)
+        qf = q[t0:t1].float()
+        for h in range(hq):
+            s = qf[:, h] @ kf[:, h // ratio].t()  # [n, kv_len]
+            pos = kv_len - q_len + torch.arange(t0, t1, device=q.device)
+            s = torch.where(torch.arange(kv_len, device=q.device)[None, :] <= pos[:, None], s, -math.inf)
+            pad = tiles * BLK - kv_len
+            s = torch.nn.functional.pad(s, (0, pad), value=-math.inf)
+            out[t0:t1, h] = s.view(t1 - t0, tiles, BLK).amax(-1)
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("q_len,kv_len,batch,head_major", [(32768, 32768, 1, False), (2048, 131072, 1, True),
+                                                           (1, 131072, 4, False), (1, 65536, 64, True)])
+def test_gpu_long_contexts(q_len, kv_len, batch, head_major):
+    torch.backends.cuda.matmul.allow_tf32 = False
+    hq = hkv = 4
+    d = 128
+    dev = "cuda"
+    tiles = -(-kv_len // BLK)
+    pages = batch * tiles
+    perm = torch.randperm(pages, device=dev).int()
+    table = perm.view(batch, tiles)
+    k = torch.randn(pages, BLK, hkv, d, device=dev).bfloat16()
+    if head_major:
+        k = k.transpose(1, 2).contiguous()
+    q = torch.randn(batch * q_len, hq, d, device=dev).bfloat16()
+    info = _msa_plan_from_lengths(torch.full((batch,), q_len), torch.full((batch,), kv_len), hq, hkv, page_size=BLK,
+                                  output_maxscore=True, device=dev)
+    _, ms = msa(q, k, None, info, output_o=False, page_table=table)
+    for b in sorted({0, batch - 1}):
+        kd = k[table[b].long()]
+        kd = (kd.transpose(1, 2) if head_major else kd).reshape(tiles * BLK, hkv, d)[:kv_len]
+        ref = _blocked_oracle(q[b * q_len:(b + 1) * q_len], kd, q_len, kv_len, hq, hkv, tiles)
+        # fp32 accumulation of 128 bf16 products: tensor-core vs cuBLAS summation order
+        assert_close(ms[b * q_len:(b + 1) * q_len], ref, atol=1e-3, rtol=1e-4)
