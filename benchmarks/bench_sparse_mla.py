@@ -33,6 +33,9 @@ OP = "sparse_mla_fp8_decode"
 TOP_K = 2048
 PAGE = 64
 FULL = [(h, b, s) for h in (16, 32, 64, 128) for b in (1, 8, 32, 64, 128) for s in (1, 2)]
+# num_stages variants timed beside the default at the bar shapes (H, B, q_len): the small-H
+# kernel's shared memory grows to 128 KB at 8 stages and 166 KB at 10 (H200 compiles).
+STAGE_VARIANTS = {(16, 128, 1): (8, 10), (128, 64, 1): (3, 4), (32, 128, 1): (8,)}
 QUICK = [(128, 64, 1), (128, 128, 2), (16, 128, 1), (128, 8, 1), (64, 128, 1), (32, 128, 1), (16, 32, 2)]
 
 
@@ -132,6 +135,14 @@ def run(ceilings: dict, quick: bool = False) -> list[dict]:
             except Exception as exc:
                 t, n2 = None, f"{type(exc).__name__}: {exc}"[:200]
             rows.append(record(ceilings, impl="mate block_h=64", time_us=t, note=n2, **common))
+        for stages in STAGE_VARIANTS.get((H, B, q_len), ()):  # other pipeline depths, to tune the default
+            mdv = plan_decode(B, q_len, H, TOP_K, "cuda", num_stages=stages)
+            try:
+                t = time_fn([_mate_fn(s, kv, scale, mdv) for s in sets])
+                nv = f"block_h={mdv.block_h} splits={mdv.num_splits} stages={stages}"
+            except Exception as exc:
+                t, nv = None, f"{type(exc).__name__}: {exc}"[:200]
+            rows.append(record(ceilings, impl=f"mate stages={stages}", time_us=t, note=nv, **common))
         if ref is not None:
             try:
                 t = time_fn([lambda s=s, kv=kv: _naive(s["q"], kv, s["idx"], scale) for s in sets[:4]])

@@ -59,7 +59,7 @@ def main() -> int:
                                          return_lse=True, metadata=md)
         torch.cuda.synchronize()
         try:
-            assert_close(out, ref_o, atol=1e-3, rtol=3e-2, name="out")
+            assert_close(out, ref_o, atol=3e-3, rtol=3e-2, name="out")
             assert_close(lse, ref_l, atol=1.5e-2, rtol=2e-3, name="lse")
             print(f"ok   B={B} q_len={q_len} H={H} top_k={top_k} tokens={tokens} splits={md.num_splits}")
         except AssertionError as exc:

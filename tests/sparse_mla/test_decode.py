@@ -31,8 +31,9 @@ OUT_TOL = dict(atol=2e-3, rtol=1.6e-2)
 LSE_TOL = dict(atol=1e-5, rtol=1e-5)
 # On the GPU, FP8 tensor-core accumulation is not full fp32 (measured LSE errors of 2-6e-3
 # absolute at 576-wide dots): a logit error d moves each softmax weight by ~d relatively, so
-# out gets rtol 3e-2 and atol 1e-3 (|out| ~ 0.05 with 2048 keys: 2e-2 of it), lse atol 1.5e-2.
-GPU_OUT_TOL = dict(atol=1e-3, rtol=3e-2)
+# an output near 0 moves by ~d * |v| * sqrt(sum_j p_j**2) (|v| ~ 1): atol 3e-3 (the H200 run
+# saw 1.4e-3 on 3 of 4M elements of the H >= 64 kernel), rtol 3e-2; lse atol 1.5e-2.
+GPU_OUT_TOL = dict(atol=3e-3, rtol=3e-2)
 GPU_LSE_TOL = dict(atol=1.5e-2, rtol=2e-3)
 
 

@@ -124,9 +124,10 @@ def plan_decode(
     num_sms: int | None = None,
     num_splits: int | None = None,
     block_h: int | None = None,
+    num_stages: int | None = None,
 ) -> DecodeMetadata:
-    """Builds the plan; ``num_sms`` / ``num_splits`` / ``block_h`` override the
-    device-derived choices (tests and benchmarks: ``block_h=64`` pads a small H)."""
+    """Builds the plan; ``num_sms`` / ``num_splits`` / ``block_h`` / ``num_stages`` override
+    the device-derived choices (tests and benchmarks: ``block_h=64`` pads a small H)."""
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
@@ -136,7 +137,8 @@ def plan_decode(
         raise ValueError(f"block_h must be one of (16, 32, 64), got {block_h}")
     transposed = block_h <= 32
     num_head_tiles = -(-num_heads // block_h)
-    num_warps, num_stages, per_sm = _launch_config(transposed)
+    num_warps, default_stages, per_sm = _launch_config(transposed)
+    num_stages = default_stages if num_stages is None else int(num_stages)
     n_blocks = top_k // BLOCK_N
     rows = batch_size * q_len
     if num_splits is None:
