@@ -23,12 +23,46 @@ import torch
 import triton
 import triton.language as tl
 
+from mate._core.triton_helpers import INTERPRET
+
 __all__ = ["sparse_topk_select_triton", "topk_config", "_topk_select_kernel"]
 
 INT32_MIN = -2147483648
 INT32_MAX = 2147483647
 # canonical key of every NaN: the key of the quiet NaN 0x7FC00000, above +inf (0x7F800000)
 NAN_KEY = 0x7FC00000
+
+
+@triton.jit
+def _prefix_sum(x, N: tl.constexpr):
+    """Inclusive prefix sum of an int32 [ROWS, N] tensor along axis 1. The interpreter runs
+    ``tl.cumsum`` element by element in Python; there a triangular fp32 dot does it exactly
+    (counts < 2**24)."""
+    if INTERPRET:
+        i = tl.arange(0, N)
+        tri = (i[:, None] <= i[None, :]).to(tl.float32)
+        return tl.dot(x.to(tl.float32), tri).to(tl.int32)
+    else:
+        return tl.cumsum(x, axis=1)
+
+
+@triton.jit
+def _topk_values(x, K: tl.constexpr):
+    """The K largest int32 values of each row (with multiplicity), [ROWS, K]. On the GPU a
+    bitonic top-K (``tl.topk``); the interpreter runs its XOR reductions element by element
+    in Python, so there K rounds of max-and-remove-one give the same multiset."""
+    if INTERPRET:
+        idx = tl.arange(0, x.shape[1])
+        cols = tl.arange(0, K)
+        res = tl.full([x.shape[0], K], -2147483648, dtype=tl.int32)
+        for i in tl.static_range(K):
+            m = tl.max(x, axis=1)
+            first = tl.min(tl.where(x == m[:, None], idx[None, :], x.shape[1]), axis=1)
+            x = tl.where(idx[None, :] == first[:, None], -2147483648, x)
+            res = tl.where(cols[None, :] == i, m[:, None], res)
+        return res
+    else:
+        return tl.topk(x, K)
 
 
 @triton.jit
@@ -63,14 +97,14 @@ def _row_counts(rows, n_rows, qpos_ptr, num_valid_pages, H: tl.constexpr, HAS_QP
 
 
 @triton.jit
-def _chosen(key, forced, tau, take_ties, ties_seen, ALL_TIES):
+def _chosen(key, forced, tau, take_ties, ties_seen, ALL_TIES, N: tl.constexpr):
     """Chosen mask of one chunk: keys above tau, the first take_ties keys equal to tau
     (index order, counting ties_seen of earlier chunks), and the forced blocks."""
     eq = key == tau[:, None]
     if ALL_TIES:
         chosen = key >= tau[:, None]
     else:
-        eq_rank = tl.cumsum(eq.to(tl.int32), axis=1) - 1 + ties_seen[:, None]
+        eq_rank = _prefix_sum(eq.to(tl.int32), N) - 1 + ties_seen[:, None]
         chosen = (key > tau[:, None]) | (eq & (eq_rank < take_ties[:, None]))
     return chosen | forced, tl.sum(eq.to(tl.int32), axis=1)
 
@@ -100,17 +134,17 @@ def _topk_select_kernel(
         key, forced, idx_ok = _score_keys(s, idx, n, FB, FE, COUNTED)
         sel = idx_ok
         if any_long:
-            best = tl.topk(key, K)
+            best = _topk_values(key, K)
             tau = tl.min(best, axis=1)
             take_ties = K - tl.sum((best > tau[:, None]).to(tl.int32), axis=1)
             n_eq = tl.sum((key == tau[:, None]).to(tl.int32), axis=1)
             zero = tl.zeros([ROWS], dtype=tl.int32)
             if tl.max(tl.where(row_ok & ~short, n_eq - take_ties, 0), axis=0) > 0:
-                chosen, _ = _chosen(key, forced, tau, take_ties, zero, False)
+                chosen, _ = _chosen(key, forced, tau, take_ties, zero, False, CHUNK)
             else:
-                chosen, _ = _chosen(key, forced, tau, take_ties, zero, True)
+                chosen, _ = _chosen(key, forced, tau, take_ties, zero, True, CHUNK)
             sel = tl.where(short[:, None], idx_ok, chosen & idx_ok)
-        slot = tl.cumsum(sel.to(tl.int32), axis=1) - 1
+        slot = _prefix_sum(sel.to(tl.int32), CHUNK) - 1
         tl.store(o_row + slot, idx[None, :] + tl.zeros_like(slot), mask=sel & row_ok[:, None])
         base = tl.sum(sel.to(tl.int32), axis=1)
     else:
@@ -123,8 +157,8 @@ def _topk_select_kernel(
                 idx = c0 + cols
                 s = tl.load(s_row + idx[None, :], mask=row_ok[:, None] & (idx < num_tiles)[None, :], other=0.0)
                 key, forced, idx_ok = _score_keys(s, idx, n, FB, FE, COUNTED)
-                both = tl.reshape(tl.join(best, tl.topk(key, K)), [ROWS, 2 * K])
-                best = tl.topk(both, K)
+                both = tl.reshape(tl.join(best, _topk_values(key, K)), [ROWS, 2 * K])
+                best = _topk_values(both, K)
             tau = tl.min(best, axis=1)
             take_ties = K - tl.sum((best > tau[:, None]).to(tl.int32), axis=1)
         ties_seen = tl.zeros([ROWS], dtype=tl.int32)
@@ -133,10 +167,10 @@ def _topk_select_kernel(
             idx = c0 + cols
             s = tl.load(s_row + idx[None, :], mask=row_ok[:, None] & (idx < num_tiles)[None, :], other=0.0)
             key, forced, idx_ok = _score_keys(s, idx, n, FB, FE, COUNTED)
-            chosen, n_eq = _chosen(key, forced, tau, take_ties, ties_seen, False)
+            chosen, n_eq = _chosen(key, forced, tau, take_ties, ties_seen, False, CHUNK)
             ties_seen += n_eq
             sel = tl.where(short[:, None], idx_ok, chosen & idx_ok)
-            slot = tl.cumsum(sel.to(tl.int32), axis=1) - 1 + base[:, None]
+            slot = _prefix_sum(sel.to(tl.int32), CHUNK) - 1 + base[:, None]
             tl.store(o_row + slot, idx[None, :] + tl.zeros_like(slot), mask=sel & row_ok[:, None])
             base += tl.sum(sel.to(tl.int32), axis=1)
     # ---- remaining slots: -1
