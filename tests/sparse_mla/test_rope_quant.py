@@ -66,9 +66,9 @@ def test_matches_reference(device, triton_backend, is_neox, cache_dtype, pos_dty
     assert torch.isfinite(torch.cat([o.float().flatten() for o in outs])).all()
 
 
-@pytest.mark.parametrize("H", [1, 3])
+@pytest.mark.parametrize("H", [1, 3, 72])  # 72: the 16-head blocks of large H, the last one partial
 def test_small_and_odd_heads_allocated_outputs(device, triton_backend, H):
-    args = _inputs(4, H, device, pos_dtype=torch.int32)
+    args = _inputs(4 if H < 64 else 1, H, device, pos_dtype=torch.int32)
     got = mla_rope_quantize_fp8(*args, is_neox=False, quant_scale_q=0.5, quant_scale_kv=2.0)
     for g, t in zip(got, args[:4]):
         assert g.dtype == E4M3 and g.shape == t.shape and g.device == t.device
@@ -132,6 +132,16 @@ def test_out_of_range_positions_clamped_and_checked(device, triton_backend, monk
         mla_rope_quantize_fp8(*args)
     args[5][1], args[5][2] = 7, 0
     mla_rope_quantize_fp8(*args)  # in range: no error with the check on
+
+
+@pytest.mark.parametrize("config", [(1, 1), (4, 2), (16, 8)])
+def test_launch_configs_match_reference(device, config):
+    from mate.ops.sparse_mla.rope_quant import mla_rope_quantize_fp8_triton
+
+    args = _inputs(2, 19, device, amp=200.0)
+    outs = [poisoned(t.shape, E4M3, device) for t in args[:4]]
+    mla_rope_quantize_fp8_triton(*args, False, 1.5, 0.5, *outs, config=config)
+    _check(outs, _reference(args, False, 1.5, 0.5), device)
 
 
 def test_reference_backend_same_results(device, reference_backend):
