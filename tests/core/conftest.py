@@ -112,17 +112,18 @@ def demo_dump(tmp_path_factory) -> dict:
 
 
 RUN_MLA_ROPE = """
-import torch
+import os, torch
 from mate.sparse_mla_interface import mla_rope_quantize_fp8
 from mate.testing import poisoned
+dev = os.environ.get("DEMO_DEVICE", "cpu")
 nnz, H = 5, 2
 bf = torch.bfloat16
-q_rope, k_rope = torch.randn(nnz, H, 64).to(bf), torch.randn(nnz, 64).to(bf)
-q_nope, k_nope = torch.randn(nnz, H, 512).to(bf), torch.randn(nnz, 512).to(bf)
-cache = torch.randn(32, 64)
-pos = torch.randint(0, 32, (nnz,), dtype=torch.int32)
-q = poisoned((nnz, H, 576), torch.float8_e4m3fn)
-k = poisoned((nnz, 576), torch.float8_e4m3fn)
+q_rope, k_rope = torch.randn(nnz, H, 64, device=dev).to(bf), torch.randn(nnz, 64, device=dev).to(bf)
+q_nope, k_nope = torch.randn(nnz, H, 512, device=dev).to(bf), torch.randn(nnz, 512, device=dev).to(bf)
+cache = torch.randn(32, 64, device=dev)
+pos = torch.randint(0, 32, (nnz,), dtype=torch.int32, device=dev)
+q = poisoned((nnz, H, 576), torch.float8_e4m3fn, device=dev)
+k = poisoned((nnz, 576), torch.float8_e4m3fn, device=dev)
 outs = mla_rope_quantize_fp8(q_rope, k_rope, q_nope, k_nope, cache, pos, is_neox=False, quant_scale_q=4.0,
                              quant_scale_kv=0.5, q_rope_out=q[..., 512:], k_rope_out=k[:, 512:],
                              q_nope_out=q[..., :512], k_nope_out=k[:, :512])

@@ -207,3 +207,8 @@ def test_bench_unknown_op(capsys):
     out = capsys.readouterr().out.strip()
     have = sorted(p.stem.removeprefix("bench_") for p in (REPO / "benchmarks").glob("bench_*.py"))
     assert out == f"no benchmark for 'no_such_op'; available: {', '.join(have) or 'none (benchmarks/ not found)'}"
+
+
+@pytest.mark.gpu
+def test_check_on_the_gpu(run_mate):
+    test_check(run_mate)  # on the H200: compile + run of the tiny kernel, compute capability 9.0

@@ -59,3 +59,18 @@ def test_replay_fails_on_a_tampered_output(mla_rope_dump, capsys, tmp_path):
     out = capsys.readouterr().out
     assert f"FAIL {call.name} (mate.sparse_mla_interface:mla_rope_quantize_fp8 on cpu)" in out
     assert "result[2]: 1 of 5120 elements differ; first at [[4, 1, 511]]" in out
+
+
+@pytest.mark.gpu
+def test_dump_and_replay_on_the_gpu(run_py, run_mate, tmp_path):
+    from .conftest import RUN_MLA_ROPE
+
+    proc = run_py(RUN_MLA_ROPE, MATE_LOGLEVEL="10", MATE_DUMP_DIR=str(tmp_path / "d"), DEMO_DEVICE="cuda",
+                  MATE_LOGDEST=str(tmp_path / "log.txt"))
+    assert proc.returncode == 0, proc.stderr
+    (call,) = [p for p in (tmp_path / "d").iterdir() if p.is_dir()]
+    assert json.loads((call / "metadata.json").read_text())["device"].startswith("cuda")
+    proc = run_mate("replay", "--dir", str(tmp_path / "d"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "(mate.sparse_mla_interface:mla_rope_quantize_fp8 on cuda)" in proc.stdout
+    assert proc.stdout.rstrip().endswith("1 of 1 call(s) reproduced")

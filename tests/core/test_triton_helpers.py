@@ -159,3 +159,21 @@ def test_dot_operand_bf16_dot_equals_fp32(device):
 def test_cdiv_and_next_power_of_2():
     assert [cdiv(a, 4) for a in (0, 1, 4, 5, 8)] == [0, 1, 1, 2, 2]
     assert [next_power_of_2(n) for n in (1, 3, 64, 65, 576)] == [1, 4, 64, 128, 1024]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "check",
+    [
+        test_to_fp8_e4m3_bit_exact,
+        test_to_fp8_e4m3_saturates_and_keeps_nan,
+        test_to_bf16_bit_exact,
+        test_to_bf16_nan_payloads_stay_nan,
+        test_dot_operand_bf16_dot_equals_fp32,
+        *[lambda device, d=d: test_to_out_dtype(device, d) for d in _TL_DTYPE],
+    ],
+)
+def test_hardware_paths_on_the_gpu(check):
+    # the GPU suite runs only tests marked gpu: the same checks through the hardware
+    # conversions and wgmma instead of the interpreter's software paths
+    check("cuda")
