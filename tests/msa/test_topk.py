@@ -176,7 +176,7 @@ def test_gpu_thousand_random_cases_with_ties():
     gen = torch.Generator().manual_seed(1234)
     cases = 0
     for i in range(1100):
-        T = rng.choice([1, 7, 16, 17, 33, 64, 100, 128, 255, 256, 300, 511, 1000, 2048, 4096, 4097, 5000, 12287])
+        T = rng.choice([1, 7, 17, 100, 200, 256, 300, 1000, 4097, 12287])  # few chunk widths: few compiles
         tq = rng.randint(1, 64 if T < 2048 else 4)
         H = rng.randint(1, 4)
         s = random_scores(tq, H, T, levels=rng.choice([2, 3, 8, 64, None]), specials=i % 2 == 0, gen=gen,

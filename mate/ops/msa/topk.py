@@ -66,33 +66,29 @@ def _topk_values(x, K: tl.constexpr):
 
 
 @triton.jit
-def _score_keys(s, idx, n, FB: tl.constexpr, FE: tl.constexpr, COUNTED: tl.constexpr):
+def _score_keys(s, idx, n, fb, fe, counted):
     """int32 keys whose signed order is the float order (NaN largest, -0.0 == 0.0).
     Forced blocks counted in the top-k get INT32_MAX; blocks >= n, and forced blocks
     appended outside the top-k, get INT32_MIN. Also returns the forced and valid masks."""
     idx_ok = idx[None, :] < n[:, None]
-    forced = idx_ok & ((idx[None, :] < FB) | (idx[None, :] >= (n - FE)[:, None]))
+    forced = idx_ok & ((idx[None, :] < fb) | (idx[None, :] >= (n - fe)[:, None]))
     s = tl.where(s == 0.0, 0.0, s)
     bits = s.to(tl.int32, bitcast=True)
     key = bits ^ ((bits >> 31) & 0x7FFFFFFF)
     key = tl.where(s != s, 0x7FC00000, key)
-    if COUNTED:
-        key = tl.where(forced, 2147483647, key)
-        key = tl.where(idx_ok, key, -2147483648)
-    else:
-        key = tl.where(idx_ok & ~forced, key, -2147483648)
+    key = tl.where(forced & (counted != 0), 2147483647, key)
+    key = tl.where(idx_ok & (~forced | (counted != 0)), key, -2147483648)
     return key, forced, idx_ok
 
 
 @triton.jit
-def _row_counts(rows, n_rows, qpos_ptr, num_valid_pages, H: tl.constexpr, HAS_QPOS: tl.constexpr):
+def _row_counts(rows, n_rows, qpos_ptr, num_valid_pages, H, has_qpos):
     """Valid block count n of each row (0 for rows past the end)."""
     row_ok = rows < n_rows
     n = tl.zeros_like(rows) + num_valid_pages
-    if HAS_QPOS:
-        pos = tl.load(qpos_ptr + rows // H, mask=row_ok, other=0)
-        lim = tl.where(pos < 0, 0, pos // 128 + 1)
-        n = tl.minimum(n.to(tl.int64), lim).to(tl.int32)
+    pos = tl.load(qpos_ptr + rows // H, mask=row_ok & (has_qpos != 0), other=2147483647 * 128)
+    lim = tl.where(pos < 0, 0, pos // 128 + 1)
+    n = tl.minimum(n.to(tl.int64), lim).to(tl.int32)
     return tl.where(row_ok, n, 0)
 
 
@@ -109,18 +105,16 @@ def _chosen(key, forced, tau, take_ties, ties_seen, ALL_TIES, N: tl.constexpr):
     return chosen | forced, tl.sum(eq.to(tl.int32), axis=1)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_rows", "num_valid_pages", "H", "fb", "fe", "counted", "W", "has_qpos"])
 def _topk_select_kernel(
     s_ptr, out_ptr, qpos_ptr,
-    n_rows, num_tiles, num_valid_pages,
-    H: tl.constexpr, K: tl.constexpr, FB: tl.constexpr, FE: tl.constexpr, COUNTED: tl.constexpr,
-    W: tl.constexpr, W_P2: tl.constexpr, ROWS: tl.constexpr, CHUNK: tl.constexpr, SINGLE: tl.constexpr,
-    HAS_QPOS: tl.constexpr,
+    n_rows, num_tiles, num_valid_pages, H, fb, fe, counted, W, has_qpos,
+    K: tl.constexpr, W_P2: tl.constexpr, ROWS: tl.constexpr, CHUNK: tl.constexpr, SINGLE: tl.constexpr,
 ):
     pid = tl.program_id(0)
     rows = pid * ROWS + tl.arange(0, ROWS)
     row_ok = rows < n_rows
-    n = _row_counts(rows, n_rows, qpos_ptr, num_valid_pages, H, HAS_QPOS)
+    n = _row_counts(rows, n_rows, qpos_ptr, num_valid_pages, H, has_qpos)
     short = n <= W  # identity rows: 0 .. n-1
     any_long = tl.max(tl.where(row_ok & (n > W), 1, 0), axis=0) > 0
     cols = tl.arange(0, CHUNK)
@@ -131,7 +125,7 @@ def _topk_select_kernel(
         # the whole row in registers: one load, one top-K, one compaction
         idx = cols
         s = tl.load(s_row + idx[None, :], mask=row_ok[:, None] & (idx < num_tiles)[None, :], other=0.0)
-        key, forced, idx_ok = _score_keys(s, idx, n, FB, FE, COUNTED)
+        key, forced, idx_ok = _score_keys(s, idx, n, fb, fe, counted)
         sel = idx_ok
         if any_long:
             best = _topk_values(key, K)
@@ -156,7 +150,7 @@ def _topk_select_kernel(
             for c0 in range(0, num_tiles, CHUNK):
                 idx = c0 + cols
                 s = tl.load(s_row + idx[None, :], mask=row_ok[:, None] & (idx < num_tiles)[None, :], other=0.0)
-                key, forced, idx_ok = _score_keys(s, idx, n, FB, FE, COUNTED)
+                key, forced, idx_ok = _score_keys(s, idx, n, fb, fe, counted)
                 both = tl.reshape(tl.join(best, _topk_values(key, K)), [ROWS, 2 * K])
                 best = _topk_values(both, K)
             tau = tl.min(best, axis=1)
@@ -166,7 +160,7 @@ def _topk_select_kernel(
         for c0 in range(0, n_max, CHUNK):
             idx = c0 + cols
             s = tl.load(s_row + idx[None, :], mask=row_ok[:, None] & (idx < num_tiles)[None, :], other=0.0)
-            key, forced, idx_ok = _score_keys(s, idx, n, FB, FE, COUNTED)
+            key, forced, idx_ok = _score_keys(s, idx, n, fb, fe, counted)
             chosen, n_eq = _chosen(key, forced, tau, take_ties, ties_seen, False, CHUNK)
             ties_seen += n_eq
             sel = tl.where(short[:, None], idx_ok, chosen & idx_ok)
@@ -179,6 +173,17 @@ def _topk_select_kernel(
              mask=row_ok[:, None] & (wc[None, :] < W) & (wc[None, :] >= base[:, None]))
 
 
+_DUMMY: dict[torch.device, torch.Tensor] = {}
+
+
+def _dummy_positions(device: torch.device) -> torch.Tensor:
+    """A cached int64 tensor standing in for absent query positions (never read)."""
+    t = _DUMMY.get(device)
+    if t is None:
+        t = _DUMMY[device] = torch.zeros(1, dtype=torch.int64, device=device)
+    return t
+
+
 def topk_config(num_tiles: int, k: int, max_chunk: int = 4096) -> dict:
     """Chunk width, rows per program and warps (host ints only). Rows longer than
     ``max_chunk`` take the chunked (tournament) path."""
@@ -186,7 +191,8 @@ def topk_config(num_tiles: int, k: int, max_chunk: int = 4096) -> dict:
     single = chunk <= max_chunk
     if not single:
         chunk = max_chunk
-    rows = max(1, 4096 // chunk)
+    # ~8 keys per thread: 60 registers at 256 tiles (H200 compile), so 8 programs fit an SM
+    rows = max(1, 1024 // chunk)
     return dict(CHUNK=chunk, SINGLE=single, ROWS=rows, num_warps=4 if chunk <= 1024 else 8)
 
 
@@ -210,9 +216,8 @@ def sparse_topk_select_triton(
     cfg = topk_config(T, topk, max_chunk)
     grid = (triton.cdiv(n_rows, cfg["ROWS"]),)
     _topk_select_kernel[grid](
-        max_score, output, query_positions if query_positions is not None else max_score,
-        n_rows, T, num_valid_pages,
-        H=H, K=topk, FB=force_begin_blocks, FE=force_end_blocks, COUNTED=force_blocks_count_in_topk,
-        W=W, W_P2=triton.next_power_of_2(W), ROWS=cfg["ROWS"], CHUNK=cfg["CHUNK"], SINGLE=cfg["SINGLE"],
-        HAS_QPOS=query_positions is not None, num_warps=cfg["num_warps"],
+        max_score, output, query_positions if query_positions is not None else _dummy_positions(max_score.device),
+        n_rows, T, num_valid_pages, H, force_begin_blocks, force_end_blocks, int(force_blocks_count_in_topk), W,
+        int(query_positions is not None),
+        K=topk, W_P2=64, ROWS=cfg["ROWS"], CHUNK=cfg["CHUNK"], SINGLE=cfg["SINGLE"], num_warps=cfg["num_warps"],
     )
