@@ -259,9 +259,11 @@ def _num_sms(device: torch.device) -> int:
 
 
 def choose_num_splits(num_tiles: int, num_kv_heads: int, width: int, device: torch.device) -> int:
-    """Decode split count: enough programs for two waves over the SMs, at most 8."""
+    """Decode split count: at least 2, more when the batch gives under two waves of programs
+    over the SMs, at most 8. Measured on the H200 (B=128, 64K context, M3 geometry): 2-way
+    beats 1-way, 145 vs 152 us for bf16 KV and 140 vs 161 us for fp8 KV."""
     programs = max(1, num_tiles * num_kv_heads)
-    want = -(-2 * _num_sms(device) // programs)
+    want = max(2, -(-2 * _num_sms(device) // programs))
     return int(max(1, min(8, want, width)))
 
 
