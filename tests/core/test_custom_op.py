@@ -109,3 +109,26 @@ def test_opcheck_catches_a_wrong_fake():
         assert "fake" in str(exc).lower() or "shape" in str(exc).lower(), exc
     else:
         raise AssertionError("opcheck accepted a fake implementation with the wrong shape")
+
+
+def test_torch_compile_writes_into_views_of_a_merged_buffer():
+    # public ops write into strided views of one merged buffer (e.g. nope | rope parts);
+    # under torch.compile the mutation must land in the caller's buffer
+    torch._dynamo.reset()
+    x = torch.randn(4, 64)
+    y = torch.randn(4, 64)
+
+    def f(x, y, buf, amax):
+        torch.ops.mate.core_test_scale_add(x, y, 3.0, buf[:, 8:72], amax)
+        return buf
+
+    buf_eager, amax_eager = poisoned((4, 80), torch.float32), poisoned((4,), torch.float32)
+    buf_comp, amax_comp = poisoned((4, 80), torch.float32), poisoned((4,), torch.float32)
+    f(x, y, buf_eager, amax_eager)
+    out = torch.compile(f, backend="aot_eager", fullgraph=True)(x, y, buf_comp, amax_comp)
+    assert out.data_ptr() == buf_comp.data_ptr()
+    assert_equal(buf_comp, buf_eager)  # NaN outside the view in both (NaN equals NaN)
+    assert torch.isnan(buf_comp[:, :8]).all() and torch.isnan(buf_comp[:, 72:]).all()
+    assert not torch.isnan(buf_comp[:, 8:72]).any()
+    assert_equal(amax_comp, amax_eager)
+    torch._dynamo.reset()
