@@ -205,6 +205,25 @@ def test_custom_op_opcheck(reference_backend):
                           test_utils=("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"))
 
 
+def test_torch_compile_fullgraph(reference_backend):
+    """The public call traces into one graph (the custom op's fake implementation)."""
+    B, q_len, H, top_k = 1, 1, 16, 64
+    q, kv, idx, sl = _make(B, q_len, H, top_k)
+    md = plan_decode(B, q_len, H, top_k, "cpu")
+
+    def step(q, kv, idx, sl, out, lse):
+        return sparse_mla_fp8_decode(q, kv, None, 128, 512, 64, idx, sl, 0, top_k, out=out, lse=lse,
+                                     bmm1_scale=0.05, metadata=md)
+
+    out = poisoned((B, q_len, H, 512), torch.bfloat16)
+    lse = poisoned((B, q_len, H), torch.float32)
+    res = torch.compile(step, backend="aot_eager", fullgraph=True)(q, kv, idx, sl, out, lse)
+    assert res is out
+    ro, rl = sparse_mla_decode_reference(q, kv, idx, sl, 0.05, 1.0)
+    assert_equal(out, ro)
+    assert_equal(lse, rl)
+
+
 # ------------------------------------------------------------------ validation
 
 def _bad_cases():
