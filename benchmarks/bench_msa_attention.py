@@ -37,8 +37,13 @@ FAMILY = "msa_attention"
 HQ, HKV, D, BLK, TOPK = 64, 4, 128, 128, 16
 
 
-def _structured(T: int, sigma: float | None, g: torch.Generator, heads: int, rank: int = 8) -> tuple:
-    """Index q/k per KV head [T, heads, D]: slow rank-8 component + noise (None: pure noise)."""
+def _structured(T: int, sigma: float | None, g: torch.Generator, heads: int, rank: int = 8, amp: float = 0.6) -> tuple:
+    """Index q/k per KV head [T, heads, D]: slow rank-8 component + noise (None: pure noise).
+
+    ``amp`` 0.6 with periods of 4K-8K tokens reproduces the note's locality on the last
+    tokens of a 32K prompt (checked on the CPU with a torch selection: adjacent tokens share
+    14.8 / 13.6 / 11.5 of 16 blocks and 4-token unions are 18.3 / 20.6 / 25.1 at sigma 0.25
+    / 0.5 / 1.0; the note: 14.7 / 13.5 / 11.1 and 18.4 / 20.8 / 26.2)."""
     t = torch.arange(T, device="cuda", dtype=torch.float32)
     qs, ks = [], []
     for _ in range(heads):
@@ -48,7 +53,7 @@ def _structured(T: int, sigma: float | None, g: torch.Generator, heads: int, ran
         coef = torch.sin(t[:, None] * (6.283 / periods[None, :]) + phase[None, :])
         base = coef @ basis
         s = 1.0 if sigma is None else sigma
-        w = 0.0 if sigma is None else 1.0
+        w = 0.0 if sigma is None else amp
         qs.append(w * base + s * torch.randn(T, D, device="cuda", generator=g))
         ks.append(w * base + s * torch.randn(T, D, device="cuda", generator=g))
     return torch.stack(qs, 1), torch.stack(ks, 1)
@@ -94,22 +99,24 @@ def _select_mate(qi: torch.Tensor, ki: torch.Tensor, topk: int) -> torch.Tensor:
     return sparse_topk_select(ms, topk, force_end_blocks=1, query_positions=pos)
 
 
-def _union_and_work(idx: torch.Tensor, T: int, tile: int = 4) -> tuple[float, float]:
-    """Mean union size of a tile's lists (per KV head) and visible selected keys summed over
-    tokens and KV heads (causal)."""
+def _union_and_work(idx: torch.Tensor, T: int, tile: int = 4) -> tuple[float, float, float]:
+    """Mean union size of a tile's lists (per KV head) over all tiles and over the last 1024
+    tokens (steady state, the note's figure), and visible selected keys summed over tokens
+    and KV heads (causal)."""
     n = T // tile
     ids = idx[: n * tile].view(n, tile, HKV, -1).permute(0, 2, 1, 3).reshape(n, HKV, -1).long()
     s, _ = ids.sort(-1)
     first = torch.ones_like(s, dtype=torch.bool)
     first[..., 1:] = s[..., 1:] != s[..., :-1]
-    union = ((s >= 0) & first).sum(-1).float().mean().item()
+    sizes = ((s >= 0) & first).sum(-1).float()
+    union, union_last = sizes.mean().item(), sizes[-(1024 // tile):].mean().item()
     s2, _ = idx.long().sort(-1)
     f2 = torch.ones_like(s2, dtype=torch.bool)
     f2[..., 1:] = s2[..., 1:] != s2[..., :-1]
     pos = torch.arange(T, device=idx.device)[:, None, None]
     vis = (pos - s2 * BLK + 1).clamp(0, BLK)
     keys = torch.where((s2 >= 0) & f2, vis, 0).sum().item()
-    return union, float(keys)
+    return union, union_last, float(keys)
 
 
 def _prefill_rows(ceilings: dict, T: int) -> list[dict]:
@@ -158,7 +165,7 @@ def _prefill_rows(ceilings: dict, T: int) -> list[dict]:
         except Exception as exc:
             how = f"torch selection ({type(exc).__name__} in mate's)"
             idx = _select_torch(qi, ki, TOPK)
-        union, keys = _union_and_work(idx, T)
+        union, union_last, keys = _union_and_work(idx, T)
         q = (qi.repeat_interleave(HQ // HKV, 1) + 0.1 * torch.randn(T, HQ, D, device="cuda", generator=g))
         q = (q * D ** -0.25).to(torch.bfloat16)
         del qi, ki
@@ -169,7 +176,7 @@ def _prefill_rows(ceilings: dict, T: int) -> list[dict]:
 
         try:
             t_us = time_fn(run, iters=20)
-            note = f"{label}; union/4-token tile {union:.1f}; {how}"
+            note = f"{label}; union/4-token tile {union:.1f} (last 1K tokens {union_last:.1f}); {how}"
             if sdpa_us:
                 note += f"; {sdpa_us / t_us:.2f}x dense"
         except Exception as exc:
