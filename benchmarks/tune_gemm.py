@@ -33,12 +33,22 @@ BUCKET_M = {"m16": 16, "m32": 32, "m64": 64, "m128": 128, "m256": 256, "m512": 5
 
 
 def configs_for(m: int) -> list[dict]:
-    bms = (64,) if m <= 64 else (64, 128)
+    """The sweep: small M (weight-read bound) varies tiles, stages, split-K and the reduce;
+    larger M varies tiles and stages (no split-K: the tiles fill the GPU)."""
     out = []
-    for bm, bn, stages in itertools.product(bms, (64, 128), (3, 4, 5)):
+    if m <= 128:
+        bms = (64,) if m <= 64 else (64, 128)
+        for bm, bn, stages in itertools.product(bms, (64, 128), (4, 6)):
+            warps = 8 if bm == 128 else 4
+            if bm == 128 and stages > 4:
+                continue
+            out.append({"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": warps, "num_stages": stages})
+        for split in (2, 4, 8):
+            out.append({"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 5, "SPLIT_K": split})
+        out.append({"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 5, "REDUCE": "launch"})
+        return out
+    for bm, bn, stages in itertools.product((64, 128), (64, 128), (3, 4)):
         warps = 8 if bm == 128 else 4
-        if bm == 128 and bn == 128 and stages > 4:
-            continue  # over the shared-memory budget with 5 stages
         out.append({"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": warps, "num_stages": stages})
     return out
 
@@ -68,7 +78,7 @@ def _time_one(m, n, k, backend, cfg, sets):
         tuning.GROUPWISE_TABLE.update(saved)
 
 
-def sweep(budget_s: float) -> dict:
+def sweep(budget_s: float, buckets: list[str] | None = None, nks: list[tuple[int, int]] | None = None) -> dict:
     import torch
 
     from mate.testing.bench import rotation_count
@@ -76,7 +86,9 @@ def sweep(budget_s: float) -> dict:
     t0 = time.time()
     results: dict = {}
     for key, m in BUCKET_M.items():
-        for n, k in NK:
+        if buckets and key not in buckets:
+            continue
+        for n, k in (nks or NK):
             if time.time() - t0 > budget_s:
                 print("budget spent; stopping", flush=True)
                 return results
@@ -143,9 +155,13 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--write", action="store_true")
     ap.add_argument("--budget-s", type=float, default=900.0)
+    ap.add_argument("--buckets", default="", help="comma-separated bucket keys (m16,m64,...); default all")
+    ap.add_argument("--nk", default="", help="comma-separated NxK shapes (2112x7168,...); default all")
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "tune_gemm.json"))
     args = ap.parse_args()
-    results = sweep(args.budget_s)
+    buckets = [b for b in args.buckets.split(",") if b] or None
+    nks = [tuple(int(v) for v in s.split("x")) for s in args.nk.split(",") if s] or None
+    results = sweep(args.budget_s, buckets, nks)
     Path(args.json).write_text(json.dumps(results, indent=1))
     table, overrides = build_table(results)
     print(json.dumps({"table": table, "overrides": overrides}, indent=1))
@@ -153,7 +169,9 @@ def main() -> int:
         from mate.ops.gemm import tuning
 
         merged = {**tuning.GROUPWISE_TABLE, **table}
-        write_table(merged, overrides)
+        # overrides of buckets this run did not measure are kept
+        kept = {k: v for k, v in tuning.GROUPWISE_OVERRIDES.items() if k.split(",")[0] not in table}
+        write_table(merged, {**kept, **overrides})
     return 0
 
 

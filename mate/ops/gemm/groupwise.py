@@ -134,6 +134,111 @@ def fp8_groupwise_gemm_kernel(
 
 
 @triton.jit
+def _tile_coords(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """Grouped tile order: GROUP_M row tiles share each weight tile while it is in L2."""
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    width = GROUP_M * num_pid_n
+    first_m = (pid // width) * GROUP_M
+    size_m = tl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % width) % size_m
+    pid_n = (pid % width) // size_m
+    return pid_m, pid_n
+
+
+@triton.jit
+def fp8_groupwise_tma_kernel(
+    a_desc, b_desc, as_ptr, bs_ptr, c_ptr, cs_ptr, ws_ptr, cnt_ptr, idx_ptr, mm_ptr,
+    M, N, K, G,
+    stride_asg, stride_asm, stride_ask,
+    stride_bsg, stride_bsn, stride_bsk,
+    stride_cg, stride_cm, stride_csm,
+    LAYOUT: tl.constexpr, SPLIT_K: tl.constexpr, FUSED_REDUCE: tl.constexpr, OUT_FP8: tl.constexpr,
+    OUT_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, NUM_STAGES: tl.constexpr,
+):
+    """Same math as ``fp8_groupwise_gemm_kernel`` with A and B tiles loaded by TMA.
+
+    ``a_desc`` covers a as 2-D rows [rows, K] (MASKED: the G x max_m rows of all groups),
+    ``b_desc`` covers b as [G * N, K]; out-of-range rows read as zeros (or as the next
+    group's rows, whose products land in masked-off output rows and columns only).
+    Split-K partials go to an fp32 workspace; with ``FUSED_REDUCE`` the last program of a
+    tile to arrive (counted with an atomic) sums them in split order and runs the epilogue,
+    then resets the tile's counter to 0 for the next call, so the sum is deterministic.
+    """
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    grp = tl.program_id(2)
+    pid_m, pid_n = _tile_coords(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = offs_m < M  # rows written
+    in_a = offs_m < M  # rows whose scales exist in memory (read even when not written)
+    a_row = pid_m * BLOCK_M
+    b_row = pid_n * BLOCK_N
+    if LAYOUT == 2:  # MASKED
+        m_valid = tl.minimum(tl.load(mm_ptr + grp), M)
+        if pid_m * BLOCK_M >= m_valid:
+            return
+        row_ok = offs_m < m_valid
+        g64 = grp.to(tl.int64)
+        as_ptr += g64 * stride_asg
+        bs_ptr += g64 * stride_bsg
+        c_ptr += g64 * stride_cg
+        a_row += grp * M
+        b_row += grp * N
+    if LAYOUT == 1:  # CONTIGUOUS
+        idx = tl.load(idx_ptr + offs_m, mask=row_ok, other=-1)
+        expert = tl.max(idx, axis=0)
+        if expert < 0:
+            return
+        if expert >= G:
+            return
+        row_ok = idx == expert
+        bs_ptr += expert.to(tl.int64) * stride_bsg
+        b_row += expert * N
+
+    num_kb = K // BLOCK_K
+    kb_per = tl.cdiv(num_kb, SPLIT_K)
+    kb_lo = pid_k * kb_per
+    kb_hi = tl.minimum(kb_lo + kb_per, num_kb)
+
+    col_ok = offs_n < N
+    as_ptrs = as_ptr + offs_m.to(tl.int64) * stride_asm + kb_lo * stride_ask
+    bs_ptrs = bs_ptr + (pid_n * BLOCK_N // 128) * stride_bsn + kb_lo * stride_bsk
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kb in tl.range(kb_lo, kb_hi, num_stages=NUM_STAGES):
+        a = a_desc.load([a_row, kb * BLOCK_K])
+        b = b_desc.load([b_row, kb * BLOCK_K])
+        sa = tl.load(as_ptrs, mask=in_a, other=0.0)
+        sb = tl.load(bs_ptrs)
+        part = tl.dot(a, tl.trans(b))
+        acc += part * (sa * sb)[:, None]
+        as_ptrs += stride_ask
+        bs_ptrs += stride_bsk
+
+    if SPLIT_K > 1:
+        mask = row_ok[:, None] & col_ok[None, :]
+        w_ptrs = ws_ptr + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
+        MN = M.to(tl.int64) * N
+        tl.store(w_ptrs + pid_k * MN, acc, mask=mask)
+        if FUSED_REDUCE:
+            tl.debug_barrier()  # every thread's partial is stored before the arrival is counted
+            arrived = tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel", scope="gpu")
+            if arrived == SPLIT_K - 1:
+                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                for s in range(SPLIT_K):
+                    acc += tl.load(w_ptrs + s * MN, mask=mask, other=0.0, cache_modifier=".cg")
+                _epilogue(acc, c_ptr, cs_ptr, offs_m, offs_n, row_ok, M, N, stride_cm, stride_csm, pid_n,
+                          OUT_FP8, OUT_DTYPE)
+                tl.atomic_xchg(cnt_ptr + pid, 0, sem="relaxed", scope="gpu")
+    else:
+        _epilogue(acc, c_ptr, cs_ptr, offs_m, offs_n, row_ok, M, N, stride_cm, stride_csm, pid_n,
+                  OUT_FP8, OUT_DTYPE)
+
+
+@triton.jit
 def splitk_reduce_kernel(ws_ptr, c_ptr, cs_ptr, M, N, stride_cm, stride_csm,
                          SPLIT_K: tl.constexpr, OUT_FP8: tl.constexpr, OUT_DTYPE: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -150,6 +255,38 @@ def splitk_reduce_kernel(ws_ptr, c_ptr, cs_ptr, M, N, stride_cm, stride_csm,
         acc += tl.load(ptrs + s * M * N, mask=mask, other=0.0)
     _epilogue(acc, c_ptr, cs_ptr, offs_m, offs_n, row_ok, M, N, stride_cm, stride_csm, pid_n,
               OUT_FP8, OUT_DTYPE)
+
+
+_COUNTERS: dict[tuple[str, int | None], torch.Tensor] = {}
+
+
+def _tile_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
+    """Per-device int32 arrival counters for the fused split-K reduce (zero between calls:
+    the last program of each tile resets its counter). None while a CUDA graph is being
+    captured and no buffer is large enough yet (then the reduce is a second launch)."""
+    key = (device.type, device.index)
+    buf = _COUNTERS.get(key)
+    if buf is not None and buf.numel() >= tiles:
+        return buf
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return None
+    buf = torch.zeros(max(tiles, 4096), dtype=torch.int32, device=device)
+    _COUNTERS[key] = buf
+    return buf
+
+
+def _tma_ok(t: torch.Tensor) -> bool:
+    """A [.., rows, k] operand TMA can read as one 2-D [rows_total, k] tensor."""
+    if t.stride(-1) != 1 or t.data_ptr() % 16 or (t.stride(-2) * t.element_size()) % 16:
+        return False
+    return t.dim() == 2 or t.shape[0] == 1 or t.stride(0) == t.shape[1] * t.stride(1)
+
+
+def _desc(t: torch.Tensor, rows_block: int):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    rows = t.shape[-2] * (t.shape[0] if t.dim() == 3 else 1)
+    return TensorDescriptor(t, [rows, t.shape[-1]], [t.stride(-2), 1], [rows_block, 128])
 
 
 def groupwise_gemm_triton(
@@ -172,7 +309,10 @@ def groupwise_gemm_triton(
     ``a`` is [m, k] (PLAIN, CONTIGUOUS) or [G, max_m, k] (MASKED); ``b`` is [n, k] or
     [G, n, k]. ``*_scale_strides`` are (group, row, k-block) element strides of the scale
     tensors, which lets both scale-major modes be read in place. ``config`` holds
-    BLOCK_M, BLOCK_N, SPLIT_K, GROUP_M, num_warps, num_stages.
+    BLOCK_M, BLOCK_N, SPLIT_K, GROUP_M, num_warps, num_stages and optionally TMA (default
+    True: TMA loads when both operands allow them, else pointer loads) and REDUCE
+    (``"fused"``, the default: the last split of a tile reduces; ``"launch"``: a second
+    kernel reduces).
     """
     M, K = a.shape[-2], a.shape[-1]
     N = b.shape[-2]
@@ -191,23 +331,36 @@ def groupwise_gemm_triton(
     cs = output_scale if output_scale is not None else out
     idx = m_indices if m_indices is not None else out
     mm = masked_m if masked_m is not None else out
-    stride_ag = a.stride(0) if a.dim() == 3 else 0
-    stride_bg = b.stride(0) if b.dim() == 3 else 0
     stride_cg = out.stride(0) if out.dim() == 3 else 0
     stride_csm = output_scale.stride(0) if output_scale is not None else 0
-    fp8_groupwise_gemm_kernel[grid](
-        a, b, a_scale, b_scale, out, cs, ws, idx, mm,
-        M, N, K, G,
-        stride_ag, a.stride(-2),
-        stride_bg, b.stride(-2),
-        *a_scale_strides, *b_scale_strides,
-        stride_cg, out.stride(-2), stride_csm,
-        LAYOUT=layout, SPLIT_K=split_k, OUT_FP8=out_fp8, OUT_DTYPE=_TL_DTYPE[out.dtype],
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=128, GROUP_M=config.get("GROUP_M", 8),
-        NUM_STAGES=config.get("num_stages", 3),
-        num_warps=config.get("num_warps", 4), num_stages=config.get("num_stages", 3),
-    )
-    if split_k > 1:
+    common = dict(LAYOUT=layout, SPLIT_K=split_k, OUT_FP8=out_fp8, OUT_DTYPE=_TL_DTYPE[out.dtype],
+                  BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=128, GROUP_M=config.get("GROUP_M", 8),
+                  NUM_STAGES=config.get("num_stages", 3),
+                  num_warps=config.get("num_warps", 4), num_stages=config.get("num_stages", 3))
+    reduce_launch = split_k > 1
+    if config.get("TMA", True) and _tma_ok(a) and _tma_ok(b):
+        cnt = None
+        if split_k > 1 and config.get("REDUCE", "fused") == "fused":
+            cnt = _tile_counters(a.device, tiles)
+        reduce_launch = split_k > 1 and cnt is None
+        fp8_groupwise_tma_kernel[grid](
+            _desc(a, bm), _desc(b, bn), a_scale, b_scale, out, cs, ws, cnt if cnt is not None else out, idx, mm,
+            M, N, K, G,
+            *a_scale_strides, *b_scale_strides,
+            stride_cg, out.stride(-2), stride_csm,
+            FUSED_REDUCE=cnt is not None, **common,
+        )
+    else:
+        fp8_groupwise_gemm_kernel[grid](
+            a, b, a_scale, b_scale, out, cs, ws, idx, mm,
+            M, N, K, G,
+            a.stride(0) if a.dim() == 3 else 0, a.stride(-2),
+            b.stride(0) if b.dim() == 3 else 0, b.stride(-2),
+            *a_scale_strides, *b_scale_strides,
+            stride_cg, out.stride(-2), stride_csm,
+            **common,
+        )
+    if reduce_launch:
         rbm = 32
         splitk_reduce_kernel[(triton.cdiv(M, rbm), triton.cdiv(N, 128))](
             ws, out, cs, M, N, out.stride(0), stride_csm,

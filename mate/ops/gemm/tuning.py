@@ -80,13 +80,20 @@ def _split_k(tiles: int, k: int) -> int:
 
 
 def groupwise_config(m: int, n: int, k: int, fp8_out: bool) -> dict:
-    """Triton config for the plain groupwise kernel (BLOCK_N 128 for FP8 output)."""
+    """Triton config for the plain groupwise kernel (BLOCK_N 128 for FP8 output).
+
+    Keys: BLOCK_M, BLOCK_N, num_warps, num_stages, SPLIT_K, GROUP_M and, when the table
+    holds them, REDUCE (``"fused"``/``"launch"``) and TMA (see ``groupwise_gemm_triton``).
+    """
     e = dict(_entry(m, n, k))
     e.pop("backend", None)
     if fp8_out:
         e["BLOCK_N"] = 128
     tiles = -(-m // e["BLOCK_M"]) * -(-n // e["BLOCK_N"])
-    e["SPLIT_K"] = _split_k(tiles, k)
+    # a measured split count is kept (capped by the K blocks); else the occupancy rule
+    e["SPLIT_K"] = max(1, min(e["SPLIT_K"], k // 128)) if "SPLIT_K" in e else _split_k(tiles, k)
+    if tiles >= NUM_SMS:
+        e["SPLIT_K"] = 1
     e["GROUP_M"] = 8
     return e
 
