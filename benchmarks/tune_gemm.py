@@ -78,6 +78,9 @@ def _time_one(m, n, k, backend, cfg, sets):
         tuning.GROUPWISE_TABLE.update(saved)
 
 
+_PARTIAL = ""
+
+
 def sweep(budget_s: float, buckets: list[str] | None = None, nks: list[tuple[int, int]] | None = None) -> dict:
     import torch
 
@@ -103,11 +106,55 @@ def sweep(budget_s: float, buckets: list[str] | None = None, nks: list[tuple[int
             cub = _time_one(m, n, k, "cublas", None, sets)
             tri = {json.dumps(c, sort_keys=True): _time_one(m, n, k, "triton", c, sets) for c in configs_for(m)}
             results[f"{key},{n},{k}"] = {"cublas": cub, "triton": tri}
+            if _PARTIAL:  # written after every shape, so a run cut short keeps what it measured
+                Path(_PARTIAL).write_text(json.dumps(results, indent=1))
             best = min(tri.values())
             print(f"{key} N={n} K={k}: cublas {cub:.1f} us, best triton {best:.1f} us", flush=True)
             del sets
             torch.cuda.empty_cache()
     return results
+
+
+GROUPED_CONFIGS = (
+    {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 4, "GROUP_M": 8},
+    {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "GROUP_M": 8},
+    {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 4, "GROUP_M": 16},
+    {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 4, "GROUP_M": 8},
+    {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 5, "GROUP_M": 8},
+)
+
+
+def sweep_grouped(G: int = 4, rows: int = 8192, n: int = 4096, k: int = 7168) -> dict:
+    """Times the contiguous grouped GEMM at the bar shape for each of GROUPED_CONFIGS."""
+    import torch
+
+    from mate import gemm
+    from mate.ops.gemm import tuning
+    from mate.testing.bench import time_fn
+
+    m = G * rows
+    a = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
+    sa = torch.rand(m, k // 128, device="cuda") * 0.01 + 0.001
+    b = torch.randn(G, n, k, device="cuda").to(torch.float8_e4m3fn)
+    sb = torch.rand(G, n // 128, k // 128, device="cuda") * 0.01 + 0.001
+    idx = torch.arange(G, device="cuda", dtype=torch.int32).repeat_interleave(rows)
+    out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+    real = tuning.grouped_config
+    res = {}
+    try:
+        for cfg in GROUPED_CONFIGS:
+            tuning.grouped_config = lambda *_, c=cfg: dict(c)
+            try:
+                t = time_fn(lambda: gemm.group_deepgemm_fp8_nt_groupwise(a, b, sa, sb, idx, out=out), iters=10)
+            except Exception as exc:
+                print(f"  grouped {cfg} failed: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
+                t = math.inf
+            res[json.dumps(cfg, sort_keys=True)] = t
+            print(f"grouped G={G}x{rows} N={n} K={k} {cfg}: {t:.1f} us, {2.0 * m * n * k / t / 1e6:.0f} TFLOP/s",
+                  flush=True)
+    finally:
+        tuning.grouped_config = real
+    return res
 
 
 def build_table(results: dict) -> tuple[dict, dict]:
@@ -157,10 +204,15 @@ def main() -> int:
     ap.add_argument("--budget-s", type=float, default=900.0)
     ap.add_argument("--buckets", default="", help="comma-separated bucket keys (m16,m64,...); default all")
     ap.add_argument("--nk", default="", help="comma-separated NxK shapes (2112x7168,...); default all")
+    ap.add_argument("--grouped", action="store_true", help="also time the contiguous grouped configs")
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "tune_gemm.json"))
     args = ap.parse_args()
     buckets = [b for b in args.buckets.split(",") if b] or None
     nks = [tuple(int(v) for v in s.split("x")) for s in args.nk.split(",") if s] or None
+    global _PARTIAL
+    _PARTIAL = args.json
+    if args.grouped:
+        Path(args.json).with_suffix(".grouped.json").write_text(json.dumps(sweep_grouped(), indent=1))
     results = sweep(args.budget_s, buckets, nks)
     Path(args.json).write_text(json.dumps(results, indent=1))
     table, overrides = build_table(results)
