@@ -260,3 +260,14 @@ def test_sparse_attention_gpu_random_lengths(dtype, ratio, width, layout, flat, 
     atol, rtol = TOL[dtype]
     assert_close(o, ro, atol=atol, rtol=rtol)
     assert_close(l_, rl, atol=1e-4, rtol=1e-4, name="lse")
+
+
+def test_custom_op_opcheck(triton_backend):
+    from mate.ops.msa.sparse_attention import msa_sparse_attention_op
+
+    pb = make_problem([2], [130], hq=16, hkv=1, width=4)
+    out = torch.empty(2, 16, 128, dtype=torch.bfloat16)
+    lse = torch.empty(2, 16)
+    args = (pb["q"], pb["k"], pb["v"], pb["kv_block_indexes"], pb["qo_indptr"], pb["kv_lens"], None,
+            pb["page_table"], None, None, out, lse, False, 0.088, 1.0, 1.0, True, False, -1)
+    torch.library.opcheck(msa_sparse_attention_op, args, test_utils=("test_schema", "test_faketensor"))
