@@ -271,3 +271,24 @@ def test_single_sequence_sdpa_path_gpu():
     assert o is out
     ro, _ = attention_varlen_reference(q.cpu(), k.cpu(), v.cpu(), cu([T], "cpu"), [T], k_starts=[0], causal=True)
     assert_close(o, ro, atol=2e-2, rtol=2e-2)
+
+
+def test_paged_bad_pages_are_skipped(device, triton_backend):
+    """Pages outside the cache and keys past the table's width are skipped, never read."""
+    g = torch.Generator().manual_seed(torch.seed() % 2**31)
+    lens = [100, 70]
+    kc, vc, table = paged_cache(lens, 1, 64, 16, torch.float16, device, g)
+    q = torch.randn(2, 1, 4, 64, generator=g).to(torch.float16).to(device)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=device)
+    bad = table.clone()
+    bad[0, 2] = 10**6  # keys 32..47 of request 0
+    o = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, page_table=bad)
+    keep = [i for i in range(100) if not 32 <= i < 48]
+    k0 = kc.cpu()[table[0, :7].cpu().long()].reshape(-1, 1, 64)[keep]
+    v0 = vc.cpu()[table[0, :7].cpu().long()].reshape(-1, 1, 64)[keep]
+    ro, _ = attention_varlen_reference(q[0].cpu(), k0, v0, cu([1], "cpu"), [len(keep)], k_starts=[0])
+    assert_close(o[0], ro, atol=3e-3, rtol=3e-3)
+    o = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, page_table=table[:, :2].contiguous())
+    ro, _ = attention_varlen_reference(q.reshape(2, 4, 64).cpu(), kc.cpu(), vc.cpu(), cu([1, 1], "cpu"), [32, 32],
+                                       page_table=table.cpu())
+    assert_close(o.reshape(2, 4, 64), ro, atol=3e-3, rtol=3e-3)

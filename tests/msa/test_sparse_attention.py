@@ -271,3 +271,27 @@ def test_custom_op_opcheck(triton_backend):
     args = (pb["q"], pb["k"], pb["v"], pb["kv_block_indexes"], pb["qo_indptr"], pb["kv_lens"], None,
             pb["page_table"], None, None, out, lse, False, 0.088, 1.0, 1.0, True, False, -1)
     torch.library.opcheck(msa_sparse_attention_op, args, test_utils=("test_schema", "test_faketensor"))
+
+
+def test_bad_pages_are_skipped_not_read(device, triton_backend):
+    """A page id outside the cache (or a table narrower than the context) drops that block:
+    the result equals the reference with the block removed from every list of its request."""
+    pb = make_problem([3, 2], [400, 300], hq=16, hkv=1, width=4, device=device)
+    pt = pb["page_table"].clone()
+    pt[0, 1] = 10**6
+    pt[1, 2] = -7
+    o, l_ = sparse_attention(**{**pb, "page_table": pt})
+    idx = pb["kv_block_indexes"].cpu().clone()
+    idx[:3][idx[:3] == 1] = -1
+    idx[3:][idx[3:] == 2] = -1
+    cpu = {key: (val.cpu() if isinstance(val, torch.Tensor) else val) for key, val in pb.items()}
+    ro, rl = sparse_attention_reference(**{**cpu, "kv_block_indexes": idx})
+    assert_close(o, ro, atol=2e-2, rtol=2e-2)
+    assert_close(l_, rl, atol=1e-4, rtol=1e-4, name="lse")
+    narrow = pb["page_table"][:, :2]  # blocks >= 2 have no page: skipped
+    o, l_ = sparse_attention(**{**pb, "page_table": narrow})
+    idx = pb["kv_block_indexes"].cpu().clone()
+    idx[idx >= 2] = -1
+    ro, rl = sparse_attention_reference(**{**cpu, "kv_block_indexes": idx})
+    assert_close(o, ro, atol=2e-2, rtol=2e-2)
+    assert_close(l_, rl, atol=1e-4, rtol=1e-4, name="lse")

@@ -24,7 +24,7 @@ LOG2E = 1.4426950408889634
 def _mha_fwd_kernel(
     q_ptr, stride_qt, stride_qh,
     k_ptr, v_ptr, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
-    cu_q_ptr, cu_k_ptr, seqused_k_ptr, page_table_ptr, stride_pt,
+    cu_q_ptr, cu_k_ptr, seqused_k_ptr, page_table_ptr, stride_pt, n_cols, num_pages,
     o_ptr, stride_ot, stride_oh, lse_ptr, stride_lh, stride_lt,
     RATIO, qk_scale, window_left, window_right,
     TM: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -77,7 +77,10 @@ def _mha_fwd_kernel(
         n = n0 + offs_n
         nvalid = n < hi
         if PAGED:
+            # keys past the table or in pages outside the cache are skipped, never read
+            nvalid = nvalid & (n // PAGE_SIZE < n_cols)
             page = tl.load(page_table_ptr + req.to(tl.int64) * stride_pt + n // PAGE_SIZE, mask=nvalid, other=0)
+            nvalid = nvalid & (page >= 0) & (page < num_pages)
             krow = page.to(tl.int64) * stride_kb + (n % PAGE_SIZE) * stride_kt + kvh * stride_kh
             vrow = page.to(tl.int64) * stride_vb + (n % PAGE_SIZE) * stride_vt + kvh * stride_vh
         else:
@@ -168,6 +171,7 @@ def attention_triton(
         cu_seqlens_q, cu_seqlens_k if cu_seqlens_k is not None else dummy,
         seqused_k if seqused_k is not None else dummy,
         page_table if paged else dummy, page_table.stride(0) if paged else 0,
+        page_table.shape[1] if paged else 0, k.shape[0],
         out, out.stride(0), out.stride(1), lse, lse.stride(0), lse.stride(1),
         ratio, softmax_scale * LOG2E, window_left, window_right,
         TM=tm, GP=gp, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=d, PAGE_SIZE=page_size, PAGED=paged,

@@ -42,7 +42,7 @@ def _or_combine(a, b):
 def _msa_union_kernel(
     idx_ptr, stride_it, stride_ih,
     qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, B, n_iter,
-    page_table_ptr, stride_pt, kv_indices_ptr, kv_page_indptr_ptr,
+    page_table_ptr, stride_pt, n_cols, kv_indices_ptr, kv_page_indptr_ptr, n_indices, num_pages,
     tok_pos_ptr, tok_kvlen_ptr,
     u_page_ptr, u_blk_ptr, u_mask_ptr, u_cnt_ptr,
     total_q, W,
@@ -87,11 +87,17 @@ def _msa_union_kernel(
     valid = (ids >= 0) & (ids < nblk) & tvalid
     if CAUSAL:
         valid = valid & (ids * 128 <= pos)
+    # inconsistent metadata (a table narrower than the context, pages outside the cache) is
+    # skipped rather than read out of bounds
     if USE_PAGE_TABLE:
+        valid = valid & (ids < n_cols)
         page = tl.load(page_table_ptr + req.to(tl.int64) * stride_pt + ids, mask=valid, other=0)
     else:
         pstart = tl.load(kv_page_indptr_ptr + req, mask=valid, other=0)
+        pend = tl.load(kv_page_indptr_ptr + req + 1, mask=valid, other=0)
+        valid = valid & (pstart + ids < pend) & (pstart + ids < n_indices) & (pstart >= 0)
         page = tl.load(kv_indices_ptr + pstart + ids, mask=valid, other=0)
+    valid = valid & (page >= 0) & (page < num_pages)
     # de-duplicate (page, block) pairs: an entry is kept where no earlier one equals it
     same = (page[:, None] == page[None, :]) & (ids[:, None] == ids[None, :])
     same = same & valid[:, None] & valid[None, :]
@@ -318,8 +324,9 @@ def sparse_attention_triton(
     _msa_union_kernel[(num_tiles, hkv)](
         kv_block_indexes, kv_block_indexes.stride(0), kv_block_indexes.stride(1) * head_step,
         qo_indptr, kv_lens, qo_offset if qo_offset is not None else dummy, batch, n_iter,
-        page_table if use_pt else dummy, page_table.stride(0) if use_pt else 0,
+        page_table if use_pt else dummy, page_table.stride(0) if use_pt else 0, page_table.shape[1] if use_pt else 0,
         kv_indices if not use_pt else dummy, kv_page_indptr if not use_pt else dummy,
+        kv_indices.shape[0] if not use_pt else 0, k.shape[0],
         tok_pos, tok_kvlen, u_page, u_blk, u_mask, u_cnt,
         total_q, width,
         TT=til.tt, BLOCK_W=til.block_w, CAUSAL=causal, USE_PAGE_TABLE=use_pt,
