@@ -170,7 +170,7 @@ CASES = [
     (torch.bfloat16, 8, 64, "NHD", True, False, False),  # widest rows
     (torch.float8_e4m3fn, 4, 8, "NHD", False, True, False),  # fp8 decode
     (torch.float8_e4m3fn, 16, 16, "HND", False, False, False),  # fp8 prefill
-    (torch.bfloat16, 32, 8, "NHD", False, False, False),  # ratio > 16
+    (torch.bfloat16, 32, 17, "NHD", False, False, False),  # ratio > 16, width 16 + 1 forced (not a power of 2)
 ]
 
 
