@@ -15,11 +15,17 @@ Reported: time (CUDA-graph replay, rotated input sets), TFLOP/s with FlashMLA's 
 2 * B * q_len * H * top-k * (576 + 512), and GB/s of B * q_len * top-k * 576 gathered bytes
 + query + output, as a fraction of the measured copy bandwidth. ``mate block_h=64`` rows
 time the padded H >= 64 kernel at small H, to compare with the default small-H kernel.
+
+``MATE_SPARSE_MLA_BARS=1`` times only the issue's bar shapes (B=64 q1 H=128, B=128 q2
+H=128, B=128 q1 H=16, B=8 q1 H=128) with candidate plans (``BAR_CANDIDATES``: stage
+counts, splits, padded heads, fp32 split scratch) beside the default and FlashMLA, so one
+short GPU run picks the best configuration.
 """
 
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
@@ -36,6 +42,13 @@ FULL = [(h, b, s) for h in (16, 32, 64, 128) for b in (1, 8, 32, 64, 128) for s 
 # num_stages variants timed beside the default at the bar shapes (H, B, q_len): the small-H
 # kernel's shared memory grows to 128 KB at 8 stages and 166 KB at 10 (H200 compiles).
 STAGE_VARIANTS = {(16, 128, 1): (8, 10), (128, 64, 1): (3, 4), (32, 128, 1): (8,)}
+# Bar shapes (H, B, q_len) -> plan_decode overrides timed beside the default plan.
+BAR_CANDIDATES = {
+    (128, 64, 1): [dict(num_stages=4)],
+    (128, 128, 2): [dict(num_stages=4)],
+    (16, 128, 1): [dict(num_stages=8), dict(block_h=64)],
+    (128, 8, 1): [dict(partial_dtype=torch.float32), dict(num_splits=4), dict(num_splits=16)],
+}
 QUICK = [(128, 64, 1), (128, 128, 2), (16, 128, 1), (128, 8, 1), (64, 128, 1), (32, 128, 1), (16, 32, 2)]
 
 
@@ -98,7 +111,9 @@ def run(ceilings: dict, quick: bool = False) -> list[dict]:
     caches: dict[int, torch.Tensor] = {}
     fm_caches: dict[int, torch.Tensor] = {}
     scale = 1 / math.sqrt(576)
-    for H, B, q_len in QUICK if quick else FULL:
+    bars = os.environ.get("MATE_SPARSE_MLA_BARS", "") not in ("", "0")
+    shapes = list(BAR_CANDIDATES) if bars else QUICK if quick else FULL
+    for H, B, q_len in shapes:
         shape = f"B={B} q_len={q_len} H={H} topk={TOP_K}"
         n_before = len(rows)
         key = max(B, 8)
@@ -127,7 +142,19 @@ def run(ceilings: dict, quick: bool = False) -> list[dict]:
         except Exception as exc:
             t, note = None, f"{type(exc).__name__}: {exc}"[:200]
         rows.append(record(ceilings, impl="mate", time_us=t, note=note, **common))
-        if H < 64:  # the padded H >= 64 kernel, for comparison with the small-H kernel
+        for kw in BAR_CANDIDATES.get((H, B, q_len), []) if bars else []:
+            name = " ".join(f"{k}={str(v).removeprefix('torch.')}" for k, v in kw.items())
+            try:
+                mdc = plan_decode(B, q_len, H, TOP_K, "cuda", **kw)
+                _mate_fn(s0, kv, scale, mdc)()
+                err = rel_error(s0["out"], ref) if ref is not None else None
+                t = time_fn([_mate_fn(s, kv, scale, mdc) for s in sets])
+                nc = (f"block_h={mdc.block_h} splits={mdc.num_splits} warps={mdc.num_warps} "
+                      f"stages={mdc.num_stages}" + (f"; rel err vs naive {err:.1e}" if err is not None else ""))
+            except Exception as exc:
+                t, nc = None, f"{type(exc).__name__}: {exc}"[:200]
+            rows.append(record(ceilings, impl=f"mate {name}", time_us=t, note=nc, **common))
+        if H < 64 and not bars:  # the padded H >= 64 kernel, for comparison with the small-H kernel
             md64 = plan_decode(B, q_len, H, TOP_K, "cuda", block_h=64)
             try:
                 t = time_fn([_mate_fn(s, kv, scale, md64) for s in sets])
@@ -135,7 +162,8 @@ def run(ceilings: dict, quick: bool = False) -> list[dict]:
             except Exception as exc:
                 t, n2 = None, f"{type(exc).__name__}: {exc}"[:200]
             rows.append(record(ceilings, impl="mate block_h=64", time_us=t, note=n2, **common))
-        for stages in STAGE_VARIANTS.get((H, B, q_len), ()):  # other pipeline depths, to tune the default
+        # other pipeline depths, to tune the default
+        for stages in () if bars else STAGE_VARIANTS.get((H, B, q_len), ()):
             mdv = plan_decode(B, q_len, H, TOP_K, "cuda", num_stages=stages)
             try:
                 t = time_fn([_mate_fn(s, kv, scale, mdv) for s in sets])
@@ -143,7 +171,9 @@ def run(ceilings: dict, quick: bool = False) -> list[dict]:
             except Exception as exc:
                 t, nv = None, f"{type(exc).__name__}: {exc}"[:200]
             rows.append(record(ceilings, impl=f"mate stages={stages}", time_us=t, note=nv, **common))
-        if ref is not None:
+        if bars:  # the naive peer is timed in the full runs only
+            pass
+        elif ref is not None:
             try:
                 t = time_fn([lambda s=s, kv=kv: _naive(s["q"], kv, s["idx"], scale) for s in sets[:4]])
                 nn = ""

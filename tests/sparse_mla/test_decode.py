@@ -108,6 +108,20 @@ def test_decode_matches_reference(triton_backend, device, B, q_len, H, top_k, pa
     _check(out, lse, q, kv, idx, sl, s1, s2)
 
 
+@pytest.mark.parametrize("H", [16, 64])
+def test_decode_fp32_partials(triton_backend, device, H):
+    """The split path with fp32 scratch (the fp16 default is covered by CASES)."""
+    B, q_len, top_k = 2, 1, 128
+    q, kv, idx, sl = _make(B, q_len, H, top_k, page_size=53, device=device)
+    md = plan_decode(B, q_len, H, top_k, device, num_splits=2, partial_dtype=torch.float32)
+    assert md.num_splits == 2 and md.partial_o.dtype == torch.float32
+    s1 = 1 / math.sqrt(576)
+    out = poisoned((B, q_len, H, 512), torch.bfloat16, device)
+    lse = poisoned((B * q_len, H), torch.float32, device)
+    _call(q, kv, idx, sl, top_k, out=out, lse=lse, bmm1_scale=s1, bmm2_scale=0.75, metadata=md)
+    _check(out, lse, q, kv, idx, sl, s1, 0.75)
+
+
 def test_decode_seq_lens_none_and_allocated_outputs(triton_backend, device):
     B, q_len, H, top_k = 2, 1, 16, 128
     q, kv, idx, _ = _make(B, q_len, H, top_k, device=device)
@@ -313,9 +327,12 @@ def test_plan_is_value_independent_and_splits_fill_the_gpu():
     p3 = plan_decode(1, 1, 16, 2048, "cpu", num_sms=132)
     assert p3.transposed and p3.block_h == 16 and p3.num_splits == 32
     assert p3.partial_o.shape == (1, 32, 16, 512) and p3.partial_lse.shape == (1, 32, 16)
+    assert p3.partial_o.dtype == torch.float16 and p3.partial_lse.dtype == torch.float32
     assert plan_decode(2, 2, 64, 64, "cpu").partial_o.numel() == 0
     with pytest.raises(ValueError, match="block_h"):
         plan_decode(2, 1, 16, 64, "cpu", block_h=8)
+    with pytest.raises(ValueError, match="partial_dtype"):
+        plan_decode(2, 1, 16, 64, "cpu", partial_dtype=torch.bfloat16)
 
 
 # ------------------------------------------------------------------ GPU

@@ -10,7 +10,9 @@ straight from the e4m3 rows (512 + 64 as two dots), runs the online softmax in f
 ``exp2`` and a log2(e)-folded scale, and accumulates P·V in fp16 with V (the first 512
 values of the same rows, already loaded for Q·Kᵀ) converted e4m3 -> fp16 in registers.
 Without a split it writes the bf16 output and the natural-log LSE; with a split it writes
-fp32 partial results that ``sparse_mla_decode_combine_kernel`` merges.
+partial results (outputs normalised by their own softmax sum, in the dtype of the
+metadata's ``partial_o``: fp16 by default, fp32 LSEs) that
+``sparse_mla_decode_combine_kernel`` merges.
 """
 
 from __future__ import annotations
@@ -123,7 +125,8 @@ def sparse_mla_decode_split_kernel(
         tl.store(lse_ptr + bt * H + offs_h, lse, mask=h_mask)
     else:
         p_rows = (bt * num_splits + pid_s) * H + offs_h.to(tl.int64)
-        tl.store(po_ptr + p_rows[:, None] * D_V + offs_v[None, :], o, mask=h_mask[:, None])
+        o_part = o.to(po_ptr.dtype.element_ty)  # fp16 partials: |o| <= max |v| <= 448
+        tl.store(po_ptr + p_rows[:, None] * D_V + offs_v[None, :], o_part, mask=h_mask[:, None])
         tl.store(plse_ptr + p_rows, tl.where(empty, float("-inf"), lse), mask=h_mask)
 
 
@@ -223,7 +226,8 @@ def sparse_mla_decode_split_kernel_t(
         tl.store(lse_ptr + bt * H + offs_h, lse, mask=h_mask)
     else:
         p_rows = (bt * num_splits + pid_s) * H + offs_h.to(tl.int64)
-        tl.store(po_ptr + p_rows[None, :] * D_V + offs_v[:, None], o, mask=h_mask[None, :])
+        o_part = o.to(po_ptr.dtype.element_ty)
+        tl.store(po_ptr + p_rows[None, :] * D_V + offs_v[:, None], o_part, mask=h_mask[None, :])
         tl.store(plse_ptr + p_rows, tl.where(empty, float("-inf"), lse), mask=h_mask)
 
 
@@ -257,7 +261,7 @@ def sparse_mla_decode_combine_kernel(
         lse_s = tl.load(plse_ptr + rows, mask=h_mask, other=float("-inf"))
         w = tl.exp(lse_s - m_use)  # 0 for an empty split
         o_s = tl.load(po_ptr + rows[:, None] * D_V + offs_v[None, :], mask=h_mask[:, None] & (w > 0.0)[:, None],
-                      other=0.0)
+                      other=0.0).to(tl.float32)
         total += w
         acc += w[:, None] * o_s
     empty = total == 0.0
