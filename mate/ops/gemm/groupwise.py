@@ -221,7 +221,7 @@ def fp8_groupwise_tma_kernel(
     if SPLIT_K > 1:
         mask = row_ok[:, None] & col_ok[None, :]
         w_ptrs = ws_ptr + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
-        MN = M.to(tl.int64) * N
+        MN = (pid_k.to(tl.int64) * 0 + M) * N  # int64 even when M or N is specialized to 1
         tl.store(w_ptrs + pid_k * MN, acc, mask=mask)
         if FUSED_REDUCE:
             tl.debug_barrier()  # every thread's partial is stored before the arrival is counted
@@ -257,14 +257,22 @@ def splitk_reduce_kernel(ws_ptr, c_ptr, cs_ptr, M, N, stride_cm, stride_csm,
               OUT_FP8, OUT_DTYPE)
 
 
-_COUNTERS: dict[tuple[str, int | None], torch.Tensor] = {}
+_COUNTERS: dict[tuple, torch.Tensor] = {}
+
+
+def _counter_key(device: torch.device) -> tuple:
+    return (device.type, device.index)
 
 
 def _tile_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
-    """Per-device int32 arrival counters for the fused split-K reduce (zero between calls:
-    the last program of each tile resets its counter). None while a CUDA graph is being
-    captured and no buffer is large enough yet (then the reduce is a second launch)."""
-    key = (device.type, device.index)
+    """Int32 arrival counters for the fused split-K reduce, one buffer per device (zero
+    between calls: the last program of each tile resets its counter). None while a CUDA
+    graph is being captured and no buffer is large enough yet (then the reduce is a second
+    launch). One buffer per device, not per stream, so that a graph captured on a side
+    stream uses the buffer allocated by the eager warm-up call: split-K groupwise calls on
+    the same device must therefore not run concurrently on two streams (use
+    ``config["REDUCE"] = "launch"`` for that)."""
+    key = _counter_key(device)
     buf = _COUNTERS.get(key)
     if buf is not None and buf.numel() >= tiles:
         return buf
