@@ -397,10 +397,27 @@ def get_scheduler_metadata(
 ) -> MhaSchedulerMetadata:
     """Scheduling object for later ``flash_attn_*`` calls (no device work, no host sync).
 
-    Returns a :class:`MhaSchedulerMetadata` recording the configuration; the Triton kernels
-    schedule from the call's own arguments. Tensor arguments are accepted and not read.
-    ``headdim_v`` other than ``headdim``, ``attention_chunk`` and ``has_softcap`` are not
-    implemented. Non-positive sizes or heads that do not divide: ``ValueError``.
+    Parameters
+    ----------
+    batch_size, num_heads_q, num_heads_kv, headdim : positive ints (num_heads_kv divides
+        num_heads_q).
+    max_seqlen_q, max_seqlen_k : ints >= 0.
+    qkv_dtype : torch.float16 or torch.bfloat16.
+    causal, window_size, page_size : recorded.
+    seqused_q, seqused_k, cu_seqlens_q, cu_seqlens_k, cu_seqlens_k_new, cache_leftpad :
+        accepted and not read (no host sync).
+    max_seqlen_k_new, num_splits, pack_gqa, mp_margin : accepted and ignored.
+    headdim_v (other than headdim), attention_chunk, has_softcap : not implemented.
+
+    Returns
+    -------
+    MhaSchedulerMetadata
+        The configuration; the Triton kernels schedule from each call's own arguments, and
+        calls check that its head counts match.
+
+    Raises
+    ------
+    TypeError / ValueError for bad sizes, NotImplementedError for the options above.
     """
     for name, value in (("batch_size", batch_size), ("num_heads_q", num_heads_q), ("num_heads_kv", num_heads_kv),
                         ("headdim", headdim)):
