@@ -9,7 +9,9 @@ it times cuBLAS blockwise (through mate's cublas backend) and every Triton confi
 sweep (CUDA-graph replay, rotated inputs). A bucket's entry is the Triton config with the
 best geometric-mean time over the (N, K) shapes, and its backend is the faster path on
 most shapes; (bucket, N, K) where the other backend wins by more than 3% become
-overrides. ``--write`` rewrites the block between ``BEGIN TABLE`` and ``END TABLE``.
+overrides. A config's num_stages is a cap: ``tuning.groupwise_config`` lowers it for short
+K loops, and a config without SPLIT_K gets the one-wave split rule. ``--write`` rewrites
+the block between ``BEGIN TABLE`` and ``END TABLE``.
 """
 
 from __future__ import annotations
@@ -121,6 +123,7 @@ GROUPED_CONFIGS = (
     {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 4, "GROUP_M": 16},
     {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 4, "GROUP_M": 8},
     {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 5, "GROUP_M": 8},
+    {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 5, "GROUP_M": 8},  # 165 KB smem
 )
 
 

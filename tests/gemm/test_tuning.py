@@ -24,6 +24,18 @@ def test_split_k_only_when_tiles_do_not_fill_the_gpu():
     assert tuning.groupwise_config(4096, 4096, 7168, fp8_out=False)["SPLIT_K"] == 1
     assert tuning.groupwise_config(64, 2112, 512, fp8_out=False)["SPLIT_K"] == 1  # 4 k-blocks only
     assert tuning.groupwise_config(64, 2112, 7168, fp8_out=True)["BLOCK_N"] == 128
+    # one wave of programs: 33 tiles of 64x64 -> 4 splits (132), 64 tiles -> 2 (128)
+    for n, splits in ((2112, 4), (4096, 2)):
+        cfg = tuning.groupwise_config(64, n, 7168, fp8_out=False)
+        tiles = -(-64 // cfg["BLOCK_M"]) * -(-n // cfg["BLOCK_N"])
+        assert cfg["SPLIT_K"] == splits and tiles * splits <= tuning.NUM_SMS
+
+
+def test_stages_follow_the_k_loop_length():
+    assert tuning.groupwise_config(64, 24576, 1536, fp8_out=False)["num_stages"] == 4  # 12 K blocks
+    assert tuning.groupwise_config(64, 2112, 7168, fp8_out=False)["num_stages"] == 5  # 56 / 4 splits
+    assert tuning.groupwise_config(128, 4096, 7168, fp8_out=False)["num_stages"] == 6  # 56, no split
+    assert tuning.groupwise_config(4096, 4096, 7168, fp8_out=False)["num_stages"] <= 4  # the entry caps it
 
 
 def test_bmm_fp8_backend_and_cublas_rules():

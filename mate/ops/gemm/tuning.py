@@ -109,7 +109,12 @@ def groupwise_config(m: int, n: int, k: int, fp8_out: bool) -> dict:
 
 
 def grouped_config(m: int, n: int, k: int) -> dict:
-    """Contiguous MoE layout: groups are 128-row aligned, so BLOCK_M divides 128."""
+    """Contiguous MoE layout: groups are 128-row aligned, so BLOCK_M divides 128.
+
+    Measured on the H200 (``tune_gemm.py --grouped``, 4 experts x 8192 rows, N=4096,
+    K=7168): 128x128 tiles, 8 warps, 4 stages, GROUP_M 8: 2059 us (935 TFLOP/s); 3 stages
+    860, GROUP_M 16 928, 128x64 705, 64x128 751 TFLOP/s.
+    """
     return {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 4, "GROUP_M": 8}
 
 
