@@ -1,0 +1,62 @@
+"""Copies the latest benchmark table from benchmarks/results/ into the README.
+
+Usage: python benchmarks/update_readme.py [results.json]
+The README block between the BENCHMARKS markers is replaced by the ceilings, the GPU test
+summary and one row per (op, shape) with mate's time beside each peer's.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import OrderedDict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BEGIN, END = "<!-- BENCHMARKS:BEGIN -->", "<!-- BENCHMARKS:END -->"
+
+
+def condensed(payload: dict, name: str) -> str:
+    env, ceil, rows = payload["env"], payload["ceilings"], payload["rows"]
+    out = [f"Measured {env['date']} on {env['gpu']} (torch {env['torch']}, triton {env['triton']}); "
+           f"full table and plots: `benchmarks/results/{name}.md`.", "",
+           "Ceilings in the same run: " + ", ".join(f"{k} = {v:.0f}" for k, v in ceil.items()) + ".", ""]
+    if payload.get("tests"):
+        out += [f"GPU tests: `{payload['tests']['summary']}`", ""]
+    groups: OrderedDict[tuple, dict] = OrderedDict()
+    for r in rows:
+        key = (r["family"], r["op"], r["shape"], r.get("dtype", ""))
+        groups.setdefault(key, {})[r["impl"]] = r
+    out += ["| family | op | shape | dtype | mate (us) | mate TFLOP/s or GB/s | of ceiling | peers (us) |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for (fam, op, shape, dtype), impls in groups.items():
+        mates = {k: v for k, v in impls.items() if k.startswith("mate")}
+        if not mates:
+            continue
+        best = min((v for v in mates.values() if v.get("time_us")), key=lambda v: v["time_us"], default=None)
+        if best is None:
+            continue
+        rate = f"{best['TFLOPs']:.0f} TFLOP/s" if best.get("TFLOPs") else ""
+        if best.get("GBps"):
+            rate = (rate + ", " if rate else "") + f"{best['GBps']:.0f} GB/s"
+        frac = f"{best['frac_ceiling']:.0%}" if best.get("frac_ceiling") is not None else ""
+        peers = ", ".join(f"{k} {v['time_us']:.1f}" for k, v in impls.items()
+                          if not k.startswith("mate") and v.get("time_us"))
+        out.append(f"| {fam} | {op} | {shape} | {dtype} | {best['time_us']:.1f} | {rate} | {frac} | {peers} |")
+    return "\n".join(out)
+
+
+def main() -> int:
+    results = ROOT / "benchmarks" / "results"
+    path = Path(sys.argv[1]) if len(sys.argv) > 1 else max(results.glob("*.json"), key=lambda p: p.stat().st_mtime)
+    payload = json.loads(path.read_text())
+    readme = ROOT / "README.md"
+    text = readme.read_text()
+    a, b = text.index(BEGIN) + len(BEGIN), text.index(END)
+    readme.write_text(text[:a] + "\n" + condensed(payload, path.stem) + "\n" + text[b:])
+    print(f"README updated from {path.name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
