@@ -50,7 +50,7 @@ def run_tests(out_dir: Path, pytest_args: list[str]) -> dict:
     return {"returncode": proc.returncode, "summary": tail[0], "failed": failed[:50], "seconds": time.time() - t0}
 
 
-def run_benchmarks(families: list[str], ceilings: dict, quick: bool) -> list[dict]:
+def run_benchmarks(families: list[str], ceilings: dict, quick: bool, on_family=None) -> list[dict]:
     rows: list[dict] = []
     for fam in families:
         path = ROOT / "benchmarks" / f"bench_{fam}.py"
@@ -64,6 +64,8 @@ def run_benchmarks(families: list[str], ceilings: dict, quick: bool) -> list[dic
             rows.append({"family": fam, "op": "(benchmark crashed)", "shape": "", "impl": "mate", "time_us": None,
                          "note": traceback.format_exc()[-800:]})
         print(f"[run_gpu] {fam}: {time.time() - t0:.0f} s", flush=True)
+        if on_family is not None:
+            on_family(rows)
     return rows
 
 
@@ -154,16 +156,20 @@ def main() -> int:
     if tests:
         print(f"[run_gpu] tests: {tests['summary']} ({tests['seconds']:.0f} s)", flush=True)
     families = [f for f in args.families.split(",") if f]
-    rows = [] if args.skip_bench else run_benchmarks(families, ceilings, args.quick)
+    stem = f"{env['date']}-{gpu.replace('NVIDIA ', '').replace(' ', '_').lower()}"
+
+    def save(rows_so_far: list[dict]) -> None:  # after each family, so a run cut short keeps its results
+        payload = {"env": env, "ceilings": ceilings, "tests": tests, "rows": rows_so_far}
+        (out_dir / f"{stem}.json").write_text(json.dumps(payload, indent=2))
+
+    rows = [] if args.skip_bench else run_benchmarks(families, ceilings, args.quick, on_family=save)
     if args.shape_filter:
         keep = [s for s in args.shape_filter.split(",") if s]
         rows = [r for r in rows if any(k in r["shape"] for k in keep)]
     if args.mate_only:
         rows = [r for r in rows if r["impl"].startswith("mate")]
 
-    stem = f"{env['date']}-{gpu.replace('NVIDIA ', '').replace(' ', '_').lower()}"
-    payload = {"env": env, "ceilings": ceilings, "tests": tests, "rows": rows}
-    (out_dir / f"{stem}.json").write_text(json.dumps(payload, indent=2))
+    save(rows)
     (out_dir / f"{stem}.md").write_text(markdown(ceilings, tests, rows, env))
     plots(rows, out_dir, stem)
 
