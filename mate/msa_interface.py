@@ -443,8 +443,14 @@ def _attend_sparse(q, k, v, part: _Part, kv_block_indexes, out, lse, sm_scale, k
     """Sparse prefill / decode over the selected blocks of one part (writes out, lse)."""
     from mate.ops.msa.sparse_attention import sparse_attention
 
+    qp = _slice_rows(q, part)
+    lse_p = _slice_rows(lse, part)
+    if lse_p is None:  # the kernels always write an LSE: use the plan's scratch (no allocation per call)
+        rows = max(qp.shape[0], part.plan.rows_capacity)
+        lse_p = part.plan.workspace.buffer("lse", rows * qp.shape[1], torch.float32, q.device)
+        lse_p = lse_p[:qp.shape[0] * qp.shape[1]].view(qp.shape[0], qp.shape[1])
     sparse_attention(
-        _slice_rows(q, part), k, v,
+        qp, k, v,
         plan=part.plan,
         kv_block_indexes=_slice_rows(kv_block_indexes, part),
         page_table=part.page_table,
@@ -457,7 +463,7 @@ def _attend_sparse(q, k, v, part: _Part, kv_block_indexes, out, lse, sm_scale, k
         k_scale=k_scale,
         v_scale=v_scale,
         out=_slice_rows(out, part),
-        lse=_slice_rows(lse, part),
+        lse=lse_p,
     )
 
 

@@ -268,8 +268,10 @@ def test_custom_op_opcheck(triton_backend):
     pb = make_problem([2], [130], hq=16, hkv=1, width=4)
     out = torch.empty(2, 16, 128, dtype=torch.bfloat16)
     lse = torch.empty(2, 16)
+    iws = torch.empty(4096, dtype=torch.int32)
+    fws = torch.empty(2 * 2 * 16 * 129)
     args = (pb["q"], pb["k"], pb["v"], pb["kv_block_indexes"], pb["qo_indptr"], pb["kv_lens"], None,
-            pb["page_table"], None, None, out, lse, False, 0.088, 1.0, 1.0, True, False, -1)
+            pb["page_table"], None, None, out, lse, iws, fws, False, 0.088, 1.0, 1.0, True, True, 2)
     torch.library.opcheck(msa_sparse_attention_op, args, test_utils=("test_schema", "test_faketensor"))
 
 

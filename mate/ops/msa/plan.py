@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 import torch
 
 from mate._core.checks import check_choice, check_value
+from mate.ops.msa.workspace import MsaWorkspace
 
 __all__ = [
     "MsaPrefillPlan",
@@ -130,6 +131,17 @@ class MsaPlan:
     is_static: bool = False
     default_qo_offset: bool = True
     """True when ``qo_offset == kv_lens - qo_lens`` (bottom-right causal alignment)."""
+    workspace: MsaWorkspace = dataclasses.field(default_factory=MsaWorkspace, repr=False, compare=False)
+    """Scratch buffers of the sparse forward, allocated at the plan's first call and reused
+    by every later call (see :mod:`mate.ops.msa.workspace`)."""
+
+    @property
+    def rows_capacity(self) -> int:
+        """Query rows the workspace is sized for: ``batch_size * max_seqlen_q`` in a static
+        plan, the plan's query tokens otherwise."""
+        if self.is_static:
+            return self.batch_size * self.prefill_plan.max_seqlen_q
+        return max(0, self.prefill_plan.total_seqlen_q)
 
     @property
     def selected_block_count(self) -> int:

@@ -26,7 +26,8 @@ import triton.language as tl
 
 from mate._core.triton_helpers import INTERPRET, dot_operand, to_out_dtype
 
-__all__ = ["SparseTiling", "sparse_attention", "sparse_attention_triton", "sparse_tiling"]
+__all__ = ["SparseTiling", "sparse_attention", "sparse_attention_triton", "sparse_tiling", "workspace_numel",
+           "resolve_num_splits"]
 
 BLOCK = 128
 LOG2E = 1.4426950408889634
@@ -273,6 +274,41 @@ def choose_num_splits(num_tiles: int, num_kv_heads: int, width: int, device: tor
     return int(max(1, min(8, want, width)))
 
 
+def resolve_num_splits(num_splits: int, total_q: int, hq: int, hkv: int, width: int, decode: bool,
+                       device: torch.device) -> int:
+    """The split count a call runs with: ``num_splits`` when positive, else
+    :func:`choose_num_splits` for decode and 1 for prefill."""
+    if num_splits > 0:
+        return int(num_splits)
+    if not decode:
+        return 1
+    til = SparseTiling(hq // hkv, width, decode)
+    return choose_num_splits(-(-total_q // til.tt), hkv, width, device)
+
+
+def workspace_numel(rows: int, hq: int, hkv: int, width: int, decode: bool, num_splits: int,
+                    device: torch.device, head_dim: int = 128) -> tuple[int, int]:
+    """(int32, float32) element counts of the scratch of a call with ``rows`` query rows.
+
+    With ``num_splits <= 0`` (the automatic decode split) the float part is sized for the
+    largest ``splits * n`` over every ``n <= rows``: ``splits(n) * n <= max(2 n, n + 2 SMs /
+    Hkv)`` (from :func:`choose_num_splits`), capped at ``min(8, width) * rows``.
+    """
+    til = SparseTiling(hq // hkv, width, decode)
+    tiles = -(-rows // til.tt)
+    n_int = 3 * tiles * hkv * til.capacity + tiles * hkv + 2 * rows
+    if num_splits > 0:
+        part_rows = num_splits * rows if num_splits > 1 else 0
+    elif decode:
+        tiles_bound = max(2 * tiles, tiles + -(-2 * _num_sms(device) // hkv))
+        part_rows = min(tiles_bound * til.tt, min(8, width) * rows)
+        if min(8, width) <= 1:
+            part_rows = 0
+    else:
+        part_rows = 0
+    return n_int, part_rows * hq * (head_dim + 1)
+
+
 def sparse_attention_triton(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -294,11 +330,15 @@ def sparse_attention_triton(
     causal: bool,
     decode: bool,
     num_splits: int = -1,
+    iws: torch.Tensor | None = None,
+    fws: torch.Tensor | None = None,
 ) -> None:
     """Launches the union pre-kernel, the sparse forward and (split decode) the combine.
 
     All tensors validated by the caller; ``out`` [total_q, Hq, D] and ``lse`` [total_q, Hq]
-    may be strided views (last dimension contiguous). No host sync, device allocations only.
+    may be strided views (last dimension contiguous). ``iws`` (int32) and ``fws`` (float32)
+    are flat scratch buffers of at least :func:`workspace_numel` elements for this call's
+    split count; without them the scratch is allocated here. No host sync.
     """
     total_q, hq, d = q.shape
     hkv = k.shape[2] if layout == "NHD" else k.shape[1]
@@ -310,13 +350,19 @@ def sparse_attention_triton(
     til = SparseTiling(ratio, width, decode)
     num_tiles = -(-total_q // til.tt)
     dev = q.device
-    i32 = torch.int32
-    u_page = torch.empty(num_tiles * hkv * til.capacity, dtype=i32, device=dev)
-    u_blk = torch.empty_like(u_page)
-    u_mask = torch.empty_like(u_page)
-    u_cnt = torch.empty(num_tiles * hkv, dtype=i32, device=dev)
-    tok_pos = torch.empty(total_q, dtype=i32, device=dev)
-    tok_kvlen = torch.empty(total_q, dtype=i32, device=dev)
+    splits = resolve_num_splits(num_splits, total_q, hq, hkv, width, decode, dev)
+    n_int = 3 * num_tiles * hkv * til.capacity + num_tiles * hkv + 2 * total_q
+    n_flt = splits * total_q * hq * (d + 1) if splits > 1 else 0
+    if iws is None or iws.numel() < n_int:
+        iws = torch.empty(n_int, dtype=torch.int32, device=dev)
+    if splits > 1 and (fws is None or fws.numel() < n_flt):
+        fws = torch.empty(n_flt, dtype=torch.float32, device=dev)
+    n_u = num_tiles * hkv * til.capacity
+    u_page, u_blk, u_mask = iws[:n_u], iws[n_u:2 * n_u], iws[2 * n_u:3 * n_u]
+    o = 3 * n_u
+    u_cnt = iws[o:o + num_tiles * hkv]
+    o += num_tiles * hkv
+    tok_pos, tok_kvlen = iws[o:o + total_q], iws[o + total_q:o + 2 * total_q]
     head_step = 1 if kv_block_indexes.shape[1] == hkv else ratio
     use_pt = page_table is not None
     dummy = u_cnt
@@ -338,13 +384,9 @@ def sparse_attention_triton(
     block_shape = [1, 128, 1, d] if layout == "NHD" else [1, 1, 128, d]
     k_desc = TensorDescriptor(k, list(k.shape), list(k.stride()), block_shape)
     v_desc = TensorDescriptor(v, list(v.shape), list(v.stride()), block_shape)
-    if decode:
-        splits = choose_num_splits(num_tiles, hkv, width, dev) if num_splits <= 0 else num_splits
-    else:
-        splits = 1 if num_splits <= 0 else num_splits
     if splits > 1:
-        o_part = torch.empty(splits * total_q * hq * d, dtype=torch.float32, device=dev)
-        l_part = torch.empty(splits * total_q * hq, dtype=torch.float32, device=dev)
+        o_part = fws[:splits * total_q * hq * d]
+        l_part = fws[splits * total_q * hq * d:n_flt]
     else:
         o_part = l_part = out
     is_fp8 = q.dtype == torch.float8_e4m3fn
@@ -387,6 +429,8 @@ def _sparse_attention_op_impl(
     kv_page_indptr: torch.Tensor | None,
     out: torch.Tensor,
     lse: torch.Tensor,
+    iws: torch.Tensor,
+    fws: torch.Tensor,
     head_major: bool,
     sm_scale: float,
     k_scale: float,
@@ -399,13 +443,15 @@ def _sparse_attention_op_impl(
         q, k, v, kv_block_indexes, qo_indptr, kv_lens, qo_offset, page_table, kv_indices,
         kv_page_indptr, out, lse, layout="HND" if head_major else "NHD", sm_scale=sm_scale,
         k_scale=k_scale, v_scale=v_scale, causal=causal, decode=decode, num_splits=num_splits,
+        iws=iws, fws=fws,
     )
 
 
 def _register():
     from mate._core.custom_op import mate_custom_op
 
-    return mate_custom_op("msa_sparse_attention", mutates_args=("out", "lse"))(_sparse_attention_op_impl)
+    return mate_custom_op("msa_sparse_attention", mutates_args=("out", "lse", "iws", "fws"))(
+        _sparse_attention_op_impl)
 
 
 msa_sparse_attention_op = _register()
@@ -437,6 +483,7 @@ def sparse_attention(
     decode: bool | None = None,
     num_kv_splits: int | None = None,
     num_kv_heads: int | None = None,
+    workspace=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """MSA sparse forward over the selected 128-token blocks (the ``msa()`` sparse modes).
 
@@ -457,6 +504,9 @@ def sparse_attention(
     sm_scale : softmax scale (default D ** -0.5); k_scale folds into it, v_scale scales out.
     out : [total_q, Hq, 128] q's dtype (bf16 for fp8 inputs), last dim contiguous (a strided
         slice of a larger buffer is fine); lse : fp32 [total_q, Hq] (natural log).
+    workspace : an :class:`mate.ops.msa.workspace.MsaWorkspace` for the scratch buffers
+        (default: the plan's; without either, the scratch is allocated per call). Sized at
+        its first use by ``max(total_q, plan.rows_capacity)`` query rows and reused after.
 
     Returns
     -------
@@ -542,9 +592,22 @@ def sparse_attention(
         out.copy_(ro)
         lse.copy_(rl)
         return out, lse
+    if workspace is None and plan is not None:
+        workspace = getattr(plan, "workspace", None)
+    splits = resolve_num_splits(int(num_kv_splits), total_q, hq, hkv, width, decode, device)
+    if workspace is not None:
+        rows_cap = max(total_q, int(getattr(plan, "rows_capacity", 0) or 0))
+        n_int, n_flt = workspace_numel(rows_cap, hq, hkv, width, decode, int(num_kv_splits), device)
+        n_int_now, n_flt_now = workspace_numel(total_q, hq, hkv, width, decode, splits, device)
+        iws = workspace.buffer("sparse_int", max(n_int, n_int_now), torch.int32, device)
+        fws = workspace.buffer("sparse_float", max(n_flt, n_flt_now), torch.float32, device)
+    else:
+        n_int, n_flt = workspace_numel(total_q, hq, hkv, width, decode, splits, device)
+        iws = torch.empty(n_int, dtype=torch.int32, device=device)
+        fws = torch.empty(max(1, n_flt), dtype=torch.float32, device=device)
     msa_sparse_attention_op(
         q, k, v, kv_block_indexes, qo_indptr, kv_lens, qo_offset, page_table, kv_indices, kv_page_indptr,
-        out, lse, layout == "HND", float(sm_scale), float(k_scale), float(v_scale), bool(causal), bool(decode),
-        int(num_kv_splits),
+        out, lse, iws, fws, layout == "HND", float(sm_scale), float(k_scale), float(v_scale), bool(causal),
+        bool(decode), splits,
     )
     return out, lse
