@@ -82,8 +82,8 @@ def _check(out, lse, q, kv, idx, sl, s1, s2, gpu=False):
 # ------------------------------------------------------------------ kernel vs reference (CPU)
 
 CASES = [
-    # (B, q_len, H, top_k, page_size, four_d, num_splits): small-H (transposed) and
-    # H >= 64 kernels, with and without the split + combine step
+    # (B, q_len, H, top_k, page_size, four_d, num_splits): small-H (mma.sync, 16-row tiles)
+    # and H >= 64 kernels, with and without the split + combine step
     (3, 1, 16, 128, 64, False, None),
     (2, 2, 16, 64, 53, True, 1),
     (3, 2, 16, 128, 1, False, 2),
@@ -105,6 +105,28 @@ def test_decode_matches_reference(triton_backend, device, B, q_len, H, top_k, pa
     lse = poisoned((B * q_len, H), torch.float32, device)
     res = _call(q, kv, idx, sl, top_k, out=out, lse=lse, bmm1_scale=s1, bmm2_scale=s2, return_lse=True, metadata=md)
     assert res[0] is out and res[1] is lse
+    _check(out, lse, q, kv, idx, sl, s1, s2)
+
+
+@pytest.mark.parametrize("H,kw", [
+    (16, dict(transposed=True)),  # the Sᵀ = K·Qᵀ small-H kernel
+    (20, dict(transposed=True, num_splits=2)),
+    (16, dict(block_n=32, num_warps=8, num_splits=2)),
+    (16, dict(num_stages=3, max_regs=0)),
+    (32, dict(block_n=64)),
+    (16, dict(block_h=64)),  # small H padded to the 64-head kernel
+])
+def test_decode_plan_variants(triton_backend, device, H, kw):
+    """Every kernel variant a plan can select matches the reference."""
+    B, q_len, top_k = 2, 2, 128
+    q, kv, idx, sl = _make(B, q_len, H, top_k, page_size=64, four_d=True, device=device)
+    md = plan_decode(B, q_len, H, top_k, device, **kw)
+    for k, v in kw.items():
+        assert getattr(md, k) == v
+    s1, s2 = 1 / math.sqrt(576), 0.5 + torch.rand(()).item()
+    out = poisoned((B, q_len, H, 512), torch.bfloat16, device)
+    lse = poisoned((B * q_len, H), torch.float32, device)
+    _call(q, kv, idx, sl, top_k, out=out, lse=lse, bmm1_scale=s1, bmm2_scale=s2, metadata=md)
     _check(out, lse, q, kv, idx, sl, s1, s2)
 
 
@@ -212,7 +234,8 @@ def test_custom_op_opcheck(reference_backend):
     out = torch.empty(B, q_len, H, 512, dtype=torch.bfloat16)
     lse = torch.empty(B, q_len, H)
     args = (q, kv.view(-1, 576), idx, sl, out, lse, md.partial_o, md.partial_lse, 0.05, 1.0, md.block_h,
-            md.num_splits, md.split_blocks, md.num_warps, md.num_stages)
+            md.num_splits, md.split_blocks, md.num_warps, md.num_stages, md.block_n, md.transposed,
+            md.max_regs)
     # test_schema is left out: its aliasing check multiplies the inputs, which torch's CPU
     # kernels do not implement for float8_e4m3fn.
     torch.library.opcheck(torch.ops.mate.sparse_mla_fp8_decode.default, args,
@@ -325,12 +348,21 @@ def test_plan_is_value_independent_and_splits_fill_the_gpu():
     p2 = plan_decode(64, 1, 128, 2048, "cpu", num_sms=132)
     assert p2.num_splits == 1  # 128 programs already fill 132 SMs
     p3 = plan_decode(1, 1, 16, 2048, "cpu", num_sms=132)
-    assert p3.transposed and p3.block_h == 16 and p3.num_splits == 32
+    assert not p3.transposed and p3.block_h == 16 and p3.block_n == 16 and p3.num_splits == 32
+    assert p3.split_blocks * p3.block_n == 64  # at least 64 slots per split on the CPU
     assert p3.partial_o.shape == (1, 32, 16, 512) and p3.partial_lse.shape == (1, 32, 16)
+    p4 = plan_decode(128, 1, 16, 2048, "cuda:0" if torch.cuda.is_available() else "cpu", num_sms=132)
+    assert p4.num_splits == 4 and p4.max_regs == 128  # 512 programs: 4 per SM, each over 512 slots
     assert p3.partial_o.dtype == torch.float16 and p3.partial_lse.dtype == torch.float32
     assert plan_decode(2, 2, 64, 64, "cpu").partial_o.numel() == 0
     with pytest.raises(ValueError, match="block_h"):
         plan_decode(2, 1, 16, 64, "cpu", block_h=8)
+    with pytest.raises(ValueError, match="block_n"):
+        plan_decode(2, 1, 16, 64, "cpu", block_n=8)
+    with pytest.raises(ValueError, match="block_n"):
+        plan_decode(2, 1, 64, 64, "cpu", block_n=16)
+    with pytest.raises(ValueError, match="transposed"):
+        plan_decode(2, 1, 64, 64, "cpu", transposed=True)
     with pytest.raises(ValueError, match="partial_dtype"):
         plan_decode(2, 1, 16, 64, "cpu", partial_dtype=torch.bfloat16)
 

@@ -13,6 +13,16 @@ Without a split it writes the bf16 output and the natural-log LSE; with a split 
 partial results (outputs normalised by their own softmax sum, in the dtype of the
 metadata's ``partial_o``: fp16 by default, fp32 LSEs) that
 ``sparse_mla_decode_combine_kernel`` merges.
+
+Kernel variants (chosen by the plan, see ``metadata.py``): 64 heads per program (H > 32)
+use Hopper wgmma (QGMMA for Q·Kᵀ, HGMMA for P·V) at 255 registers, one program per SM.
+For 16 or 32 heads the same kernel runs with ``SMALL_H``: Triton emits ``mma.sync``
+(HMMA.16816; the e4m3 operands are widened to fp16 exactly) on 16-row tiles: 16 heads at
+5 stages (two gather buffers) compile to 128 registers under ``maxnreg`` without spilling
+and 54 KB of shared memory (H200), so 4 programs share an SM and more gathers are in
+flight, which is what the bandwidth-bound small-H decode needs.
+``sparse_mla_decode_split_kernel_t`` (Sᵀ = K·Qᵀ on wgmma) is the earlier small-H kernel,
+kept as a plan option.
 """
 
 from __future__ import annotations
@@ -22,7 +32,7 @@ import triton
 import triton.language as tl
 
 from mate._core.triton_helpers import INTERPRET, to_bf16
-from mate.ops.sparse_mla.metadata import BLOCK_N, HEAD_DIM_ROPE, HEAD_DIM_V
+from mate.ops.sparse_mla.metadata import HEAD_DIM_ROPE, HEAD_DIM_V
 
 __all__ = [
     "sparse_mla_decode_split_kernel",
@@ -53,13 +63,17 @@ def sparse_mla_decode_split_kernel(
     top_k,
     split_blocks,
     num_splits,
+    v_one,
     SPLIT: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
     D_V: tl.constexpr,
     D_R: tl.constexpr,
     HAS_SEQ_LENS: tl.constexpr,
+    SMALL_H: tl.constexpr,
 ):
+    """Heads on M: wgmma for ``BLOCK_H`` = 64; for 16 or 32 heads (``SMALL_H``) Triton
+    uses ``mma.sync`` with small ``BLOCK_N`` tiles, so several programs fit on one SM."""
     D_ROW: tl.constexpr = D_V + D_R
     pid_h = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -109,6 +123,11 @@ def sparse_mla_decode_split_kernel(
         l_i = l_i * alpha + tl.sum(p, 1)
         p16 = p.to(tl.float16)
         v16 = k_nope.to(tl.float16)  # e4m3 -> fp16 is exact
+        if SMALL_H:
+            # x * 1.0 is exact; with the 1.0 a runtime value, Triton cannot move the layout
+            # change of V (to the mma.sync operand, a transpose) before the fp16 conversion,
+            # where it gathers fp8 bytes one by one (LDS.U8); in fp16 it uses ldmatrix.
+            v16 = v16 * tl.full([1, 1], v_one, tl.float16)
         if INTERPRET:
             acc = acc * alpha[:, None] + tl.dot(p16.to(tl.float32), v16.to(tl.float32))
         else:
@@ -148,14 +167,17 @@ def sparse_mla_decode_split_kernel_t(
     top_k,
     split_blocks,
     num_splits,
+    v_one,
     SPLIT: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
     D_V: tl.constexpr,
     D_R: tl.constexpr,
     HAS_SEQ_LENS: tl.constexpr,
+    SMALL_H: tl.constexpr,
 ):
-    """Small-H variant (H <= 32): the same math computed transposed.
+    """Transposed small-H variant (H <= 32, ``plan_decode(transposed=True)``): the same
+    math with Sᵀ = K·Qᵀ.
 
     Sᵀ = K·Qᵀ puts the 64 gathered rows on M (the smallest wgmma M) and the few heads on
     N, so no M rows are padding; Oᵀ = Vᵀ·Pᵀ accumulates [512, BLOCK_H] in fp32. The
@@ -289,6 +311,9 @@ def sparse_mla_decode_triton(
     split_blocks: int,
     num_warps: int,
     num_stages: int,
+    block_n: int,
+    transposed: bool,
+    max_regs: int,
 ) -> None:
     """Launches the decode on validated tensors; writes ``out`` (bf16) and ``lse`` (fp32).
 
@@ -305,7 +330,7 @@ def sparse_mla_decode_triton(
         return
     split = num_splits > 1
     grid = (triton.cdiv(H, block_h), num_splits, rows)
-    kernel = sparse_mla_decode_split_kernel_t if block_h <= 32 else sparse_mla_decode_split_kernel
+    kernel = sparse_mla_decode_split_kernel_t if transposed else sparse_mla_decode_split_kernel
     kernel[grid](
         query,
         kv_rows if kv_rows.numel() > 0 else query,  # an empty cache is never read
@@ -323,14 +348,17 @@ def sparse_mla_decode_triton(
         top_k,
         split_blocks,
         num_splits,
+        1.0,
         SPLIT=split,
         BLOCK_H=block_h,
-        BLOCK_N=BLOCK_N,
+        BLOCK_N=block_n,
         D_V=HEAD_DIM_V,
         D_R=HEAD_DIM_ROPE,
         HAS_SEQ_LENS=seq_lens is not None,
+        SMALL_H=block_h <= 32,
         num_warps=num_warps,
         num_stages=num_stages,
+        maxnreg=max_regs or None,
     )
     if split:
         block_hc = min(16, triton.next_power_of_2(H))

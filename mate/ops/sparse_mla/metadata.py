@@ -16,7 +16,7 @@ import torch
 
 __all__ = ["DecodeMetadata", "plan_decode", "BLOCK_N", "HEAD_DIM_V", "HEAD_DIM_ROPE"]
 
-BLOCK_N = 64  # gathered rows (top-k slots) per step; sparse_mla_top_k is a multiple of it
+BLOCK_N = 64  # sparse_mla_top_k is a multiple of it; the 64-head kernel's rows per step
 HEAD_DIM_V = 512  # kv_lora_rank: the value part of each 576-value row
 HEAD_DIM_ROPE = 64  # qk_rope_head_dim: the rotary tail of each row
 
@@ -39,19 +39,22 @@ class DecodeMetadata:
         Heads of one query position per program: 64 for H > 32 (padded), else H rounded
         up to a power of two (at least 16).
     transposed : bool
-        True for the small-H kernel (H <= 32) that computes Sᵀ = K·Qᵀ with the gathered
-        rows on the MMA's M side, so no M rows are padding.
+        True for the optional small-H kernel that computes Sᵀ = K·Qᵀ with the gathered
+        rows on the MMA's M side (off by default: the mma.sync kernel was faster to
+        compile to, see ``decode.py``).
     block_n : int
-        Gathered rows (top-k slots) per step.
+        Gathered rows (top-k slots) per step: 64 for 64 heads, 16 for 16 or 32 heads.
     num_head_tiles : int
         ``ceil(H / block_h)``.
     num_splits : int
-        Programs per (query position, head tile), each over ``split_blocks * 64`` slots of
+        Programs per (query position, head tile), each over ``split_blocks * block_n`` slots of
         the top-k list. 1 means no split and no combine step.
     split_blocks : int
-        Blocks of 64 slots per split.
+        Blocks of ``block_n`` slots per split.
     num_warps, num_stages : int
         Launch configuration of the split kernel.
+    max_regs : int
+        Register cap per thread passed to the compiler (``maxnreg``); 0 for none.
     partial_o : torch.Tensor
         [B * q_len, num_splits, H, 512] partial outputs, each normalised by its own softmax
         sum, so a convex combination of e4m3 values (|o| <= 448): fp16 by default (half the
@@ -77,6 +80,7 @@ class DecodeMetadata:
     split_blocks: int
     num_warps: int
     num_stages: int
+    max_regs: int
     partial_o: torch.Tensor
     partial_lse: torch.Tensor
     lse_scratch: torch.Tensor
@@ -104,16 +108,34 @@ def _num_sms(device: torch.device) -> int:
     return _CPU_VIRTUAL_SMS
 
 
-def _launch_config(transposed: bool) -> tuple[int, int, int]:
-    """(num_warps, num_stages, programs resident per SM), from H200 compiles of the kernels.
+def _launch_config(block_h: int, transposed: bool) -> tuple[int, int, int, int, int]:
+    """(block_n, num_warps, num_stages, max_regs, programs resident per SM), from H200
+    compiles (0 for ``max_regs`` leaves the register count to the compiler).
 
-    Both kernels use 254-255 registers per thread at 8 warps without spilling (the 64x512
-    fp32 accumulator, or the 512x64 fp16 Vᵀ operand of the small-H kernel), so one
-    program fits per SM; the stages keep several gathered tiles in flight.
+    64 heads (wgmma) and the transposed small-H kernel use 254-255 registers per thread at
+    8 warps (the 64x512 fp32 accumulator, or the 512x64 fp16 Vᵀ operand), so one program
+    fits per SM and the stages keep several gathered tiles in flight. The mma.sync
+    small-H kernel on 16-row tiles at 4 warps and 5 stages (two gather buffers): 16 heads
+    compile to 128 registers under ``maxnreg=128`` without spilling and 54 KB of shared
+    memory, so 4 programs share an SM; 32 heads take 245 registers and 73 KB (2 per SM).
     """
     if transposed:
-        return 8, 6, 1
-    return 8, 5, 1
+        return 64, 8, 6, 0, 1
+    if block_h == 64:
+        return 64, 8, 5, 0, 1
+    if block_h == 16:
+        return 16, 4, 5, 128, 4
+    return 16, 4, 5, 0, 2
+
+
+def _resident_per_sm(block_h: int, block_n: int, num_warps: int, max_regs: int, transposed: bool) -> int:
+    """Programs per SM of an overridden launch configuration (H200 compiles; 1 if unknown)."""
+    if transposed or block_h == 64:
+        return 1
+    if max_regs:  # registers bound it (the shared memory of these configs fits 4 per SM)
+        return max(1, min(4, 65536 // (32 * num_warps * max_regs)))
+    known = {(16, 16, 4): 2, (16, 16, 8): 2, (16, 32, 8): 2, (32, 16, 4): 2}  # 124-245 registers
+    return known.get((block_h, block_n, num_warps), 1)
 
 
 def plan_decode(
@@ -128,10 +150,16 @@ def plan_decode(
     block_h: int | None = None,
     num_stages: int | None = None,
     partial_dtype: torch.dtype = torch.float16,
+    block_n: int | None = None,
+    num_warps: int | None = None,
+    max_regs: int | None = None,
+    transposed: bool = False,
 ) -> DecodeMetadata:
     """Builds the plan; ``num_sms`` / ``num_splits`` / ``block_h`` / ``num_stages`` /
-    ``partial_dtype`` (fp16 or fp32 split outputs) override the device-derived choices
-    (tests and benchmarks: ``block_h=64`` pads a small H)."""
+    ``partial_dtype`` (fp16 or fp32 split outputs) / ``block_n`` / ``num_warps`` /
+    ``max_regs`` (the compiler's ``maxnreg``, 0 for none) / ``transposed`` (the
+    Sᵀ = K·Qᵀ small-H kernel) override the device-derived choices (tests and benchmarks:
+    ``block_h=64`` pads a small H)."""
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
@@ -141,20 +169,31 @@ def plan_decode(
         raise ValueError(f"partial_dtype must be torch.float16 or torch.float32, got {partial_dtype}")
     if block_h not in (16, 32, 64):
         raise ValueError(f"block_h must be one of (16, 32, 64), got {block_h}")
-    transposed = block_h <= 32
+    if transposed and block_h == 64:
+        raise ValueError(f"transposed needs block_h 16 or 32, got block_h {block_h}")
     num_head_tiles = -(-num_heads // block_h)
-    num_warps, default_stages, per_sm = _launch_config(transposed)
+    default_n, default_warps, default_stages, default_regs, per_sm = _launch_config(block_h, transposed)
+    if block_n is None and num_warps is None and max_regs is None:
+        block_n, num_warps, max_regs = default_n, default_warps, default_regs
+    else:
+        block_n = default_n if block_n is None else int(block_n)
+        num_warps = default_warps if num_warps is None else int(num_warps)
+        max_regs = 0 if max_regs is None else int(max_regs)
+        per_sm = _resident_per_sm(block_h, block_n, num_warps, max_regs, transposed)
+    allowed_n = (64,) if block_h == 64 or transposed else (16, 32, 64)
+    if block_n not in allowed_n:
+        raise ValueError(f"block_n must be one of {allowed_n} for block_h {block_h}, got {block_n}")
     num_stages = default_stages if num_stages is None else int(num_stages)
-    n_blocks = top_k // BLOCK_N
+    n_blocks = top_k // block_n
     rows = batch_size * q_len
     if num_splits is None:
         sms = _num_sms(device) if num_sms is None else num_sms
         # Fill every SM with `per_sm` programs when the query positions alone do not; on
-        # the GPU keep at least 4 blocks (256 slots) per split so that the combine step
-        # and the per-program prologue stay cheap.
+        # the GPU keep at least 256 slots per split so that the combine step and the
+        # per-program prologue stay cheap (64 on the CPU, to test splits on small lists).
         base = max(1, rows * num_head_tiles)
         slots = sms * per_sm
-        min_blocks = 4 if device.type == "cuda" else 1
+        min_blocks = max(1, (256 if device.type == "cuda" else 64) // block_n)
         max_splits = max(1, n_blocks // min_blocks)
         # Relative makespan of s splits: waves of programs times the length of one program.
         # A larger s must win by more than 10% (the combine step and prologues cost).
@@ -182,12 +221,13 @@ def plan_decode(
         device=device,
         block_h=block_h,
         transposed=transposed,
-        block_n=BLOCK_N,
+        block_n=block_n,
         num_head_tiles=num_head_tiles,
         num_splits=num_splits,
         split_blocks=split_blocks,
         num_warps=num_warps,
         num_stages=num_stages,
+        max_regs=max_regs,
         partial_o=partial_o,
         partial_lse=partial_lse,
         lse_scratch=lse_scratch,
