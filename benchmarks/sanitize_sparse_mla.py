@@ -4,7 +4,7 @@
 
 Small caches sized exactly (so any read past a row would leave the allocation), indices
 at every boundary (-1, INT32_MIN, INT32_MAX, tokens, tokens - 1), seq_lens below 0 and
-above top-k, an empty cache, every kernel variant (small-H mma.sync, H >= 64, with and
+above top-k, an empty cache, every kernel variant (small-H transposed, H >= 64, with and
 without the split + combine step, seq_lens None). Each result is checked against the
 reference; the script exits non-zero on a mismatch.
 """

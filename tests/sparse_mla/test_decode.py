@@ -82,8 +82,8 @@ def _check(out, lse, q, kv, idx, sl, s1, s2, gpu=False):
 # ------------------------------------------------------------------ kernel vs reference (CPU)
 
 CASES = [
-    # (B, q_len, H, top_k, page_size, four_d, num_splits): small-H (mma.sync, 16-row tiles)
-    # and H >= 64 kernels, with and without the split + combine step
+    # (B, q_len, H, top_k, page_size, four_d, num_splits): small-H (transposed) and
+    # H >= 64 kernels, with and without the split + combine step
     (3, 1, 16, 128, 64, False, None),
     (2, 2, 16, 64, 53, True, 1),
     (3, 2, 16, 128, 1, False, 2),
@@ -109,11 +109,11 @@ def test_decode_matches_reference(triton_backend, device, B, q_len, H, top_k, pa
 
 
 @pytest.mark.parametrize("H,kw", [
-    (16, dict(transposed=True)),  # the Sᵀ = K·Qᵀ small-H kernel
-    (20, dict(transposed=True, num_splits=2)),
-    (16, dict(block_n=32, num_warps=8, num_splits=2)),
-    (16, dict(num_stages=3, max_regs=0)),
-    (32, dict(block_n=64)),
+    (16, dict(transposed=False)),  # the mma.sync small-H kernel, 16-row tiles
+    (20, dict(transposed=False, num_splits=2)),
+    (16, dict(transposed=False, block_n=32, num_warps=8, num_splits=2)),
+    (16, dict(transposed=False, num_stages=3, max_regs=0)),
+    (32, dict(transposed=False, block_n=64)),
     (16, dict(block_h=64)),  # small H padded to the 64-head kernel
 ])
 def test_decode_plan_variants(triton_backend, device, H, kw):
@@ -348,11 +348,12 @@ def test_plan_is_value_independent_and_splits_fill_the_gpu():
     p2 = plan_decode(64, 1, 128, 2048, "cpu", num_sms=132)
     assert p2.num_splits == 1  # 128 programs already fill 132 SMs
     p3 = plan_decode(1, 1, 16, 2048, "cpu", num_sms=132)
-    assert not p3.transposed and p3.block_h == 16 and p3.block_n == 16 and p3.num_splits == 32
+    assert p3.transposed and p3.block_h == 16 and p3.block_n == 64 and p3.num_splits == 32
     assert p3.split_blocks * p3.block_n == 64  # at least 64 slots per split on the CPU
     assert p3.partial_o.shape == (1, 32, 16, 512) and p3.partial_lse.shape == (1, 32, 16)
-    p4 = plan_decode(128, 1, 16, 2048, "cuda:0" if torch.cuda.is_available() else "cpu", num_sms=132)
-    assert p4.num_splits == 4 and p4.max_regs == 128  # 512 programs: 4 per SM, each over 512 slots
+    assert plan_decode(128, 1, 16, 2048, "cpu", num_sms=132).num_splits == 1  # 128 programs, 1 per SM
+    p4 = plan_decode(128, 1, 16, 2048, "cpu", num_sms=132, transposed=False)
+    assert p4.block_n == 16 and p4.max_regs == 128 and p4.num_splits == 4  # 4 per SM, 512 slots each
     assert p3.partial_o.dtype == torch.float16 and p3.partial_lse.dtype == torch.float32
     assert plan_decode(2, 2, 64, 64, "cpu").partial_o.numel() == 0
     with pytest.raises(ValueError, match="block_h"):

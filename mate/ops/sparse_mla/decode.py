@@ -16,13 +16,12 @@ metadata's ``partial_o``: fp16 by default, fp32 LSEs) that
 
 Kernel variants (chosen by the plan, see ``metadata.py``): 64 heads per program (H > 32)
 use Hopper wgmma (QGMMA for Q·Kᵀ, HGMMA for P·V) at 255 registers, one program per SM.
-For 16 or 32 heads the same kernel runs with ``SMALL_H``: Triton emits ``mma.sync``
-(HMMA.16816; the e4m3 operands are widened to fp16 exactly) on 16-row tiles: 16 heads at
-5 stages (two gather buffers) compile to 128 registers under ``maxnreg`` without spilling
-and 54 KB of shared memory (H200), so 4 programs share an SM and more gathers are in
-flight, which is what the bandwidth-bound small-H decode needs.
-``sparse_mla_decode_split_kernel_t`` (Sᵀ = K·Qᵀ on wgmma) is the earlier small-H kernel,
-kept as a plan option.
+For H <= 32 the default is ``sparse_mla_decode_split_kernel_t`` (Sᵀ = K·Qᵀ on wgmma, 64
+gathered rows on M). A plan option runs the heads-on-M kernel with ``SMALL_H``: Triton
+emits ``mma.sync`` (HMMA.16816; e4m3 operands widened to fp16 exactly) on 16-row tiles; 16
+heads at 5 stages compile to 128 registers under ``maxnreg`` without spilling and 54 KB of
+shared memory, so 4 programs share an SM. Measured on the H200 (B=128, H=16, top-k 2048)
+it took 203 us against 111 us for the transposed kernel, so it is not the default.
 """
 
 from __future__ import annotations

@@ -39,11 +39,12 @@ class DecodeMetadata:
         Heads of one query position per program: 64 for H > 32 (padded), else H rounded
         up to a power of two (at least 16).
     transposed : bool
-        True for the optional small-H kernel that computes Sᵀ = K·Qᵀ with the gathered
-        rows on the MMA's M side (off by default: the mma.sync kernel was faster to
-        compile to, see ``decode.py``).
+        True (the default for H <= 32) for the small-H kernel that computes Sᵀ = K·Qᵀ with
+        the gathered rows on the wgmma M side, so no M rows are padding. False with
+        ``block_h`` 16 or 32 selects the mma.sync kernel on 16-row tiles (a plan option:
+        measured slower on the H200, see ``decode.py``).
     block_n : int
-        Gathered rows (top-k slots) per step: 64 for 64 heads, 16 for 16 or 32 heads.
+        Gathered rows (top-k slots) per step: 64, or 16 for the mma.sync small-H kernel.
     num_head_tiles : int
         ``ceil(H / block_h)``.
     num_splits : int
@@ -114,7 +115,7 @@ def _launch_config(block_h: int, transposed: bool) -> tuple[int, int, int, int, 
 
     64 heads (wgmma) and the transposed small-H kernel use 254-255 registers per thread at
     8 warps (the 64x512 fp32 accumulator, or the 512x64 fp16 Vᵀ operand), so one program
-    fits per SM and the stages keep several gathered tiles in flight. The mma.sync
+    fits per SM and the stages keep several gathered tiles in flight. The optional mma.sync
     small-H kernel on 16-row tiles at 4 warps and 5 stages (two gather buffers): 16 heads
     compile to 128 registers under ``maxnreg=128`` without spilling and 54 KB of shared
     memory, so 4 programs share an SM; 32 heads take 245 registers and 73 KB (2 per SM).
@@ -153,13 +154,13 @@ def plan_decode(
     block_n: int | None = None,
     num_warps: int | None = None,
     max_regs: int | None = None,
-    transposed: bool = False,
+    transposed: bool | None = None,
 ) -> DecodeMetadata:
     """Builds the plan; ``num_sms`` / ``num_splits`` / ``block_h`` / ``num_stages`` /
     ``partial_dtype`` (fp16 or fp32 split outputs) / ``block_n`` / ``num_warps`` /
     ``max_regs`` (the compiler's ``maxnreg``, 0 for none) / ``transposed`` (the
-    Sᵀ = K·Qᵀ small-H kernel) override the device-derived choices (tests and benchmarks:
-    ``block_h=64`` pads a small H)."""
+    Sᵀ = K·Qᵀ small-H kernel, default for ``block_h`` <= 32; False: mma.sync) override
+    the device-derived choices (tests and benchmarks: ``block_h=64`` pads a small H)."""
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
@@ -169,6 +170,8 @@ def plan_decode(
         raise ValueError(f"partial_dtype must be torch.float16 or torch.float32, got {partial_dtype}")
     if block_h not in (16, 32, 64):
         raise ValueError(f"block_h must be one of (16, 32, 64), got {block_h}")
+    if transposed is None:
+        transposed = block_h <= 32
     if transposed and block_h == 64:
         raise ValueError(f"transposed needs block_h 16 or 32, got block_h {block_h}")
     num_head_tiles = -(-num_heads // block_h)
