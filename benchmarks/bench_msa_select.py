@@ -19,6 +19,7 @@ import json
 import torch
 
 from mate.msa_interface import _msa_plan_from_lengths, msa, sparse_topk_select
+from mate.ops.msa import topk as topk_mod
 from mate.testing.bench import record, time_fn
 
 FAMILY = "msa_select"
@@ -95,7 +96,19 @@ def _bench_topk(ceilings: dict, total_q: int, tiles: int, rows: list[dict], caus
     nbytes = total_q * H * tiles * 4
     shape = f"total_q={total_q} H={H} tiles={tiles} top16+1" + (" causal positions" if causal_positions else "")
     rows.append(record(ceilings, family=FAMILY, op="sparse_topk_select", shape=shape, impl="mate",
-                       time_us=time_fn(fns, iters=50), nbytes=nbytes, dtype="fp32", ceiling="copy_GBps"))
+                       time_us=time_fn(fns, iters=50), nbytes=nbytes, dtype="fp32", ceiling="copy_GBps",
+                       note=f"default threshold method: {topk_mod.TOPK_METHOD}"))
+    # both threshold methods side by side (the launcher on the same validated tensors)
+    for method in topk_mod.TOPK_METHODS:
+        var = [lambda s=s, m=method: topk_mod.sparse_topk_select_triton(
+            s, out, query_positions=qpos, num_valid_pages=tiles, topk=16, force_begin_blocks=0, force_end_blocks=1,
+            force_blocks_count_in_topk=False, method=m) for s in scores]
+        try:
+            tv, note = time_fn(var, iters=50), f"threshold method {method}"
+        except Exception as exc:  # a variant that fails to compile or launch still leaves a row
+            tv, note = None, f"threshold method {method} failed: {type(exc).__name__}: {exc}"[:300]
+        rows.append(record(ceilings, family=FAMILY, op="sparse_topk_select", shape=shape, impl=f"mate_{method}",
+                           time_us=tv, nbytes=nbytes, dtype="fp32", ceiling="copy_GBps", note=note))
     if not causal_positions:
         peer = [lambda s=s: torch.topk(s, 16, dim=-1) for s in scores]
         rows.append(record(ceilings, family=FAMILY, op="sparse_topk_select", shape=shape, impl="torch.topk",

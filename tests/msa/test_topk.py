@@ -83,20 +83,21 @@ def test_reference_matches_loop():
         assert_equal(ref, loop)
 
 
-def _check_kernel(s, topk, kw, qpos, max_chunk=4096):
+def _check_kernel(s, topk, kw, qpos, max_chunk=4096, method=None):
     total_q, H, T = s.shape
     width = topk if kw["force_blocks_count_in_topk"] else topk + kw["force_begin_blocks"] + kw["force_end_blocks"]
     ref = topk_select_reference(s, query_positions=qpos, topk=topk, num_valid_pages=kw["num_valid_pages"] or T,
                                 force_begin_blocks=kw["force_begin_blocks"], force_end_blocks=kw["force_end_blocks"],
                                 force_blocks_count_in_topk=kw["force_blocks_count_in_topk"])
     out = poisoned((total_q, H, width), torch.int32, s.device)
-    if max_chunk == 4096:
+    if max_chunk == 4096 and method is None:
         got = sparse_topk_select(s, topk, output=out, query_positions=qpos, **kw)
         assert got is out
     else:
         sparse_topk_select_triton(s, out, query_positions=qpos, topk=topk, num_valid_pages=kw["num_valid_pages"] or T,
                                   force_begin_blocks=kw["force_begin_blocks"], force_end_blocks=kw["force_end_blocks"],
-                                  force_blocks_count_in_topk=kw["force_blocks_count_in_topk"], max_chunk=max_chunk)
+                                  force_blocks_count_in_topk=kw["force_blocks_count_in_topk"], max_chunk=max_chunk,
+                                  method=method)
     assert_equal(out, ref)
 
 
@@ -112,6 +113,58 @@ def test_kernel_random_cases_exact(case, max_chunk, device, triton_backend):
     topk, kw = random_config(rng, T)
     qpos = torch.randint(-300, T * 128 + 50, (tq,), device=device) if case != 1 else None
     _check_kernel(s, topk, kw, qpos, max_chunk)
+
+
+@pytest.mark.parametrize("levels", [None, 3])
+def test_bitonic_threshold_random_cases_exact(levels, device, triton_backend):
+    """The bitonic threshold (the non-default method) equals the reference too."""
+    rng = random.Random()
+    T = rng.choice([33, 64, 100])
+    s = random_scores(rng.randint(4, 8), 2, T, levels=levels, device=device)
+    topk, kw = random_config(rng, T)
+    qpos = torch.randint(-300, T * 128 + 50, (s.shape[0],), device=device) if rng.random() < 0.5 else None
+    _check_kernel(s, topk, kw, qpos, method="bitonic")
+
+
+@pytest.mark.parametrize("levels", [None, 2, 5, 40])
+def test_radix_threshold_random_cases_exact(levels, device, triton_backend):
+    """The radix (bitwise binary search) threshold equals the sort-based reference, with
+    ties, NaN, +-inf, -0.0, forced blocks, num_valid_pages and query positions."""
+    rng = random.Random()
+    T = rng.choice([33, 64, 100, 256])
+    tq, H = rng.randint(4, 12), rng.randint(1, 3)
+    s = random_scores(tq, H, T, levels=levels, device=device)
+    topk, kw = random_config(rng, T)
+    qpos = torch.randint(-300, T * 128 + 50, (tq,), device=device) if rng.random() < 0.5 else None
+    _check_kernel(s, topk, kw, qpos, method="radix")
+
+
+@pytest.mark.parametrize("counted", [True, False])
+def test_radix_threshold_close_values_and_special_rows(counted, device, triton_backend):
+    """Rows whose keys differ only in the last mantissa bits (the search runs all 32 bits),
+    negative rows, a K-th value tied across the row, all-equal, all -inf and all-NaN rows,
+    and -0.0 against +0.0 (equal keys, ties to the lower index)."""
+    g = torch.Generator().manual_seed(torch.seed() % 2**31)
+    ulps = torch.randint(0, 6, (2, 2, 64), generator=g, dtype=torch.int32)
+    close = (torch.ones(2, 2, 64).view(torch.int32) + ulps).view(torch.float32)
+    neg = -close
+    zeros = torch.where(torch.rand(1, 2, 64, generator=g) < 0.5, -0.0, 0.0)
+    kth_tie = torch.randn(1, 2, 64, generator=g)
+    kth_tie[..., 20:40] = 0.5
+    kth_tie[..., :5] = 3.0
+    s = torch.cat([close, neg, zeros, kth_tie, torch.zeros(1, 2, 64), torch.full((1, 2, 64), float("-inf")),
+                   torch.full((1, 2, 64), float("nan"))]).to(device)
+    kw = dict(num_valid_pages=None, force_begin_blocks=1, force_end_blocks=2, force_blocks_count_in_topk=counted)
+    _check_kernel(s, 8, kw, None, method="radix")
+    _check_kernel(s, 16, dict(kw, force_begin_blocks=0, force_end_blocks=0), None, method="radix")
+
+
+def test_method_is_checked():
+    s = torch.zeros(1, 1, 8)
+    out = torch.empty(1, 1, 4, dtype=torch.int32)
+    with pytest.raises(ValueError, match="method"):
+        sparse_topk_select_triton(s, out, query_positions=None, num_valid_pages=8, topk=4, force_begin_blocks=0,
+                                  force_end_blocks=0, force_blocks_count_in_topk=True, method="heap")
 
 
 @pytest.mark.parametrize("counted", [True, False])

@@ -5,8 +5,10 @@ forced blocks counted in the top-k get the largest key and everything that may n
 chosen by score (blocks >= n, forced blocks appended outside the top-k) the smallest.
 Selection then runs in two steps per row:
 
-1. **threshold**: the K-th largest key ``tau`` (with multiplicity) by a bitonic top-K of
-   the int32 keys (``tl.topk``). Short rows (``max_k_tiles <= CHUNK``) do it once on
+1. **threshold**: the K-th largest key ``tau`` (with multiplicity), either by a bitwise
+   binary search over the keys held in registers (``radix``, the default for rows of up to
+   4,096 tiles: one compare + row sum per bit, early exit) or by a bitonic top-K of the
+   int32 keys (``tl.topk``). Short rows (``max_k_tiles <= CHUNK``) do it once on
    registers; long rows (up to 12,287 tiles and more) scan ``CHUNK``-wide pieces and merge
    each piece's top-K into a running top-K (a tournament), so registers stay bounded.
 2. **compaction**: a block is chosen when its key is ``> tau``, or ``== tau`` and it is
@@ -18,6 +20,8 @@ Selection then runs in two steps per row:
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -66,6 +70,34 @@ def _topk_values(x, K: tl.constexpr):
 
 
 @triton.jit
+def _radix_threshold(key, need, K: tl.constexpr, CHUNK: tl.constexpr):
+    """The K-th largest int32 key of each row (with multiplicity) by a bitwise binary search,
+    no sort: with ``u`` the keys mapped to unsigned order, the greedy MSB-first search keeps
+    ``prefix | bit`` while at least K keys are ``>=`` it (one compare and one row sum per
+    bit), so ``prefix`` ends as the largest value with ``count(u >= prefix) >= K``. The
+    search stops early (checked every 4 bits) once every row needing it has exactly K keys
+    ``>= prefix``: then the K-th largest is the smallest of those K keys, which is also the
+    answer after all 32 bits (the K-th largest itself is a key), so one final min gives it.
+    ``need`` marks the rows that need a threshold (others may stop at any time)."""
+    u = (key ^ -2147483648).to(tl.uint32, bitcast=True)
+    prefix = tl.zeros([key.shape[0]], dtype=tl.uint32)
+    cnt = tl.zeros([key.shape[0]], dtype=tl.int32) + CHUNK
+    pending = tl.max(tl.where(need & (cnt != K), 1, 0), axis=0)
+    bit = 31
+    while (bit >= 0) & (pending > 0):
+        for _ in tl.static_range(4):
+            cand = prefix | (tl.full([key.shape[0]], 1, dtype=tl.uint32) << bit.to(tl.uint32))
+            c = tl.sum((u >= cand[:, None]).to(tl.int32), axis=1)
+            take = c >= K
+            prefix = tl.where(take, cand, prefix)
+            cnt = tl.where(take, c, cnt)
+            bit -= 1
+        pending = tl.max(tl.where(need & (cnt != K), 1, 0), axis=0)
+    tau_u = tl.min(tl.where(u >= prefix[:, None], u, 0xFFFFFFFF), axis=1)
+    return tau_u.to(tl.int32, bitcast=True) ^ -2147483648
+
+
+@triton.jit
 def _score_keys(s, idx, n, fb, fe, counted):
     """int32 keys whose signed order is the float order (NaN largest, -0.0 == 0.0).
     Forced blocks counted in the top-k get INT32_MAX; blocks >= n, and forced blocks
@@ -110,6 +142,7 @@ def _topk_select_kernel(
     s_ptr, out_ptr, qpos_ptr,
     n_rows, num_tiles, num_valid_pages, H, fb, fe, counted, W, has_qpos,
     K: tl.constexpr, W_P2: tl.constexpr, ROWS: tl.constexpr, CHUNK: tl.constexpr, SINGLE: tl.constexpr,
+    RADIX: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     rows = pid * ROWS + tl.arange(0, ROWS)
@@ -128,9 +161,13 @@ def _topk_select_kernel(
         key, forced, idx_ok = _score_keys(s, idx, n, fb, fe, counted)
         sel = idx_ok
         if any_long:
-            best = _topk_values(key, K)
-            tau = tl.min(best, axis=1)
-            take_ties = K - tl.sum((best > tau[:, None]).to(tl.int32), axis=1)
+            if RADIX:
+                tau = _radix_threshold(key, row_ok & ~short, K, CHUNK)
+                take_ties = K - tl.sum((key > tau[:, None]).to(tl.int32), axis=1)
+            else:
+                best = _topk_values(key, K)
+                tau = tl.min(best, axis=1)
+                take_ties = K - tl.sum((best > tau[:, None]).to(tl.int32), axis=1)
             n_eq = tl.sum((key == tau[:, None]).to(tl.int32), axis=1)
             zero = tl.zeros([ROWS], dtype=tl.int32)
             if tl.max(tl.where(row_ok & ~short, n_eq - take_ties, 0), axis=0) > 0:
@@ -173,6 +210,14 @@ def _topk_select_kernel(
              mask=row_ok[:, None] & (wc[None, :] < W) & (wc[None, :] >= base[:, None]))
 
 
+TOPK_METHODS = ("bitonic", "radix")
+TOPK_METHOD = os.environ.get("MATE_MSA_TOPK_METHOD", "radix")
+"""Threshold method of the public path (see :func:`sparse_topk_select_triton`); the
+environment variable ``MATE_MSA_TOPK_METHOD`` (``bitonic`` / ``radix``) overrides it.
+Radix is the default from the H200 compile (not yet timed): at 256 tiles it executes
+about 1,500 instructions per row (~35 per bit, 16-18 bits on typical scores) against
+about 3,400 for the bitonic top-K."""
+
 _DUMMY: dict[torch.device, torch.Tensor] = {}
 
 
@@ -184,13 +229,18 @@ def _dummy_positions(device: torch.device) -> torch.Tensor:
     return t
 
 
-def topk_config(num_tiles: int, k: int, max_chunk: int = 4096) -> dict:
+def topk_config(num_tiles: int, k: int, max_chunk: int = 4096, method: str = "bitonic") -> dict:
     """Chunk width, rows per program and warps (host ints only). Rows longer than
     ``max_chunk`` take the chunked (tournament) path."""
     chunk = max(triton.next_power_of_2(max(num_tiles, 1)), k, 16)
     single = chunk <= max_chunk
     if not single:
         chunk = max_chunk
+    if method == "radix" and single:
+        # one row per program, one warp per 1024 keys: the per-bit row sum stays inside a
+        # warp (shuffles, no shared memory or barrier) and each row exits its search early
+        # (H200 compile at 256 tiles: 52 registers, ~35 instructions per bit per row)
+        return dict(CHUNK=chunk, SINGLE=True, ROWS=1, num_warps=max(1, chunk // 1024))
     # ~8 keys per thread: 60 registers at 256 tiles (H200 compile), so 8 programs fit an SM
     rows = max(1, 1024 // chunk)
     return dict(CHUNK=chunk, SINGLE=single, ROWS=rows, num_warps=4 if chunk <= 1024 else 8)
@@ -207,17 +257,26 @@ def sparse_topk_select_triton(
     force_end_blocks: int,
     force_blocks_count_in_topk: bool,
     max_chunk: int = 4096,
+    method: str | None = None,
 ) -> None:
     """Launches the selection on validated tensors (contiguous fp32 scores, int32 output).
-    ``max_chunk`` (a power of two >= 16) exists for tests of the long-row path."""
+    ``max_chunk`` (a power of two >= 16) exists for tests of the long-row path.
+    ``method`` picks the threshold step of rows held in registers: ``"bitonic"``
+    (``tl.topk``) or ``"radix"`` (bitwise binary search, :func:`_radix_threshold`);
+    default :data:`TOPK_METHOD`. Both give identical results; long rows (the chunked
+    path) always use the tournament."""
+    method = TOPK_METHOD if method is None else method
+    if method not in TOPK_METHODS:
+        raise ValueError(f"method must be one of {TOPK_METHODS}, got {method!r}")
     total_q, H, T = max_score.shape
     W = output.shape[2]
     n_rows = total_q * H
-    cfg = topk_config(T, topk, max_chunk)
+    cfg = topk_config(T, topk, max_chunk, method)
     grid = (triton.cdiv(n_rows, cfg["ROWS"]),)
     _topk_select_kernel[grid](
         max_score, output, query_positions if query_positions is not None else _dummy_positions(max_score.device),
         n_rows, T, num_valid_pages, H, force_begin_blocks, force_end_blocks, int(force_blocks_count_in_topk), W,
         int(query_positions is not None),
-        K=topk, W_P2=64, ROWS=cfg["ROWS"], CHUNK=cfg["CHUNK"], SINGLE=cfg["SINGLE"], num_warps=cfg["num_warps"],
+        K=topk, W_P2=64, ROWS=cfg["ROWS"], CHUNK=cfg["CHUNK"], SINGLE=cfg["SINGLE"], RADIX=method == "radix",
+        num_warps=cfg["num_warps"],
     )
