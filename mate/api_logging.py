@@ -84,6 +84,7 @@ class LogConfig:
         )
 
 
+#: The configuration read from the environment when :mod:`mate.api_logging` was imported.
 CONFIG = LogConfig.from_env()
 
 _lock = threading.Lock()
@@ -168,6 +169,33 @@ def snapshot_tensors(value: Any) -> Any:
 
     A strided view is copied with the span of storage it covers, so that a replay writes
     through the same strides (for example an output that is a slice of a merged buffer).
+    Used by the level-10 dumps and by ``mate replay``.
+
+    Parameters
+    ----------
+    value : Any
+        A tensor, or lists / tuples / dicts nesting tensors; other objects are kept as
+        they are.
+
+    Returns
+    -------
+    Any
+        The same structure with every tensor replaced by a detached CPU copy with the
+        original shape, strides and dtype.
+
+    Raises
+    ------
+    RuntimeError
+        only from torch itself (for example when a device copy fails).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from mate.api_logging import snapshot_tensors
+    >>> x = torch.arange(12.0).reshape(3, 4)[:, 1:3]  # a strided view
+    >>> snap = snapshot_tensors({"x": x, "n": 7})
+    >>> snap["x"].stride(), torch.equal(snap["x"], x), snap["n"]
+    ((4, 1), True, 7)
     """
     if isinstance(value, torch.Tensor):
         t = value.detach()
@@ -186,7 +214,35 @@ def snapshot_tensors(value: Any) -> Any:
 
 
 def restore_tensors(value: Any, device: torch.device) -> Any:
-    """Moves the tensors of a snapshot to ``device``, keeping strides."""
+    """Moves the tensors of a snapshot to ``device``, keeping strides.
+
+    Parameters
+    ----------
+    value : Any
+        A structure returned by :func:`snapshot_tensors`.
+    device : torch.device
+        Where the tensors go.
+
+    Returns
+    -------
+    Any
+        The same structure with every tensor copied to ``device`` (fresh storage, same
+        shape, strides and dtype).
+
+    Raises
+    ------
+    RuntimeError
+        only from torch itself (for example an unavailable device).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from mate.api_logging import restore_tensors, snapshot_tensors
+    >>> x = torch.arange(12.0).reshape(3, 4).t()
+    >>> back = restore_tensors(snapshot_tensors([x]), torch.device("cpu"))
+    >>> back[0].stride() == x.stride(), torch.equal(back[0], x)
+    (True, True)
+    """
     if isinstance(value, torch.Tensor):
         if value.numel() == 0:
             return value.to(device)
@@ -291,7 +347,43 @@ def _safe(what: str, fn: Callable[[], Any]) -> Any:
 
 
 def mate_api(fn: F) -> F:
-    """Wraps a public function with logging and dumps as configured by ``MATE_LOGLEVEL``."""
+    """Wraps a public function with logging and dumps as configured by ``MATE_LOGLEVEL``.
+
+    The level is read once, at import. At level 0 (the default) the function itself is
+    returned, so the decorator costs nothing. At level >= 1 each call is logged (the
+    function name; at 3 its arguments and result; at 5 tensor statistics; at 10 the
+    inputs and outputs are dumped for ``mate replay``), and the wrapper carries
+    ``__mate_api__ = True``. A failure inside logging or dumping is reported on the log
+    destination and never reaches the caller; exceptions of the function itself pass
+    through unchanged.
+
+    Parameters
+    ----------
+    fn : Callable
+        The public function to wrap.
+
+    Returns
+    -------
+    Callable
+        ``fn`` itself at level 0, else a wrapper with the same signature (``functools.wraps``).
+
+    Raises
+    ------
+    Exception
+        nothing of its own: the wrapped function's exceptions are re-raised as they are.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from mate.api_logging import mate_api
+    >>> @mate_api
+    ... def scale(x: torch.Tensor, factor: float) -> torch.Tensor:
+    ...     return x * factor
+    >>> scale(torch.ones(2), 3.0)
+    tensor([3., 3.])
+    >>> scale.__name__
+    'scale'
+    """
     level = CONFIG.level
     if level <= 0:
         return fn

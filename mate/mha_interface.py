@@ -151,31 +151,95 @@ def flash_attn_varlen_func(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention over ragged (variable-length) sequences, FlashAttention-3 conventions.
 
+    Request ``b`` owns query rows ``cu_seqlens_q[b] : cu_seqlens_q[b + 1]`` and either the
+    key rows ``cu_seqlens_k[b] : cu_seqlens_k[b + 1]`` (dense K/V) or the pages of
+    ``page_table[b]`` (paged K/V). Grouped-query attention: query head ``h`` reads KV head
+    ``h // (Hq // Hkv)``.
+
     Parameters
     ----------
-    q : [total_q, Hq, D] fp16 / bf16, D in (16, 32, 64, 128, 256)
-    k, v : ragged [total_k, Hkv, D] with ``cu_seqlens_k``, or a paged cache
-        [num_pages, page_size, Hkv, D] with ``page_table`` and ``seqused_k``; q's dtype.
-    cu_seqlens_q : int32 [B + 1], required; cu_seqlens_k : int32 [B + 1] (dense k/v).
-    max_seqlen_q : int, required (bounds the grid); max_seqlen_k : int or None (unused).
-    seqused_k : int32 [B] or None: keys actually used per request (dense: the first
-        seqused_k[i] rows of each sequence; paged: the context length, required).
-    page_table : int32 [B, max_pages] or None.
-    softmax_scale : default D ** -0.5. causal : bottom-right aligned.
-    window_size : (left, right), -1 = unbounded; causal sets right to 0.
-    return_softmax_lse : also return the LSE, fp32 [Hq, total_q], natural log.
-    backend : "auto" | "triton" | "reference" (as ``MATE_BACKEND``).
-    out : optional [total_q, Hq, D] in q's dtype, written and returned.
-    scheduler_metadata : from :func:`get_scheduler_metadata` or None.
-    num_splits, pack_gqa, sm_margin : performance hints, accepted and ignored.
-    deterministic : accepted; the kernels are deterministic.
-    qv, q_descale, k_descale, v_descale, learnable_sink, attention_chunk, softcap, seqused_q,
-    cp_world_size, cp_rank, cp_tot_seqused_k : not implemented (``NotImplementedError``
-        unless at their defaults).
+    q : torch.Tensor
+        ``[total_q, Hq, D]`` float16 or bfloat16, D in (16, 32, 64, 128, 256), last
+        dimension contiguous.
+    k, v : torch.Tensor
+        q's dtype. Dense: ragged ``[total_k, Hkv, D]`` with ``cu_seqlens_k``. Paged:
+        ``[num_pages, page_size, Hkv, D]`` (page_size a power of two >= 16) with
+        ``page_table`` and ``seqused_k``. ``Hkv`` divides ``Hq``.
+    cu_seqlens_q : torch.Tensor
+        int32 ``[B + 1]`` cumulative query lengths (required).
+    cu_seqlens_k : torch.Tensor, optional
+        int32 ``[B + 1]`` cumulative key lengths (required for dense K/V, must be None
+        with a page table).
+    max_seqlen_q : int
+        Longest query length (required; sizes the launch grid).
+    max_seqlen_k : int, optional
+        Accepted and unused.
+    seqused_q : torch.Tensor, optional
+        Not implemented (must be None).
+    seqused_k : torch.Tensor, optional
+        int32 ``[B]`` keys used per request: dense, the first ``seqused_k[b]`` rows of
+        each sequence; paged, the context length (required).
+    page_table : torch.Tensor, optional
+        int32 ``[B, max_pages]`` page ids into ``k`` / ``v``.
+    softmax_scale : float, optional
+        Default ``D ** -0.5``.
+    causal : bool
+        Causal mask aligned to the bottom right (the last query sees the last key).
+    window_size : tuple of int
+        ``(left, right)`` sliding window, -1 = unbounded; ``causal`` sets right to 0.
+    scheduler_metadata : MhaSchedulerMetadata, optional
+        From :func:`get_scheduler_metadata` (head counts are checked).
+    num_splits, pack_gqa, sm_margin : optional
+        Performance hints, accepted and ignored.
+    deterministic : bool
+        Accepted; the kernels are deterministic.
+    return_softmax_lse : bool
+        Also return the natural-log LSE.
+    backend : {"auto", "triton", "reference"}
+        As ``MATE_BACKEND``; ``"auto"`` uses Triton on CUDA and the reference on the CPU.
+    out : torch.Tensor, optional
+        ``[total_q, Hq, D]`` in q's dtype (last dimension contiguous), written and returned.
+    qv, q_descale, k_descale, v_descale, learnable_sink : optional
+        Not implemented: anything but the default raises ``NotImplementedError``.
+    attention_chunk, softcap, cp_world_size, cp_rank, cp_tot_seqused_k : optional
+        Not implemented: anything but the default raises ``NotImplementedError``.
 
     Returns
     -------
-    out, or (out, lse) with ``return_softmax_lse``. Queries that see no key: out 0, lse -inf.
+    torch.Tensor or tuple
+        ``out`` ``[total_q, Hq, D]`` in q's dtype, or ``(out, lse)`` with float32 ``lse``
+        ``[Hq, total_q]`` when ``return_softmax_lse``. A query that sees no key gets
+        ``out = 0`` and ``lse = -inf``.
+
+    Raises
+    ------
+    TypeError
+        wrong dtypes, a non-int ``max_seqlen_q``, a non-float ``softmax_scale``.
+    ValueError
+        wrong shapes or devices, a missing ``cu_seqlens_q`` / ``cu_seqlens_k`` /
+        ``seqused_k``, a bad page size or window, an unknown ``backend``.
+    NotImplementedError
+        one of the unimplemented options above set.
+
+    Examples
+    --------
+    Two requests (2 and 3 tokens) with grouped-query heads; the second one checked
+    against PyTorch's causal attention:
+
+    >>> import torch
+    >>> from mate.mha_interface import flash_attn_varlen_func
+    >>> q = torch.randn(5, 4, 64, dtype=torch.bfloat16)
+    >>> k, v = (torch.randn(5, 2, 64, dtype=torch.bfloat16) for _ in range(2))
+    >>> cu = torch.tensor([0, 2, 5], dtype=torch.int32)
+    >>> out, lse = flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=3,
+    ...                                   causal=True, return_softmax_lse=True)
+    >>> out.shape, lse.shape
+    (torch.Size([5, 4, 64]), torch.Size([4, 5]))
+    >>> kk, vv = (x[2:].float().repeat_interleave(2, dim=1).transpose(0, 1) for x in (k, v))
+    >>> ref = torch.nn.functional.scaled_dot_product_attention(
+    ...     q[2:].float().transpose(0, 1), kk, vv, is_causal=True).transpose(0, 1)
+    >>> torch.allclose(out[2:].float(), ref, atol=2e-2)  # bf16 output
+    True
     """
     _not_implemented(qv=(qv, None), q_descale=(q_descale, None), k_descale=(k_descale, None),
                      v_descale=(v_descale, None), learnable_sink=(learnable_sink, None),
@@ -279,25 +343,75 @@ def flash_attn_with_kvcache(
 
     Parameters
     ----------
-    q : [B, S_q, Hq, D] fp16 / bf16, D in (16, 32, 64, 128, 256); or ragged [total_q, Hq, D]
-        with ``cu_seqlens_q`` int32 [B + 1] and ``max_seqlen_q`` (int).
-    k_cache, v_cache : [B, S_cache, Hkv, D] (batched), or paged [num_pages, page_size, Hkv, D]
-        with ``page_table`` int32 [B, max_pages] (page_size a power of two >= 16); q's dtype.
-    cache_seqlens : int32 [B] or an int: context length per request (default S_cache for a
-        batched cache; required with ``page_table``).
-    softmax_scale, causal (bottom-right aligned), window_size : as ``flash_attn_varlen_func``.
-    return_softmax_lse : also return the LSE, fp32 [B, Hq, S_q] ([Hq, total_q] with ragged q),
-        natural log.
-    scheduler_metadata : from :func:`get_scheduler_metadata` or None.
-    rotary_interleaved, num_splits, pack_gqa, sm_margin : accepted and ignored.
-    k, v, qv, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad,
-    cu_seqlens_k_new, rotary_seqlens, q_descale, k_descale, v_descale,
-    learnable_sink, attention_chunk, softcap, cp_world_size, cp_rank, cp_tot_seqused_k :
-        not implemented (``NotImplementedError`` unless at their defaults).
+    q : torch.Tensor
+        ``[B, S_q, Hq, D]`` float16 or bfloat16, D in (16, 32, 64, 128, 256); or ragged
+        ``[total_q, Hq, D]`` with ``cu_seqlens_q`` and ``max_seqlen_q``.
+    k_cache, v_cache : torch.Tensor
+        q's dtype: batched ``[B, S_cache, Hkv, D]``, or paged
+        ``[num_pages, page_size, Hkv, D]`` (page_size a power of two >= 16) with
+        ``page_table``. ``Hkv`` divides ``Hq``.
+    cache_seqlens : torch.Tensor or int, optional
+        int32 ``[B]`` (or one int) context length per request; default ``S_cache`` for a
+        batched cache, required with ``page_table``.
+    page_table : torch.Tensor, optional
+        int32 ``[B, max_pages]`` page ids.
+    cu_seqlens_q : torch.Tensor, optional
+        int32 ``[B + 1]`` cumulative query lengths of a ragged ``q``.
+    max_seqlen_q : int, optional
+        Longest query length, with ``cu_seqlens_q`` only.
+    softmax_scale : float, optional
+        Default ``D ** -0.5``.
+    causal : bool
+        Causal mask aligned to the bottom right.
+    window_size : tuple of int
+        ``(left, right)`` sliding window, -1 = unbounded.
+    scheduler_metadata : MhaSchedulerMetadata, optional
+        From :func:`get_scheduler_metadata`.
+    return_softmax_lse : bool
+        Also return the natural-log LSE.
+    rotary_interleaved, num_splits, pack_gqa, sm_margin : optional
+        Accepted and ignored.
+    k, v, qv, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad : optional
+        Not implemented: anything but the default raises ``NotImplementedError`` (the
+        cache is never appended to).
+    cu_seqlens_k_new, rotary_seqlens, q_descale, k_descale, v_descale : optional
+        Not implemented (``NotImplementedError`` unless at the default).
+    learnable_sink, attention_chunk, softcap, cp_world_size, cp_rank, cp_tot_seqused_k : optional
+        Not implemented (``NotImplementedError`` unless at the default).
 
     Returns
     -------
-    out in q's shape and dtype, or (out, lse) with ``return_softmax_lse``.
+    torch.Tensor or tuple
+        ``out`` in q's shape and dtype, or ``(out, lse)`` with ``return_softmax_lse``:
+        float32 ``lse`` ``[B, Hq, S_q]`` (``[Hq, total_q]`` for a ragged q).
+
+    Raises
+    ------
+    TypeError
+        wrong dtypes, a non-int ``max_seqlen_q`` with ``cu_seqlens_q``.
+    ValueError
+        wrong shapes or devices, ``max_seqlen_q`` without ``cu_seqlens_q``, a paged cache
+        without ``cache_seqlens``, a bad page size or window.
+    NotImplementedError
+        one of the unimplemented options above set.
+
+    Examples
+    --------
+    One decode token per request; request 1 uses only the first 3 cache rows:
+
+    >>> import torch
+    >>> from mate.mha_interface import flash_attn_with_kvcache
+    >>> q = torch.randn(2, 1, 4, 64, dtype=torch.float16)
+    >>> k_cache, v_cache = (torch.randn(2, 8, 4, 64, dtype=torch.float16) for _ in range(2))
+    >>> out = flash_attn_with_kvcache(q, k_cache, v_cache,
+    ...                               cache_seqlens=torch.tensor([8, 3], dtype=torch.int32))
+    >>> out.shape
+    torch.Size([2, 1, 4, 64])
+    >>> ref = torch.nn.functional.scaled_dot_product_attention(
+    ...     q[1].float().transpose(0, 1), k_cache[1, :3].float().transpose(0, 1),
+    ...     v_cache[1, :3].float().transpose(0, 1)).transpose(0, 1)
+    >>> torch.allclose(out[1].float(), ref, atol=2e-3)  # fp16 output
+    True
     """
     _not_implemented(k=(k, None), v=(v, None), qv=(qv, None), rotary_cos=(rotary_cos, None),
                      rotary_sin=(rotary_sin, None), cache_batch_idx=(cache_batch_idx, None),
@@ -399,15 +513,20 @@ def get_scheduler_metadata(
 
     Parameters
     ----------
-    batch_size, num_heads_q, num_heads_kv, headdim : positive ints (num_heads_kv divides
-        num_heads_q).
-    max_seqlen_q, max_seqlen_k : ints >= 0.
-    qkv_dtype : torch.float16 or torch.bfloat16.
-    causal, window_size, page_size : recorded.
-    seqused_q, seqused_k, cu_seqlens_q, cu_seqlens_k, cu_seqlens_k_new, cache_leftpad :
-        accepted and not read (no host sync).
-    max_seqlen_k_new, num_splits, pack_gqa, mp_margin : accepted and ignored.
-    headdim_v (other than headdim), attention_chunk, has_softcap : not implemented.
+    batch_size, num_heads_q, num_heads_kv, headdim : int
+        Positive; ``num_heads_kv`` divides ``num_heads_q``.
+    max_seqlen_q, max_seqlen_k : int
+        ``>= 0``.
+    qkv_dtype : torch.dtype
+        torch.float16 or torch.bfloat16.
+    causal, window_size, page_size : optional
+        Recorded in the result.
+    seqused_q, seqused_k, cu_seqlens_q, cu_seqlens_k, cu_seqlens_k_new, cache_leftpad : optional
+        Accepted and never read (no host sync).
+    max_seqlen_k_new, num_splits, pack_gqa, mp_margin : optional
+        Accepted and ignored.
+    headdim_v, attention_chunk, has_softcap : optional
+        Not implemented unless at their defaults (``headdim_v`` may equal ``headdim``).
 
     Returns
     -------
@@ -417,7 +536,21 @@ def get_scheduler_metadata(
 
     Raises
     ------
-    TypeError / ValueError for bad sizes, NotImplementedError for the options above.
+    TypeError
+        non-int sizes.
+    ValueError
+        non-positive sizes or heads, ``num_heads_kv`` not dividing ``num_heads_q``, a
+        ``qkv_dtype`` other than float16 / bfloat16, a bad window.
+    NotImplementedError
+        ``headdim_v`` other than ``headdim``, ``attention_chunk``, ``has_softcap``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from mate.mha_interface import get_scheduler_metadata
+    >>> meta = get_scheduler_metadata(2, 1, 8, 4, 4, 64, qkv_dtype=torch.float16)
+    >>> meta.batch_size, meta.num_heads_q, meta.headdim
+    (2, 4, 64)
     """
     for name, value in (("batch_size", batch_size), ("num_heads_q", num_heads_q), ("num_heads_kv", num_heads_kv),
                         ("headdim", headdim)):

@@ -28,6 +28,7 @@ from mate._core.checks import check_tensor, check_value
 from mate._core.custom_op import mate_custom_op
 from mate._core.dispatch import select_backend
 from mate.api_logging import mate_api
+from mate.ops.msa import plan as _planner
 from mate.ops.msa.plan import (
     MSA_BLOCK,
     MsaDecodePlan,
@@ -35,10 +36,7 @@ from mate.ops.msa.plan import (
     MsaPlanInfo,
     MsaPrefillPlan,
     MsaRuntimeMetadata,
-    _msa_plan_from_lengths,
     check_topk_config,
-    msa_plan,
-    sparse_msa_plan,
 )
 
 __all__ = [
@@ -127,6 +125,250 @@ def _topk_select_op(
         output.copy_(topk_select_reference(max_score, **args))
 
 
+# ============================================================================ planners
+
+@mate_api
+def _msa_plan_from_lengths(
+    qo_lens: torch.Tensor,
+    kv_lens: torch.Tensor,
+    num_qo_heads: int,
+    num_kv_heads: int | None = None,
+    qo_offset: torch.Tensor | int | None = None,
+    split_prefill_decode: bool = True,
+    page_size: int = -1,
+    kv_block_num: int = -1,
+    force_begin_blocks: int = 0,
+    force_end_blocks: int = 0,
+    force_blocks_count_in_topk: bool = True,
+    causal: bool = True,
+    sparse_kernel_mode: str = "auto",
+    num_kv_splits: int = -1,
+    output_maxscore: bool = False,
+    use_fp8_kvcache: bool = False,
+    sparse_block_size: int = MSA_BLOCK,
+    device: torch.device | str | None = None,
+) -> MsaPlanInfo:
+    """Eager MSA plan from per-request lengths held on the CPU (MATE's name for it).
+
+    Builds the cumulative lengths, page pointers and execution mode that every
+    :func:`msa` call of one forward step shares (plan once per step, reuse it in every
+    layer). Planning reads the lengths on the host; executing the plan never does.
+
+    Parameters
+    ----------
+    qo_lens, kv_lens : torch.Tensor
+        Integer CPU tensors ``[B]``: query tokens and KV context length (in tokens) of each
+        request, both ``>= 0``. Device tensors raise ``ValueError`` (reading them would be
+        a hidden host sync).
+    num_qo_heads : int
+        Query heads ``Hq``.
+    num_kv_heads : int, optional
+        KV heads ``Hkv`` (default ``Hq``); ``Hq`` must be a multiple of ``Hkv``.
+    qo_offset : torch.Tensor or int, optional
+        Absolute position of each request's first query token (CPU ``[B]`` or one int for
+        all); default ``kv_len - q_len`` (bottom-right causal alignment).
+    split_prefill_decode : bool
+        In ``sparse_kernel_mode="auto"``, split a decode-first batch at the first request
+        whose query length exceeds 32 (sparse plans) or 128 (dense/paged plans) into a
+        decode part and a prefill part (``MsaPlanInfo.has_mixed_prefill``).
+    page_size : int
+        ``-1``: dense ragged K/V ``[total_k, Hkv, D]``; otherwise the page size of a paged
+        cache (a power of two >= 16; 128 for sparse plans and for the max-score pass).
+    kv_block_num : int
+        Top-k blocks per token (4, 8 or 16) for sparse execution; ``-1`` (or 0) for none.
+    force_begin_blocks, force_end_blocks : int
+        Blocks at the start / end of each token's visible range that are always attended
+        (sparse plans only).
+    force_blocks_count_in_topk : bool
+        True: the forced blocks take top-k slots (row width ``kv_block_num``). False: they
+        are extra (row width ``kv_block_num + force_begin_blocks + force_end_blocks``).
+    causal : bool
+        Causal masking, aligned by ``qo_offset``.
+    sparse_kernel_mode : {"auto", "prefill", "decode"}
+        Sparse execution mode; ``"auto"`` picks decode for query lengths <= 32.
+    num_kv_splits : int
+        ``-1`` (automatic) or the number of KV splits of the decode kernels.
+    output_maxscore : bool
+        Default of :func:`msa`'s ``output_maxscore``.
+    use_fp8_kvcache : bool
+        Recorded: the cache holds float8_e4m3fn values.
+    sparse_block_size : int
+        Block size of the sparse selection (must be 128 for sparse plans).
+    device : torch.device or str, optional
+        Device of the plan's tensors, i.e. of the later :func:`msa` calls (default CPU).
+
+    Returns
+    -------
+    MsaPlanInfo
+        ``(has_mixed_prefill, split, batch_size, plan, prefill_plan_or_None)``. The plan's
+        ``mode`` is ``"dense"``, ``"paged"``, ``"sparse_prefill"`` or ``"sparse_decode"``.
+
+    Raises
+    ------
+    TypeError
+        non-int sizes, non-bool flags.
+    ValueError
+        lengths not on the CPU, negative lengths, wrong ``[B]`` shapes, ``Hq`` not a
+        multiple of ``Hkv``, a bad top-k configuration, a page or block size other than
+        128 where 128 is required, an unknown ``sparse_kernel_mode``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from mate.msa_interface import _msa_plan_from_lengths
+    >>> info = _msa_plan_from_lengths(torch.tensor([3, 5]), torch.tensor([10, 5]),
+    ...                               num_qo_heads=4, num_kv_heads=2)
+    >>> info.plan.mode, info.has_mixed_prefill
+    ('dense', False)
+    >>> info.plan.prefill_plan.cu_seqlens_q.tolist(), info.plan.qo_offset.tolist()
+    ([0, 3, 8], [7, 0])
+    """
+    return _planner._msa_plan_from_lengths(
+        qo_lens, kv_lens, num_qo_heads, num_kv_heads=num_kv_heads, qo_offset=qo_offset,
+        split_prefill_decode=split_prefill_decode, page_size=page_size, kv_block_num=kv_block_num,
+        force_begin_blocks=force_begin_blocks, force_end_blocks=force_end_blocks,
+        force_blocks_count_in_topk=force_blocks_count_in_topk, causal=causal, sparse_kernel_mode=sparse_kernel_mode,
+        num_kv_splits=num_kv_splits, output_maxscore=output_maxscore, use_fp8_kvcache=use_fp8_kvcache,
+        sparse_block_size=sparse_block_size, device=device)
+
+
+@mate_api
+def sparse_msa_plan(
+    qo_lens: torch.Tensor,
+    kv_lens: torch.Tensor,
+    num_qo_heads: int,
+    num_kv_heads: int | None = None,
+    kv_block_num: int = 16,
+    page_size: int = MSA_BLOCK,
+    **kwargs: Any,
+) -> MsaPlanInfo:
+    """Eager plan for :func:`sparse_msa`: one sparse-prefill plan over the whole batch.
+
+    The same as :func:`_msa_plan_from_lengths` with ``sparse_kernel_mode="prefill"`` and
+    no prefill/decode split.
+
+    Parameters
+    ----------
+    qo_lens, kv_lens : torch.Tensor
+        Integer CPU tensors ``[B]`` of query and KV lengths in tokens.
+    num_qo_heads : int
+        Query heads ``Hq``.
+    num_kv_heads : int, optional
+        KV heads (default ``Hq``), dividing ``Hq``.
+    kv_block_num : int
+        Top-k blocks per token: 4, 8 or 16.
+    page_size : int
+        Must be 128 (the MSA block size).
+    **kwargs
+        The other options of :func:`_msa_plan_from_lengths` (``qo_offset``,
+        ``force_begin_blocks``, ``force_end_blocks``, ``force_blocks_count_in_topk``,
+        ``causal``, ``device``, ...), except ``sparse_kernel_mode`` and
+        ``split_prefill_decode``, which are fixed.
+
+    Returns
+    -------
+    MsaPlanInfo
+        A single (not mixed) plan with ``plan.mode == "sparse_prefill"``.
+
+    Raises
+    ------
+    TypeError
+        ``sparse_kernel_mode`` or ``split_prefill_decode`` given, or a wrong option type.
+    ValueError
+        the planner's errors, or a configuration that is not sparse (``kv_block_num <= 0``).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from mate.msa_interface import sparse_msa_plan
+    >>> info = sparse_msa_plan(torch.tensor([4]), torch.tensor([256]), num_qo_heads=2,
+    ...                        num_kv_heads=1, kv_block_num=4)
+    >>> info.plan.mode, info.plan.selected_block_count, info.plan.max_pages
+    ('sparse_prefill', 4, 2)
+    """
+    return _planner.sparse_msa_plan(qo_lens, kv_lens, num_qo_heads, num_kv_heads, kv_block_num=kv_block_num,
+                                    page_size=page_size, **kwargs)
+
+
+@mate_api
+def msa_plan(
+    batch_size: int,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    num_qo_heads: int,
+    *,
+    total_seqlen_k: int | None = None,
+    num_kv_heads: int | None = None,
+    num_kv_splits: int = -1,
+    page_size: int = -1,
+    sparse_block_size: int = MSA_BLOCK,
+    output_maxscore: bool = False,
+    kv_block_num: int = -1,
+    force_begin_blocks: int = 0,
+    force_end_blocks: int = 0,
+    force_blocks_count_in_topk: bool = True,
+    causal: bool = True,
+    sparse_kernel_mode: str = "auto",
+    use_fp8_kvcache: bool = False,
+) -> MsaPlanInfo:
+    """Static, CUDA-graph-safe MSA plan built from capacities only (``plan.is_static``).
+
+    The plan holds no live lengths: each :func:`msa` call must pass
+    ``runtime_metadata=MsaRuntimeMetadata(...)`` with ``cu_seqlens_q``, ``cu_seqlens_k``
+    and ``seqused_k`` (plus ``page_table`` for paged and sparse modes), device tensors
+    that the caller rewrites in place before each launch or graph replay. The mode is
+    chosen from the capacities (``max_seqlen_q <= 32`` gives ``sparse_decode`` in
+    ``"auto"`` mode); a static plan is never split into decode and prefill parts.
+
+    Parameters
+    ----------
+    batch_size, max_seqlen_q, max_seqlen_k : int
+        Positive capacities: requests, query tokens per request, KV tokens per request.
+    num_qo_heads : int
+        Query heads ``Hq``.
+    total_seqlen_k : int, optional
+        Capacity of the ragged K/V rows of a dense plan (default
+        ``batch_size * max_seqlen_k``; at least ``max_seqlen_k``).
+    num_kv_heads : int, optional
+        KV heads (default ``Hq``), dividing ``Hq``.
+    page_size, kv_block_num, force_begin_blocks, force_end_blocks : int
+        As in :func:`_msa_plan_from_lengths`.
+    force_blocks_count_in_topk, causal, output_maxscore, use_fp8_kvcache : bool
+        As in :func:`_msa_plan_from_lengths`.
+    num_kv_splits, sparse_block_size : int
+        As in :func:`_msa_plan_from_lengths`.
+    sparse_kernel_mode : {"auto", "prefill", "decode"}
+        As in :func:`_msa_plan_from_lengths`.
+
+    Returns
+    -------
+    MsaPlanInfo
+        A single plan with ``is_static=True``.
+
+    Raises
+    ------
+    TypeError
+        non-int sizes, non-bool flags.
+    ValueError
+        non-positive capacities or heads, ``Hq`` not a multiple of ``Hkv``,
+        ``total_seqlen_k < max_seqlen_k``, or a configuration rule of the planner.
+
+    Examples
+    --------
+    >>> from mate.msa_interface import msa_plan
+    >>> info = msa_plan(4, 1, 4096, 8, num_kv_heads=1, page_size=128, kv_block_num=16)
+    >>> info.plan.mode, info.plan.is_static, info.plan.max_pages
+    ('sparse_decode', True, 32)
+    """
+    return _planner.msa_plan(
+        batch_size, max_seqlen_q, max_seqlen_k, num_qo_heads, total_seqlen_k=total_seqlen_k,
+        num_kv_heads=num_kv_heads, num_kv_splits=num_kv_splits, page_size=page_size,
+        sparse_block_size=sparse_block_size, output_maxscore=output_maxscore, kv_block_num=kv_block_num,
+        force_begin_blocks=force_begin_blocks, force_end_blocks=force_end_blocks,
+        force_blocks_count_in_topk=force_blocks_count_in_topk, causal=causal, sparse_kernel_mode=sparse_kernel_mode,
+        use_fp8_kvcache=use_fp8_kvcache)
+
+
 # ============================================================================ sparse_topk_select
 
 
@@ -178,6 +420,20 @@ def sparse_topk_select(
     ValueError
         wrong shapes, non-contiguous tensors, mixed devices, a bad top-k configuration or
         ``num_valid_pages`` outside ``(0, max_k_tiles]``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from mate.msa_interface import sparse_topk_select
+    >>> scores = torch.tensor([[[0.5, 3.0, -1.0, 2.0, 0.0]]])  # 1 token, 1 head, 5 blocks
+    >>> sparse_topk_select(scores, 4)  # ids sorted ascending
+    tensor([[[0, 1, 3, 4]]], dtype=torch.int32)
+    >>> sparse_topk_select(scores, 4, num_valid_pages=3)  # only 3 blocks exist: padded with -1
+    tensor([[[ 0,  1,  2, -1]]], dtype=torch.int32)
+    >>> scores = torch.randn(3, 2, 40)
+    >>> picked = sparse_topk_select(scores, 8)
+    >>> torch.equal(picked, scores.topk(8, dim=-1).indices.sort(dim=-1).values.int())
+    True
     """
     check_tensor("max_score", max_score, dtype=torch.float32, ndim=3, contiguous=True)
     width = check_topk_config(topk, force_begin_blocks, force_end_blocks, force_blocks_count_in_topk,
@@ -232,8 +488,19 @@ def build_page_table_from_flat_kv_indices(
 
     Raises
     ------
+    TypeError
+        a ``kv_indices`` dtype other than int32/int64, a non-int ``page_size``.
     ValueError
-        when the number of indices differs from the pages the lengths need.
+        a non-positive ``page_size``, negative lengths, or a number of indices other than
+        the pages the lengths need.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from mate.msa_interface import build_page_table_from_flat_kv_indices
+    >>> build_page_table_from_flat_kv_indices(torch.tensor([3, 5, 7, 11, 13]), [300, 250], 128)
+    tensor([[ 3,  5,  7],
+            [11, 13,  0]], dtype=torch.int32)
     """
     check_tensor("kv_indices", kv_indices, dtype=(torch.int32, torch.int64), ndim=1)
     if isinstance(page_size, bool) or not isinstance(page_size, int):
@@ -634,6 +901,26 @@ def msa(
     ``kv_page_indptr``, absolute pointers into the whole ``kv_indices``), ``out`` /
     ``lse`` the part's row slices (``lse`` may be ``None``); ``plan.mode`` tells prefill
     from decode.
+
+    Examples
+    --------
+    Dense causal attention of 4 new tokens over a 6-token context, checked against
+    PyTorch's attention with the bottom-right causal mask:
+
+    >>> import torch
+    >>> from mate.msa_interface import _msa_plan_from_lengths, msa
+    >>> q = torch.randn(4, 2, 64, dtype=torch.bfloat16)
+    >>> k, v = (torch.randn(6, 2, 64, dtype=torch.bfloat16) for _ in range(2))
+    >>> info = _msa_plan_from_lengths(torch.tensor([4]), torch.tensor([6]), num_qo_heads=2)
+    >>> out, max_score = msa(q, k, v, info)
+    >>> out.shape, max_score
+    (torch.Size([4, 2, 64]), None)
+    >>> mask = torch.ones(4, 6, dtype=torch.bool).tril(diagonal=2)
+    >>> ref = torch.nn.functional.scaled_dot_product_attention(
+    ...     q.float().transpose(0, 1), k.float().transpose(0, 1), v.float().transpose(0, 1),
+    ...     attn_mask=mask).transpose(0, 1)
+    >>> torch.allclose(out.float(), ref, atol=2e-2)  # bf16 output: ~3 significant digits
+    True
     """
     unknown = sorted(set(kw) - MSA_KEYWORDS)
     if unknown:
@@ -762,8 +1049,59 @@ def sparse_msa(
 ) -> tuple[torch.Tensor, None]:
     """Sparse-prefill MSA for a pure ``sparse_prefill`` plan; returns ``(out, None)``.
 
-    Takes :func:`msa`'s arguments (``kv_block_indexes`` required; LSE only through an
-    ``lse`` buffer). ``ValueError`` for any other plan mode.
+    Each query token attends, per KV head, only to the 128-token blocks listed in its row
+    of ``kv_block_indexes`` (causally masked inside them).
+
+    Parameters
+    ----------
+    q : torch.Tensor
+        ``[total_q, Hq, 128]`` bf16, fp16 or float8_e4m3fn.
+    k, v : torch.Tensor
+        Paged caches in q's dtype, ``[num_pages, 128, Hkv, 128]`` (token-major) or
+        ``[num_pages, Hkv, 128, 128]`` (head-major).
+    plan_info : MsaPlanInfo
+        From :func:`sparse_msa_plan` (or any planner giving one ``sparse_prefill`` plan).
+    **kw
+        :func:`msa`'s other arguments: ``kv_block_indexes`` (required, int32
+        ``[total_q, Hkv or Hq, selected_block_count]``, -1 = unused slot), ``page_table``
+        or ``kv_indices``, ``out``, ``lse`` (float32 ``[total_q, Hq]`` buffer),
+        ``sm_scale``, ``k_scale``, ``v_scale``, ``runtime_metadata``,
+        ``q_offset_override``, ``check_input_valid``.
+
+    Returns
+    -------
+    tuple
+        ``(out, None)``: ``out`` is ``[total_q, Hq, 128]`` in q's dtype (bf16 for FP8
+        inputs).
+
+    Raises
+    ------
+    TypeError
+        ``plan_info`` not an :class:`MsaPlanInfo`, ``output_o`` / ``output_maxscore`` /
+        ``max_score`` given, or :func:`msa`'s type errors.
+    ValueError
+        a plan that is not a single ``sparse_prefill`` plan, or :func:`msa`'s value errors.
+
+    Examples
+    --------
+    Two 128-token pages stored in swapped order; every token selects both blocks, so the
+    result equals causal attention over the whole 256-token context:
+
+    >>> import torch
+    >>> from mate.msa_interface import sparse_msa, sparse_msa_plan
+    >>> q = torch.randn(4, 2, 128, dtype=torch.bfloat16)
+    >>> k, v = (torch.randn(2, 128, 1, 128, dtype=torch.bfloat16) for _ in range(2))
+    >>> table = torch.tensor([[1, 0]], dtype=torch.int32)
+    >>> info = sparse_msa_plan(torch.tensor([4]), torch.tensor([256]), num_qo_heads=2,
+    ...                        num_kv_heads=1, kv_block_num=4)
+    >>> blocks = torch.tensor([0, 1, -1, -1], dtype=torch.int32).expand(4, 1, 4).contiguous()
+    >>> out, _ = sparse_msa(q, k, v, info, kv_block_indexes=blocks, page_table=table)
+    >>> kk, vv = (x[table[0].long()].reshape(256, 128).expand(2, 256, 128) for x in (k, v))
+    >>> mask = torch.ones(4, 256, dtype=torch.bool).tril(diagonal=252)
+    >>> ref = torch.nn.functional.scaled_dot_product_attention(
+    ...     q.float().transpose(0, 1), kk.float(), vv.float(), attn_mask=mask).transpose(0, 1)
+    >>> torch.allclose(out.float(), ref, atol=2e-2)  # bf16 output
+    True
     """
     if not isinstance(plan_info, MsaPlanInfo):
         raise TypeError(f"plan_info must be an MsaPlanInfo, got {type(plan_info).__name__}")
@@ -787,10 +1125,64 @@ def sparse_decode_atten_func(
     return_softmax_lse: bool = False,
     **kw: Any,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Sparse-decode MSA for a pure ``sparse_decode`` plan.
+    """Sparse-decode MSA for a pure ``sparse_decode`` plan (a few query tokens per request).
 
-    Takes :func:`msa`'s arguments plus ``page_table`` and ``return_softmax_lse``; returns
-    ``out``, or ``(out, lse)`` (float32 ``[total_q, Hq]``) with ``return_softmax_lse=True``.
+    Parameters
+    ----------
+    q : torch.Tensor
+        ``[total_q, Hq, 128]`` bf16, fp16 or float8_e4m3fn (at most 32 tokens per request).
+    k, v : torch.Tensor
+        Paged caches in q's dtype, ``[num_pages, 128, Hkv, 128]`` or
+        ``[num_pages, Hkv, 128, 128]``.
+    plan_info : MsaPlanInfo
+        A single ``sparse_decode`` plan (:func:`_msa_plan_from_lengths` with short queries
+        and ``kv_block_num > 0``, or :func:`msa_plan`).
+    page_table : torch.Tensor, optional
+        int32 ``[B, >= pages per request]``.
+    return_softmax_lse : bool
+        Also return the natural-log LSE.
+    **kw
+        :func:`msa`'s other arguments (``kv_block_indexes`` required, ``kv_indices``,
+        ``out``, ``lse``, ``sm_scale``, ``k_scale``, ``v_scale``, ``runtime_metadata``,
+        ``q_offset_override``, ``check_input_valid``).
+
+    Returns
+    -------
+    torch.Tensor or tuple
+        ``out`` ``[total_q, Hq, 128]`` (q's dtype, bf16 for FP8 inputs), or ``(out, lse)``
+        with float32 ``lse`` ``[total_q, Hq]`` when ``return_softmax_lse=True``.
+
+    Raises
+    ------
+    TypeError
+        ``plan_info`` not an :class:`MsaPlanInfo`, a non-bool ``return_softmax_lse``,
+        ``output_o`` / ``output_maxscore`` / ``max_score`` given, or :func:`msa`'s type
+        errors.
+    ValueError
+        a plan that is not a single ``sparse_decode`` plan, or :func:`msa`'s value errors.
+
+    Examples
+    --------
+    One decode token at position 255 that selects both pages of its context:
+
+    >>> import torch
+    >>> from mate.msa_interface import _msa_plan_from_lengths, sparse_decode_atten_func
+    >>> q = torch.randn(1, 2, 128, dtype=torch.bfloat16)
+    >>> k, v = (torch.randn(2, 128, 1, 128, dtype=torch.bfloat16) for _ in range(2))
+    >>> table = torch.tensor([[0, 1]], dtype=torch.int32)
+    >>> info = _msa_plan_from_lengths(torch.tensor([1]), torch.tensor([256]), num_qo_heads=2,
+    ...                               num_kv_heads=1, page_size=128, kv_block_num=4)
+    >>> info.plan.mode
+    'sparse_decode'
+    >>> blocks = torch.tensor([[[0, 1, -1, -1]]], dtype=torch.int32)
+    >>> out, lse = sparse_decode_atten_func(q, k, v, info, page_table=table,
+    ...                                     kv_block_indexes=blocks, return_softmax_lse=True)
+    >>> logits = torch.einsum("hd,nd->hn", q[0].float(), k.reshape(256, 128).float()) / 128 ** 0.5
+    >>> torch.allclose(lse[0], logits.logsumexp(-1), atol=1e-3)
+    True
+    >>> ref = logits.softmax(-1) @ v.reshape(256, 128).float()
+    >>> torch.allclose(out[0].float(), ref, atol=2e-2)  # bf16 output
+    True
     """
     if not isinstance(plan_info, MsaPlanInfo):
         raise TypeError(f"plan_info must be an MsaPlanInfo, got {type(plan_info).__name__}")

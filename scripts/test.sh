@@ -5,6 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 python -m ruff check .
+# the docs: guides + API reference from the docstrings, warnings as errors
+python -m sphinx -E -W --keep-going -q -b html docs docs/_build/html
 export TRITON_INTERPRET=1
 set +e
 python -m pytest -n 2 --timeout 600 -q "$@"

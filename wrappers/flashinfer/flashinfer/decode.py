@@ -42,6 +42,22 @@ def get_batch_decode_metadata_mla(query: torch.Tensor, seq_lens: torch.Tensor, s
         only on (B, q_len, H, top-k) and the device, so it stays valid while the values in
         ``seq_lens`` change (preparing it again after they change is allowed, never needed).
         Do not share one object between overlapping decode calls.
+
+    Raises
+    ------
+    TypeError
+        Wrong dtypes or a non-int ``sparse_mla_top_k``.
+    ValueError
+        Wrong shapes or devices, a top-k that is not a positive multiple of 64.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from flashinfer.decode import get_batch_decode_metadata_mla
+    >>> query = torch.zeros(2, 1, 16, 576, dtype=torch.float8_e4m3fn)
+    >>> meta = get_batch_decode_metadata_mla(query, torch.tensor([5, 9], dtype=torch.int32), 64)
+    >>> meta is not None
+    True
     """
     return _mate_mla.get_batch_decode_metadata_mla(query, seq_lens, sparse_mla_top_k)
 
@@ -137,6 +153,36 @@ def trtllm_batch_decode_with_kv_cache_mla(
     -------
     torch.Tensor or tuple of torch.Tensor
         ``out`` (bfloat16 ``[B, q_len, H, 512]``), or ``(out, lse)`` when ``return_lse``.
+
+    Raises
+    ------
+    TypeError
+        Wrong dtypes, a non-bool ``return_lse``, a foreign ``metadata`` object.
+    ValueError
+        Wrong shapes or devices, ``kv_lora_rank != 512``, ``qk_rope_head_dim != 64``, a
+        top-k that is not a positive multiple of 64 equal to ``block_tables.shape[-1]``,
+        an unknown backend name, metadata made for another configuration.
+    NotImplementedError
+        One of the unimplemented upstream options above set, tensor-valued scales.
+
+    Examples
+    --------
+    A query whose only valid slot is cache row 5: the output is that row's first 512
+    values (softmax over one key is 1), and the LSE is the single logit:
+
+    >>> import torch
+    >>> from flashinfer.decode import trtllm_batch_decode_with_kv_cache_mla
+    >>> query = torch.randn(1, 1, 4, 576).to(torch.float8_e4m3fn)
+    >>> kv_cache = torch.randn(1, 64, 576).to(torch.float8_e4m3fn)
+    >>> block_tables = torch.full((1, 1, 64), -1, dtype=torch.int32)
+    >>> block_tables[0, 0, 0] = 5
+    >>> out, lse = trtllm_batch_decode_with_kv_cache_mla(
+    ...     query, kv_cache, None, 128, 512, 64, block_tables, torch.tensor([64], dtype=torch.int32),
+    ...     64, sparse_mla_top_k=64, bmm1_scale=0.1, return_lse=True, backend="trtllm-gen")
+    >>> torch.equal(out[0, 0], kv_cache[0, 5, :512].bfloat16().expand(4, 512))
+    True
+    >>> torch.allclose(lse[0, 0], 0.1 * query[0, 0].float() @ kv_cache[0, 5].float(), atol=1e-3)
+    True
     """
     _check_default("sparse_mla_top_k_lens", sparse_mla_top_k_lens, None)
     _check_default("enable_dcp", enable_dcp, False)

@@ -55,9 +55,20 @@ def bmm_bf16(
 
     Raises
     ------
-    TypeError, ValueError
-        From :func:`mate.gemm.bmm_bf16` for wrong dtypes, shapes or devices; ``ValueError``
-        for a backend name upstream does not know.
+    TypeError
+        Wrong dtypes (from :func:`mate.gemm.bmm_bf16`).
+    ValueError
+        Wrong shapes or devices, or a backend name upstream does not know.
+
+    Examples
+    --------
+    >>> import torch
+    >>> import flashinfer
+    >>> A = torch.randn(2, 3, 64, dtype=torch.bfloat16)
+    >>> W = torch.randn(2, 5, 64, dtype=torch.bfloat16)  # [b, n, k] weight
+    >>> out = flashinfer.bmm_bf16(A, W.transpose(1, 2), backend="cudnn")
+    >>> out.shape, torch.allclose(out.float(), A.float() @ W.float().transpose(1, 2), rtol=1e-2, atol=1e-2)
+    (torch.Size([2, 3, 5]), True)
     """
     return _mate_gemm.bmm_bf16(A, B, out=out, out_dtype=out_dtype, backend=_mate_backend(backend))
 
@@ -96,6 +107,25 @@ def bmm_fp8(
     -------
     torch.Tensor
         ``[b, m, n]`` of ``dtype`` (``out`` itself when given).
+
+    Raises
+    ------
+    TypeError
+        Non-FP8 operands or non-float32 scales.
+    ValueError
+        A ``backend`` name upstream FlashInfer does not know, or :func:`mate.gemm.bmm_fp8`'s value
+        errors (shapes, devices, scale layouts).
+
+    Examples
+    --------
+    >>> import torch
+    >>> import flashinfer
+    >>> A = torch.randn(1, 4, 32).to(torch.float8_e4m3fn)
+    >>> W = torch.randn(1, 8, 32).to(torch.float8_e4m3fn)
+    >>> out = flashinfer.bmm_fp8(A, W.transpose(1, 2), torch.tensor(0.5), torch.tensor(2.0), torch.bfloat16)
+    >>> ref = (A.float() @ W.float().transpose(1, 2)) * 0.5 * 2.0
+    >>> torch.allclose(out.float(), ref, rtol=1e-2, atol=1e-2)  # bf16 output
+    True
     """
     return _mate_gemm.bmm_fp8(A, B, A_scale, B_scale, dtype, out=out, backend=_mate_backend(backend))
 
@@ -146,6 +176,25 @@ def gemm_fp8_nt_groupwise(
     -------
     torch.Tensor
         ``[m, n]`` (``out`` itself when given).
+
+    Raises
+    ------
+    TypeError
+        Non-FP8 operands or non-float32 scales.
+    ValueError
+        A ``backend`` name upstream FlashInfer does not know, or :func:`mate.gemm.gemm_fp8_nt_groupwise`'s value
+        errors (shapes, devices, scale layouts).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from flashinfer.gemm import gemm_fp8_nt_groupwise
+    >>> a = torch.randn(4, 128).to(torch.float8_e4m3fn)
+    >>> b = torch.randn(64, 128).to(torch.float8_e4m3fn)
+    >>> a_scale, b_scale = torch.full((4, 1), 2.0), torch.full((1, 1), 0.25)  # K-major
+    >>> out = gemm_fp8_nt_groupwise(a, b, a_scale, b_scale, scale_major_mode="K", backend="cutlass")
+    >>> torch.allclose(out.float(), 0.5 * a.float() @ b.float().T, rtol=1e-2, atol=1e-2)  # bf16
+    True
     """
     return _mate_gemm.gemm_fp8_nt_groupwise(
         a,
@@ -197,6 +246,25 @@ def group_deepgemm_fp8_nt_groupwise(
     -------
     torch.Tensor
         bfloat16 ``[m, n]`` (``out`` itself when given).
+
+    Raises
+    ------
+    TypeError
+        Wrong dtypes.
+    ValueError
+        Wrong shapes or devices, ``k % 128 != 0``, another granularity, and with
+        ``MATE_CHECK_INPUTS=1`` a group that does not start at a multiple of 128.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from flashinfer.gemm import group_deepgemm_fp8_nt_groupwise
+    >>> a = torch.randn(256, 128).to(torch.float8_e4m3fn)
+    >>> b = torch.randn(2, 64, 128).to(torch.float8_e4m3fn)
+    >>> m_indices = torch.tensor([1] * 128 + [0] * 128, dtype=torch.int32)
+    >>> out = group_deepgemm_fp8_nt_groupwise(a, b, torch.ones(256, 1), torch.ones(2, 1, 1), m_indices)
+    >>> torch.allclose(out[:128].float(), a[:128].float() @ b[1].float().T, rtol=1e-2, atol=1e-2)
+    True
     """
     return _mate_gemm.group_deepgemm_fp8_nt_groupwise(
         a, b, a_scale, b_scale, m_indices, scale_granularity_mnk=scale_granularity_mnk, out=out, out_dtype=out_dtype
@@ -241,6 +309,25 @@ def batch_deepgemm_fp8_nt_groupwise(
     -------
     torch.Tensor
         bfloat16 ``[G, max_m, n]`` (``out`` itself when given).
+
+    Raises
+    ------
+    TypeError
+        Wrong dtypes or a non-int ``expected_m``.
+    ValueError
+        Wrong shapes or devices, ``k % 128 != 0``, another granularity,
+        ``expected_m <= 0``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from flashinfer.gemm import batch_deepgemm_fp8_nt_groupwise
+    >>> a = torch.randn(2, 8, 128).to(torch.float8_e4m3fn)
+    >>> b = torch.randn(2, 64, 128).to(torch.float8_e4m3fn)
+    >>> masked_m = torch.tensor([8, 2], dtype=torch.int32)
+    >>> out = batch_deepgemm_fp8_nt_groupwise(a, b, torch.ones(2, 8, 1), torch.ones(2, 1, 1), masked_m, 8)
+    >>> torch.allclose(out[1, :2].float(), a[1, :2].float() @ b[1].float().T, rtol=1e-2, atol=1e-2)
+    True
     """
     return _mate_gemm.batch_deepgemm_fp8_nt_groupwise(
         a,

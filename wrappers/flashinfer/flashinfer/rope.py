@@ -65,6 +65,32 @@ def mla_rope_quantize_fp8(
     -------
     tuple of torch.Tensor
         ``(q_rope_out, k_rope_out, q_nope_out, k_nope_out)``.
+
+    Raises
+    ------
+    TypeError
+        Inputs of the wrong dtype, non-FP8 or mismatched output buffers.
+    ValueError
+        Wrong shapes, layouts or devices; a quantize dtype other than float8_e4m3fn.
+    NotImplementedError
+        Tensor-valued quantization scales.
+
+    Examples
+    --------
+    With every position at angle 0 (cos 1, sin 0) the rotation is the identity, so each
+    output is just the scaled input rounded to e4m3:
+
+    >>> import torch
+    >>> from flashinfer.rope import mla_rope_quantize_fp8
+    >>> q_rope, k_rope = torch.randn(2, 4, 64).bfloat16(), torch.randn(2, 64).bfloat16()
+    >>> q_nope, k_nope = torch.randn(2, 4, 512).bfloat16(), torch.randn(2, 512).bfloat16()
+    >>> cos_sin = torch.cat([torch.ones(8, 32), torch.zeros(8, 32)], dim=1)
+    >>> outs = mla_rope_quantize_fp8(q_rope, k_rope, q_nope, k_nope, cos_sin, torch.tensor([3, 7]),
+    ...                              quant_scale_kv=0.5)
+    >>> [tuple(t.shape) for t in outs]
+    [(2, 4, 64), (2, 64), (2, 4, 512), (2, 512)]
+    >>> torch.equal(outs[1].float(), (0.5 * k_rope.float()).to(torch.float8_e4m3fn).float())
+    True
     """
     return _mate_mla.mla_rope_quantize_fp8(
         q_rope,
