@@ -44,13 +44,29 @@ _BLOCK = 128
 _M_ALIGNMENT = 128
 
 
+@mate_api
 def get_m_alignment_for_contiguous_layout() -> int:
     """Row alignment of each group in the contiguous MoE layout (128).
 
     Returns
     -------
     int
-        Every group's rows must start at a multiple of this value.
+        Every group's rows in :func:`group_deepgemm_fp8_nt_groupwise` must start at a
+        multiple of this value (pad each group with ``m_indices = -1`` rows).
+
+    Raises
+    ------
+    None
+        It returns a constant.
+
+    Examples
+    --------
+    >>> from mate.gemm import get_m_alignment_for_contiguous_layout
+    >>> align = get_m_alignment_for_contiguous_layout()
+    >>> align
+    128
+    >>> [-(-rows // align) * align for rows in (1, 128, 300)]  # padded group sizes
+    [128, 128, 384]
     """
     return _M_ALIGNMENT
 
@@ -160,8 +176,22 @@ def bmm_bf16(
     Raises
     ------
     TypeError
-        Wrong dtypes. ValueError: non-3-D inputs, mismatched b or k, a wrong ``out``,
-        devices that differ, an unknown backend or ``"cublas"`` on CPU tensors.
+        Wrong dtypes.
+    ValueError
+        Non-3-D inputs, mismatched b or k, a wrong ``out``, devices that differ, an
+        unknown backend or ``"cublas"`` on CPU tensors.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from mate.gemm import bmm_bf16
+    >>> A = torch.randn(2, 3, 64, dtype=torch.bfloat16)
+    >>> B = torch.randn(2, 5, 64, dtype=torch.bfloat16).transpose(1, 2)  # [2, 64, 5] view
+    >>> out = bmm_bf16(A, B)
+    >>> out.shape, out.dtype
+    (torch.Size([2, 3, 5]), torch.bfloat16)
+    >>> torch.allclose(out.float(), A.float() @ B.float(), rtol=1e-2, atol=1e-2)  # bf16 output
+    True
     """
     check_tensor("A", A, dtype=(torch.bfloat16, torch.float16), ndim=3)
     check_tensor("B", B, dtype=A.dtype, ndim=3)
@@ -234,9 +264,23 @@ def bmm_fp8(
     Raises
     ------
     TypeError
-        Wrong dtypes. ValueError: both operands e5m2, bad shapes, scale shapes that are
-        neither per-tensor nor channelwise, a wrong ``out``, ``"cublas"`` on CPU tensors or
-        with layouts cuBLAS does not take.
+        Wrong dtypes.
+    ValueError
+        Both operands e5m2, bad shapes, scale shapes that are neither per-tensor nor
+        channelwise, a wrong ``out``, ``"cublas"`` on CPU tensors or with layouts cuBLAS
+        does not take.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from mate.gemm import bmm_fp8
+    >>> A = torch.randn(1, 4, 32).to(torch.float8_e4m3fn)
+    >>> B = torch.randn(1, 32, 8).to(torch.float8_e4m3fn)
+    >>> A_scale, B_scale = torch.tensor(0.5), torch.tensor(3.0)  # per-tensor
+    >>> out = bmm_fp8(A, B, A_scale, B_scale, torch.bfloat16)
+    >>> ref = (A.float() @ B.float()) * 0.5 * 3.0
+    >>> out.shape, torch.allclose(out.float(), ref, rtol=1e-2, atol=1e-2)  # bf16 output
+    (torch.Size([1, 4, 8]), True)
     """
     check_tensor("A", A, ndim=3)
     check_tensor("B", B, ndim=3)
@@ -372,10 +416,42 @@ def gemm_fp8_nt_groupwise(
     Raises
     ------
     TypeError
-        Wrong dtypes. ValueError: both operands e5m2, out_dtype fp32 or outside the allowed
-        set, granularity other than (1, 128, 128), k % 128 != 0, bad or ambiguous scale
-        shapes, a wrong ``out``/``output_scale``, ``"cublas"`` on CPU tensors or for a case
-        cuBLAS does not cover.
+        Wrong dtypes.
+    ValueError
+        Both operands e5m2, out_dtype fp32 or outside the allowed set, granularity other
+        than (1, 128, 128), k % 128 != 0, bad or ambiguous scale shapes, a wrong
+        ``out``/``output_scale``, ``"cublas"`` on CPU tensors or for a case cuBLAS does
+        not cover.
+
+    Examples
+    --------
+    m=4, n=192, k=256: ``kb = 2`` K-blocks and ``nb = 2`` N-blocks (the last one partial).
+    The check dequantizes both operands block by block:
+
+    >>> import torch
+    >>> from mate.gemm import gemm_fp8_nt_groupwise
+    >>> a = torch.randn(4, 256).to(torch.float8_e4m3fn)
+    >>> b = torch.randn(192, 256).to(torch.float8_e4m3fn)
+    >>> a_scale = torch.rand(4, 2) + 0.5  # [m, kb]: one scale per row and 128 columns
+    >>> b_scale = torch.rand(2, 2) + 0.5  # [nb, kb]: one scale per 128x128 tile
+    >>> out = gemm_fp8_nt_groupwise(a, b, a_scale, b_scale, scale_major_mode="K")
+    >>> a_deq = a.float() * a_scale.repeat_interleave(128, dim=1)
+    >>> b_deq = b.float() * b_scale.repeat_interleave(128, dim=0)[:192].repeat_interleave(128, dim=1)
+    >>> out.shape, torch.allclose(out.float(), a_deq @ b_deq.T, rtol=1e-2, atol=1e-2)  # bf16
+    (torch.Size([4, 192]), True)
+    >>> same = gemm_fp8_nt_groupwise(a, b, a_scale.T.contiguous(), b_scale.T.contiguous(),
+    ...                              scale_major_mode="MN")  # [kb, m] and [kb, nb]
+    >>> torch.equal(out, same)
+    True
+
+    FP8 output with one scale per row and 128-column group:
+
+    >>> out_scale = torch.empty(4, 2)
+    >>> out8 = gemm_fp8_nt_groupwise(a, b, a_scale, b_scale, scale_major_mode="K",
+    ...                              output_scale=out_scale)
+    >>> deq = out8.float() * out_scale.repeat_interleave(128, dim=1)[:, :192]
+    >>> out8.dtype, torch.allclose(deq, a_deq @ b_deq.T, rtol=0.07, atol=0.05)  # e4m3: 3 mantissa bits
+    (torch.float8_e4m3fn, True)
     """
     check_tensor("a", a, ndim=2, last_dim_contiguous=True)
     check_tensor("b", b, ndim=2, last_dim_contiguous=True)
@@ -497,8 +573,25 @@ def group_deepgemm_fp8_nt_groupwise(
     Raises
     ------
     TypeError
-        Wrong dtypes. ValueError: shapes, k % 128, granularity, out_dtype, devices, and
-        (with ``MATE_CHECK_INPUTS=1``) a violated layout precondition.
+        Wrong dtypes.
+    ValueError
+        Shapes, k % 128, granularity, out_dtype, devices, and (with
+        ``MATE_CHECK_INPUTS=1``) a violated layout precondition.
+
+    Examples
+    --------
+    Two experts: 128 rows of group 0, then 100 rows of group 1 padded to 128 rows:
+
+    >>> import torch
+    >>> from mate.gemm import group_deepgemm_fp8_nt_groupwise
+    >>> a = torch.randn(256, 128).to(torch.float8_e4m3fn)
+    >>> b = torch.randn(2, 64, 128).to(torch.float8_e4m3fn)  # [G, n, k]
+    >>> a_scale, b_scale = torch.ones(256, 1), torch.full((2, 1, 1), 0.5)
+    >>> m_indices = torch.tensor([0] * 128 + [1] * 100 + [-1] * 28, dtype=torch.int32)
+    >>> out = group_deepgemm_fp8_nt_groupwise(a, b, a_scale, b_scale, m_indices)
+    >>> ref = 0.5 * a[128:228].float() @ b[1].float().T
+    >>> out.shape, torch.allclose(out[128:228].float(), ref, rtol=1e-2, atol=1e-2)  # bf16
+    (torch.Size([256, 64]), True)
     """
     check_tensor("a", a, ndim=2)
     m = a.shape[0]
@@ -580,8 +673,22 @@ def batch_deepgemm_fp8_nt_groupwise(
     Raises
     ------
     TypeError
-        Wrong dtypes or a non-int ``expected_m``. ValueError: shapes, k % 128, granularity,
-        out_dtype, devices, ``expected_m <= 0``.
+        Wrong dtypes or a non-int ``expected_m``.
+    ValueError
+        Shapes, k % 128, granularity, out_dtype, devices, ``expected_m <= 0``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from mate.gemm import batch_deepgemm_fp8_nt_groupwise
+    >>> a = torch.randn(2, 8, 128).to(torch.float8_e4m3fn)  # [G, max_m, k]
+    >>> b = torch.randn(2, 64, 128).to(torch.float8_e4m3fn)  # [G, n, k]
+    >>> a_scale, b_scale = torch.ones(2, 8, 1), torch.ones(2, 1, 1)
+    >>> masked_m = torch.tensor([3, 8], dtype=torch.int32)  # valid rows per group
+    >>> out = batch_deepgemm_fp8_nt_groupwise(a, b, a_scale, b_scale, masked_m, expected_m=8)
+    >>> ref = a[0, :3].float() @ b[0].float().T
+    >>> out.shape, torch.allclose(out[0, :3].float(), ref, rtol=1e-2, atol=1e-2)  # bf16
+    (torch.Size([2, 8, 64]), True)
     """
     check_tensor("a", a, ndim=3)
     G, max_m = a.shape[0], a.shape[1]

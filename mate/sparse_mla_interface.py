@@ -142,7 +142,9 @@ def mla_rope_quantize_fp8(
 
     Returns
     -------
-    (q_rope_out, k_rope_out, q_nope_out, k_nope_out)
+    tuple of torch.Tensor
+        ``(q_rope_out, k_rope_out, q_nope_out, k_nope_out)``, float8_e4m3fn, shaped like
+        ``q_rope``, ``k_rope``, ``q_nope``, ``k_nope``.
 
     Raises
     ------
@@ -155,6 +157,31 @@ def mla_rope_quantize_fp8(
         ``MATE_CHECK_INPUTS=1``.
     NotImplementedError
         A tensor-valued quantization scale.
+
+    Examples
+    --------
+    Quantize a query straight into the two parts of one 576-value FP8 row per head, and
+    check the key's rotated tail against the formula above:
+
+    >>> import torch
+    >>> from mate.sparse_mla_interface import mla_rope_quantize_fp8
+    >>> nnz, H = 3, 2
+    >>> q_rope, k_rope = torch.randn(nnz, H, 64).bfloat16(), torch.randn(nnz, 64).bfloat16()
+    >>> q_nope, k_nope = torch.randn(nnz, H, 512).bfloat16(), torch.randn(nnz, 512).bfloat16()
+    >>> angles = torch.arange(16.0)[:, None] * torch.rand(32)  # 16 positions, 32 frequencies
+    >>> cos_sin = torch.cat([angles.cos(), angles.sin()], dim=1)  # [16, 64]
+    >>> pos = torch.tensor([0, 5, 9])
+    >>> q_fp8 = torch.empty(nnz, H, 576, dtype=torch.float8_e4m3fn)
+    >>> _, k_rope_fp8, _, _ = mla_rope_quantize_fp8(
+    ...     q_rope, k_rope, q_nope, k_nope, cos_sin, pos, quant_scale_q=2.0,
+    ...     q_nope_out=q_fp8[..., :512], q_rope_out=q_fp8[..., 512:])
+    >>> torch.equal(q_fp8[..., :512].float(), (2.0 * q_nope.float()).to(torch.float8_e4m3fn).float())
+    True
+    >>> c, s = cos_sin[pos, :32], cos_sin[pos, 32:]
+    >>> x1, x2 = k_rope.float()[:, :32], k_rope.float()[:, 32:]
+    >>> rotated = torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=1)
+    >>> torch.allclose(k_rope_fp8.float(), rotated, rtol=0.0625, atol=2e-3)  # e4m3 rounding
+    True
     """
     bf16 = torch.bfloat16
     checks.check_tensor("q_rope", q_rope, dtype=bf16, ndim=3)
@@ -296,6 +323,20 @@ def get_batch_decode_metadata_mla(
         Wrong dtypes or a non-int ``sparse_mla_top_k``.
     ValueError
         Wrong shapes, devices or a top-k that is not a positive multiple of 64.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from mate.sparse_mla_interface import get_batch_decode_metadata_mla
+    >>> query = torch.zeros(4, 1, 16, 576, dtype=torch.float8_e4m3fn)
+    >>> seq_lens = torch.full((4,), 128, dtype=torch.int32)
+    >>> meta = get_batch_decode_metadata_mla(query, seq_lens, 128)
+    >>> type(meta).__name__
+    'DecodeMetadata'
+    >>> get_batch_decode_metadata_mla(query, seq_lens, 100)
+    Traceback (most recent call last):
+        ...
+    ValueError: sparse_mla_top_k must be a positive multiple of 64, got 100
     """
     batch, q_len, heads = _check_decode_query(query)
     top_k = checks.check_positive_int("sparse_mla_top_k", sparse_mla_top_k, multiple_of=_DECODE_BLOCK_N)
@@ -414,6 +455,29 @@ def sparse_mla_fp8_decode(
         A non-default ``sinks``, ``skip_softmax_threshold_scale_factor``,
         ``uses_shared_paged_kv_idx``, ``cum_seq_lens_q`` or ``max_q_len``; tensor-valued
         ``bmm1_scale`` / ``bmm2_scale``.
+
+    Examples
+    --------
+    One query token attending to 3 of the 128 cache rows (the other 61 slots are -1),
+    checked against the formula above:
+
+    >>> import torch
+    >>> from mate.sparse_mla_interface import get_batch_decode_metadata_mla, sparse_mla_fp8_decode
+    >>> query = torch.randn(1, 1, 2, 576).to(torch.float8_e4m3fn)  # [B, q_len, H, 576]
+    >>> kv_cache = torch.randn(2, 64, 576).to(torch.float8_e4m3fn)  # 2 pages of 64 rows
+    >>> block_tables = torch.full((1, 1, 64), -1, dtype=torch.int32)
+    >>> block_tables[0, 0, :3] = torch.tensor([70, 3, 127])
+    >>> seq_lens = torch.tensor([64], dtype=torch.int32)
+    >>> meta = get_batch_decode_metadata_mla(query, seq_lens, 64)
+    >>> out, lse = sparse_mla_fp8_decode(query, kv_cache, None, 128, 512, 64, block_tables, seq_lens,
+    ...                                  128, sparse_mla_top_k=64, bmm1_scale=576 ** -0.5,
+    ...                                  return_lse=True, metadata=meta)
+    >>> rows = kv_cache.reshape(-1, 576)[[70, 3, 127]].float()
+    >>> logits = query[0, 0].float() @ rows.T * 576 ** -0.5
+    >>> out.shape, torch.allclose(out[0, 0].float(), logits.softmax(-1) @ rows[:, :512], atol=2e-2)
+    (torch.Size([1, 1, 2, 512]), True)
+    >>> torch.allclose(lse[0, 0], logits.logsumexp(-1), atol=1e-4)
+    True
     """
     checks.check_default("sinks", sinks, None)
     checks.check_default("skip_softmax_threshold_scale_factor", skip_softmax_threshold_scale_factor, None)
