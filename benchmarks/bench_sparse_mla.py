@@ -44,10 +44,11 @@ FULL = [(h, b, s) for h in (16, 32, 64, 128) for b in (1, 8, 32, 64, 128) for s 
 STAGE_VARIANTS = {(16, 128, 1): (8, 10), (128, 64, 1): (3, 4), (32, 128, 1): (8,)}
 # Bar shapes (H, B, q_len) -> plan_decode overrides timed beside the default plan.
 BAR_CANDIDATES = {  # in order of interest, in case a run is cut short
-    (16, 128, 1): [dict(transposed=False), dict(num_stages=8), dict(block_h=64)],
-    (128, 8, 1): [dict(partial_dtype=torch.float32), dict(num_splits=4), dict(num_splits=16)],
-    (128, 64, 1): [],
-    (128, 128, 2): [],
+    (16, 128, 1): [dict(prefetch_idx=True), dict(prefetch_idx=True, num_stages=5), dict(transposed=False),
+                   dict(block_h=64)],
+    (128, 8, 1): [dict(prefetch_idx=True), dict(partial_dtype=torch.float32), dict(num_splits=4)],
+    (128, 64, 1): [dict(prefetch_idx=True)],
+    (128, 128, 2): [dict(prefetch_idx=True)],
 }
 QUICK = [(128, 64, 1), (128, 128, 2), (16, 128, 1), (128, 8, 1), (64, 128, 1), (32, 128, 1), (16, 32, 2)]
 
@@ -151,7 +152,8 @@ def run(ceilings: dict, quick: bool = False) -> list[dict]:
                 err = rel_error(s0["out"], ref) if ref is not None else None
                 t = time_fn([_mate_fn(s, kv, scale, mdc) for s in sets])
                 nc = (f"block_h={mdc.block_h} block_n={mdc.block_n} splits={mdc.num_splits} "
-                      f"warps={mdc.num_warps} stages={mdc.num_stages} maxnreg={mdc.max_regs}")
+                      f"warps={mdc.num_warps} stages={mdc.num_stages} maxnreg={mdc.max_regs} "
+                      f"prefetch_idx={mdc.prefetch_idx}")
                 if err is not None:
                     nc += f"; rel err vs naive {err:.1e}" + (" (FAILED)" if err > 2e-2 else "")
             except Exception as exc:

@@ -253,13 +253,14 @@ def _sparse_mla_fp8_decode_op(
     block_n: int,
     transposed: bool,
     max_regs: int,
+    prefetch_idx: bool,
 ) -> None:
     if select_backend(query.device) == "triton":
         from mate.ops.sparse_mla.decode import sparse_mla_decode_triton
 
         sparse_mla_decode_triton(query, kv_rows, block_tables, seq_lens, out, lse, partial_o, partial_lse,
                                  bmm1_scale, bmm2_scale, block_h, num_splits, split_blocks, num_warps, num_stages,
-                                 block_n, transposed, max_regs)
+                                 block_n, transposed, max_regs, prefetch_idx)
     else:
         from mate.ops.sparse_mla.reference import sparse_mla_decode_reference
 
@@ -530,5 +531,5 @@ def sparse_mla_fp8_decode(
     _sparse_mla_fp8_decode_op(query, kv_cache.view(-1, _ROW), block_tables, seq_lens, out, lse_buf,
                               metadata.partial_o, metadata.partial_lse, bmm1_scale, bmm2_scale, metadata.block_h,
                               metadata.num_splits, metadata.split_blocks, metadata.num_warps, metadata.num_stages,
-                              metadata.block_n, metadata.transposed, metadata.max_regs)
+                              metadata.block_n, metadata.transposed, metadata.max_regs, metadata.prefetch_idx)
     return (out, lse) if return_lse else out

@@ -115,10 +115,14 @@ def test_decode_matches_reference(triton_backend, device, B, q_len, H, top_k, pa
     (16, dict(transposed=False, num_stages=3, max_regs=0)),
     (32, dict(transposed=False, block_n=64)),
     (16, dict(block_h=64)),  # small H padded to the 64-head kernel
+    (16, dict(prefetch_idx=True)),  # indices loaded one step ahead
+    (20, dict(prefetch_idx=True, num_splits=2)),
+    (64, dict(prefetch_idx=True)),
+    (128, dict(prefetch_idx=True, num_splits=2)),
 ])
 def test_decode_plan_variants(triton_backend, device, H, kw):
     """Every kernel variant a plan can select matches the reference."""
-    B, q_len, top_k = 2, 2, 128
+    B, q_len, top_k = 3, 2, 128  # B=3: one empty batch element (seq_lens 0)
     q, kv, idx, sl = _make(B, q_len, H, top_k, page_size=64, four_d=True, device=device)
     md = plan_decode(B, q_len, H, top_k, device, **kw)
     for k, v in kw.items():
@@ -235,7 +239,7 @@ def test_custom_op_opcheck(reference_backend):
     lse = torch.empty(B, q_len, H)
     args = (q, kv.view(-1, 576), idx, sl, out, lse, md.partial_o, md.partial_lse, 0.05, 1.0, md.block_h,
             md.num_splits, md.split_blocks, md.num_warps, md.num_stages, md.block_n, md.transposed,
-            md.max_regs)
+            md.max_regs, md.prefetch_idx)
     # test_schema is left out: its aliasing check multiplies the inputs, which torch's CPU
     # kernels do not implement for float8_e4m3fn.
     torch.library.opcheck(torch.ops.mate.sparse_mla_fp8_decode.default, args,

@@ -70,6 +70,7 @@ def sparse_mla_decode_split_kernel(
     D_R: tl.constexpr,
     HAS_SEQ_LENS: tl.constexpr,
     SMALL_H: tl.constexpr,
+    PREFETCH_IDX: tl.constexpr,
 ):
     """Heads on M: wgmma for ``BLOCK_H`` = 64; for 16 or 32 heads (``SMALL_H``) Triton
     uses ``mma.sync`` with small ``BLOCK_N`` tiles, so several programs fit on one SM."""
@@ -103,9 +104,19 @@ def sparse_mla_decode_split_kernel(
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, D_V], tl.float32)
     idx_row = idx_ptr + bt * top_k
+    if PREFETCH_IDX:  # slots past hi (<= seq_len) are masked, as slots past seq_len below
+        tok_next = tl.load(idx_row + lo + offs_n, mask=lo + offs_n < hi, other=-1)
     for start in tl.range(lo, hi, BLOCK_N):
-        slots = start + offs_n
-        tok = tl.load(idx_row + slots, mask=slots < seq_len, other=-1)
+        if PREFETCH_IDX:
+            # The next block's indices, loaded one step ahead into registers: the gathers
+            # then depend on a loop-carried value, so the pipeliner gives the gathered
+            # rows num_stages - 1 shared-memory buffers instead of 2.
+            tok = tok_next
+            nxt = start + BLOCK_N + offs_n
+            tok_next = tl.load(idx_row + nxt, mask=nxt < hi, other=-1)
+        else:
+            slots = start + offs_n
+            tok = tl.load(idx_row + slots, mask=slots < seq_len, other=-1)
         valid = (tok >= 0) & (tok < num_tokens)
         kv_rows = kv_ptr + tok.to(tl.int64)[:, None] * D_ROW
         k_nope = tl.load(kv_rows + offs_v[None, :], mask=valid[:, None], other=0.0)
@@ -174,6 +185,7 @@ def sparse_mla_decode_split_kernel_t(
     D_R: tl.constexpr,
     HAS_SEQ_LENS: tl.constexpr,
     SMALL_H: tl.constexpr,
+    PREFETCH_IDX: tl.constexpr,
 ):
     """Transposed small-H variant (H <= 32, ``plan_decode(transposed=True)``): the same
     math with Sᵀ = K·Qᵀ.
@@ -212,9 +224,19 @@ def sparse_mla_decode_split_kernel_t(
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([D_V, BLOCK_H], tl.float32)
     idx_row = idx_ptr + bt * top_k
+    if PREFETCH_IDX:  # slots past hi (<= seq_len) are masked, as slots past seq_len below
+        tok_next = tl.load(idx_row + lo + offs_n, mask=lo + offs_n < hi, other=-1)
     for start in tl.range(lo, hi, BLOCK_N):
-        slots = start + offs_n
-        tok = tl.load(idx_row + slots, mask=slots < seq_len, other=-1)
+        if PREFETCH_IDX:
+            # The next block's indices, loaded one step ahead into registers: the gathers
+            # then depend on a loop-carried value, so the pipeliner gives the gathered
+            # rows num_stages - 1 shared-memory buffers instead of 2.
+            tok = tok_next
+            nxt = start + BLOCK_N + offs_n
+            tok_next = tl.load(idx_row + nxt, mask=nxt < hi, other=-1)
+        else:
+            slots = start + offs_n
+            tok = tl.load(idx_row + slots, mask=slots < seq_len, other=-1)
         valid = (tok >= 0) & (tok < num_tokens)
         kv_rows = kv_ptr + tok.to(tl.int64)[:, None] * D_ROW
         k_nope = tl.load(kv_rows + offs_v[None, :], mask=valid[:, None], other=0.0)
@@ -313,6 +335,7 @@ def sparse_mla_decode_triton(
     block_n: int,
     transposed: bool,
     max_regs: int,
+    prefetch_idx: bool,
 ) -> None:
     """Launches the decode on validated tensors; writes ``out`` (bf16) and ``lse`` (fp32).
 
@@ -355,6 +378,7 @@ def sparse_mla_decode_triton(
         D_R=HEAD_DIM_ROPE,
         HAS_SEQ_LENS=seq_lens is not None,
         SMALL_H=block_h <= 32,
+        PREFETCH_IDX=prefetch_idx,
         num_warps=num_warps,
         num_stages=num_stages,
         maxnreg=max_regs or None,

@@ -56,6 +56,12 @@ class DecodeMetadata:
         Launch configuration of the split kernel.
     max_regs : int
         Register cap per thread passed to the compiler (``maxnreg``); 0 for none.
+    prefetch_idx : bool
+        Load each step's top-k indices one step ahead into registers, so the compiler's
+        pipeliner keeps ``num_stages - 1`` gathered tiles in flight instead of 2 (H200
+        compiles: transposed small-H kernel at 6 stages, 5 buffers, 200 KB of shared memory,
+        255 registers; 64 heads at 4 stages, 3 buffers, 217 KB). Off by default until
+        measured faster.
     partial_o : torch.Tensor
         [B * q_len, num_splits, H, 512] partial outputs, each normalised by its own softmax
         sum, so a convex combination of e4m3 values (|o| <= 448): fp16 by default (half the
@@ -82,6 +88,7 @@ class DecodeMetadata:
     num_warps: int
     num_stages: int
     max_regs: int
+    prefetch_idx: bool
     partial_o: torch.Tensor
     partial_lse: torch.Tensor
     lse_scratch: torch.Tensor
@@ -155,12 +162,14 @@ def plan_decode(
     num_warps: int | None = None,
     max_regs: int | None = None,
     transposed: bool | None = None,
+    prefetch_idx: bool = False,
 ) -> DecodeMetadata:
     """Builds the plan; ``num_sms`` / ``num_splits`` / ``block_h`` / ``num_stages`` /
     ``partial_dtype`` (fp16 or fp32 split outputs) / ``block_n`` / ``num_warps`` /
     ``max_regs`` (the compiler's ``maxnreg``, 0 for none) / ``transposed`` (the
-    Sᵀ = K·Qᵀ small-H kernel, default for ``block_h`` <= 32; False: mma.sync) override
-    the device-derived choices (tests and benchmarks: ``block_h=64`` pads a small H)."""
+    Sᵀ = K·Qᵀ small-H kernel, default for ``block_h`` <= 32; False: mma.sync) /
+    ``prefetch_idx`` (indices loaded one step ahead, more gather buffers) override the
+    device-derived choices (tests and benchmarks: ``block_h=64`` pads a small H)."""
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
@@ -186,7 +195,11 @@ def plan_decode(
     allowed_n = (64,) if block_h == 64 or transposed else (16, 32, 64)
     if block_n not in allowed_n:
         raise ValueError(f"block_n must be one of {allowed_n} for block_h {block_h}, got {block_n}")
-    num_stages = default_stages if num_stages is None else int(num_stages)
+    if num_stages is None:
+        # With prefetched indices every stage but one holds a gathered tile (36 KB at 64
+        # rows): 4 stages (217 KB of shared memory) is the most the 64-head kernel fits.
+        num_stages = 4 if prefetch_idx and block_h == 64 else default_stages
+    num_stages = int(num_stages)
     n_blocks = top_k // block_n
     rows = batch_size * q_len
     if num_splits is None:
@@ -231,6 +244,7 @@ def plan_decode(
         num_warps=num_warps,
         num_stages=num_stages,
         max_regs=max_regs,
+        prefetch_idx=bool(prefetch_idx),
         partial_o=partial_o,
         partial_lse=partial_lse,
         lse_scratch=lse_scratch,
