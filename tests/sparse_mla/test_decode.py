@@ -390,6 +390,21 @@ def test_gpu_decode_shapes(H, B, q_len, top_k):
 
 
 @gpu
+@pytest.mark.parametrize("H,kw", [(16, dict(prefetch_idx=True)), (128, dict(prefetch_idx=True)),
+                                  (16, dict(transposed=False)), (32, dict(transposed=False))])
+def test_gpu_plan_variants(H, kw):
+    """The optional kernel variants of a plan at top-k 2048 (B=8: split + combine)."""
+    B, q_len, top_k = 8, 1, 2048
+    q, kv, idx, sl = _make(B, q_len, H, top_k, pages=64, page_size=64, device="cuda")
+    md = plan_decode(B, q_len, H, top_k, "cuda", **kw)
+    out = poisoned((B, q_len, H, 512), torch.bfloat16, "cuda")
+    lse = poisoned((B, q_len, H), torch.float32, "cuda")
+    s1 = 1 / math.sqrt(576)
+    _call(q, kv, idx, sl, top_k, out=out, lse=lse, bmm1_scale=s1, bmm2_scale=1.25, metadata=md)
+    _check(out, lse, q, kv, idx, sl, s1, 1.25, gpu=True)
+
+
+@gpu
 @pytest.mark.parametrize("H", [16, 128])
 def test_gpu_cuda_graph_replay_and_no_allocation(H):
     B, q_len, top_k = 4, 2, 2048
