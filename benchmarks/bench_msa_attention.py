@@ -249,6 +249,31 @@ def _decode_rows(ceilings: dict, B: int, ctx: int, dtype: torch.dtype) -> list[d
                            impl="mate" + ("" if splits == -1 else f" splits={splits}"), time_us=t_us, flops=flops,
                            nbytes=nbytes, dtype=name, ceiling="copy_GBps", note=note))
 
+    if dtype == torch.float8_e4m3fn:  # the fp8 code paths side by side (module defaults swapped per row)
+        from mate.ops.msa import sparse_attention as sa
+
+        default = dict(sa.FP8_VARIANT)
+        variants = [dict(f16=False, decode_stages=1, decode_maxnreg=None),  # the 46%-of-copy path
+                    dict(f16=True, decode_stages=1, decode_maxnreg=None),
+                    dict(f16=True, decode_stages=2, decode_maxnreg=None),
+                    dict(f16=True, decode_stages=2, decode_maxnreg=168),
+                    dict(f16=True, decode_stages=3, decode_maxnreg=168)]
+        for var in variants:
+            sa.FP8_VARIANT.update(var)
+            try:
+                t_us = time_fn(lambda: sparse_attention(
+                    q, k, v, kv_block_indexes=idx, page_table=table, qo_indptr=qo, kv_lens=kvl, out=out, lse=lse,
+                    causal=True, decode=True, num_kv_heads=HKV), iters=50)
+                note = "selected K/V bytes" + (" (default)" if var == default else "")
+            except Exception as exc:
+                t_us, note = None, f"failed: {exc}"[:300]
+            finally:
+                sa.FP8_VARIANT.update(default)
+            label = ("f16" if var["f16"] else "bf16") + f" conv, {var['decode_stages']} stage(s)" + (
+                f", maxnreg {var['decode_maxnreg']}" if var["decode_maxnreg"] else "")
+            rows.append(record(ceilings, family=FAMILY, op="sparse_decode", shape=shape, impl=f"mate fp8 [{label}]",
+                               time_us=t_us, flops=flops, nbytes=nbytes, dtype=name, ceiling="copy_GBps", note=note))
+
     def naive():
         pg = torch.gather(table, 1, idx.view(B, -1).long()).view(B, HKV, TOPK)  # [B, Hkv, 16]
         kk = k[pg.long(), :, torch.arange(HKV, device="cuda")[None, :, None]]  # [B, Hkv, 16, 128, D]

@@ -190,6 +190,22 @@ def test_sparse_attention_matches_reference(device, triton_backend, dtype, ratio
     assert_close(l_, rl, atol=1e-4, rtol=1e-4, name="lse")
 
 
+@pytest.mark.parametrize("decode", [True, False])
+def test_fp8_bf16_conversion_variant(device, triton_backend, monkeypatch, decode):
+    """The previous fp8 path (V and P converted to bf16, one stage) stays correct; the
+    default (fp16 conversions, 2-stage decode) is covered by CASES."""
+    from mate.ops.msa import sparse_attention as sa
+
+    monkeypatch.setitem(sa.FP8_VARIANT, "f16", False)
+    monkeypatch.setitem(sa.FP8_VARIANT, "decode_stages", 1)
+    q_lens = [2, 1] if decode else [5, 2]
+    pb = make_problem(q_lens, [300, 129], hq=8, hkv=1, width=8, dtype=torch.float8_e4m3fn, device=device)
+    o, l_, ro, rl = run_case(device, pb, decode=decode, sm_scale=0.05, k_scale=2.0, v_scale=0.25)
+    atol, rtol = TOL[torch.float8_e4m3fn]
+    assert_close(o, ro, atol=atol, rtol=rtol)
+    assert_close(l_, rl, atol=1e-4, rtol=1e-4, name="lse")
+
+
 @pytest.mark.parametrize("splits", [1, 3])
 def test_decode_splits_qo_offset_non_causal_strided(device, triton_backend, splits):
     pb = make_problem([1, 1, 2], [700, 1, 520], hq=8, hkv=2, width=8, device=device, qo_offset=[100, 0, 515])
