@@ -833,8 +833,10 @@ def msa(
         Flat int32 page ids indexed by the plan's ``kv_page_indptr`` (alternative to
         ``page_table``). Page ids index the whole ``k`` / ``v`` tensors.
     kv_block_indexes : torch.Tensor, optional
-        int32 ``[total_q, Hkv or Hq, selected_block_count]``: per-token selected blocks
-        (required by sparse plans).
+        int32 ``[total_q, Hkv or Hq, selected_block_count]``: per-token selected logical
+        blocks (required by sparse plans), read as a set: -1 and ids past the request's
+        blocks are skipped, duplicates count once; an Hq-wide tensor is read at the first
+        head of each group.
     q_offset_override : int or torch.Tensor, optional
         Replaces the plan's ``qo_offset`` (int32 ``[B]`` on q's device, or one int) for this
         call; not combinable with ``runtime_metadata``.
