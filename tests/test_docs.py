@@ -78,6 +78,18 @@ def test_public_functions_have_the_numpy_sections(module):
     assert not problems, "\n".join(problems)
 
 
+def test_every_environment_variable_is_documented():
+    pattern = re.compile(r"[\"'](MATE_[A-Z0-9_]+)[\"']")
+    used = set()
+    for folder in ("mate", "benchmarks", "wrappers"):
+        for path in (ROOT / folder).rglob("*.py"):
+            used |= set(pattern.findall(path.read_text()))
+    assert {"MATE_BACKEND", "MATE_LOGLEVEL"} <= used, "the scan is broken"
+    page = (ROOT / "docs" / "guides" / "environment.md").read_text()
+    missing = sorted(v for v in used if f"`{v}`" not in page)
+    assert not missing, f"variables read by the code but absent from docs/guides/environment.md: {missing}"
+
+
 def test_section_check_can_fail():
     doc = "Summary.\n\nParameters\n----------\nx : int\n\nReturns\n-------\nint\n"
     assert not re.search(r"^Examples\n-{8}$", doc, re.M)
