@@ -19,6 +19,7 @@ import json
 import torch
 
 from mate.msa_interface import _msa_plan_from_lengths, msa, sparse_topk_select
+from mate.ops.msa import maxscore as maxscore_mod
 from mate.ops.msa import topk as topk_mod
 from mate.testing.bench import record, time_fn
 
@@ -47,7 +48,20 @@ def _bench_prefill(ceilings: dict, ctx: int, rows: list[dict]) -> None:
     shape = f"prefill S={ctx} H={H} d={D} causal"
     t = time_fn(fn, iters=10 if ctx >= 65536 else 30)
     rows.append(record(ceilings, family=FAMILY, op="max_score", shape=shape, impl="mate", time_us=t, flops=flops,
-                       dtype="bf16", ceiling="cublas_bf16_TFLOPs"))
+                       dtype="bf16", ceiling="cublas_bf16_TFLOPs",
+                       note=f"default {maxscore_mod.PREFILL_BLOCK_M}-row tiles"))
+    if ctx in (32768, 131072):  # the prefill row-tile variants side by side (module default swapped per row)
+        default = maxscore_mod.PREFILL_BLOCK_M
+        for bm in (128, 256):
+            maxscore_mod.PREFILL_BLOCK_M = bm
+            try:
+                tv, note = time_fn(fn, iters=10 if ctx >= 65536 else 30), f"{bm}-row tiles"
+            except Exception as exc:
+                tv, note = None, f"{bm}-row tiles failed: {type(exc).__name__}: {exc}"[:300]
+            finally:
+                maxscore_mod.PREFILL_BLOCK_M = default
+            rows.append(record(ceilings, family=FAMILY, op="max_score", shape=shape, impl=f"mate_bm{bm}", time_us=tv,
+                               flops=flops, dtype="bf16", ceiling="cublas_bf16_TFLOPs", note=note))
     if ctx <= 32768:
         kd = k[table[0].long()].reshape(-1, H, D)[:ctx]
         qh, kh = q.transpose(0, 1), kd.transpose(0, 1)

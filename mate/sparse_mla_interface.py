@@ -315,8 +315,9 @@ def get_batch_decode_metadata_mla(
     Returns
     -------
     DecodeMetadata
-        A frozen object that records (B, q_len, H, top-k, device) and owns the fp32
-        scratch for partial results. It must not be shared by overlapping decode calls.
+        A frozen object that records (B, q_len, H, top-k, device) and owns the scratch
+        for the split path's partial results (fp16 partial outputs by default, fp32 LSEs).
+        It must not be shared by overlapping decode calls.
 
     Raises
     ------

@@ -119,6 +119,21 @@ def test_kernel_matches_reference(layout, dtype, device, triton_backend, monkeyp
     assert torch.isinf(ms[:, :, -1]).all()
 
 
+@pytest.mark.parametrize("layout,causal", [("token_major", True), ("dense", False), ("flat", True)])
+def test_prefill_256_row_tiles(layout, causal, device, triton_backend, monkeypatch):
+    """The 256-row prefill configuration (16 warps) equals the reference: two row tiles,
+    whole and diagonal key tiles, a request ending inside a tile, GQA 2."""
+    from mate.ops.msa import maxscore
+
+    monkeypatch.setattr(maxscore, "PREFILL_BLOCK_M", 256)
+    info, q, k, kw = make_case([150, 3], [400, 140], 2, 1, 64, torch.bfloat16, device, layout=layout, causal=causal)
+    buf = poisoned((q.shape[0], 2, info.plan.max_k_tiles), torch.float32, device)
+    msa(q, k, None, info, output_o=False, max_score=buf, **kw)
+    monkeypatch.setenv("MATE_BACKEND", "reference")
+    _, ref = msa(q, k, None, info, output_o=False, max_score=torch.empty_like(buf), **kw)
+    assert_close(buf, ref, atol=ATOL, rtol=RTOL)  # also checks the -inf pattern exactly
+
+
 @pytest.mark.parametrize("causal", [True, False])
 def test_kernel_offsets_and_overrides(causal, device, triton_backend, monkeypatch):
     q_lens, kv_lens = [4, 70], [260, 140]

@@ -1,11 +1,13 @@
 """MSA max-score proxy pass in Triton: per query row and 128-key tile, max of raw q.k.
 
-One program owns ``BLOCK_M`` rows of one request and one KV head, where the rows are the
+One program owns ``BLOCK_M`` rows (64 for decode, 128 or 256 for prefill) of one request and one KV head, where the rows are the
 (token, query head) pairs of the head group (row r -> token r // ratio, head r % ratio),
 so each K tile is loaded once per group. It walks the key tiles of its chunk: one
 ``[BLOCK_M, D] x [D, 128]`` tensor-core dot per tile (fp32 accumulation), a row max, and
 masking only on tiles that cross a row's visible limit (causal diagonal or the end of
-the context). Tiles past the last visible tile of the whole program are never loaded:
+the context): the tiles every row sees whole run in a separate loop without per-score
+compares (H200 compile, 128 rows: 256 instead of 532 instructions per warp per tile,
+167 instead of 221 registers). Tiles past the last visible tile of the whole program are never loaded:
 their scores are -inf. Maxima of ``OUT_W`` consecutive tiles are staged in registers and
 stored together (``OUT_W * 4`` contiguous bytes per row).
 
@@ -42,6 +44,32 @@ def _mma_operand(x):
 
 
 @triton.jit
+def _tile_max(q, k_base, kb, b, lim, min_lim, kv_len, table_ptr, stride_table, kv_idx_ptr, page_base,
+              stride_kp, stride_kt, offs_n, offs_d, KADDR: tl.constexpr, MASKED: tl.constexpr):
+    """Row maxima of q . k over key tile ``kb``; MASKED=False only for tiles every row sees
+    whole (no compare/select per score)."""
+    BLOCK_N: tl.constexpr = 128
+    key0 = kb * BLOCK_N
+    if KADDR == 0:
+        tile_ptr = k_base + key0.to(tl.int64) * stride_kt
+    elif KADDR == 1:
+        page = tl.load(table_ptr + b.to(tl.int64) * stride_table + kb)
+        tile_ptr = k_base + page.to(tl.int64) * stride_kp
+    else:
+        page = tl.load(kv_idx_ptr + page_base + kb)
+        tile_ptr = k_base + page.to(tl.int64) * stride_kp
+    if MASKED:
+        key_ok = (key0 + offs_n) < kv_len
+        k = tl.load(tile_ptr + offs_n[:, None] * stride_kt + offs_d[None, :], mask=key_ok[:, None], other=0.0)
+    else:
+        k = tl.load(tile_ptr + offs_n[:, None] * stride_kt + offs_d[None, :])
+    s = tl.dot(q, tl.trans(_mma_operand(k)), out_dtype=tl.float32)
+    if MASKED:
+        s = tl.where(((key0 + offs_n)[None, :] < lim[:, None]) | (key0 + BLOCK_N <= min_lim), s, float("-inf"))
+    return tl.max(s, axis=1)
+
+
+@triton.jit
 def _max_score_fwd_kernel(
     q_ptr, k_ptr, out_ptr,
     cu_q_ptr, cu_k_ptr, kv_len_ptr, qo_off_ptr, table_ptr, kv_idx_ptr, indptr_ptr,
@@ -53,7 +81,7 @@ def _max_score_fwd_kernel(
     num_tiles_out, tiles_per_chunk, num_row_tiles,
     HKV: tl.constexpr, RATIO: tl.constexpr, D: tl.constexpr,
     BLOCK_M: tl.constexpr, OUT_W: tl.constexpr,
-    KADDR: tl.constexpr, QO_MODE: tl.constexpr, CAUSAL: tl.constexpr,
+    KADDR: tl.constexpr, QO_MODE: tl.constexpr, CAUSAL: tl.constexpr, SPLIT_FULL: tl.constexpr = True,
 ):
     BLOCK_N: tl.constexpr = 128
     pid_bh = tl.program_id(0)
@@ -108,22 +136,27 @@ def _max_score_fwd_kernel(
         c1 = tl.minimum(c0 + tiles_per_chunk, num_tiles_out)
         t_end = tl.maximum(tl.minimum(c1, n_vis_tiles), c0)
         acc = tl.full([BLOCK_M, OUT_W], float("-inf"), dtype=tl.float32)
-        for kb in range(c0, t_end):
-            key0 = kb * BLOCK_N
-            key_ok = (key0 + offs_n) < kv_len
-            if KADDR == 0:
-                tile_ptr = k_base + key0.to(tl.int64) * stride_kt
-            elif KADDR == 1:
-                page = tl.load(table_ptr + b.to(tl.int64) * stride_table + kb)
-                tile_ptr = k_base + page.to(tl.int64) * stride_kp
-            else:
-                page = tl.load(kv_idx_ptr + page_base + kb)
-                tile_ptr = k_base + page.to(tl.int64) * stride_kp
-            k = tl.load(tile_ptr + offs_n[:, None] * stride_kt + offs_d[None, :], mask=key_ok[:, None], other=0.0)
-            s = tl.dot(q, tl.trans(_mma_operand(k)), out_dtype=tl.float32)
-            # only tiles crossing some row's visible limit need the per-row mask
-            s = tl.where(((key0 + offs_n)[None, :] < lim[:, None]) | (key0 + BLOCK_N <= min_lim), s, float("-inf"))
-            m = tl.max(s, axis=1)
+        if KADDR == 2:
+            pb = page_base
+        else:
+            pb = 0
+        # tiles [c0, t_full) are whole for every row (min_lim <= kv_len): no per-score mask
+        if SPLIT_FULL:
+            t_full = tl.maximum(tl.minimum(min_lim // BLOCK_N, t_end), c0)
+        else:
+            t_full = c0
+        for kb in range(c0, t_full):
+            m = _tile_max(q, k_base, kb, b, lim, min_lim, kv_len, table_ptr, stride_table, kv_idx_ptr, pb,
+                          stride_kp, stride_kt, offs_n, offs_d, KADDR, False)
+            j = (kb - c0) % OUT_W
+            acc = tl.where(cols[None, :] == j, m[:, None], acc)
+            if (j == OUT_W - 1) | (kb == t_end - 1):
+                tl.store(o_ptrs + (kb - j), acc, mask=row_ok[:, None] & ((kb - j + cols) < c1)[None, :])
+                acc = tl.full([BLOCK_M, OUT_W], float("-inf"), dtype=tl.float32)
+        # tiles crossing some row's visible limit (causal diagonal, end of the context): masked
+        for kb in range(t_full, t_end):
+            m = _tile_max(q, k_base, kb, b, lim, min_lim, kv_len, table_ptr, stride_table, kv_idx_ptr, pb,
+                          stride_kp, stride_kt, offs_n, offs_d, KADDR, True)
             j = (kb - c0) % OUT_W
             acc = tl.where(cols[None, :] == j, m[:, None], acc)
             if (j == OUT_W - 1) | (kb == t_end - 1):
@@ -141,11 +174,20 @@ def _num_sms(device: torch.device) -> int:
     return 1  # the interpreter runs programs one at a time: fewer is faster
 
 
+PREFILL_BLOCK_M = 128
+"""Rows per program of the prefill launch: 128 (8 warps) or 256 (16 warps: each K tile
+serves twice the rows, half the L2 reads; H200 compile 128 registers, no spills, 147 KB
+shared, 262 instructions per warp per whole tile). 256 is not yet timed on the H200;
+the benchmark times both."""
+
+
 def max_score_config(max_rows: int, batch_size: int, num_kv_heads: int, num_tiles: int,
-                     device: torch.device) -> dict:
+                     device: torch.device, prefill_block_m: int | None = None) -> dict:
     """Tile sizes, warps and the key-chunk split for one launch (host ints only)."""
     prefill = max_rows > 64
-    block_m = 128 if prefill else 64
+    block_m = (prefill_block_m or PREFILL_BLOCK_M) if prefill else 64
+    if block_m not in (64, 128, 256):
+        raise ValueError(f"prefill_block_m must be 128 or 256, got {block_m}")
     out_w = 16 if num_tiles >= 16 else triton.next_power_of_2(max(num_tiles, 1))
     row_tiles = triton.cdiv(max(max_rows, 1), block_m)
     programs = batch_size * num_kv_heads * row_tiles
@@ -154,8 +196,9 @@ def max_score_config(max_rows: int, batch_size: int, num_kv_heads: int, num_tile
     chunks = max(1, min(groups, triton.cdiv(target, max(programs, 1))))
     tiles_per_chunk = triton.cdiv(groups, chunks) * out_w
     chunks = triton.cdiv(num_tiles, tiles_per_chunk)
+    warps = {64: 4, 128: 8, 256: 16}[block_m]
     return dict(BLOCK_M=block_m, OUT_W=out_w, row_tiles=row_tiles, chunks=chunks, tiles_per_chunk=tiles_per_chunk,
-                num_warps=8 if prefill else 4, num_stages=3 if prefill else 4)
+                num_warps=warps, num_stages=3 if prefill else 4)
 
 
 def max_score_triton(
@@ -175,9 +218,11 @@ def max_score_triton(
     layout: int,
     batch_size: int,
     max_seqlen_q: int,
+    prefill_block_m: int | None = None,
 ) -> None:
     """Launches the max-score kernel on validated tensors (writes every element of
-    ``max_score``, rows of this batch only). No host reads: sizes come from the plan."""
+    ``max_score``, rows of this batch only). No host reads: sizes come from the plan.
+    ``prefill_block_m`` overrides :data:`PREFILL_BLOCK_M`."""
     total_q, Hq, D = q.shape
     num_tiles = max_score.shape[2]
     if layout == LAYOUT_DENSE:
@@ -199,7 +244,7 @@ def max_score_triton(
         qo_mode = QO_TENSOR
     else:
         qo_mode = QO_DEFAULT
-    cfg = max_score_config(max_seqlen_q * ratio, batch_size, Hkv, num_tiles, q.device)
+    cfg = max_score_config(max_seqlen_q * ratio, batch_size, Hkv, num_tiles, q.device, prefill_block_m)
     dummy = cu_seqlens_q
     grid = (batch_size * Hkv, cfg["row_tiles"], cfg["chunks"])
     _max_score_fwd_kernel[grid](
