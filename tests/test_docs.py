@@ -88,6 +88,8 @@ def test_every_environment_variable_is_documented():
     page = (ROOT / "docs" / "guides" / "environment.md").read_text()
     missing = sorted(v for v in used if f"`{v}`" not in page)
     assert not missing, f"variables read by the code but absent from docs/guides/environment.md: {missing}"
+    rows = re.findall(r"^\| `(MATE_[A-Z0-9_]+)` \|", page, re.M)
+    assert len(rows) == len(set(rows)), f"a variable has two rows: {sorted(v for v in rows if rows.count(v) > 1)}"
 
 
 def test_section_check_can_fail():
