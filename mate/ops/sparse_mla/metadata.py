@@ -14,11 +14,18 @@ import dataclasses
 
 import torch
 
-__all__ = ["DecodeMetadata", "plan_decode", "BLOCK_N", "HEAD_DIM_V", "HEAD_DIM_ROPE"]
+from mate._core import checks
+
+__all__ = ["DecodeMetadata", "plan_decode", "BLOCK_N", "HEAD_DIM_V", "HEAD_DIM_ROPE", "GLUON_STAGES"]
 
 BLOCK_N = 64  # sparse_mla_top_k is a multiple of it; the 64-head kernel's rows per step
 HEAD_DIM_V = 512  # kv_lora_rank: the value part of each 576-value row
 HEAD_DIM_ROPE = 64  # qk_rope_head_dim: the rotary tail of each row
+
+# Shared-memory ring of the experimental Gluon kernel (decode_gluon.py): 3 gathered tiles of
+# 36 KB + the query (36 KB) + a fp16 V tile (64 KB) = 212 KB at 252 registers (H200 compile);
+# 4 stages would need 248 KB, over the 227 KB an SM offers.
+GLUON_STAGES = 3
 
 # SM count assumed when planning for a device that is not a GPU (the interpreter): small,
 # so that CPU tests exercise the split + combine path with a handful of programs.
@@ -62,6 +69,13 @@ class DecodeMetadata:
         compiles: transposed small-H kernel at 6 stages, 5 buffers, 200 KB of shared memory,
         255 registers; 64 heads at 4 stages, 3 buffers, 217 KB). Off by default until
         measured faster.
+    gluon : bool
+        Run the experimental Gluon kernel (``decode_gluon.py``; 64 heads per program on
+        Hopper, Q·Kᵀ split across the two warpgroups, cp.async gather ring) instead of the
+        plain-Triton one. Requested with ``plan_decode(..., gluon=True)``: it needs
+        ``block_h`` 64 (``ValueError`` otherwise) and a compute capability 9.x GPU
+        (``NotImplementedError`` on another GPU); on a device that is not a GPU the
+        interpreter cannot run Gluon and the plan falls back to the plain kernel (False).
     partial_o : torch.Tensor
         [B * q_len, num_splits, H, 512] partial outputs, each normalised by its own softmax
         sum, so a convex combination of e4m3 values (|o| <= 448): fp16 by default (half the
@@ -89,6 +103,7 @@ class DecodeMetadata:
     num_stages: int
     max_regs: int
     prefetch_idx: bool
+    gluon: bool
     partial_o: torch.Tensor
     partial_lse: torch.Tensor
     lse_scratch: torch.Tensor
@@ -163,12 +178,14 @@ def plan_decode(
     max_regs: int | None = None,
     transposed: bool | None = None,
     prefetch_idx: bool = False,
+    gluon: bool = False,
 ) -> DecodeMetadata:
     """Builds the plan; ``num_sms`` / ``num_splits`` / ``block_h`` / ``num_stages`` /
     ``partial_dtype`` (fp16 or fp32 split outputs) / ``block_n`` / ``num_warps`` /
     ``max_regs`` (the compiler's ``maxnreg``, 0 for none) / ``transposed`` (the
     Sᵀ = K·Qᵀ small-H kernel, default for ``block_h`` <= 32; False: mma.sync) /
-    ``prefetch_idx`` (indices loaded one step ahead, more gather buffers) override the
+    ``prefetch_idx`` (indices loaded one step ahead, more gather buffers) / ``gluon``
+    (the experimental Gluon kernel, see :class:`DecodeMetadata`) override the
     device-derived choices (tests and benchmarks: ``block_h=64`` pads a small H)."""
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
@@ -184,8 +201,15 @@ def plan_decode(
     if transposed and block_h == 64:
         raise ValueError(f"transposed needs block_h 16 or 32, got block_h {block_h}")
     num_head_tiles = -(-num_heads // block_h)
+    if gluon:
+        gluon = _check_gluon(device, block_h, block_n, num_warps, max_regs, prefetch_idx, num_stages)
+    if gluon:  # fixed launch configuration (H200 compile), one program per SM
+        block_n, num_warps, max_regs, prefetch_idx = 64, 8, 0, False
+        num_stages = GLUON_STAGES if num_stages is None else num_stages
     default_n, default_warps, default_stages, default_regs, per_sm = _launch_config(block_h, transposed)
-    if block_n is None and num_warps is None and max_regs is None:
+    if gluon:
+        per_sm = 1
+    elif block_n is None and num_warps is None and max_regs is None:
         block_n, num_warps, max_regs = default_n, default_warps, default_regs
     else:
         block_n = default_n if block_n is None else int(block_n)
@@ -245,7 +269,29 @@ def plan_decode(
         num_stages=num_stages,
         max_regs=max_regs,
         prefetch_idx=bool(prefetch_idx),
+        gluon=bool(gluon),
         partial_o=partial_o,
         partial_lse=partial_lse,
         lse_scratch=lse_scratch,
     )
+
+
+def _check_gluon(device: torch.device, block_h: int, block_n: int | None, num_warps: int | None,
+                 max_regs: int | None, prefetch_idx: bool, num_stages: int | None) -> bool:
+    """Validates ``gluon=True``; returns whether the plan uses the Gluon kernel (False on a
+    device that is not a GPU: Gluon does not run under the interpreter)."""
+    checks.check_value("block_h", block_h == 64, "64 with gluon=True (H > 32 or block_h=64)", block_h)
+    for name, given, want in (("block_n", block_n, 64), ("num_warps", num_warps, 8), ("max_regs", max_regs, 0)):
+        checks.check_value(name, given is None or int(given) == want, f"{want} (or unset) with gluon=True", given)
+    checks.check_value("prefetch_idx", not prefetch_idx, "False with gluon=True (the Gluon kernel has its own ring)",
+                       prefetch_idx)
+    if num_stages is not None:
+        checks.check_choice("num_stages", int(num_stages), (2, GLUON_STAGES))
+    if device.type != "cuda":
+        return False
+    major, minor = torch.cuda.get_device_capability(device)
+    if major != 9:
+        raise NotImplementedError(
+            f"gluon=True needs a Hopper GPU (compute capability 9.x), got compute capability {major}.{minor}"
+        )
+    return True

@@ -1,0 +1,306 @@
+"""Experimental Gluon kernel of the FP8 sparse MLA decode for Hopper (sm_90), 64 heads/program.
+
+Selected with ``plan_decode(..., gluon=True)`` (``get_batch_decode_metadata_mla`` passes the
+option through); the default stays the plain-Triton kernel of ``decode.py`` until an H200
+run shows this one correct and faster. Gluon cannot run under Triton's interpreter, so on
+the CPU the plan option falls back to the plain kernel; the kernel is checked against the
+reference by the GPU tests in ``tests/sparse_mla/test_decode_gluon.py``.
+
+Same problem and outputs as ``sparse_mla_decode_split_kernel`` (heads on M, 64 heads per
+program, split-K over the top-k list + the shared combine kernel), but with explicit
+layouts and data movement:
+
+* 8 warps = 2 warpgroups. S = Q·Kᵀ [64 heads, 64 rows] is split by rows between the
+  warpgroups (wgmma warps ``[4, 2]``: each computes 64 x 32 on FP8 tensor cores, QGMMA),
+  so the Q·Kᵀ work is not duplicated as in the plain kernel. O [64, 512] fp32 is split by
+  the value dimension (each warpgroup 64 x 256, 128 registers per thread).
+* Gathered rows arrive with ``cp.async`` (16-byte pieces of each 576-byte row, masked
+  rows zero-filled and never read) into a ring of ``STAGES`` shared-memory buffers in the
+  wgmma (NVMMA, 128-byte swizzled) layout; ``STAGES - 1`` blocks are in flight while one is
+  computed. K rows are contiguous along the reduction dimension, i.e. K-major, as FP8 wgmma
+  needs for its B operand.
+* Online softmax in fp32 registers (``exp2``, log2(e)-folded scale).
+* P·V: P rounded to fp16 in registers (A operand from registers), the V tile (the first
+  512 values of the same rows) read back from the ring, widened e4m3 -> fp16 (exact) and
+  written to a fp16 shared tile (B operand, N-major, allowed for 16-bit wgmma: HGMMA).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    async_copy,
+    fence_async_shared,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from mate.ops.sparse_mla.metadata import GLUON_STAGES, HEAD_DIM_ROPE, HEAD_DIM_V
+
+__all__ = ["sparse_mla_decode_gluon_kernel", "sparse_mla_decode_gluon", "GLUON_BLOCK_H", "GLUON_NUM_WARPS"]
+
+LOG2E = 1.4426950408889634
+GLUON_BLOCK_H = 64  # heads per program (the wgmma M)
+GLUON_BLOCK_N = 64  # gathered rows per step
+GLUON_NUM_WARPS = 8  # two warpgroups
+
+
+@gluon.jit
+def _issue_gather(kv_ptr, idx_row, start, hi, num_tokens, k_buf, r_buf,
+                  BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_R: gl.constexpr,
+                  G_L: gl.constexpr, R_L: gl.constexpr):
+    """cp.async of the rows of slots [start, start + BLOCK_N) (those < hi and valid) into
+    one ring slot; invalid slots are masked (zero-filled, never read); commits one group."""
+    D_ROW: gl.constexpr = D_V + D_R
+    # value part [BLOCK_N, 512]
+    offs_n = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, G_L))
+    tok = gl.load(idx_row + offs_n, mask=offs_n < hi, other=-1)
+    valid = (tok >= 0) & (tok < num_tokens)
+    row = gl.where(valid, tok, 0).to(gl.int64) * D_ROW
+    offs_v = gl.arange(0, D_V, layout=gl.SliceLayout(0, G_L))
+    ptrs = kv_ptr + (row[:, None] + offs_v[None, :])
+    async_copy.async_copy_global_to_shared(k_buf, ptrs, mask=valid[:, None])
+    # rotary part [BLOCK_N, 64]
+    offs_nr = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, R_L))
+    tok_r = gl.load(idx_row + offs_nr, mask=offs_nr < hi, other=-1)
+    valid_r = (tok_r >= 0) & (tok_r < num_tokens)
+    row_r = gl.where(valid_r, tok_r, 0).to(gl.int64) * D_ROW + D_V
+    offs_r = gl.arange(0, D_R, layout=gl.SliceLayout(0, R_L))
+    async_copy.async_copy_global_to_shared(r_buf, kv_ptr + (row_r[:, None] + offs_r[None, :]),
+                                           mask=valid_r[:, None])
+    async_copy.commit_group()
+
+
+@gluon.jit
+def sparse_mla_decode_gluon_kernel(
+    q_ptr,
+    kv_ptr,
+    idx_ptr,
+    seq_lens_ptr,
+    out_ptr,
+    lse_ptr,
+    po_ptr,
+    plse_ptr,
+    num_tokens,
+    qk_scale_log2,
+    out_scale,
+    H,
+    q_len,
+    top_k,
+    split_blocks,
+    num_splits,
+    SPLIT: gl.constexpr,
+    HAS_SEQ_LENS: gl.constexpr,
+    STAGES: gl.constexpr,
+    BLOCK_H: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    D_V: gl.constexpr,
+    D_R: gl.constexpr,
+):
+    """One program: ``BLOCK_H`` (64) heads of one query position over ``split_blocks``
+    blocks of ``BLOCK_N`` (64) top-k slots; grid (head tiles, splits, B * q_len)."""
+    gl.static_assert(BLOCK_H == 64)
+    gl.static_assert(BLOCK_N == 64)
+    D_ROW: gl.constexpr = D_V + D_R
+
+    # Register layouts (8 warps). G_L / R_L: 16 contiguous bytes per thread for the loads
+    # and cp.async of 512- and 64-byte row pieces.
+    G_L: gl.constexpr = gl.BlockedLayout([1, 16], [1, 32], [8, 1], [1, 0])
+    R_L: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [8, 1], [1, 0])
+    # S [64, 64]: warpgroups side by side on N (32 rows each); k = 32 for FP8.
+    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 32, 32])
+    # O [64, 512]: each warpgroup owns 256 value columns; k = 16 for fp16.
+    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16])
+    P_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
+    # Shared layouts: 128-byte swizzle for 512-byte fp8 rows and 1024-byte fp16 rows, 64 for
+    # the 64-byte rotary rows.
+    K_SL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
+    R_SL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2)
+    V_SL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+
+    pid_h = gl.program_id(0)
+    pid_s = gl.program_id(1)
+    bt = gl.program_id(2).to(gl.int64)  # query position b * q_len + t
+
+    # Query tile (e4m3, padded heads read as 0) into shared memory for the whole loop.
+    offs_hg = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, G_L))
+    q_rows = (bt * H + offs_hg.to(gl.int64)) * D_ROW
+    offs_vg = gl.arange(0, D_V, layout=gl.SliceLayout(0, G_L))
+    q_nope = gl.load(q_ptr + (q_rows[:, None] + offs_vg[None, :]), mask=(offs_hg < H)[:, None], other=0.0)
+    offs_hr = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, R_L))
+    qr_rows = (bt * H + offs_hr.to(gl.int64)) * D_ROW + D_V
+    offs_r = gl.arange(0, D_R, layout=gl.SliceLayout(0, R_L))
+    q_rope = gl.load(q_ptr + (qr_rows[:, None] + offs_r[None, :]), mask=(offs_hr < H)[:, None], other=0.0)
+    q_smem = gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_H, D_V], K_SL, q_nope)
+    qr_smem = gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_H, D_R], R_SL, q_rope)
+
+    k_ring = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, D_V], K_SL)
+    r_ring = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, D_R], R_SL)
+    v_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_N, D_V], V_SL)
+
+    # This split's slots, cut at seq_lens[b]: blocks wholly past it are not visited.
+    lo = pid_s * (split_blocks * BLOCK_N)
+    hi = gl.minimum(lo + split_blocks * BLOCK_N, top_k)
+    if HAS_SEQ_LENS:
+        seq_len = gl.load(seq_lens_ptr + bt // q_len)
+        seq_len = gl.minimum(gl.maximum(seq_len, 0), top_k)
+        hi = gl.minimum(hi, seq_len)
+    n_iter = gl.maximum(hi - lo + (BLOCK_N - 1), 0) // BLOCK_N
+    idx_row = idx_ptr + bt * top_k
+
+    for j in gl.static_range(STAGES - 1):  # prologue: STAGES - 1 blocks in flight
+        _issue_gather(kv_ptr, idx_row, lo + j * BLOCK_N, hi, num_tokens, k_ring.index(j), r_ring.index(j),
+                      BLOCK_N, D_V, D_R, G_L, R_L)
+
+    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(1, S_L))
+    l_i = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(1, S_L))
+    acc = gl.zeros([BLOCK_H, D_V], gl.float32, layout=O_L)
+    s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=S_L)
+    offs_ns = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_L))
+
+    for it in range(n_iter):
+        start = lo + it * BLOCK_N
+        cur = it % STAGES
+        # Block `it` landed (this thread's copies), visible to the async proxy and to all
+        # threads; every thread is done with the slot refilled next (read at it - 1).
+        async_copy.wait_group(STAGES - 2)
+        fence_async_shared()
+        gl.thread_barrier()
+        nxt = it + STAGES - 1
+        _issue_gather(kv_ptr, idx_row, lo + nxt * BLOCK_N, hi, num_tokens, k_ring.index(nxt % STAGES),
+                      r_ring.index(nxt % STAGES), BLOCK_N, D_V, D_R, G_L, R_L)
+        k_cur = k_ring.index(cur)
+        r_cur = r_ring.index(cur)
+
+        # S = Q·Kᵀ on FP8 tensor cores (512 + 64), both operands from shared memory.
+        s = warpgroup_mma(q_smem, k_cur.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma(qr_smem, r_cur.permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+
+        slots = start + offs_ns
+        tok = gl.load(idx_row + slots, mask=slots < hi, other=-1)
+        valid = (tok >= 0) & (tok < num_tokens)
+        s = gl.where(valid[None, :], s * qk_scale_log2, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 1))
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # all-invalid so far: no NaN
+        alpha = gl.exp2(m_i - m_use)
+        p = gl.exp2(s - m_use[:, None])
+        l_i = l_i * alpha + gl.sum(p, 1)
+        m_i = m_new
+        p16 = gl.convert_layout(p.to(gl.float16), P_L)
+        alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, O_L))
+
+        # V = the first 512 values of the same rows, e4m3 -> fp16 (exact) into shared memory.
+        v16 = k_cur.load(G_L).to(gl.float16)
+        v_smem.store(v16)
+        fence_async_shared()
+        gl.thread_barrier()
+        acc = warpgroup_mma(p16, v_smem, acc * alpha_o[:, None], is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+
+    # The (masked, zero-filling) copies issued past the last block land before any thread
+    # reuses shared memory for the epilogue's layout conversions.
+    async_copy.wait_group(0)
+    gl.thread_barrier()
+
+    empty = l_i == 0.0
+    l_safe = gl.where(empty, 1.0, l_i)
+    lse = gl.where(empty, float("inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)
+    o = acc / gl.convert_layout(l_safe, gl.SliceLayout(1, O_L))[:, None]
+    offs_ho = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, O_L))
+    offs_vo = gl.arange(0, D_V, layout=gl.SliceLayout(0, O_L))
+    h_mask_o = (offs_ho < H)[:, None]
+    offs_hl = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, S_L))
+    if not SPLIT:
+        o_rows = (bt * H + offs_ho.to(gl.int64)) * D_V
+        gl.store(out_ptr + (o_rows[:, None] + offs_vo[None, :]), (o * out_scale).to(gl.bfloat16), mask=h_mask_o)
+        gl.store(lse_ptr + bt * H + offs_hl, lse, mask=offs_hl < H)
+    else:
+        p_rows = ((bt * num_splits + pid_s) * H + offs_ho.to(gl.int64)) * D_V
+        gl.store(po_ptr + (p_rows[:, None] + offs_vo[None, :]), o.to(po_ptr.dtype.element_ty), mask=h_mask_o)
+        pl_rows = (bt * num_splits + pid_s) * H + offs_hl.to(gl.int64)
+        gl.store(plse_ptr + pl_rows, gl.where(empty, float("-inf"), lse), mask=offs_hl < H)
+
+
+def sparse_mla_decode_gluon(
+    query: torch.Tensor,
+    kv_rows: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor | None,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    partial_o: torch.Tensor,
+    partial_lse: torch.Tensor,
+    bmm1_scale: float,
+    bmm2_scale: float,
+    num_splits: int,
+    split_blocks: int,
+    num_stages: int = GLUON_STAGES,
+) -> None:
+    """Launches the Gluon decode on validated CUDA tensors (same contract as
+    ``sparse_mla_decode_triton`` with ``block_h`` 64): ``query`` [B, q_len, H, 576] e4m3,
+    ``kv_rows`` [tokens, 576] e4m3, ``block_tables`` int32 [B, q_len, top_k], ``seq_lens``
+    int32 [B] or None, ``out`` bf16 [B, q_len, H, 512], ``lse`` fp32 (B * q_len * H), all
+    contiguous; ``partial_o`` / ``partial_lse`` the plan's split scratch (used when
+    ``num_splits > 1``, merged by the plain-Triton combine kernel). No allocation, no host
+    sync."""
+    from mate.ops.sparse_mla.decode import sparse_mla_decode_combine_kernel, sparse_mla_decode_triton
+
+    B, q_len, H, _ = query.shape
+    top_k = block_tables.shape[-1]
+    rows = B * q_len
+    if rows == 0 or H == 0:
+        return
+    kv_arg = kv_rows if kv_rows.numel() > 0 else query  # an empty cache is never read
+    if kv_arg.data_ptr() % 16:
+        # cp.async moves 16-byte pieces: a cache view that is not 16-byte aligned (rows are
+        # 576 bytes, so only the base matters) takes the plain kernel, same plan.
+        sparse_mla_decode_triton(query, kv_rows, block_tables, seq_lens, out, lse, partial_o, partial_lse,
+                                 bmm1_scale, bmm2_scale, GLUON_BLOCK_H, num_splits, split_blocks, GLUON_NUM_WARPS,
+                                 5, GLUON_BLOCK_N, False, 0, False)
+        return
+    split = num_splits > 1
+    grid = (triton.cdiv(H, GLUON_BLOCK_H), num_splits, rows)
+    sparse_mla_decode_gluon_kernel[grid](
+        query,
+        kv_arg,
+        block_tables,
+        seq_lens if seq_lens is not None else block_tables,
+        out,
+        lse,
+        partial_o if split else out,
+        partial_lse if split else lse,
+        kv_rows.shape[0],
+        bmm1_scale * LOG2E,
+        bmm2_scale,
+        H,
+        q_len,
+        top_k,
+        split_blocks,
+        num_splits,
+        SPLIT=split,
+        HAS_SEQ_LENS=seq_lens is not None,
+        STAGES=num_stages,
+        BLOCK_H=GLUON_BLOCK_H,
+        BLOCK_N=GLUON_BLOCK_N,
+        D_V=HEAD_DIM_V,
+        D_R=HEAD_DIM_ROPE,
+        num_warps=GLUON_NUM_WARPS,
+    )
+    if split:
+        block_hc = min(16, triton.next_power_of_2(H))
+        sparse_mla_decode_combine_kernel[(triton.cdiv(H, block_hc), rows)](
+            partial_o,
+            partial_lse,
+            out,
+            lse,
+            bmm2_scale,
+            H,
+            num_splits,
+            BLOCK_HC=block_hc,
+            D_V=HEAD_DIM_V,
+            num_warps=4,
+        )

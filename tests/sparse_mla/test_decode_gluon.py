@@ -1,0 +1,195 @@
+"""Tests of the experimental Gluon decode kernel (``plan_decode(..., gluon=True)``).
+
+Gluon cannot run under Triton's interpreter, so on the CPU these tests only check that the
+kernel module imports and that the plan option is validated and falls back to the plain
+kernel (whose results are then checked against the reference). The kernel itself is checked
+against ``sparse_mla_decode_reference`` by the ``gpu`` tests (H200, through
+``benchmarks/run_gpu.py``), with the GPU tolerances of ``test_decode.py`` (the same FP8
+tensor-core accumulation of Q·Kᵀ and fp16 P·V as the plain 64-head kernel).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from mate.ops.sparse_mla.metadata import GLUON_STAGES, plan_decode
+from mate.sparse_mla_interface import sparse_mla_fp8_decode
+from mate.testing import assert_equal, poisoned
+from tests.sparse_mla.test_decode import _call, _check, _make
+
+
+def test_gluon_module_imports():
+    from mate.ops.sparse_mla import decode_gluon
+
+    assert callable(decode_gluon.sparse_mla_decode_gluon)
+    assert decode_gluon.GLUON_BLOCK_H == 64 and decode_gluon.GLUON_NUM_WARPS == 8
+
+
+def test_gluon_plan_falls_back_on_cpu(triton_backend):
+    """On a device that is not a GPU the option plans the plain 64-head kernel, which runs
+    (under the interpreter on a CPU-only machine)."""
+    device = "cpu"
+    B, q_len, H, top_k = 2, 1, 40, 64  # 40 heads: one padded 64-head program per row
+    md = plan_decode(B, q_len, H, top_k, device, gluon=True)
+    assert md.gluon is False and md.block_h == 64 and md.num_splits == 1
+    q, kv, idx, sl = _make(B, q_len, H, top_k, device=device)
+    out = poisoned((B, q_len, H, 512), torch.bfloat16, device)
+    lse = poisoned((B, q_len, H), torch.float32, device)
+    _call(q, kv, idx, sl, top_k, out=out, lse=lse, bmm1_scale=0.05, bmm2_scale=1.5, metadata=md)
+    _check(out, lse, q, kv, idx, sl, 0.05, 1.5)
+
+
+@pytest.mark.parametrize("H,kw,match", [
+    (16, {}, "block_h"),  # 16 heads plan 16-head programs
+    (128, dict(block_h=32), "block_h"),
+    (128, dict(block_n=16), "block_n"),
+    (128, dict(num_warps=4), "num_warps"),
+    (128, dict(max_regs=128), "max_regs"),
+    (128, dict(prefetch_idx=True), "prefetch_idx"),
+    (128, dict(num_stages=4), "num_stages"),
+])
+def test_gluon_plan_rejects_other_configurations(H, kw, match):
+    with pytest.raises(ValueError, match=match):
+        plan_decode(2, 1, H, 2048, "cpu", gluon=True, **kw)
+
+
+def test_gluon_plan_defaults_off():
+    assert plan_decode(2, 1, 128, 2048, "cpu").gluon is False
+    md = plan_decode(2, 1, 16, 2048, "cpu", gluon=True, block_h=64)  # padded heads are allowed
+    assert md.block_h == 64 and md.gluon is False
+
+
+# ------------------------------------------------------------------ GPU
+
+gpu = pytest.mark.gpu
+S1 = 1 / math.sqrt(576)
+
+
+def _gluon_plan(B, q_len, H, top_k, **kw):
+    md = plan_decode(B, q_len, H, top_k, "cuda", gluon=True, **kw)
+    assert md.gluon and md.block_h == 64 and md.num_warps == 8
+    return md
+
+
+def _run(q, kv, idx, sl, top_k, md, s2=1.25):
+    B, q_len, H = q.shape[:3]
+    out = poisoned((B, q_len, H, 512), torch.bfloat16, "cuda")
+    lse = poisoned((B, q_len, H), torch.float32, "cuda")
+    _call(q, kv, idx, sl, top_k, out=out, lse=lse, bmm1_scale=S1, bmm2_scale=s2, metadata=md)
+    return out, lse
+
+
+@gpu
+@pytest.mark.parametrize("H", [64, 128])
+@pytest.mark.parametrize("B,q_len,top_k", [(1, 1, 2112), (8, 2, 2048), (64, 1, 2048), (3, 2, 2112), (1, 2, 2048)])
+def test_gpu_gluon_decode_matches_reference(H, B, q_len, top_k):
+    """Invalid slots (-1, out of range, INT_MIN), duplicates, partial seq_lens, an empty
+    batch element (B > 2), and the plan's split (B = 1, 3, 8) or no split (B = 64)."""
+    q, kv, idx, sl = _make(B, q_len, H, top_k, pages=64, page_size=64, four_d=B == 3, device="cuda")
+    md = _gluon_plan(B, q_len, H, top_k)
+    out, lse = _run(q, kv, idx, sl, top_k, md)
+    _check(out, lse, q, kv, idx, sl, S1, 1.25, gpu=True)
+
+
+@gpu
+@pytest.mark.parametrize("kw", [dict(num_splits=1), dict(num_splits=5), dict(num_stages=2),
+                                dict(partial_dtype=torch.float32), dict(seq_lens=None)])
+def test_gpu_gluon_plan_variants(kw):
+    B, q_len, H, top_k = 4, 2, 128, 2048
+    kw = dict(kw)
+    seq_lens = "none" if kw.pop("seq_lens", "partial") is None else "partial"
+    q, kv, idx, sl = _make(B, q_len, H, top_k, pages=64, page_size=64, device="cuda", seq_lens=seq_lens)
+    md = _gluon_plan(B, q_len, H, top_k, **kw)
+    out, lse = _run(q, kv, idx, sl, top_k, md)
+    _check(out, lse, q, kv, idx, sl, S1, 1.25, gpu=True)
+
+
+@gpu
+def test_gpu_gluon_empty_rows_and_all_invalid():
+    """seq_lens 0, a query whose slots are all invalid, and a split whose slots all are:
+    out 0 and lse +inf for empty rows, no NaN anywhere."""
+    B, q_len, H, top_k = 4, 1, 128, 2048
+    q, kv, idx, _ = _make(B, q_len, H, top_k, pages=64, page_size=64, device="cuda")
+    sl = torch.tensor([top_k, 0, top_k, 100], dtype=torch.int32, device="cuda")
+    idx[2] = -1  # every slot invalid
+    idx[0, :, 64:1024] = -1  # whole blocks invalid inside a valid row
+    md = _gluon_plan(B, q_len, H, top_k, num_splits=4)
+    out, lse = _run(q, kv, idx, sl, top_k, md)
+    _check(out, lse, q, kv, idx, sl, S1, 1.25, gpu=True)
+    assert_equal(out[1:3], torch.zeros_like(out[1:3]))
+    assert_equal(lse[1:3], torch.full_like(lse[1:3], float("inf")))
+
+
+@gpu
+def test_gpu_gluon_unaligned_cache_takes_plain_kernel():
+    """A cache view whose base is not 16-byte aligned (cp.async needs it) still decodes."""
+    B, q_len, H, top_k = 2, 1, 64, 2048
+    q, kv, idx, sl = _make(B, q_len, H, top_k, pages=64, page_size=64, device="cuda")
+    storage = torch.empty(kv.numel() + 8, dtype=torch.uint8, device="cuda")
+    kv8 = storage[8:].view(torch.float8_e4m3fn).view(kv.shape)
+    kv8.copy_(kv)
+    assert kv8.data_ptr() % 16 == 8
+    md = _gluon_plan(B, q_len, H, top_k)
+    out, lse = _run(q, kv8, idx, sl, top_k, md)
+    _check(out, lse, q, kv, idx, sl, S1, 1.25, gpu=True)
+
+
+@gpu
+def test_gpu_gluon_cuda_graph_replay_and_no_allocation():
+    B, q_len, H, top_k = 4, 2, 128, 2048
+    q, kv, idx, sl = _make(B, q_len, H, top_k, pages=64, page_size=64, device="cuda")
+    md = _gluon_plan(B, q_len, H, top_k)
+    assert md.num_splits > 1
+    out = torch.empty(B, q_len, H, 512, dtype=torch.bfloat16, device="cuda")
+    lse = torch.empty(B, q_len, H, device="cuda")
+    run = lambda: sparse_mla_fp8_decode(q, kv, None, 128, 512, 64, idx, sl, 0, top_k, out=out, lse=lse,
+                                        bmm1_scale=0.05, metadata=md)
+    run()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    run()
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == before
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        run()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    for _ in range(2):  # new contents in the captured buffers
+        q2, kv2, idx2, sl2 = _make(B, q_len, H, top_k, pages=64, page_size=64, device="cuda")
+        q.copy_(q2)
+        kv.copy_(kv2)
+        idx.copy_(idx2)
+        sl.copy_(sl2)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        _check(out, lse, q, kv, idx, sl, 0.05, 1.0, gpu=True)
+        eager_out = poisoned(out.shape, torch.bfloat16, "cuda")
+        eager_lse = poisoned(lse.shape, torch.float32, "cuda")
+        sparse_mla_fp8_decode(q, kv, None, 128, 512, 64, idx, sl, 0, top_k, out=eager_out, lse=eager_lse,
+                              bmm1_scale=0.05, metadata=md)
+        assert_equal(out, eager_out)
+        assert_equal(lse, eager_lse)
+
+
+@gpu
+def test_gpu_gluon_repeated_decodes_bit_identical():
+    B, q_len, H, top_k = 8, 1, 128, 2048
+    q, kv, idx, sl = _make(B, q_len, H, top_k, pages=64, page_size=64, device="cuda")
+    md = _gluon_plan(B, q_len, H, top_k)
+    assert md.num_stages == GLUON_STAGES
+    first, first_lse = _run(q, kv, idx, sl, top_k, md)
+    out, lse = torch.empty_like(first), torch.empty_like(first_lse)
+    mismatches = 0
+    for _ in range(200):
+        out.fill_(float("nan"))
+        _call(q, kv, idx, sl, top_k, out=out, lse=lse, bmm1_scale=S1, bmm2_scale=1.25, metadata=md)
+        mismatches += not (torch.equal(out, first) and torch.equal(lse, first_lse))
+    assert mismatches == 0
