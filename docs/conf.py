@@ -1,4 +1,4 @@
-"""Sphinx configuration for mate's documentation (build: python -m sphinx -W -b html docs docs/_build)."""
+"""Sphinx configuration for mate's documentation (build: python -m sphinx -W -b html docs docs/_build/html)."""
 
 import os
 import sys
