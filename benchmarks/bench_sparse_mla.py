@@ -15,6 +15,9 @@ Reported: time (CUDA-graph replay, rotated input sets), TFLOP/s with FlashMLA's 
 2 * B * q_len * H * top-k * (576 + 512), and GB/s of B * q_len * top-k * 576 gathered bytes
 + query + output, as a fraction of the measured copy bandwidth. ``mate block_h=64`` rows
 time the padded H >= 64 kernel at small H, to compare with the default small-H kernel.
+``mate gluon`` rows time the experimental Gluon kernel (``plan_decode(gluon=True)``) at the
+H=128 bar shapes, after its self-check against the reference passed in a child process (a
+failure leaves the rows empty with the reason as note).
 
 ``MATE_SPARSE_MLA_BARS=1`` times only the issue's bar shapes (B=64 q1 H=128, B=128 q2
 H=128, B=128 q1 H=16, B=8 q1 H=128) with candidate plans (``BAR_CANDIDATES``: stage
@@ -40,18 +43,40 @@ TOP_K = 2048
 PAGE = 64
 FULL = [(h, b, s) for h in (16, 32, 64, 128) for b in (1, 8, 32, 64, 128) for s in (1, 2)]
 # Plan variants timed beside the default in the quick and full runs (H, B, q_len) -> overrides:
-# indices prefetched one step ahead (more gather buffers), not yet measured on the H200.
-VARIANTS = {(16, 128, 1): [dict(prefetch_idx=True)], (128, 64, 1): [dict(prefetch_idx=True)],
-            (128, 8, 1): [dict(prefetch_idx=True)]}
+# indices prefetched one step ahead (more gather buffers), and the experimental Gluon kernel
+# (rows "mate gluon"), not yet measured on the H200.
+GLUON = dict(gluon=True)
+VARIANTS = {(16, 128, 1): [dict(prefetch_idx=True)], (128, 64, 1): [GLUON, dict(prefetch_idx=True)],
+            (128, 8, 1): [GLUON, dict(prefetch_idx=True)], (128, 128, 2): [GLUON]}
 # Bar shapes (H, B, q_len) -> plan_decode overrides timed beside the default plan.
 BAR_CANDIDATES = {  # in order of interest, in case a run is cut short
     (16, 128, 1): [dict(prefetch_idx=True), dict(prefetch_idx=True, num_stages=5), dict(transposed=False),
                    dict(block_h=64)],
-    (128, 8, 1): [dict(prefetch_idx=True), dict(partial_dtype=torch.float32), dict(num_splits=4)],
-    (128, 64, 1): [dict(prefetch_idx=True)],
-    (128, 128, 2): [dict(prefetch_idx=True)],
+    (128, 8, 1): [GLUON, dict(prefetch_idx=True), dict(partial_dtype=torch.float32), dict(num_splits=4)],
+    (128, 64, 1): [GLUON, dict(gluon=True, num_stages=2), dict(prefetch_idx=True)],
+    (128, 128, 2): [GLUON, dict(prefetch_idx=True)],
 }
 QUICK = [(128, 64, 1), (128, 128, 2), (16, 128, 1), (128, 8, 1), (64, 128, 1), (32, 128, 1), (16, 32, 2)]
+
+
+def _variant_name(kw: dict) -> str:
+    """``gluon=True`` reads "gluon"; other overrides as name=value."""
+    return " ".join("gluon" if (k, v) == ("gluon", True) else f"{k}={str(v).removeprefix('torch.')}"
+                    for k, v in kw.items())
+
+
+def _gluon_status(shapes: list, variants: dict) -> str | None:
+    """None when the Gluon kernel passed its self-check in a child process (or is not
+    benchmarked); else why its rows are left empty. The child process keeps a faulting
+    kernel from poisoning this process's CUDA context (and the later benchmarks)."""
+    if not any(kw.get("gluon") for shape in shapes for kw in variants.get(shape, [])):
+        return None
+    try:
+        from mate.ops.sparse_mla.decode_gluon import probe_in_subprocess
+
+        return probe_in_subprocess()
+    except Exception as exc:
+        return f"Gluon kernel unavailable: {type(exc).__name__}: {exc}"[:300]
 
 
 def _flops(B: int, q_len: int, H: int) -> float:
@@ -115,6 +140,10 @@ def run(ceilings: dict, quick: bool = False) -> list[dict]:
     scale = 1 / math.sqrt(576)
     bars = os.environ.get("MATE_SPARSE_MLA_BARS", "") not in ("", "0")
     shapes = list(BAR_CANDIDATES) if bars else QUICK if quick else FULL
+    variants = BAR_CANDIDATES if bars else VARIANTS
+    gluon_err = _gluon_status(shapes, variants)
+    if gluon_err is not None:
+        print(f"[bench_sparse_mla] {gluon_err}", flush=True)
     for H, B, q_len in shapes:
         shape = f"B={B} q_len={q_len} H={H} topk={TOP_K}"
         n_before = len(rows)
@@ -145,8 +174,11 @@ def run(ceilings: dict, quick: bool = False) -> list[dict]:
         except Exception as exc:
             t, note = None, f"{type(exc).__name__}: {exc}"[:200]
         rows.append(record(ceilings, impl="mate", time_us=t, note=note, **common))
-        for kw in (BAR_CANDIDATES if bars else VARIANTS).get((H, B, q_len), []):
-            name = " ".join(f"{k}={str(v).removeprefix('torch.')}" for k, v in kw.items())
+        for kw in variants.get((H, B, q_len), []):
+            name = _variant_name(kw)
+            if kw.get("gluon") and gluon_err is not None:
+                rows.append(record(ceilings, impl=f"mate {name}", time_us=None, note=gluon_err[:300], **common))
+                continue
             try:
                 mdc = plan_decode(B, q_len, H, TOP_K, "cuda", **kw)
                 _mate_fn(s0, kv, scale, mdc)()
@@ -154,7 +186,7 @@ def run(ceilings: dict, quick: bool = False) -> list[dict]:
                 t = time_fn([_mate_fn(s, kv, scale, mdc) for s in sets])
                 nc = (f"block_h={mdc.block_h} block_n={mdc.block_n} splits={mdc.num_splits} "
                       f"warps={mdc.num_warps} stages={mdc.num_stages} maxnreg={mdc.max_regs} "
-                      f"prefetch_idx={mdc.prefetch_idx}")
+                      f"prefetch_idx={mdc.prefetch_idx} gluon={mdc.gluon}")
                 if err is not None:
                     nc += f"; rel err vs naive {err:.1e}" + (" (FAILED)" if err > 2e-2 else "")
             except Exception as exc:

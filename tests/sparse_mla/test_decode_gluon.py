@@ -68,6 +68,17 @@ gpu = pytest.mark.gpu
 S1 = 1 / math.sqrt(576)
 
 
+@pytest.fixture(scope="module")
+def gluon_ok():
+    """The kernel's self-check in a child process first: a kernel that faulted in this
+    process would poison the CUDA context of every later GPU test."""
+    from mate.ops.sparse_mla.decode_gluon import probe_in_subprocess
+
+    reason = probe_in_subprocess()
+    if reason is not None:
+        pytest.fail(reason)
+
+
 def _gluon_plan(B, q_len, H, top_k, **kw):
     md = plan_decode(B, q_len, H, top_k, "cuda", gluon=True, **kw)
     assert md.gluon and md.block_h == 64 and md.num_warps == 8
@@ -85,7 +96,7 @@ def _run(q, kv, idx, sl, top_k, md, s2=1.25):
 @gpu
 @pytest.mark.parametrize("H", [64, 128])
 @pytest.mark.parametrize("B,q_len,top_k", [(1, 1, 2112), (8, 2, 2048), (64, 1, 2048), (3, 2, 2112), (1, 2, 2048)])
-def test_gpu_gluon_decode_matches_reference(H, B, q_len, top_k):
+def test_gpu_gluon_decode_matches_reference(gluon_ok, H, B, q_len, top_k):
     """Invalid slots (-1, out of range, INT_MIN), duplicates, partial seq_lens, an empty
     batch element (B > 2), and the plan's split (B = 1, 3, 8) or no split (B = 64)."""
     q, kv, idx, sl = _make(B, q_len, H, top_k, pages=64, page_size=64, four_d=B == 3, device="cuda")
@@ -97,7 +108,7 @@ def test_gpu_gluon_decode_matches_reference(H, B, q_len, top_k):
 @gpu
 @pytest.mark.parametrize("kw", [dict(num_splits=1), dict(num_splits=5), dict(num_stages=2),
                                 dict(partial_dtype=torch.float32), dict(seq_lens=None)])
-def test_gpu_gluon_plan_variants(kw):
+def test_gpu_gluon_plan_variants(gluon_ok, kw):
     B, q_len, H, top_k = 4, 2, 128, 2048
     kw = dict(kw)
     seq_lens = "none" if kw.pop("seq_lens", "partial") is None else "partial"
@@ -108,7 +119,7 @@ def test_gpu_gluon_plan_variants(kw):
 
 
 @gpu
-def test_gpu_gluon_empty_rows_and_all_invalid():
+def test_gpu_gluon_empty_rows_and_all_invalid(gluon_ok):
     """seq_lens 0, a query whose slots are all invalid, and a split whose slots all are:
     out 0 and lse +inf for empty rows, no NaN anywhere."""
     B, q_len, H, top_k = 4, 1, 128, 2048
@@ -124,7 +135,7 @@ def test_gpu_gluon_empty_rows_and_all_invalid():
 
 
 @gpu
-def test_gpu_gluon_unaligned_cache_takes_plain_kernel():
+def test_gpu_gluon_unaligned_cache_takes_plain_kernel(gluon_ok):
     """A cache view whose base is not 16-byte aligned (cp.async needs it) still decodes."""
     B, q_len, H, top_k = 2, 1, 64, 2048
     q, kv, idx, sl = _make(B, q_len, H, top_k, pages=64, page_size=64, device="cuda")
@@ -138,7 +149,7 @@ def test_gpu_gluon_unaligned_cache_takes_plain_kernel():
 
 
 @gpu
-def test_gpu_gluon_cuda_graph_replay_and_no_allocation():
+def test_gpu_gluon_cuda_graph_replay_and_no_allocation(gluon_ok):
     B, q_len, H, top_k = 4, 2, 128, 2048
     q, kv, idx, sl = _make(B, q_len, H, top_k, pages=64, page_size=64, device="cuda")
     md = _gluon_plan(B, q_len, H, top_k)
@@ -180,7 +191,7 @@ def test_gpu_gluon_cuda_graph_replay_and_no_allocation():
 
 
 @gpu
-def test_gpu_gluon_repeated_decodes_bit_identical():
+def test_gpu_gluon_repeated_decodes_bit_identical(gluon_ok):
     B, q_len, H, top_k = 8, 1, 128, 2048
     q, kv, idx, sl = _make(B, q_len, H, top_k, pages=64, page_size=64, device="cuda")
     md = _gluon_plan(B, q_len, H, top_k)

@@ -304,3 +304,56 @@ def sparse_mla_decode_gluon(
             D_V=HEAD_DIM_V,
             num_warps=4,
         )
+
+
+def _self_check() -> None:
+    """Decodes two small random problems (split and unsplit plans, invalid slots, an empty
+    row) with the Gluon kernel on the current GPU and compares them with the reference;
+    raises on a mismatch. Run in a child process by :func:`probe_in_subprocess`."""
+    from mate.ops.sparse_mla.metadata import plan_decode
+    from mate.ops.sparse_mla.reference import sparse_mla_decode_reference
+    from mate.sparse_mla_interface import sparse_mla_fp8_decode
+    from mate.testing import assert_close
+
+    fp8 = torch.float8_e4m3fn
+    tokens = 4096
+    for B, q_len, H, top_k, splits in ((3, 2, 128, 2112, None), (2, 1, 64, 2048, 1)):
+        q = torch.randn(B, q_len, H, 576).to(fp8)
+        kv = torch.randn(tokens // 64, 64, 576).to(fp8)
+        idx = torch.randint(0, tokens, (B, q_len, top_k), dtype=torch.int32)
+        r = torch.rand(idx.shape)
+        idx = torch.where(r < 0.1, -1, torch.where(r < 0.15, tokens + 7, idx))
+        sl = torch.randint(1, top_k + 1, (B,), dtype=torch.int32)
+        sl[-1] = 0
+        md = plan_decode(B, q_len, H, top_k, "cuda", gluon=True, num_splits=splits)
+        assert md.gluon
+        scale = 576**-0.5
+        out, lse = sparse_mla_fp8_decode(q.cuda(), kv.cuda(), None, 128, 512, 64, idx.cuda(), sl.cuda(), 0, top_k,
+                                         bmm1_scale=scale, bmm2_scale=1.25, return_lse=True, metadata=md)
+        torch.cuda.synchronize()
+        ro, rl = sparse_mla_decode_reference(q, kv, idx, sl, scale, 1.25)
+        # GPU tolerances of tests/sparse_mla/test_decode.py (FP8 tensor-core accumulation).
+        assert_close(out.cpu(), ro, atol=3e-3, rtol=3e-2, name="out")
+        assert_close(lse.cpu().view(rl.shape), rl, atol=1.5e-2, rtol=2e-3, name="lse")
+
+
+def probe_in_subprocess(timeout_s: float = 240.0) -> str | None:
+    """Runs :func:`_self_check` in a child process (``python -m
+    mate.ops.sparse_mla.decode_gluon``), so that a kernel that faults cannot poison the
+    caller's CUDA context; returns None when it passed, else the reason."""
+    import subprocess
+    import sys
+
+    try:
+        res = subprocess.run([sys.executable, "-m", "mate.ops.sparse_mla.decode_gluon"], capture_output=True,
+                             text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return f"Gluon decode self-check timed out after {timeout_s:.0f} s"
+    if res.returncode == 0:
+        return None
+    return f"Gluon decode self-check failed (exit {res.returncode}): {(res.stdout + res.stderr)[-600:]}"
+
+
+if __name__ == "__main__":
+    _self_check()
+    print("Gluon sparse MLA decode self-check passed")
