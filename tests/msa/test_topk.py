@@ -83,7 +83,7 @@ def test_reference_matches_loop():
         assert_equal(ref, loop)
 
 
-def _check_kernel(s, topk, kw, qpos, max_chunk=4096, method=None):
+def _check_kernel(s, topk, kw, qpos, max_chunk=4096, method=None, rows_per_program=None):
     total_q, H, T = s.shape
     width = topk if kw["force_blocks_count_in_topk"] else topk + kw["force_begin_blocks"] + kw["force_end_blocks"]
     ref = topk_select_reference(s, query_positions=qpos, topk=topk, num_valid_pages=kw["num_valid_pages"] or T,
@@ -97,7 +97,7 @@ def _check_kernel(s, topk, kw, qpos, max_chunk=4096, method=None):
         sparse_topk_select_triton(s, out, query_positions=qpos, topk=topk, num_valid_pages=kw["num_valid_pages"] or T,
                                   force_begin_blocks=kw["force_begin_blocks"], force_end_blocks=kw["force_end_blocks"],
                                   force_blocks_count_in_topk=kw["force_blocks_count_in_topk"], max_chunk=max_chunk,
-                                  method=method)
+                                  method=method, rows_per_program=rows_per_program)
     assert_equal(out, ref)
 
 
@@ -136,7 +136,7 @@ def test_radix_threshold_random_cases_exact(levels, device, triton_backend):
     s = random_scores(tq, H, T, levels=levels, device=device)
     topk, kw = random_config(rng, T)
     qpos = torch.randint(-300, T * 128 + 50, (tq,), device=device) if rng.random() < 0.5 else None
-    _check_kernel(s, topk, kw, qpos, method="radix")
+    _check_kernel(s, topk, kw, qpos, method="radix", rows_per_program=1)  # the GPU configuration
 
 
 @pytest.mark.parametrize("counted", [True, False])
@@ -155,8 +155,8 @@ def test_radix_threshold_close_values_and_special_rows(counted, device, triton_b
     s = torch.cat([close, neg, zeros, kth_tie, torch.zeros(1, 2, 64), torch.full((1, 2, 64), float("-inf")),
                    torch.full((1, 2, 64), float("nan"))]).to(device)
     kw = dict(num_valid_pages=None, force_begin_blocks=1, force_end_blocks=2, force_blocks_count_in_topk=counted)
-    _check_kernel(s, 8, kw, None, method="radix")
-    _check_kernel(s, 16, dict(kw, force_begin_blocks=0, force_end_blocks=0), None, method="radix")
+    _check_kernel(s, 8, kw, None, method="radix")  # several rows per program: rows exit the search together
+    _check_kernel(s, 16, dict(kw, force_begin_blocks=0, force_end_blocks=0), None, method="radix", rows_per_program=1)
 
 
 def test_method_is_checked():

@@ -229,9 +229,12 @@ def _dummy_positions(device: torch.device) -> torch.Tensor:
     return t
 
 
-def topk_config(num_tiles: int, k: int, max_chunk: int = 4096, method: str = "bitonic") -> dict:
+def topk_config(num_tiles: int, k: int, max_chunk: int = 4096, method: str = "bitonic",
+                rows_per_program: int | None = None) -> dict:
     """Chunk width, rows per program and warps (host ints only). Rows longer than
-    ``max_chunk`` take the chunked (tournament) path."""
+    ``max_chunk`` take the chunked (tournament) path. ``rows_per_program`` overrides the
+    radix path's rows per program (1 on the GPU; the interpreter, which pays per program,
+    defaults to the bitonic path's count)."""
     chunk = max(triton.next_power_of_2(max(num_tiles, 1)), k, 16)
     single = chunk <= max_chunk
     if not single:
@@ -239,8 +242,9 @@ def topk_config(num_tiles: int, k: int, max_chunk: int = 4096, method: str = "bi
     if method == "radix" and single:
         # one row per program, one warp per 1024 keys: the per-bit row sum stays inside a
         # warp (shuffles, no shared memory or barrier) and each row exits its search early
-        # (H200 compile at 256 tiles: 52 registers, ~35 instructions per bit per row)
-        return dict(CHUNK=chunk, SINGLE=True, ROWS=1, num_warps=max(1, chunk // 1024))
+        # (H200 compile at 256 tiles: 55 registers, ~35 instructions per bit per row)
+        rows = rows_per_program or (max(1, 1024 // chunk) if INTERPRET else 1)
+        return dict(CHUNK=chunk, SINGLE=True, ROWS=rows, num_warps=max(1, chunk // 1024))
     # ~8 keys per thread: 60 registers at 256 tiles (H200 compile), so 8 programs fit an SM
     rows = max(1, 1024 // chunk)
     return dict(CHUNK=chunk, SINGLE=single, ROWS=rows, num_warps=4 if chunk <= 1024 else 8)
@@ -258,6 +262,7 @@ def sparse_topk_select_triton(
     force_blocks_count_in_topk: bool,
     max_chunk: int = 4096,
     method: str | None = None,
+    rows_per_program: int | None = None,
 ) -> None:
     """Launches the selection on validated tensors (contiguous fp32 scores, int32 output).
     ``max_chunk`` (a power of two >= 16) exists for tests of the long-row path.
@@ -271,7 +276,7 @@ def sparse_topk_select_triton(
     total_q, H, T = max_score.shape
     W = output.shape[2]
     n_rows = total_q * H
-    cfg = topk_config(T, topk, max_chunk, method)
+    cfg = topk_config(T, topk, max_chunk, method, rows_per_program)
     grid = (triton.cdiv(n_rows, cfg["ROWS"]),)
     _topk_select_kernel[grid](
         max_score, output, query_positions if query_positions is not None else _dummy_positions(max_score.device),
