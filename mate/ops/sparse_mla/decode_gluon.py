@@ -49,23 +49,28 @@ GLUON_NUM_WARPS = 8  # two warpgroups
 
 
 @gluon.jit
-def _issue_gather(kv_ptr, idx_row, start, hi, num_tokens, k_buf, r_buf,
-                  BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_R: gl.constexpr,
-                  G_L: gl.constexpr, R_L: gl.constexpr):
-    """cp.async of the rows of slots [start, start + BLOCK_N) (those < hi and valid) into
-    one ring slot; invalid slots are masked (zero-filled, never read); commits one group."""
+def _gather_tokens(idx_row, start, hi, BLOCK_N: gl.constexpr, G_L: gl.constexpr, R_L: gl.constexpr):
+    """The top-k entries of slots [start, start + BLOCK_N) in the two copy layouts (-1 for
+    slots >= hi, which are never read)."""
+    offs_n = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, G_L))
+    offs_nr = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, R_L))
+    tok = gl.load(idx_row + offs_n, mask=offs_n < hi, other=-1)
+    tok_r = gl.load(idx_row + offs_nr, mask=offs_nr < hi, other=-1)
+    return tok, tok_r
+
+
+@gluon.jit
+def _issue_gather(kv_ptr, tok, tok_r, num_tokens, k_buf, r_buf,
+                  D_V: gl.constexpr, D_R: gl.constexpr, G_L: gl.constexpr, R_L: gl.constexpr):
+    """cp.async of the rows ``tok`` / ``tok_r`` (one block, in the two copy layouts) into one
+    ring slot; invalid entries are masked (zero-filled, never read); commits one group."""
     D_ROW: gl.constexpr = D_V + D_R
     # value part [BLOCK_N, 512]
-    offs_n = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, G_L))
-    tok = gl.load(idx_row + offs_n, mask=offs_n < hi, other=-1)
     valid = (tok >= 0) & (tok < num_tokens)
     row = gl.where(valid, tok, 0).to(gl.int64) * D_ROW
     offs_v = gl.arange(0, D_V, layout=gl.SliceLayout(0, G_L))
-    ptrs = kv_ptr + (row[:, None] + offs_v[None, :])
-    async_copy.async_copy_global_to_shared(k_buf, ptrs, mask=valid[:, None])
+    async_copy.async_copy_global_to_shared(k_buf, kv_ptr + (row[:, None] + offs_v[None, :]), mask=valid[:, None])
     # rotary part [BLOCK_N, 64]
-    offs_nr = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, R_L))
-    tok_r = gl.load(idx_row + offs_nr, mask=offs_nr < hi, other=-1)
     valid_r = (tok_r >= 0) & (tok_r < num_tokens)
     row_r = gl.where(valid_r, tok_r, 0).to(gl.int64) * D_ROW + D_V
     offs_r = gl.arange(0, D_R, layout=gl.SliceLayout(0, R_L))
@@ -152,14 +157,18 @@ def sparse_mla_decode_gluon_kernel(
     idx_row = idx_ptr + bt * top_k
 
     for j in gl.static_range(STAGES - 1):  # prologue: STAGES - 1 blocks in flight
-        _issue_gather(kv_ptr, idx_row, lo + j * BLOCK_N, hi, num_tokens, k_ring.index(j), r_ring.index(j),
-                      BLOCK_N, D_V, D_R, G_L, R_L)
+        tok_g, tok_r = _gather_tokens(idx_row, lo + j * BLOCK_N, hi, BLOCK_N, G_L, R_L)
+        _issue_gather(kv_ptr, tok_g, tok_r, num_tokens, k_ring.index(j), r_ring.index(j), D_V, D_R, G_L, R_L)
+    # Top-k entries are loaded one step before they are used (the gather of block
+    # it + STAGES - 1 and the mask of block it), so their latency is off the critical path.
+    tok_g, tok_r = _gather_tokens(idx_row, lo + (STAGES - 1) * BLOCK_N, hi, BLOCK_N, G_L, R_L)
 
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(1, S_L))
     l_i = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(1, S_L))
     acc = gl.zeros([BLOCK_H, D_V], gl.float32, layout=O_L)
     s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=S_L)
     offs_ns = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_L))
+    tok_s = gl.load(idx_row + lo + offs_ns, mask=lo + offs_ns < hi, other=-1)
 
     for it in range(n_iter):
         start = lo + it * BLOCK_N
@@ -170,18 +179,23 @@ def sparse_mla_decode_gluon_kernel(
         fence_async_shared()
         gl.thread_barrier()
         nxt = it + STAGES - 1
-        _issue_gather(kv_ptr, idx_row, lo + nxt * BLOCK_N, hi, num_tokens, k_ring.index(nxt % STAGES),
-                      r_ring.index(nxt % STAGES), BLOCK_N, D_V, D_R, G_L, R_L)
+        _issue_gather(kv_ptr, tok_g, tok_r, num_tokens, k_ring.index(nxt % STAGES), r_ring.index(nxt % STAGES),
+                      D_V, D_R, G_L, R_L)
+        tok_g, tok_r = _gather_tokens(idx_row, lo + (nxt + 1) * BLOCK_N, hi, BLOCK_N, G_L, R_L)
+        tok = tok_s
+        slots_next = start + BLOCK_N + offs_ns
+        tok_s = gl.load(idx_row + slots_next, mask=slots_next < hi, other=-1)
         k_cur = k_ring.index(cur)
         r_cur = r_ring.index(cur)
 
         # S = Q·Kᵀ on FP8 tensor cores (512 + 64), both operands from shared memory.
         s = warpgroup_mma(q_smem, k_cur.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s = warpgroup_mma(qr_smem, r_cur.permute((1, 0)), s, is_async=True)
+        # While S is computed: V = the first 512 values of the same rows, e4m3 -> fp16
+        # (exact), into shared memory (the previous P·V, which read it, is complete).
+        v_smem.store(k_cur.load(G_L).to(gl.float16))
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
 
-        slots = start + offs_ns
-        tok = gl.load(idx_row + slots, mask=slots < hi, other=-1)
         valid = (tok >= 0) & (tok < num_tokens)
         s = gl.where(valid[None, :], s * qk_scale_log2, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, 1))
@@ -193,9 +207,6 @@ def sparse_mla_decode_gluon_kernel(
         p16 = gl.convert_layout(p.to(gl.float16), P_L)
         alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, O_L))
 
-        # V = the first 512 values of the same rows, e4m3 -> fp16 (exact) into shared memory.
-        v16 = k_cur.load(G_L).to(gl.float16)
-        v_smem.store(v16)
         fence_async_shared()
         gl.thread_barrier()
         acc = warpgroup_mma(p16, v_smem, acc * alpha_o[:, None], is_async=True)
