@@ -5,7 +5,8 @@
 Small caches sized exactly (so any read past a row would leave the allocation), indices
 at every boundary (-1, INT32_MIN, INT32_MAX, tokens, tokens - 1), seq_lens below 0 and
 above top-k, an empty cache, every kernel variant (small-H transposed, H >= 64, with and
-without the split + combine step, seq_lens None). Each result is checked against the
+without the split + combine step, seq_lens None; the experimental Gluon kernel too for
+H >= 64 on a Hopper GPU). Each result is checked against the
 reference; the script exits non-zero on a mismatch.
 """
 
@@ -54,17 +55,20 @@ def main() -> int:
         ref_o, ref_l = sparse_mla_decode_reference(q, kv, idx, sl, 0.05, 1.0)
         qc, kvc, idxc = q.cuda(), kv.cuda().clone(), idx.cuda()
         slc = None if sl is None else sl.cuda()
-        md = plan_decode(B, q_len, H, top_k, "cuda", num_splits=splits)
-        out, lse = sparse_mla_fp8_decode(qc, kvc, None, 128, 512, 64, idxc, slc, 0, top_k, bmm1_scale=0.05,
-                                         return_lse=True, metadata=md)
-        torch.cuda.synchronize()
-        try:
-            assert_close(out, ref_o, atol=3e-3, rtol=3e-2, name="out")
-            assert_close(lse, ref_l, atol=1.5e-2, rtol=2e-3, name="lse")
-            print(f"ok   B={B} q_len={q_len} H={H} top_k={top_k} tokens={tokens} splits={md.num_splits}")
-        except AssertionError as exc:
-            failures += 1
-            print(f"FAIL B={B} q_len={q_len} H={H} top_k={top_k}: {exc}")
+        hopper = torch.cuda.get_device_capability()[0] == 9
+        for gluon in (False, True) if H >= 64 and hopper else (False,):
+            md = plan_decode(B, q_len, H, top_k, "cuda", num_splits=splits, gluon=gluon)
+            out, lse = sparse_mla_fp8_decode(qc, kvc, None, 128, 512, 64, idxc, slc, 0, top_k, bmm1_scale=0.05,
+                                             return_lse=True, metadata=md)
+            torch.cuda.synchronize()
+            what = f"B={B} q_len={q_len} H={H} top_k={top_k} tokens={tokens} splits={md.num_splits} gluon={gluon}"
+            try:
+                assert_close(out, ref_o, atol=3e-3, rtol=3e-2, name="out")
+                assert_close(lse, ref_l, atol=1.5e-2, rtol=2e-3, name="lse")
+                print(f"ok   {what}")
+            except AssertionError as exc:
+                failures += 1
+                print(f"FAIL {what}: {exc}")
     return 1 if failures else 0
 
 

@@ -1,0 +1,89 @@
+"""Compiles the Gluon sparse MLA decode kernel for the H200 (sm_90) on a machine without a GPU.
+
+    python benchmarks/compile_sparse_mla_gluon.py [--out DIR]
+
+For each specialization (split or not, 2 or 3 stages) it prints the registers, stack and
+local memory (spills), the dynamic shared memory, and counts of the SASS instructions that
+matter (QGMMA / HGMMA tensor-core ops, cp.async LDGSTS, barriers, wgmma waits), read with
+the ``cuobjdump`` shipped in Triton's wheel. Exits non-zero when a specialization spills in
+its main loop, needs more than the 227 KB of shared memory an SM offers, or lacks the
+wgmma instructions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+
+from mate.ops.sparse_mla import decode_gluon as dg
+from mate.ops.sparse_mla.metadata import HEAD_DIM_ROPE, HEAD_DIM_V
+
+SMEM_LIMIT = 227 * 1024
+POINTERS = ("q_ptr", "kv_ptr", "idx_ptr", "seq_lens_ptr", "out_ptr", "lse_ptr", "po_ptr", "plse_ptr")
+PATTERN = re.compile(r"\b(QGMMA\.\S+|HGMMA\.\S+|LDGSTS\S*|BAR\.SYNC\S*|WARPGROUP\.DEPBAR\S*|STL\S*|LDL\S*)")
+
+
+def compile_one(split: bool, stages: int, out_dir: str) -> bool:
+    sig = {"q_ptr": "*fp8e4nv", "kv_ptr": "*fp8e4nv", "idx_ptr": "*i32", "seq_lens_ptr": "*i32",
+           "out_ptr": "*bf16", "lse_ptr": "*fp32", "po_ptr": "*fp16" if split else "*bf16", "plse_ptr": "*fp32",
+           "num_tokens": "i32", "qk_scale_log2": "fp32", "out_scale": "fp32", "H": "i32", "q_len": "i32",
+           "top_k": "i32", "split_blocks": "i32", "num_splits": "i32"}
+    constexprs = {"SPLIT": split, "HAS_SEQ_LENS": True, "STAGES": stages, "BLOCK_H": dg.GLUON_BLOCK_H,
+                  "BLOCK_N": dg.GLUON_BLOCK_N, "D_V": HEAD_DIM_V, "D_R": HEAD_DIM_ROPE}
+    sig.update({k: "constexpr" for k in constexprs})
+    names = list(sig)
+    # The launcher's tensors are 16-byte aligned (it falls back to the plain kernel otherwise).
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in POINTERS}
+    src = GluonASTSource(fn=dg.sparse_mla_decode_gluon_kernel, signature=sig, constexprs=constexprs, attrs=attrs)
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": dg.GLUON_NUM_WARPS})
+    cubin = os.path.join(out_dir, f"gluon_split{int(split)}_stages{stages}.cubin")
+    with open(cubin, "wb") as f:
+        f.write(kernel.asm["cubin"])
+    tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    usage = subprocess.run([os.path.join(tools, "cuobjdump"), "--dump-resource-usage", cubin], capture_output=True,
+                           text=True, check=True).stdout
+    sass = subprocess.run([os.path.join(tools, "cuobjdump"), "--dump-sass", cubin], capture_output=True, text=True,
+                          check=True).stdout
+    res = dict(re.findall(r"(REG|STACK|LOCAL):(\d+)", usage))
+    counts = collections.Counter(m.group(1).rstrip(";") for m in PATTERN.finditer(sass))
+    # Spill traffic inside the main loop: between the cp.async wait and the loop's back branch.
+    lines = sass.splitlines()
+    start = next((i for i, ln in enumerate(lines) if "DEPBAR.LE SB0" in ln), 0)
+    end = next((i for i in range(len(lines) - 1, start, -1) if re.search(r"BRA 0x[0-9a-f]+", lines[i])
+                and "@" in lines[i]), len(lines))
+    loop_spills = sum(1 for ln in lines[start:end] if re.search(r"\b(STL|LDL)", ln))
+    shared = kernel.metadata.shared
+    print(f"split={split} stages={stages}: {res.get('REG')} registers, stack {res.get('STACK')} B, "
+          f"local {res.get('LOCAL')} B, {loop_spills} spill instructions in the loop, "
+          f"shared {shared} B ({shared / 1024:.0f} KB)")
+    for name, n in sorted(counts.items()):
+        print(f"    {name}: {n}")
+    has_mma = any(k.startswith("QGMMA") for k in counts) and any(k.startswith("HGMMA") for k in counts)
+    return shared <= SMEM_LIMIT and has_mma and loop_spills == 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=None, help="where to keep the cubins (default: a temporary folder)")
+    args = ap.parse_args()
+    out_dir = args.out or tempfile.mkdtemp(prefix="mate_gluon_")
+    os.makedirs(out_dir, exist_ok=True)
+    ok = True
+    for split in (False, True):
+        for stages in (2, 3):
+            ok &= compile_one(split, stages, out_dir)
+    print("cubins in", out_dir)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
