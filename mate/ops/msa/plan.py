@@ -424,7 +424,8 @@ def _msa_plan_from_lengths(
     sparse_block_size: int = MSA_BLOCK,
     device: torch.device | str | None = None,
 ) -> MsaPlanInfo:
-    """Eager MSA plan from per-request lengths held on the CPU.
+    """Eager MSA plan from per-request lengths held on the CPU (public, logged and fully
+    documented as :func:`mate.msa_interface._msa_plan_from_lengths`).
 
     Parameters
     ----------
@@ -521,7 +522,8 @@ def sparse_msa_plan(
     **kwargs: Any,
 ) -> MsaPlanInfo:
     """The eager planner with ``sparse_kernel_mode="prefill"`` and no split; raises
-    ``ValueError`` unless the result is a single sparse-prefill plan."""
+    ``ValueError`` unless the result is a single sparse-prefill plan (public form:
+    :func:`mate.msa_interface.sparse_msa_plan`)."""
     for key in ("sparse_kernel_mode", "split_prefill_decode"):
         if key in kwargs:
             raise TypeError(f"sparse_msa_plan() got an unexpected keyword argument {key!r} (it is fixed)")
@@ -557,7 +559,8 @@ def msa_plan(
     sparse_kernel_mode: str = "auto",
     use_fp8_kvcache: bool = False,
 ) -> MsaPlanInfo:
-    """Static, capture-safe MSA plan built from capacities only (``is_static=True``).
+    """Static, capture-safe MSA plan built from capacities only (``is_static=True``; public
+    form: :func:`mate.msa_interface.msa_plan`).
 
     The plan never reads live lengths: its length vectors are CPU placeholders filled with
     the capacities, and executing it requires :class:`MsaRuntimeMetadata` with
