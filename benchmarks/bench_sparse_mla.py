@@ -46,7 +46,8 @@ FULL = [(h, b, s) for h in (16, 32, 64, 128) for b in (1, 8, 32, 64, 128) for s 
 # indices prefetched one step ahead (more gather buffers), and the experimental Gluon kernel
 # (rows "mate gluon"), not yet measured on the H200.
 GLUON = dict(gluon=True)
-VARIANTS = {(16, 128, 1): [dict(prefetch_idx=True)], (128, 64, 1): [GLUON, dict(prefetch_idx=True)],
+VARIANTS = {(16, 128, 1): [dict(prefetch_idx=True)],
+            (128, 64, 1): [GLUON, dict(gluon=True, num_stages=2), dict(prefetch_idx=True)],
             (128, 8, 1): [GLUON, dict(prefetch_idx=True)], (128, 128, 2): [GLUON]}
 # Bar shapes (H, B, q_len) -> plan_decode overrides timed beside the default plan.
 BAR_CANDIDATES = {  # in order of interest, in case a run is cut short

@@ -115,7 +115,7 @@ def sparse_mla_decode_gluon_kernel(
     # and cp.async of 512- and 64-byte row pieces.
     G_L: gl.constexpr = gl.BlockedLayout([1, 16], [1, 32], [8, 1], [1, 0])
     R_L: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [8, 1], [1, 0])
-    # S [64, 64]: warpgroups side by side on N (32 rows each); k = 32 for FP8.
+    # S [64 heads, 64 rows]: warpgroups side by side on N (32 gathered rows each); k = 32 for FP8.
     S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 32, 32])
     # O [64, 512]: each warpgroup owns 256 value columns; k = 16 for fp16.
     O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16])
