@@ -255,6 +255,7 @@ def _decode_rows(ceilings: dict, B: int, ctx: int, dtype: torch.dtype) -> list[d
         default = dict(sa.FP8_VARIANT)
         variants = [dict(f16=False, decode_stages=1, decode_maxnreg=None),  # the 46%-of-copy path
                     dict(f16=True, decode_stages=1, decode_maxnreg=None),
+                    dict(f16=True, decode_stages=1, decode_maxnreg=128),
                     dict(f16=True, decode_stages=2, decode_maxnreg=None),
                     dict(f16=True, decode_stages=2, decode_maxnreg=168),
                     dict(f16=True, decode_stages=3, decode_maxnreg=168)]

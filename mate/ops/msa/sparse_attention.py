@@ -124,7 +124,7 @@ def _msa_sparse_fwd_kernel(
     u_page_ptr, u_blk_ptr, u_mask_ptr, u_cnt_ptr,
     o_ptr, stride_ot, stride_oh, lse_ptr, stride_lt,
     op_ptr, lp_ptr,
-    total_q, HQ, RATIO, qk_scale, v_scale,
+    total_q, HQ, RATIO, qk_scale, v_scale, one,
     TT: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr, C: tl.constexpr,
     HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, CAUSAL: tl.constexpr,
     IS_FP8: tl.constexpr, HEAD_MAJOR: tl.constexpr, FP8_F16: tl.constexpr = False,
@@ -191,6 +191,11 @@ def _msa_sparse_fwd_kernel(
         if IS_FP8:
             if FP8_F16:
                 vt = vt.to(tl.float16)  # exact, and P keeps 10 mantissa bits (bf16: 7)
+                if BLOCK_M < 64:
+                    # x * 1.0 is exact; with the 1.0 a runtime value Triton cannot move V's layout
+                    # change (a transpose for mma.sync) before the conversion, where it gathers
+                    # fp8 bytes one by one (LDS.U8); in fp16 it uses ldmatrix
+                    vt = vt * tl.full([1, 1], one, tl.float16)
             else:
                 vt = vt.to(tl.bfloat16)
         acc = acc * alpha[:, None] + tl.dot(dot_operand(p.to(vt.dtype)), dot_operand(vt))
@@ -271,13 +276,15 @@ FP8_VARIANT = {"f16": True, "decode_stages": 2, "decode_maxnreg": 168}
 
 ``f16``: convert V (and, on 16-row decode tiles, q and K, whose mma.sync has no e4m3
 form) to fp16 instead of bf16, and P to fp16: exact for e4m3 values and 3 more mantissa
-bits for P. ``decode_stages`` / ``decode_maxnreg``: 2-stage TMA pipelining (41 KB shared)
-capped at 168 registers (3 programs per SM, as before; uncapped it takes 194). H200
-compile of the M3 decode tile (16 rows, launch-time divisibility): 896 instead of 1,072
-instructions per 128-key block, one 4-byte spill reload per block, two blocks in flight
+bits for P; on 16-row tiles V is converted before its layout change (ldmatrix instead of
+byte-wise LDS.U8 gathers). ``decode_stages`` / ``decode_maxnreg``: 2-stage TMA
+pipelining, registers capped at 168. H200 compile of the M3 decode tile (16 rows,
+launch-time divisibility): 157 registers, no spills, 74 KB shared (3 programs per SM,
+as before), 876 instead of 1,072 instructions per 128-key block, two blocks in flight
 per program instead of one. Not yet timed on the H200; the previous path is
-``{"f16": False, "decode_stages": 1, "decode_maxnreg": None}`` (168 registers uncapped).
-Prefill (64-row tiles) uses ``f16`` only: 943 instead of 1,128 instructions per block."""
+``{"f16": False, "decode_stages": 1, "decode_maxnreg": None}`` (168 registers, 20 KB).
+With 1 stage the new path takes 128 registers and 41 KB (4 programs per SM): a benchmark
+row. Prefill (64-row tiles) uses ``f16`` only: 943 instead of 1,128 instructions per block."""
 
 
 def _num_sms(device: torch.device) -> int:
@@ -426,7 +433,7 @@ def sparse_attention_triton(
         tok_pos, tok_kvlen, u_page, u_blk, u_mask, u_cnt,
         out, out.stride(0), out.stride(1), lse, lse.stride(0),
         o_part, l_part,
-        total_q, hq, ratio, sm_scale * k_scale * LOG2E, v_scale,
+        total_q, hq, ratio, sm_scale * k_scale * LOG2E, v_scale, 1.0,
         TT=til.tt, GP=til.gp, BLOCK_M=til.block_m, C=til.capacity, HEAD_DIM=d,
         NUM_SPLITS=splits, CAUSAL=causal, IS_FP8=is_fp8, HEAD_MAJOR=layout == "HND",
         FP8_F16=fp8_f16, num_warps=4, num_stages=stages, **extra,
