@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from mate.testing.graphs import capture_graph
+
 __all__ = ["time_fn", "measure_ceilings", "rotation_count", "record"]
 
 L2_BYTES = 60 * (1 << 20)
@@ -45,16 +47,7 @@ def time_fn(
     torch.cuda.synchronize()
     times: list[float] = []
     if use_graph:
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for f in fns:
-                f()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for f in fns:
-                f()
+        graph = capture_graph(lambda: [f() for f in fns])
         graph.replay()
         torch.cuda.synchronize()
         reps = max(3, iters // len(fns))

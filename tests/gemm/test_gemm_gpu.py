@@ -8,6 +8,7 @@ import torch
 from mate import gemm
 from mate.ops.gemm import reference as R
 from mate.testing import assert_close, poisoned, rand_fp8, randn
+from mate.testing.graphs import capture_graph
 from tests.gemm._inputs import fp8_block_operands
 
 pytestmark = pytest.mark.gpu
@@ -166,14 +167,7 @@ def test_masked_cuda_graph_replay():
     masked_m = torch.tensor([64, 0, 128, 1, 77, 5, 128, 30], dtype=torch.int32, device="cuda")
     out = poisoned((G, max_m, n), torch.bfloat16, "cuda")
     fn = lambda: gemm.batch_deepgemm_fp8_nt_groupwise(a, b, sa, sb, masked_m, 64, out=out)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
+    graph = capture_graph(fn)
     for counts in ([64, 0, 128, 1, 77, 5, 128, 30], [0, 128, 3, 64, 0, 100, 1, 127]):
         masked_m.copy_(torch.tensor(counts, dtype=torch.int32))
         out.view(torch.int16).fill_(0x7FC0)  # bf16 NaN

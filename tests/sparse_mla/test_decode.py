@@ -18,6 +18,7 @@ from mate.ops.sparse_mla.metadata import DecodeMetadata, plan_decode
 from mate.ops.sparse_mla.reference import sparse_mla_decode_reference
 from mate.sparse_mla_interface import get_batch_decode_metadata_mla, sparse_mla_fp8_decode
 from mate.testing import assert_close, assert_equal, poisoned
+from mate.testing.graphs import capture_graph
 
 FP8 = torch.float8_e4m3fn
 
@@ -419,14 +420,7 @@ def test_gpu_cuda_graph_replay_and_no_allocation(H):
     run()
     torch.cuda.synchronize()
     assert torch.cuda.memory_allocated() == before
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        run()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        run()
+    graph = capture_graph(run)
     for _ in range(2):  # new contents in the captured buffers
         q2, kv2, idx2, sl2 = _make(B, q_len, H, top_k, pages=64, page_size=64, device="cuda")
         q.copy_(q2)

@@ -18,6 +18,7 @@ import torch
 from mate.ops.sparse_mla.metadata import GLUON_STAGES, plan_decode
 from mate.sparse_mla_interface import sparse_mla_fp8_decode
 from mate.testing import assert_equal, poisoned
+from mate.testing.graphs import capture_graph
 from tests.sparse_mla.test_decode import _call, _check, _make
 
 
@@ -164,14 +165,7 @@ def test_gpu_gluon_cuda_graph_replay_and_no_allocation(gluon_ok):
     run()
     torch.cuda.synchronize()
     assert torch.cuda.memory_allocated() == before
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        run()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        run()
+    graph = capture_graph(run)
     for _ in range(2):  # new contents in the captured buffers
         q2, kv2, idx2, sl2 = _make(B, q_len, H, top_k, pages=64, page_size=64, device="cuda")
         q.copy_(q2)

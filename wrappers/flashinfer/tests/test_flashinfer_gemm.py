@@ -14,6 +14,7 @@ import torch
 
 import mate.gemm
 from mate.testing import assert_close, assert_equal, poisoned, rand_fp8, randn
+from mate.testing.graphs import capture_graph
 
 E4M3 = torch.float8_e4m3fn
 
@@ -198,14 +199,7 @@ def test_gemms_in_a_cuda_graph():
         fg.gemm_fp8_nt_groupwise(a, b, a_scale, b_scale, scale_major_mode="K", out=out_g)
         fg.batch_deepgemm_fp8_nt_groupwise(ga, gb, gas, gbs, masked_m, 16, out=out_m)
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    graph = capture_graph(step)
     for t in (A, a, ga):
         t.copy_(rand_fp8(t.shape, dev))
     Ah.copy_(randn(Ah.shape, torch.bfloat16, dev))

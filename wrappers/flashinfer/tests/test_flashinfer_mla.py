@@ -18,6 +18,7 @@ import torch
 
 import mate.sparse_mla_interface as mla
 from mate.testing import assert_close, assert_equal, poisoned, rand_fp8, randn
+from mate.testing.graphs import capture_graph
 
 E4M3 = torch.float8_e4m3fn
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "fp8_mla_decode.py"
@@ -189,14 +190,7 @@ def test_rope_and_decode_in_a_cuda_graph():
                                                  sparse_mla_top_k=top_k, out=out, bmm1_scale=0.01, bmm2_scale=0.25,
                                                  lse=lse, return_lse=True, metadata=metadata)
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    graph = capture_graph(step)
     for t in (q_rope, q_nope):
         t.copy_(randn(t.shape, device=dev))
     block_tables.random_(0, 300 * 64)
