@@ -157,6 +157,8 @@ def test_radix_threshold_close_values_and_special_rows(counted, device, triton_b
     kw = dict(num_valid_pages=None, force_begin_blocks=1, force_end_blocks=2, force_blocks_count_in_topk=counted)
     _check_kernel(s, 8, kw, None, method="radix")  # several rows per program: rows exit the search together
     _check_kernel(s, 16, dict(kw, force_begin_blocks=0, force_end_blocks=0), None, method="radix", rows_per_program=1)
+    # 8 forced blocks (counted: they fill the top-8, the threshold is their key, the largest)
+    _check_kernel(s, 8, dict(kw, force_begin_blocks=4, force_end_blocks=4), None, method="radix", rows_per_program=1)
 
 
 def test_method_is_checked():
