@@ -94,6 +94,7 @@ def markdown(ceilings: dict, tests: dict | None, rows: list[dict], env: dict) ->
 
 
 def plots(rows: list[dict], out_dir: Path, stem: str) -> list[Path]:
+    """One PNG with a panel per family: time of mate and of each peer per case (log scale)."""
     try:
         import matplotlib
 
@@ -101,33 +102,34 @@ def plots(rows: list[dict], out_dir: Path, stem: str) -> list[Path]:
         import matplotlib.pyplot as plt
     except Exception:
         return []
-    paths = []
-    for fam in sorted({r["family"] for r in rows}):
+    families = [f for f in dict.fromkeys(r["family"] for r in rows) if any(r.get("time_us") for r in rows
+                                                                             if r["family"] == f)]
+    if not families:
+        return []
+    fig, axes = plt.subplots(len(families), 1, figsize=(14, 4.2 * len(families)), squeeze=False)
+    for ax, fam in zip(axes[:, 0], families):
         fr = [r for r in rows if r["family"] == fam and r.get("time_us")]
-        if not fr:
-            continue
-        cases = list(dict.fromkeys(f"{r['op']}\n{r['shape']}" for r in fr))
+        label = lambda r: f"{r['op']} {r['shape']} {r.get('dtype', '')}".strip()
+        cases = list(dict.fromkeys(label(r) for r in fr))
         impls = list(dict.fromkeys(r["impl"] for r in fr))
-        fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(cases) + 2), 4.5))
         width = 0.8 / len(impls)
         for i, impl in enumerate(impls):
             vals = []
             for c in cases:
-                match = [r for r in fr if f"{r['op']}\n{r['shape']}" == c and r["impl"] == impl]
+                match = [r for r in fr if label(r) == c and r["impl"] == impl]
                 vals.append(match[0]["time_us"] if match else 0)
             ax.bar([x + i * width for x in range(len(cases))], vals, width, label=impl)
         ax.set_xticks([x + 0.4 - width / 2 for x in range(len(cases))])
-        ax.set_xticklabels(cases, rotation=60, ha="right", fontsize=6)
+        ax.set_xticklabels(cases, rotation=35, ha="right", fontsize=6)
         ax.set_ylabel("time (us), lower is better")
         ax.set_yscale("log")
         ax.set_title(f"mate {fam}")
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        path = out_dir / f"{stem}-{fam}.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        paths.append(path)
-    return paths
+        ax.legend(fontsize=6, ncol=3)
+    fig.tight_layout()
+    path = out_dir / f"{stem}.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return [path]
 
 
 def main() -> int:
