@@ -60,8 +60,13 @@ def _tiny_kernel(interpret: bool) -> tuple[bool, str]:
         env["TRITON_INTERPRET"] = "1"
     else:
         env.pop("TRITON_INTERPRET", None)
-    proc = subprocess.run([sys.executable, "-c", _TINY_KERNEL], env=env, capture_output=True, text=True,
-                          timeout=300)
+    import tempfile
+
+    # Triton reads a kernel's source from its file: the probe has to be a real .py file.
+    with tempfile.TemporaryDirectory() as tmp:
+        probe = Path(tmp) / "mate_check_kernel.py"
+        probe.write_text(_TINY_KERNEL)
+        proc = subprocess.run([sys.executable, str(probe)], env=env, capture_output=True, text=True, timeout=300)
     ok = proc.returncode == 0 and "ok" in proc.stdout
     return ok, (proc.stderr.strip().splitlines() or ["?"])[-1] if not ok else "ok"
 
