@@ -15,7 +15,7 @@ from mate._core.dispatch import select_backend
 from mate.api_logging import mate_api
 from mate.ops.sparse_mla.reference import mla_rope_quantize_fp8_reference
 
-# ---- mla_rope_quantize_fp8 (section owned by the RoPE + FP8 work) -------------------
+# ---- mla_rope_quantize_fp8 -------------------------------------------------------------
 
 _FP8_DTYPES = tuple(
     getattr(torch, n)
@@ -224,7 +224,7 @@ def mla_rope_quantize_fp8(
     return outs["q_rope_out"], outs["k_rope_out"], outs["q_nope_out"], outs["k_nope_out"]
 
 
-# ---- get_batch_decode_metadata_mla / sparse_mla_fp8_decode (section owned by the decode work)
+# ---- get_batch_decode_metadata_mla / sparse_mla_fp8_decode ----------------------------
 
 from mate.ops.sparse_mla.metadata import BLOCK_N as _DECODE_BLOCK_N  # noqa: E402
 from mate.ops.sparse_mla.metadata import DecodeMetadata, plan_decode  # noqa: E402

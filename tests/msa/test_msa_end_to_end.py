@@ -12,6 +12,7 @@ from mate.ops.mha.reference import attention_varlen_reference
 from mate.ops.msa.plan import MsaRuntimeMetadata
 from mate.ops.msa.reference_attention import sparse_attention_reference
 from mate.testing import assert_close, poisoned
+from mate.testing.graphs import capture_graph
 
 BLK = 128
 
@@ -180,14 +181,7 @@ def test_static_plan_cuda_graph_replay_equals_eager():
         msa(q, k, v, info, kv_block_indexes=idx, runtime_metadata=rt, page_table=table, out=out, lse=lse)
 
     set_lengths([max_q] * bmax, [max_k] * bmax)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    graph = capture_graph(step)
     for q_lens, kv_lens in (([256, 100, 0, 256], [4096, 1000, 7, 300]), ([10, 256, 256, 256], [129, 4096, 2048, 256])):
         set_lengths(q_lens, kv_lens)
         out.fill_(float("nan"))

@@ -14,6 +14,7 @@ from mate.msa_interface import MsaRuntimeMetadata, _msa_plan_from_lengths, msa, 
 from mate.ops.msa.reference_select import topk_select_reference
 from mate.ops.msa.topk import sparse_topk_select_triton
 from mate.testing import assert_equal, poisoned
+from mate.testing.graphs import capture_graph
 
 
 def loop_select(scores, topk, n_valid, fb, fe, counted, qpos):
@@ -292,14 +293,7 @@ def test_gpu_pipeline_cuda_graph_static_plan():
         return ql, kl
 
     write_lengths([1, 2, 3, 4], [100, 200, 300, 400])
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    graph = capture_graph(step)
     for q_lens, kv_lens in ([[1, 300, 17, 5], [4000, 3000, 129, 5]], [[300, 300, 300, 300], [300, 1000, 2000, 4000]]):
         ql, kl = write_lengths(q_lens, kv_lens)
         graph.replay()
