@@ -45,6 +45,32 @@ LN2 = 0.6931471805599453
 
 
 @triton.jit
+def _split_slot_range(pid_s, split_blocks, top_k, seq_lens_ptr, bt, q_len, BLOCK_N: tl.constexpr,
+                      HAS_SEQ_LENS: tl.constexpr):
+    """Slots [lo, hi) of split ``pid_s``, cut at the seq_lens entry of query row ``bt`` (blocks wholly past it are not
+    visited), and the clamped seq_len that masks the slots inside the last block."""
+    lo = pid_s * (split_blocks * BLOCK_N)
+    hi = tl.minimum(lo + split_blocks * BLOCK_N, top_k)
+    if HAS_SEQ_LENS:
+        seq_len = tl.load(seq_lens_ptr + bt // q_len)
+        seq_len = tl.minimum(tl.maximum(seq_len, 0), top_k)
+        hi = tl.minimum(hi, seq_len)
+    else:
+        seq_len = top_k
+    return lo, hi, seq_len
+
+
+@triton.jit
+def _finish_softmax(m_i, l_i):
+    """From the running max (log2 domain) and sum: the empty-row flag, the divisor and the
+    natural-log LSE (+inf for a row with no valid slot)."""
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    lse = tl.where(empty, float("inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)  # ln 2
+    return empty, l_safe, lse
+
+
+@triton.jit
 def sparse_mla_decode_split_kernel(
     q_ptr,
     kv_ptr,
@@ -90,15 +116,7 @@ def sparse_mla_decode_split_kernel(
     q_nope = tl.load(q_rows + offs_v[None, :], mask=h_mask[:, None], other=0.0)
     q_rope = tl.load(q_rows + D_V + offs_r[None, :], mask=h_mask[:, None], other=0.0)
 
-    # This split's slots, cut at seq_lens[b]: blocks wholly past it are not visited.
-    lo = pid_s * (split_blocks * BLOCK_N)
-    hi = tl.minimum(lo + split_blocks * BLOCK_N, top_k)
-    if HAS_SEQ_LENS:
-        seq_len = tl.load(seq_lens_ptr + bt // q_len)
-        seq_len = tl.minimum(tl.maximum(seq_len, 0), top_k)
-        hi = tl.minimum(hi, seq_len)
-    else:
-        seq_len = top_k
+    lo, hi, seq_len = _split_slot_range(pid_s, split_blocks, top_k, seq_lens_ptr, bt, q_len, BLOCK_N, HAS_SEQ_LENS)
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
@@ -144,9 +162,7 @@ def sparse_mla_decode_split_kernel(
             acc = acc * alpha[:, None] + tl.dot(p16, v16)
         m_i = m_new
 
-    empty = l_i == 0.0
-    l_safe = tl.where(empty, 1.0, l_i)
-    lse = tl.where(empty, float("inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
+    empty, l_safe, lse = _finish_softmax(m_i, l_i)
     o = acc / l_safe[:, None]
     if not SPLIT:
         o_rows = (bt * H + offs_h.to(tl.int64))[:, None] * D_V
@@ -211,14 +227,7 @@ def sparse_mla_decode_split_kernel_t(
     q_nope_t = tl.load(q_cols + offs_v[:, None], mask=h_mask[None, :], other=0.0)
     q_rope_t = tl.load(q_cols + D_V + offs_r[:, None], mask=h_mask[None, :], other=0.0)
 
-    lo = pid_s * (split_blocks * BLOCK_N)
-    hi = tl.minimum(lo + split_blocks * BLOCK_N, top_k)
-    if HAS_SEQ_LENS:
-        seq_len = tl.load(seq_lens_ptr + bt // q_len)
-        seq_len = tl.minimum(tl.maximum(seq_len, 0), top_k)
-        hi = tl.minimum(hi, seq_len)
-    else:
-        seq_len = top_k
+    lo, hi, seq_len = _split_slot_range(pid_s, split_blocks, top_k, seq_lens_ptr, bt, q_len, BLOCK_N, HAS_SEQ_LENS)
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
@@ -259,9 +268,7 @@ def sparse_mla_decode_split_kernel_t(
             acc = acc * alpha[None, :] + tl.dot(v16_t, p16)
         m_i = m_new
 
-    empty = l_i == 0.0
-    l_safe = tl.where(empty, 1.0, l_i)
-    lse = tl.where(empty, float("inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
+    empty, l_safe, lse = _finish_softmax(m_i, l_i)
     o = acc / l_safe[None, :]
     if not SPLIT:
         o_cols = (bt * H + offs_h.to(tl.int64))[None, :] * D_V
