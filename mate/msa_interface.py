@@ -1045,6 +1045,19 @@ def _float_arg(name: str, value: Any) -> float:
     return float(value)
 
 
+def _check_single_sparse_plan(fname: str, plan_info: Any, mode: str, kw: dict) -> None:
+    """The entry points for one pure sparse plan: ``plan_info`` of exactly ``mode`` (not
+    mixed), and none of msa()'s output-selection keywords."""
+    if not isinstance(plan_info, MsaPlanInfo):
+        raise TypeError(f"plan_info must be an MsaPlanInfo, got {type(plan_info).__name__}")
+    if plan_info.has_mixed_prefill or plan_info.plan.mode != mode:
+        raise ValueError(f"plan_info must be a single {mode} plan, got mode {plan_info.plan.mode!r}"
+                         + (" (mixed)" if plan_info.has_mixed_prefill else ""))
+    for key in ("output_o", "output_maxscore", "max_score"):
+        if key in kw:
+            raise TypeError(f"{fname}() got an unexpected keyword argument {key!r}")
+
+
 @mate_api
 def sparse_msa(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan_info: MsaPlanInfo, **kw: Any
@@ -1105,14 +1118,7 @@ def sparse_msa(
     >>> torch.allclose(out.float(), ref, atol=2e-2)  # bf16 output
     True
     """
-    if not isinstance(plan_info, MsaPlanInfo):
-        raise TypeError(f"plan_info must be an MsaPlanInfo, got {type(plan_info).__name__}")
-    if plan_info.has_mixed_prefill or plan_info.plan.mode != "sparse_prefill":
-        raise ValueError(f"plan_info must be a single sparse_prefill plan, got mode {plan_info.plan.mode!r}"
-                         + (" (mixed)" if plan_info.has_mixed_prefill else ""))
-    for key in ("output_o", "output_maxscore", "max_score"):
-        if key in kw:
-            raise TypeError(f"sparse_msa() got an unexpected keyword argument {key!r}")
+    _check_single_sparse_plan("sparse_msa", plan_info, "sparse_prefill", kw)
     o, _ = msa(q, k, v, plan_info, **kw)
     return o, None
 
@@ -1186,16 +1192,9 @@ def sparse_decode_atten_func(
     >>> torch.allclose(out[0].float(), ref, atol=2e-2)  # bf16 output
     True
     """
-    if not isinstance(plan_info, MsaPlanInfo):
-        raise TypeError(f"plan_info must be an MsaPlanInfo, got {type(plan_info).__name__}")
-    if plan_info.has_mixed_prefill or plan_info.plan.mode != "sparse_decode":
-        raise ValueError(f"plan_info must be a single sparse_decode plan, got mode {plan_info.plan.mode!r}"
-                         + (" (mixed)" if plan_info.has_mixed_prefill else ""))
+    _check_single_sparse_plan("sparse_decode_atten_func", plan_info, "sparse_decode", kw)
     if not isinstance(return_softmax_lse, bool):
         raise TypeError(f"return_softmax_lse must be a bool, got {type(return_softmax_lse).__name__}")
-    for key in ("output_o", "output_maxscore", "max_score"):
-        if key in kw:
-            raise TypeError(f"sparse_decode_atten_func() got an unexpected keyword argument {key!r}")
     lse = kw.pop("lse", None)
     if return_softmax_lse and lse is None:
         lse = torch.empty((q.shape[0], q.shape[1]), dtype=torch.float32, device=q.device)
