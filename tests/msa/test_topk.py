@@ -84,7 +84,7 @@ def test_reference_matches_loop():
         assert_equal(ref, loop)
 
 
-def _check_kernel(s, topk, kw, qpos, max_chunk=4096, method=None, rows_per_program=None):
+def _check_kernel(s, topk, kw, qpos, max_chunk=4096, method=None, rows_per_program=None, step=2):
     total_q, H, T = s.shape
     width = topk if kw["force_blocks_count_in_topk"] else topk + kw["force_begin_blocks"] + kw["force_end_blocks"]
     ref = topk_select_reference(s, query_positions=qpos, topk=topk, num_valid_pages=kw["num_valid_pages"] or T,
@@ -98,7 +98,7 @@ def _check_kernel(s, topk, kw, qpos, max_chunk=4096, method=None, rows_per_progr
         sparse_topk_select_triton(s, out, query_positions=qpos, topk=topk, num_valid_pages=kw["num_valid_pages"] or T,
                                   force_begin_blocks=kw["force_begin_blocks"], force_end_blocks=kw["force_end_blocks"],
                                   force_blocks_count_in_topk=kw["force_blocks_count_in_topk"], max_chunk=max_chunk,
-                                  method=method, rows_per_program=rows_per_program)
+                                  method=method, rows_per_program=rows_per_program, step=step)
     assert_equal(out, ref)
 
 
@@ -140,8 +140,22 @@ def test_radix_threshold_random_cases_exact(levels, device, triton_backend):
     _check_kernel(s, topk, kw, qpos, method="radix", rows_per_program=1)  # the GPU configuration
 
 
+@pytest.mark.parametrize("levels", [None, 3, 40])
+def test_bounded_threshold_random_cases_exact(levels, device, triton_backend):
+    """The bounded radix search (from the K-th largest group max) equals the reference; rows
+    of one program start their search at different bits (two rows per program)."""
+    rng = random.Random()
+    T = rng.choice([33, 64, 100, 256])
+    tq, H = rng.randint(4, 10), rng.randint(1, 3)
+    s = random_scores(tq, H, T, levels=levels, device=device)
+    topk, kw = random_config(rng, T)
+    qpos = torch.randint(-300, T * 128 + 50, (tq,), device=device) if rng.random() < 0.5 else None
+    _check_kernel(s, topk, kw, qpos, method="bounded", rows_per_program=rng.choice([1, 2]), step=rng.choice([1, 4]))
+
+
+@pytest.mark.parametrize("method", ["radix", "bounded"])
 @pytest.mark.parametrize("counted", [True, False])
-def test_radix_threshold_close_values_and_special_rows(counted, device, triton_backend):
+def test_radix_threshold_close_values_and_special_rows(counted, method, device, triton_backend):
     """Rows whose keys differ only in the last mantissa bits (the search runs all 32 bits),
     negative rows, a K-th value tied across the row, all-equal, all -inf and all-NaN rows,
     and -0.0 against +0.0 (equal keys, ties to the lower index)."""
@@ -156,10 +170,10 @@ def test_radix_threshold_close_values_and_special_rows(counted, device, triton_b
     s = torch.cat([close, neg, zeros, kth_tie, torch.zeros(1, 2, 64), torch.full((1, 2, 64), float("-inf")),
                    torch.full((1, 2, 64), float("nan"))]).to(device)
     kw = dict(num_valid_pages=None, force_begin_blocks=1, force_end_blocks=2, force_blocks_count_in_topk=counted)
-    _check_kernel(s, 8, kw, None, method="radix")  # several rows per program: rows exit the search together
-    _check_kernel(s, 16, dict(kw, force_begin_blocks=0, force_end_blocks=0), None, method="radix", rows_per_program=1)
+    _check_kernel(s, 8, kw, None, method=method)  # several rows per program: rows exit the search together
+    _check_kernel(s, 16, dict(kw, force_begin_blocks=0, force_end_blocks=0), None, method=method, rows_per_program=1)
     # 8 forced blocks (counted: they fill the top-8, the threshold is their key, the largest)
-    _check_kernel(s, 8, dict(kw, force_begin_blocks=4, force_end_blocks=4), None, method="radix", rows_per_program=1)
+    _check_kernel(s, 8, dict(kw, force_begin_blocks=4, force_end_blocks=4), None, method=method, rows_per_program=1)
 
 
 def test_method_is_checked():
@@ -242,6 +256,23 @@ def test_gpu_thousand_random_cases_with_ties():
         _check_kernel(s, topk, kw, qpos)
         cases += 1
     assert cases >= 1000
+
+
+@pytest.mark.gpu
+def test_gpu_bounded_thousand_random_cases_with_ties():
+    """The bounded radix search on >= 1,000 random cases (ties, specials, forced blocks,
+    short rows, query positions), one or two rows per program, search steps 1 / 2 / 4."""
+    rng = random.Random(4321)
+    gen = torch.Generator().manual_seed(4321)
+    for i in range(1000):
+        T = rng.choice([1, 7, 17, 40, 100, 256, 300, 1000])
+        tq, H = rng.randint(1, 64), rng.randint(1, 4)
+        s = random_scores(tq, H, T, levels=rng.choice([2, 3, 8, 64, None]), specials=i % 2 == 0, gen=gen,
+                          device="cuda")
+        topk, kw = random_config(rng, T)
+        qpos = torch.randint(-300, T * 128 + 50, (tq,), generator=gen).cuda() if rng.random() < 0.4 else None
+        _check_kernel(s, topk, kw, qpos, method="bounded", rows_per_program=rng.choice([1, 2]),
+                      step=rng.choice([1, 2, 4]))
 
 
 @pytest.mark.gpu

@@ -98,6 +98,48 @@ def _radix_threshold(key, need, K: tl.constexpr, CHUNK: tl.constexpr):
 
 
 @triton.jit
+def _bounded_radix_threshold(key, need, K: tl.constexpr, CHUNK: tl.constexpr, STEP: tl.constexpr):
+    """:func:`_radix_threshold` searching only the bits below the highest bit where a lower
+    bound ``lo`` and the row max differ. ``lo`` is the K-th largest of G group maxes (group
+    ``g``: the keys ``idx % G == g``): K groups hold keys ``>= lo``, so at least K keys are,
+    and the K-th largest key lies in ``[lo, max]``, sharing their common high bits. The
+    search starts from ``lo`` with its lower bits cleared (still ``<= lo``); bits above
+    the highest differing one give ``cand == prefix`` (taken, no change) or ``cand > max``
+    (count 0, not taken), so rows of one program may start at different bits."""
+    G: tl.constexpr = 32 if CHUNK >= 32 else CHUNK
+    u = (key ^ -2147483648).to(tl.uint32, bitcast=True)
+    hi = tl.max(key, axis=1)
+    if K <= G:
+        gmax = tl.max(tl.reshape(key, [key.shape[0], CHUNK // G, G]), axis=1)
+        lo = tl.min(_topk_values(gmax, K), axis=1)
+    else:
+        lo = tl.min(key, axis=1)
+    lo_u = (lo ^ -2147483648).to(tl.uint32, bitcast=True)
+    d = lo_u ^ (hi ^ -2147483648).to(tl.uint32, bitcast=True)
+    # highest set bit of d from its float exponent (rounding may add one bit: harmless)
+    hb = ((d.to(tl.float32).to(tl.int32, bitcast=True) >> 23) - 127).to(tl.int32)
+    hb = tl.minimum(tl.maximum(hb, -1), 31)
+    low = ((tl.full([key.shape[0]], 2, dtype=tl.uint32) << tl.maximum(hb, 0).to(tl.uint32)) - 1)
+    low = tl.where(hb >= 0, low, 0)
+    prefix = lo_u & (low ^ 0xFFFFFFFF)
+    cnt = tl.sum((u >= prefix[:, None]).to(tl.int32), axis=1)
+    pending = tl.max(tl.where(need & (cnt != K), 1, 0), axis=0)
+    bit = tl.max(tl.where(need, hb, -1), axis=0)
+    bit = bit | (STEP - 1)  # whole steps ending at bit -1 (extra top bits are no-ops)
+    while (bit >= 0) & (pending > 0):
+        for _ in tl.static_range(STEP):
+            cand = prefix | (tl.full([key.shape[0]], 1, dtype=tl.uint32) << bit.to(tl.uint32))
+            c = tl.sum((u >= cand[:, None]).to(tl.int32), axis=1)
+            take = c >= K
+            prefix = tl.where(take, cand, prefix)
+            cnt = tl.where(take, c, cnt)
+            bit -= 1
+        pending = tl.max(tl.where(need & (cnt != K), 1, 0), axis=0)
+    tau_u = tl.min(tl.where(u >= prefix[:, None], u, 0xFFFFFFFF), axis=1)
+    return tau_u.to(tl.int32, bitcast=True) ^ -2147483648
+
+
+@triton.jit
 def _score_keys(s, idx, n, fb, fe, counted):
     """int32 keys whose signed order is the float order (NaN largest, -0.0 == 0.0).
     Forced blocks counted in the top-k get INT32_MAX; blocks >= n, and forced blocks
@@ -142,7 +184,7 @@ def _topk_select_kernel(
     s_ptr, out_ptr, qpos_ptr,
     n_rows, num_tiles, num_valid_pages, H, fb, fe, counted, W, has_qpos,
     K: tl.constexpr, W_P2: tl.constexpr, ROWS: tl.constexpr, CHUNK: tl.constexpr, SINGLE: tl.constexpr,
-    RADIX: tl.constexpr = False,
+    RADIX: tl.constexpr = False, BOUND: tl.constexpr = False, STEP: tl.constexpr = 4,
 ):
     pid = tl.program_id(0)
     rows = pid * ROWS + tl.arange(0, ROWS)
@@ -161,7 +203,10 @@ def _topk_select_kernel(
         key, forced, idx_ok = _score_keys(s, idx, n, fb, fe, counted)
         sel = idx_ok
         if any_long:
-            if RADIX:
+            if BOUND:
+                tau = _bounded_radix_threshold(key, row_ok & ~short, K, CHUNK, STEP)
+                take_ties = K - tl.sum((key > tau[:, None]).to(tl.int32), axis=1)
+            elif RADIX:
                 tau = _radix_threshold(key, row_ok & ~short, K, CHUNK)
                 take_ties = K - tl.sum((key > tau[:, None]).to(tl.int32), axis=1)
             else:
@@ -210,7 +255,7 @@ def _topk_select_kernel(
              mask=row_ok[:, None] & (wc[None, :] < W) & (wc[None, :] >= base[:, None]))
 
 
-TOPK_METHODS = ("bitonic", "radix")
+TOPK_METHODS = ("bitonic", "radix", "bounded")
 TOPK_METHOD = os.environ.get("MATE_MSA_TOPK_METHOD", "radix")
 """Threshold method of the public path (see :func:`sparse_topk_select_triton`); the
 environment variable ``MATE_MSA_TOPK_METHOD`` (``bitonic`` / ``radix``) overrides it.
@@ -239,7 +284,7 @@ def topk_config(num_tiles: int, k: int, max_chunk: int = 4096, method: str = "bi
     single = chunk <= max_chunk
     if not single:
         chunk = max_chunk
-    if method == "radix" and single:
+    if method in ("radix", "bounded") and single:
         # one row per program, one warp per 1024 keys: the per-bit row sum stays inside a
         # warp (shuffles, no shared memory or barrier) and each row exits its search early
         # (H200 compile at 256 tiles: 55 registers, ~35 instructions per bit per row)
@@ -263,6 +308,7 @@ def sparse_topk_select_triton(
     max_chunk: int = 4096,
     method: str | None = None,
     rows_per_program: int | None = None,
+    step: int = 2,
 ) -> None:
     """Launches the selection on validated tensors (contiguous fp32 scores, int32 output).
     ``max_chunk`` (a power of two >= 16) exists for tests of the long-row path.
@@ -283,5 +329,5 @@ def sparse_topk_select_triton(
         n_rows, T, num_valid_pages, H, force_begin_blocks, force_end_blocks, int(force_blocks_count_in_topk), W,
         int(query_positions is not None),
         K=topk, W_P2=64, ROWS=cfg["ROWS"], CHUNK=cfg["CHUNK"], SINGLE=cfg["SINGLE"], RADIX=method == "radix",
-        num_warps=cfg["num_warps"],
+        BOUND=method == "bounded", STEP=step, num_warps=cfg["num_warps"],
     )

@@ -1,0 +1,85 @@
+"""Compiles the MSA top-k selection kernel for the H200 (sm_90) on a machine without a GPU.
+
+    python benchmarks/compile_msa_topk.py [--chunk 256] [--sass DIR]
+
+For each threshold variant it prints registers, local memory (spills) and the SASS
+instruction count of the whole kernel and of its bit-search loop body (the instructions
+between the loop's label and its backward branch), read with Triton's ``cuobjdump``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from mate.ops.msa import topk as tk
+
+VARIANTS = {  # name: (RADIX, BOUND, STEP, ROWS)
+    "bitonic": (False, False, 4, 1),
+    "radix": (True, False, 4, 1),
+    "bounded_step1": (True, True, 1, 1),
+    "bounded_step2": (True, True, 2, 1),
+    "bounded_step4": (True, True, 4, 1),
+    "bounded_step2_rows2": (True, True, 2, 2),
+}
+
+
+def compile_one(name: str, chunk: int, k: int, sass_dir: str | None) -> None:
+    radix, bound, step, rows = VARIANTS[name]
+    sig = {"s_ptr": "*fp32", "out_ptr": "*i32", "qpos_ptr": "*i64", "n_rows": "i32", "num_tiles": "i32",
+           "num_valid_pages": "i32", "H": "i32", "fb": "i32", "fe": "i32", "counted": "i32", "W": "i32",
+           "has_qpos": "i32"}
+    cfg = tk.topk_config(chunk, k, method="radix" if radix else "bitonic", rows_per_program=rows)
+    constexprs = {"K": k, "W_P2": 64, "ROWS": cfg["ROWS"], "CHUNK": cfg["CHUNK"], "SINGLE": cfg["SINGLE"],
+                  "RADIX": radix, "BOUND": bound, "STEP": step}
+    sig.update({c: "constexpr" for c in constexprs})
+    src = ASTSource(fn=tk._topk_select_kernel, signature=sig, constexprs=constexprs)
+    kern = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg["num_warps"]})
+    tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    path = os.path.join(sass_dir or "/tmp", f"topk_{name}_{chunk}.cubin")
+    with open(path, "wb") as f:
+        f.write(kern.asm["cubin"])
+    usage = subprocess.run([os.path.join(tools, "cuobjdump"), "--dump-resource-usage", path], capture_output=True,
+                           text=True, check=True).stdout
+    sass = subprocess.run([os.path.join(tools, "cuobjdump"), "--dump-sass", path], capture_output=True, text=True,
+                          check=True).stdout
+    if sass_dir:
+        with open(path[:-6] + ".sass", "w") as f:
+            f.write(sass)
+    else:
+        os.remove(path)
+    res = dict(re.findall(r"(REG|STACK|LOCAL):(\d+)", usage))
+    instrs = [ln for ln in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/\s+\S", ln)]
+    addr = [int(re.match(r"\s+/\*([0-9a-f]{4})\*/", ln).group(1), 16) for ln in instrs]
+    # loops: backward branches; report each loop's body size in instructions
+    loops = []
+    for ln, a in zip(instrs, addr):
+        m = re.search(r"BRA\s+(?:`\(\.L_x_\d+\)|0x([0-9a-f]+))", ln)
+        tgt = re.search(r"BRA.*0x([0-9a-f]+)", ln)
+        if m and tgt and int(tgt.group(1), 16) < a:
+            loops.append((a - int(tgt.group(1), 16)) // 16 + 1)
+    shfl = sum("SHFL" in ln for ln in instrs)
+    print(f"{name:22s} chunk={chunk:5d} rows={cfg['ROWS']} warps={cfg['num_warps']}: REG {res.get('REG')} "
+          f"LOCAL {res.get('LOCAL')} | SASS {len(instrs)} instrs, {shfl} SHFL, loop bodies {loops}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--chunk", type=int, nargs="*", default=[256, 1024])
+    ap.add_argument("--k", type=int, default=16)
+    ap.add_argument("--variants", nargs="*", default=list(VARIANTS))
+    ap.add_argument("--sass", default=None, help="keep cubin + SASS text here")
+    args = ap.parse_args()
+    for chunk in args.chunk:
+        for name in args.variants:
+            compile_one(name, chunk, args.k, args.sass)
+
+
+if __name__ == "__main__":
+    main()
