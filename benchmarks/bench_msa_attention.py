@@ -258,9 +258,10 @@ def _decode_rows(ceilings: dict, B: int, ctx: int, dtype: torch.dtype) -> list[d
                     dict(f16=True, decode_stages=1, decode_maxnreg=128),
                     dict(f16=True, decode_stages=2, decode_maxnreg=None),
                     dict(f16=True, decode_stages=2, decode_maxnreg=168),
-                    dict(f16=True, decode_stages=3, decode_maxnreg=168)]
+                    dict(f16=True, decode_stages=3, decode_maxnreg=168),
+                    dict(f16=True, decode_stages=2, decode_maxnreg=96, decode_keys=64)]
         for var in variants:
-            sa.FP8_VARIANT.update(var)
+            sa.FP8_VARIANT.update({"decode_keys": 128, **var})
             try:
                 t_us = time_fn(lambda: sparse_attention(
                     q, k, v, kv_block_indexes=idx, page_table=table, qo_indptr=qo, kv_lens=kvl, out=out, lse=lse,
@@ -271,7 +272,8 @@ def _decode_rows(ceilings: dict, B: int, ctx: int, dtype: torch.dtype) -> list[d
             finally:
                 sa.FP8_VARIANT.update(default)
             label = ("f16" if var["f16"] else "bf16") + f" conv, {var['decode_stages']} stage(s)" + (
-                f", maxnreg {var['decode_maxnreg']}" if var["decode_maxnreg"] else "")
+                f", maxnreg {var['decode_maxnreg']}" if var["decode_maxnreg"] else "") + (
+                f", {var['decode_keys']}-key tiles" if var.get("decode_keys", 128) != 128 else "")
             rows.append(record(ceilings, family=FAMILY, op="sparse_decode", shape=shape, impl=f"mate fp8 [{label}]",
                                time_us=t_us, flops=flops, nbytes=nbytes, dtype=name, ceiling="copy_GBps", note=note))
 

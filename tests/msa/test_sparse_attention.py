@@ -206,6 +206,39 @@ def test_fp8_bf16_conversion_variant(device, triton_backend, monkeypatch, decode
     assert_close(l_, rl, atol=1e-4, rtol=1e-4, name="lse")
 
 
+@pytest.mark.parametrize("splits", [1, 2])
+def test_fp8_decode_64_key_halves(device, triton_backend, monkeypatch, splits):
+    """fp8 decode reading each selected block as two 64-key TMA tiles (FP8_VARIANT decode_keys)."""
+    from mate.ops.msa import sparse_attention as sa
+
+    monkeypatch.setitem(sa.FP8_VARIANT, "decode_keys", 64)
+    monkeypatch.setitem(sa.FP8_VARIANT, "decode_maxnreg", 96)
+    pb = make_problem([1, 2], [300, 129], hq=8, hkv=1, width=8, dtype=torch.float8_e4m3fn, device=device,
+                      layout="HND")
+    o, l_, ro, rl = run_case(device, pb, decode=True, splits=splits, sm_scale=0.05, k_scale=2.0, v_scale=0.25)
+    atol, rtol = TOL[torch.float8_e4m3fn]
+    assert_close(o, ro, atol=atol, rtol=rtol)
+    assert_close(l_, rl, atol=1e-4, rtol=1e-4, name="lse")
+
+
+def test_auto_split_rule_and_workspace_bound():
+    """The automatic decode split: unsplit for a full wave, split for small batches, and the
+    workspace sized for the auto split covers every smaller call."""
+    from mate.ops.msa import sparse_attention as sa
+
+    cpu = torch.device("cpu")
+    assert sa.choose_num_splits(128, 4, 17, cpu, 4) == 1
+    assert sa.choose_num_splits(32, 4, 17, cpu, 4) > 1
+    assert sa.choose_num_splits(8, 4, 17, cpu, 4) > 1
+    for rows in (1, 7, 33, 128, 700):
+        _, n_flt = sa.workspace_numel(rows, 64, 4, 17, True, -1, cpu)
+        for r in range(1, rows + 1):
+            for fp8 in (False, True):
+                s = sa.resolve_num_splits(-1, r, 64, 4, 17, True, cpu, fp8)
+                _, need = sa.workspace_numel(r, 64, 4, 17, True, s, cpu)
+                assert need <= n_flt, (rows, r, s)
+
+
 @pytest.mark.parametrize("splits", [1, 3])
 def test_decode_splits_qo_offset_non_causal_strided(device, triton_backend, splits):
     pb = make_problem([1, 1, 2], [700, 1, 520], hq=8, hkv=2, width=8, device=device, qo_offset=[100, 0, 515])

@@ -18,6 +18,7 @@ Design (see ``shared/notes/msa-in-triton.md``):
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -128,6 +129,7 @@ def _msa_sparse_fwd_kernel(
     TT: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr, C: tl.constexpr,
     HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, CAUSAL: tl.constexpr,
     IS_FP8: tl.constexpr, HEAD_MAJOR: tl.constexpr, FP8_F16: tl.constexpr = False,
+    KEYS: tl.constexpr = 128,
 ):
     tile = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -140,7 +142,8 @@ def _msa_sparse_fwd_kernel(
     h = kvh * RATIO + hl
     rvalid = (t < total_q) & (hl < RATIO) & (tok_l < TT)
     offs_d = tl.arange(0, HEAD_DIM)
-    offs_n = tl.arange(0, 128)
+    offs_n = tl.arange(0, KEYS)
+    KPB: tl.constexpr = 128 // KEYS  # key sub-blocks per selected block
     q = tl.load(q_ptr + t.to(tl.int64)[:, None] * stride_qt + h[:, None] * stride_qh + offs_d[None, :],
                 mask=rvalid[:, None], other=0.0)
     q = dot_operand(q)
@@ -163,19 +166,21 @@ def _msa_sparse_fwd_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    for e in range(e0, e1):
+    for it in range(e0 * KPB, e1 * KPB):
+        e = it // KPB
+        k0 = (it % KPB) * KEYS
         page = tl.load(u_page_ptr + ubase + e)
         blk = tl.load(u_blk_ptr + ubase + e)
         sel = tl.load(u_mask_ptr + ubase + e)
-        # TMA loads of the page's 128 x 128 tile, straight into shared memory
+        # TMA loads of the page's KEYS x 128 tile, straight into shared memory
         if HEAD_MAJOR:
-            kt = tl.reshape(k_desc.load([page, kvh, 0, 0]), [128, HEAD_DIM])
+            kt = tl.reshape(k_desc.load([page, kvh, k0, 0]), [KEYS, HEAD_DIM])
         else:
-            kt = tl.reshape(k_desc.load([page, 0, kvh, 0]), [128, HEAD_DIM])
+            kt = tl.reshape(k_desc.load([page, k0, kvh, 0]), [KEYS, HEAD_DIM])
         if IS_FP8 and FP8_F16 and BLOCK_M < 64:
             kt = kt.to(tl.float16)
         s = tl.dot(q, tl.trans(dot_operand(kt))) * qk_scale
-        kpos = blk * 128 + offs_n
+        kpos = blk * 128 + k0 + offs_n
         row_sel = ((sel >> tok_l) & 1) != 0
         vis = row_sel[:, None] & (kpos[None, :] <= limit[:, None])
         s = tl.where(vis, s, float("-inf"))
@@ -185,9 +190,9 @@ def _msa_sparse_fwd_kernel(
         alpha = tl.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         if HEAD_MAJOR:
-            vt = tl.reshape(v_desc.load([page, kvh, 0, 0]), [128, HEAD_DIM])
+            vt = tl.reshape(v_desc.load([page, kvh, k0, 0]), [KEYS, HEAD_DIM])
         else:
-            vt = tl.reshape(v_desc.load([page, 0, kvh, 0]), [128, HEAD_DIM])
+            vt = tl.reshape(v_desc.load([page, k0, kvh, 0]), [KEYS, HEAD_DIM])
         if IS_FP8:
             if FP8_F16:
                 vt = vt.to(tl.float16)  # exact, and P keeps 10 mantissa bits (bf16: 7)
@@ -271,7 +276,7 @@ def sparse_tiling(ratio: int, width: int, decode: bool) -> SparseTiling:
     return SparseTiling(ratio, width, decode)
 
 
-FP8_VARIANT = {"f16": True, "decode_stages": 2, "decode_maxnreg": 168}
+FP8_VARIANT = {"f16": True, "decode_stages": 2, "decode_maxnreg": 168, "decode_keys": 128}
 """FP8 code path of the sparse forward (module defaults; the benchmark times the others).
 
 ``f16``: convert V (and, on 16-row decode tiles, q and K, whose mma.sync has no e4m3
@@ -293,17 +298,33 @@ def _num_sms(device: torch.device) -> int:
     return NUM_SMS_DEFAULT
 
 
-def choose_num_splits(num_tiles: int, num_kv_heads: int, width: int, device: torch.device) -> int:
-    """Decode split count: at least 2, more when the batch gives under two waves of programs
-    over the SMs, at most 8. Measured on the H200 (B=128, 64K context, M3 geometry): 2-way
-    beats 1-way, 145 vs 152 us for bf16 KV and 140 vs 161 us for fp8 KV."""
-    programs = max(1, num_tiles * num_kv_heads)
-    want = max(2, -(-2 * _num_sms(device) // programs))
-    return int(max(1, min(8, want, width)))
+def decode_programs_per_sm(is_fp8: bool) -> int:
+    """Programs of the one-token decode kernel that fit on an SM at once (sm_90 compiles of the
+    M3 tile: bf16 126 registers / 37 KB; fp8 by ``FP8_VARIANT``: 128-key blocks with 2 TMA
+    stages 74 KB, 1 stage 128 registers / 41 KB; 64-key halves, 2 stages, cap 96: 96
+    registers / 39 KB, no spills)."""
+    if not is_fp8:
+        return 4
+    if int(FP8_VARIANT["decode_keys"]) == 64:
+        cap = FP8_VARIANT["decode_maxnreg"]
+        return 5 if cap and int(cap) <= 96 else 4
+    return 3 if int(FP8_VARIANT["decode_stages"]) >= 2 else 4
+
+
+_MAX_SPLITS = 8
+
+
+def choose_num_splits(num_tiles: int, num_kv_heads: int, width: int, device: torch.device,
+                      per_sm: int = 4) -> int:
+    """Decode split count minimising a wave model: programs run in waves of ``SMs * per_sm``,
+    a program's time is its share of the ``width`` blocks plus one block of fixed cost, and
+    the combine costs one block. Measured on the H200 (B=128, 64K, M3 geometry, bf16): one
+    wave of 512 unsplit programs 137 us, 2-way 146 us."""
+    return _choose(num_tiles, num_kv_heads, width, _num_sms(device) * per_sm)
 
 
 def resolve_num_splits(num_splits: int, total_q: int, hq: int, hkv: int, width: int, decode: bool,
-                       device: torch.device) -> int:
+                       device: torch.device, is_fp8: bool = False) -> int:
     """The split count a call runs with: ``num_splits`` when positive, else
     :func:`choose_num_splits` for decode and 1 for prefill."""
     if num_splits > 0:
@@ -311,7 +332,34 @@ def resolve_num_splits(num_splits: int, total_q: int, hq: int, hkv: int, width: 
     if not decode:
         return 1
     til = SparseTiling(hq // hkv, width, decode)
-    return choose_num_splits(-(-total_q // til.tt), hkv, width, device)
+    return choose_num_splits(-(-total_q // til.tt), hkv, width, device, decode_programs_per_sm(is_fp8))
+
+
+def _choose(tiles: int, hkv: int, width: int, slots: int) -> int:
+    programs = max(1, tiles * hkv)
+    best, best_cost = 1, None
+    for s in range(1, max(1, min(_MAX_SPLITS, width)) + 1):
+        cost = -(-programs * s // slots) * (-(-width // s) + 1) + (1 if s > 1 else 0)
+        if best_cost is None or cost < best_cost:
+            best, best_cost = s, cost
+    return best
+
+
+@functools.lru_cache(maxsize=64)
+def _split_rows_prefix(hkv: int, width: int, sms: int) -> tuple[int, ...]:
+    """prefix[t] = max over t' <= t of splits(t') * t' among split calls (0 if none), for every
+    programs-per-SM figure in use. s > 1 beats s = 1 only while programs * (s - 1) < slots *
+    (width + 2), so past that many tiles every call is unsplit and the prefix stays flat."""
+    last = -(-sms * 5 * (width + 2) // hkv)
+    best = [0] * (last + 1)
+    for t in range(1, last + 1):
+        m = best[t - 1]
+        for per_sm in (3, 4, 5):
+            sp = _choose(t, hkv, width, sms * per_sm)
+            if sp > 1:
+                m = max(m, sp * t)
+        best[t] = m
+    return tuple(best)
 
 
 def workspace_numel(rows: int, hq: int, hkv: int, width: int, decode: bool, num_splits: int,
@@ -319,19 +367,15 @@ def workspace_numel(rows: int, hq: int, hkv: int, width: int, decode: bool, num_
     """(int32, float32) element counts of the scratch of a call with ``rows`` query rows.
 
     With ``num_splits <= 0`` (the automatic decode split) the float part is sized for the
-    largest ``splits * n`` over every ``n <= rows``: ``splits(n) * n <= max(2 n, n + 2 SMs /
-    Hkv)`` (from :func:`choose_num_splits`), capped at ``min(8, width) * rows``.
-    """
+    largest automatic split of any call with at most ``rows`` rows (bf16 or fp8)."""
     til = SparseTiling(hq // hkv, width, decode)
     tiles = -(-rows // til.tt)
     n_int = 3 * tiles * hkv * til.capacity + tiles * hkv + 2 * rows
     if num_splits > 0:
         part_rows = num_splits * rows if num_splits > 1 else 0
     elif decode:
-        tiles_bound = max(2 * tiles, tiles + -(-2 * _num_sms(device) // hkv))
-        part_rows = min(tiles_bound * til.tt, min(8, width) * rows)
-        if min(8, width) <= 1:
-            part_rows = 0
+        prefix = _split_rows_prefix(hkv, width, _num_sms(device))
+        part_rows = prefix[min(tiles, len(prefix) - 1)] * til.tt
     else:
         part_rows = 0
     return n_int, part_rows * hq * (head_dim + 1)
@@ -378,7 +422,8 @@ def sparse_attention_triton(
     til = SparseTiling(ratio, width, decode)
     num_tiles = -(-total_q // til.tt)
     dev = q.device
-    splits = resolve_num_splits(num_splits, total_q, hq, hkv, width, decode, dev)
+    is_fp8 = q.dtype == torch.float8_e4m3fn
+    splits = resolve_num_splits(num_splits, total_q, hq, hkv, width, decode, dev, is_fp8)
     n_int = 3 * num_tiles * hkv * til.capacity + num_tiles * hkv + 2 * total_q
     n_flt = splits * total_q * hq * (d + 1) if splits > 1 else 0
     if iws is None or iws.numel() < n_int:
@@ -409,7 +454,9 @@ def sparse_attention_triton(
     )
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    block_shape = [1, 128, 1, d] if layout == "NHD" else [1, 1, 128, d]
+    big = til.block_m >= 64
+    keys = int(FP8_VARIANT["decode_keys"]) if is_fp8 and not big else 128
+    block_shape = [1, keys, 1, d] if layout == "NHD" else [1, 1, keys, d]
     k_desc = TensorDescriptor(k, list(k.shape), list(k.stride()), block_shape)
     v_desc = TensorDescriptor(v, list(v.shape), list(v.stride()), block_shape)
     if splits > 1:
@@ -417,8 +464,6 @@ def sparse_attention_triton(
         l_part = fws[splits * total_q * hq * d:n_flt]
     else:
         o_part = l_part = out
-    is_fp8 = q.dtype == torch.float8_e4m3fn
-    big = til.block_m >= 64
     stages = 1
     # 64-row tiles: a 168-register cap gives 3 programs per SM (measured: no spills for 16-bit inputs)
     extra = {} if INTERPRET or not big or is_fp8 else {"maxnreg": 168}
@@ -436,7 +481,7 @@ def sparse_attention_triton(
         total_q, hq, ratio, sm_scale * k_scale * LOG2E, v_scale, 1.0,
         TT=til.tt, GP=til.gp, BLOCK_M=til.block_m, C=til.capacity, HEAD_DIM=d,
         NUM_SPLITS=splits, CAUSAL=causal, IS_FP8=is_fp8, HEAD_MAJOR=layout == "HND",
-        FP8_F16=fp8_f16, num_warps=4, num_stages=stages, **extra,
+        FP8_F16=fp8_f16, KEYS=keys, num_warps=4, num_stages=stages, **extra,
     )
     if splits > 1:
         block_h = min(16, triton.next_power_of_2(hq))
@@ -628,7 +673,8 @@ def sparse_attention(
         return out, lse
     if workspace is None and plan is not None:
         workspace = getattr(plan, "workspace", None)
-    splits = resolve_num_splits(int(num_kv_splits), total_q, hq, hkv, width, decode, device)
+    splits = resolve_num_splits(int(num_kv_splits), total_q, hq, hkv, width, decode, device,
+                                q.dtype == torch.float8_e4m3fn)
     if workspace is not None:
         rows_cap = max(total_q, int(getattr(plan, "rows_capacity", 0) or 0))
         n_int, n_flt = workspace_numel(rows_cap, hq, hkv, width, decode, int(num_kv_splits), device)
