@@ -48,6 +48,13 @@ def configs_for(m: int) -> list[dict]:
         for split in (2, 4, 8):
             out.append({"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 5, "SPLIT_K": split})
         out.append({"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 5, "REDUCE": "launch"})
+        # lagged scaling (a step's wgmma overlaps the scaling of the previous product) and
+        # 256-column tiles (half the activation re-reads of 128-column tiles)
+        out.append({"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 6, "MMA_LAG": True})
+        out.append({"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 6, "MMA_LAG": True})
+        out.append({"BLOCK_M": 64, "BLOCK_N": 256, "num_warps": 8, "num_stages": 4, "MMA_LAG": True})
+        if m > 64:
+            out.append({"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 5, "MMA_LAG": True})
         return out
     for bm, bn, stages in itertools.product((64, 128), (64, 128), (3, 4)):
         warps = 8 if bm == 128 else 4
@@ -124,6 +131,8 @@ GROUPED_CONFIGS = (
     {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 4, "GROUP_M": 8},
     {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 5, "GROUP_M": 8},
     {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 5, "GROUP_M": 8},  # 165 KB smem
+    {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 4, "GROUP_M": 8, "MMA_LAG": True},
+    {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 5, "GROUP_M": 8, "MMA_LAG": True},
 )
 
 

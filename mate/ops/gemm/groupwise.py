@@ -147,6 +147,16 @@ def _tile_coords(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_
 
 
 @triton.jit
+def _scaled_add(acc, part, sa, sb, BLOCK_N: tl.constexpr):
+    """acc + part * a_scale (per row) * b_scale (per tile, or per column when BLOCK_N > 128)."""
+    if BLOCK_N > 128:
+        res = acc + part * sa[:, None] * sb[None, :]
+    else:
+        res = acc + part * (sa * sb)[:, None]
+    return res
+
+
+@triton.jit
 def fp8_groupwise_tma_kernel(
     a_desc, b_desc, as_ptr, bs_ptr, c_ptr, cs_ptr, ws_ptr, cnt_ptr, idx_ptr, mm_ptr,
     M, N, K, G,
@@ -155,7 +165,7 @@ def fp8_groupwise_tma_kernel(
     stride_cg, stride_cm, stride_csm,
     LAYOUT: tl.constexpr, SPLIT_K: tl.constexpr, FUSED_REDUCE: tl.constexpr, OUT_FP8: tl.constexpr,
     OUT_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, NUM_STAGES: tl.constexpr,
+    GROUP_M: tl.constexpr, NUM_STAGES: tl.constexpr, MMA_LAG: tl.constexpr = False,
 ):
     """Same math as ``fp8_groupwise_gemm_kernel`` with A and B tiles loaded by TMA.
 
@@ -206,17 +216,40 @@ def fp8_groupwise_tma_kernel(
 
     col_ok = offs_n < N
     as_ptrs = as_ptr + offs_m.to(tl.int64) * stride_asm + kb_lo * stride_ask
-    bs_ptrs = bs_ptr + (pid_n * BLOCK_N // 128) * stride_bsn + kb_lo * stride_bsk
+    if BLOCK_N > 128:  # one weight scale per 128 columns of the tile
+        bs_ptrs = bs_ptr + (offs_n // 128) * stride_bsn + kb_lo * stride_bsk
+    else:
+        bs_ptrs = bs_ptr + (pid_n * BLOCK_N // 128) * stride_bsn + kb_lo * stride_bsk
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if MMA_LAG:
+        # the product of step i is scaled into acc during step i + 1, so the wgmma of one
+        # step runs while the previous one is scaled (two products live in registers)
+        prev = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        sa_prev = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        if BLOCK_N > 128:
+            sb_prev = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        else:
+            sb_prev = 0.0
     for kb in tl.range(kb_lo, kb_hi, num_stages=NUM_STAGES):
         a = a_desc.load([a_row, kb * BLOCK_K])
         b = b_desc.load([b_row, kb * BLOCK_K])
         sa = tl.load(as_ptrs, mask=in_a, other=0.0)
-        sb = tl.load(bs_ptrs)
+        if BLOCK_N > 128:
+            sb = tl.load(bs_ptrs, mask=col_ok, other=0.0)
+        else:
+            sb = tl.load(bs_ptrs)
         part = tl.dot(a, tl.trans(b))
-        acc += part * (sa * sb)[:, None]
+        if MMA_LAG:
+            acc = _scaled_add(acc, prev, sa_prev, sb_prev, BLOCK_N)
+            prev = part
+            sa_prev = sa
+            sb_prev = sb
+        else:
+            acc = _scaled_add(acc, part, sa, sb, BLOCK_N)
         as_ptrs += stride_ask
         bs_ptrs += stride_bsk
+    if MMA_LAG:
+        acc = _scaled_add(acc, prev, sa_prev, sb_prev, BLOCK_N)
 
     if SPLIT_K > 1:
         mask = row_ok[:, None] & col_ok[None, :]
@@ -318,9 +351,10 @@ def groupwise_gemm_triton(
     [G, n, k]. ``*_scale_strides`` are (group, row, k-block) element strides of the scale
     tensors, which lets both scale-major modes be read in place. ``config`` holds
     BLOCK_M, BLOCK_N, SPLIT_K, GROUP_M, num_warps, num_stages and optionally TMA (default
-    True: TMA loads when both operands allow them, else pointer loads) and REDUCE
-    (``"fused"``, the default: the last split of a tile reduces; ``"launch"``: a second
-    kernel reduces).
+    True: TMA loads when both operands allow them, else pointer loads, whose BLOCK_N is
+    capped at 128), REDUCE (``"fused"``, the default: the last split of a tile reduces;
+    ``"launch"``: a second kernel reduces) and MMA_LAG (TMA kernel: scale each step's
+    product during the next step, so a wgmma overlaps the scaling; default False).
     """
     M, K = a.shape[-2], a.shape[-1]
     N = b.shape[-2]
@@ -328,7 +362,10 @@ def groupwise_gemm_triton(
     if M == 0 or N == 0 or out.numel() == 0:
         return
     out_fp8 = out.dtype == torch.float8_e4m3fn
+    use_tma = config.get("TMA", True) and _tma_ok(a) and _tma_ok(b)
     bm, bn = config["BLOCK_M"], config["BLOCK_N"]
+    if not use_tma:
+        bn = min(bn, 128)  # the pointer-load kernel reads one weight scale per tile
     split_k = config.get("SPLIT_K", 1) if layout == PLAIN else 1
     split_k = max(1, min(split_k, K // 128))
     if out_fp8:
@@ -346,7 +383,7 @@ def groupwise_gemm_triton(
                   NUM_STAGES=config.get("num_stages", 3),
                   num_warps=config.get("num_warps", 4), num_stages=config.get("num_stages", 3))
     reduce_launch = split_k > 1
-    if config.get("TMA", True) and _tma_ok(a) and _tma_ok(b):
+    if use_tma:
         cnt = None
         if split_k > 1 and config.get("REDUCE", "fused") == "fused":
             cnt = _tile_counters(a.device, tiles)
@@ -356,7 +393,7 @@ def groupwise_gemm_triton(
             M, N, K, G,
             *a_scale_strides, *b_scale_strides,
             stride_cg, out.stride(-2), stride_csm,
-            FUSED_REDUCE=cnt is not None, **common,
+            FUSED_REDUCE=cnt is not None, MMA_LAG=config.get("MMA_LAG", False), **common,
         )
     else:
         fp8_groupwise_gemm_kernel[grid](
