@@ -46,16 +46,18 @@ FULL = [(h, b, s) for h in (16, 32, 64, 128) for b in (1, 8, 32, 64, 128) for s 
 # indices prefetched one step ahead (more gather buffers), and the experimental Gluon kernel
 # (rows "mate gluon"), not yet measured on the H200.
 GLUON = dict(gluon=True)
+PIPE2, PIPE3 = dict(gluon=True, pipelined=True, num_stages=2), dict(gluon=True, pipelined=True, num_stages=3)
 VARIANTS = {(16, 128, 1): [dict(prefetch_idx=True)],
-            (128, 64, 1): [GLUON, dict(gluon=True, num_stages=2), dict(prefetch_idx=True)],
-            (128, 8, 1): [GLUON, dict(prefetch_idx=True)], (128, 128, 2): [GLUON]}
+            (128, 64, 1): [GLUON, PIPE2, PIPE3, dict(gluon=True, num_stages=2), dict(prefetch_idx=True)],
+            (128, 8, 1): [GLUON, PIPE2, dict(prefetch_idx=True)], (128, 128, 2): [GLUON, PIPE2, PIPE3],
+            (64, 128, 1): [PIPE2], (32, 128, 1): [dict(block_h=64, gluon=True), dict(block_h=64, **PIPE2)]}
 # Bar shapes (H, B, q_len) -> plan_decode overrides timed beside the default plan.
 BAR_CANDIDATES = {  # in order of interest, in case a run is cut short
     (16, 128, 1): [dict(prefetch_idx=True), dict(prefetch_idx=True, num_stages=5), dict(transposed=False),
                    dict(block_h=64)],
-    (128, 8, 1): [GLUON, dict(prefetch_idx=True), dict(partial_dtype=torch.float32), dict(num_splits=4)],
-    (128, 64, 1): [GLUON, dict(gluon=True, num_stages=2), dict(prefetch_idx=True)],
-    (128, 128, 2): [GLUON, dict(prefetch_idx=True)],
+    (128, 8, 1): [GLUON, PIPE2, dict(prefetch_idx=True), dict(partial_dtype=torch.float32), dict(num_splits=4)],
+    (128, 64, 1): [GLUON, PIPE2, PIPE3, dict(gluon=True, num_stages=2), dict(prefetch_idx=True)],
+    (128, 128, 2): [GLUON, PIPE2, PIPE3, dict(prefetch_idx=True)],
 }
 QUICK = [(128, 64, 1), (128, 128, 2), (16, 128, 1), (128, 8, 1), (64, 128, 1), (32, 128, 1), (16, 32, 2)]
 
@@ -175,6 +177,7 @@ def run(ceilings: dict, quick: bool = False) -> list[dict]:
         except Exception as exc:
             t, note = None, f"{type(exc).__name__}: {exc}"[:200]
         rows.append(record(ceilings, impl="mate", time_us=t, note=note, **common))
+        base = s0["out"].clone()  # variants without a naive reference are compared with the default
         for kw in variants.get((H, B, q_len), []):
             name = _variant_name(kw)
             if kw.get("gluon") and gluon_err is not None:
@@ -187,9 +190,12 @@ def run(ceilings: dict, quick: bool = False) -> list[dict]:
                 t = time_fn([_mate_fn(s, kv, scale, mdc) for s in sets])
                 nc = (f"block_h={mdc.block_h} block_n={mdc.block_n} splits={mdc.num_splits} "
                       f"warps={mdc.num_warps} stages={mdc.num_stages} maxnreg={mdc.max_regs} "
-                      f"prefetch_idx={mdc.prefetch_idx} gluon={mdc.gluon}")
+                      f"prefetch_idx={mdc.prefetch_idx} gluon={mdc.gluon} pipelined={mdc.pipelined}")
                 if err is not None:
                     nc += f"; rel err vs naive {err:.1e}" + (" (FAILED)" if err > 2e-2 else "")
+                else:
+                    diff = rel_error(s0["out"], base)
+                    nc += f"; rel diff vs default {diff:.1e}" + (" (FAILED)" if diff > 2e-2 else "")
             except Exception as exc:
                 t, nc = None, f"{type(exc).__name__}: {exc}"[:200]
             rows.append(record(ceilings, impl=f"mate {name}", time_us=t, note=nc, **common))

@@ -32,20 +32,20 @@ POINTERS = ("q_ptr", "kv_ptr", "idx_ptr", "seq_lens_ptr", "out_ptr", "lse_ptr", 
 PATTERN = re.compile(r"\b(QGMMA\.\S+|HGMMA\.\S+|LDGSTS\S*|BAR\.SYNC\S*|WARPGROUP\.DEPBAR\S*|STL\S*|LDL\S*)")
 
 
-def compile_one(split: bool, stages: int, out_dir: str) -> bool:
+def compile_one(split: bool, stages: int, out_dir: str, pipelined: bool = False) -> bool:
     sig = {"q_ptr": "*fp8e4nv", "kv_ptr": "*fp8e4nv", "idx_ptr": "*i32", "seq_lens_ptr": "*i32",
            "out_ptr": "*bf16", "lse_ptr": "*fp32", "po_ptr": "*fp16" if split else "*bf16", "plse_ptr": "*fp32",
            "num_tokens": "i32", "qk_scale_log2": "fp32", "out_scale": "fp32", "H": "i32", "q_len": "i32",
            "top_k": "i32", "split_blocks": "i32", "num_splits": "i32"}
     constexprs = {"SPLIT": split, "HAS_SEQ_LENS": True, "STAGES": stages, "BLOCK_H": dg.GLUON_BLOCK_H,
-                  "BLOCK_N": dg.GLUON_BLOCK_N, "D_V": HEAD_DIM_V, "D_R": HEAD_DIM_ROPE}
+                  "BLOCK_N": dg.GLUON_BLOCK_N, "D_V": HEAD_DIM_V, "D_R": HEAD_DIM_ROPE, "PIPELINED": pipelined}
     sig.update({k: "constexpr" for k in constexprs})
     names = list(sig)
     # The launcher's tensors are 16-byte aligned (it falls back to the plain kernel otherwise).
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in POINTERS}
     src = GluonASTSource(fn=dg.sparse_mla_decode_gluon_kernel, signature=sig, constexprs=constexprs, attrs=attrs)
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": dg.GLUON_NUM_WARPS})
-    cubin = os.path.join(out_dir, f"gluon_split{int(split)}_stages{stages}.cubin")
+    cubin = os.path.join(out_dir, f"gluon_split{int(split)}_stages{stages}_pipe{int(pipelined)}.cubin")
     with open(cubin, "wb") as f:
         f.write(kernel.asm["cubin"])
     tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
@@ -62,7 +62,8 @@ def compile_one(split: bool, stages: int, out_dir: str) -> bool:
                 and "@" in lines[i]), len(lines))
     loop_spills = sum(1 for ln in lines[start:end] if re.search(r"\b(STL|LDL)", ln))
     shared = kernel.metadata.shared
-    print(f"split={split} stages={stages}: {res.get('REG')} registers, stack {res.get('STACK')} B, "
+    print(f"split={split} stages={stages} pipelined={pipelined}: {res.get('REG')} registers, "
+          f"stack {res.get('STACK')} B, "
           f"local {res.get('LOCAL')} B, {loop_spills} spill instructions in the loop, "
           f"shared {shared} B ({shared / 1024:.0f} KB)")
     for name, n in sorted(counts.items()):
@@ -80,7 +81,8 @@ def main() -> int:
     ok = True
     for split in (False, True):
         for stages in (2, 3):
-            ok &= compile_one(split, stages, out_dir)
+            for pipelined in (False, True):
+                ok &= compile_one(split, stages, out_dir, pipelined)
     print("cubins in", out_dir)
     return 0 if ok else 1
 

@@ -57,6 +57,14 @@ def test_gluon_plan_rejects_other_configurations(H, kw, match):
         plan_decode(2, 1, H, 2048, "cpu", gluon=True, **kw)
 
 
+def test_pipelined_plan_needs_gluon_and_falls_back_on_cpu():
+    with pytest.raises(ValueError, match="pipelined"):
+        plan_decode(2, 1, 128, 2048, "cpu", gluon=False, pipelined=True)
+    md = plan_decode(2, 1, 128, 2048, "cpu", pipelined=True)
+    assert md.gluon is False and md.pipelined is False
+    assert plan_decode(2, 1, 128, 2048, "cpu").pipelined is False
+
+
 def test_gluon_plan_defaults_off():
     assert plan_decode(2, 1, 128, 2048, "cpu").gluon is False
     md = plan_decode(2, 1, 16, 2048, "cpu", gluon=True, block_h=64)  # padded heads are allowed
@@ -97,18 +105,22 @@ def _run(q, kv, idx, sl, top_k, md, s2=1.25):
 @gpu
 @pytest.mark.parametrize("H", [64, 128])
 @pytest.mark.parametrize("B,q_len,top_k", [(1, 1, 2112), (8, 2, 2048), (64, 1, 2048), (3, 2, 2112), (1, 2, 2048)])
-def test_gpu_gluon_decode_matches_reference(gluon_ok, H, B, q_len, top_k):
+@pytest.mark.parametrize("pipelined", [False, True])
+def test_gpu_gluon_decode_matches_reference(gluon_ok, H, B, q_len, top_k, pipelined):
     """Invalid slots (-1, out of range, INT_MIN), duplicates, partial seq_lens, an empty
     batch element (B > 2), and the plan's split (B = 1, 3, 8) or no split (B = 64)."""
     q, kv, idx, sl = _make(B, q_len, H, top_k, pages=64, page_size=64, four_d=B == 3, device="cuda")
-    md = _gluon_plan(B, q_len, H, top_k)
+    md = _gluon_plan(B, q_len, H, top_k, pipelined=pipelined)
+    assert md.pipelined == pipelined
     out, lse = _run(q, kv, idx, sl, top_k, md)
     _check(out, lse, q, kv, idx, sl, S1, 1.25, gpu=True)
 
 
 @gpu
 @pytest.mark.parametrize("kw", [dict(num_splits=1), dict(num_splits=5), dict(num_stages=2),
-                                dict(partial_dtype=torch.float32), dict(seq_lens=None)])
+                                dict(partial_dtype=torch.float32), dict(seq_lens=None),
+                                dict(pipelined=True, num_stages=2), dict(pipelined=True, num_splits=5),
+                                dict(pipelined=True, seq_lens=None)])
 def test_gpu_gluon_plan_variants(gluon_ok, kw):
     B, q_len, H, top_k = 4, 2, 128, 2048
     kw = dict(kw)
@@ -120,7 +132,8 @@ def test_gpu_gluon_plan_variants(gluon_ok, kw):
 
 
 @gpu
-def test_gpu_gluon_empty_rows_and_all_invalid(gluon_ok):
+@pytest.mark.parametrize("pipelined", [False, True])
+def test_gpu_gluon_empty_rows_and_all_invalid(gluon_ok, pipelined):
     """seq_lens 0, a query whose slots are all invalid, and a split whose slots all are:
     out 0 and lse +inf for empty rows, no NaN anywhere."""
     B, q_len, H, top_k = 4, 1, 128, 2048
@@ -128,7 +141,7 @@ def test_gpu_gluon_empty_rows_and_all_invalid(gluon_ok):
     sl = torch.tensor([top_k, 0, top_k, 100], dtype=torch.int32, device="cuda")
     idx[2] = -1  # every slot invalid
     idx[0, :, 64:1024] = -1  # whole blocks invalid inside a valid row
-    md = _gluon_plan(B, q_len, H, top_k, num_splits=4)
+    md = _gluon_plan(B, q_len, H, top_k, num_splits=4, pipelined=pipelined)
     out, lse = _run(q, kv, idx, sl, top_k, md)
     _check(out, lse, q, kv, idx, sl, S1, 1.25, gpu=True)
     assert_equal(out[1:3], torch.zeros_like(out[1:3]))
@@ -150,10 +163,11 @@ def test_gpu_gluon_unaligned_cache_takes_plain_kernel(gluon_ok):
 
 
 @gpu
-def test_gpu_gluon_cuda_graph_replay_and_no_allocation(gluon_ok):
+@pytest.mark.parametrize("pipelined", [False, True])
+def test_gpu_gluon_cuda_graph_replay_and_no_allocation(gluon_ok, pipelined):
     B, q_len, H, top_k = 4, 2, 128, 2048
     q, kv, idx, sl = _make(B, q_len, H, top_k, pages=64, page_size=64, device="cuda")
-    md = _gluon_plan(B, q_len, H, top_k)
+    md = _gluon_plan(B, q_len, H, top_k, pipelined=pipelined)
     assert md.num_splits > 1
     out = torch.empty(B, q_len, H, 512, dtype=torch.bfloat16, device="cuda")
     lse = torch.empty(B, q_len, H, device="cuda")
@@ -185,10 +199,11 @@ def test_gpu_gluon_cuda_graph_replay_and_no_allocation(gluon_ok):
 
 
 @gpu
-def test_gpu_gluon_repeated_decodes_bit_identical(gluon_ok):
+@pytest.mark.parametrize("pipelined", [False, True])
+def test_gpu_gluon_repeated_decodes_bit_identical(gluon_ok, pipelined):
     B, q_len, H, top_k = 8, 1, 128, 2048
     q, kv, idx, sl = _make(B, q_len, H, top_k, pages=64, page_size=64, device="cuda")
-    md = _gluon_plan(B, q_len, H, top_k)
+    md = _gluon_plan(B, q_len, H, top_k, pipelined=pipelined)
     assert md.num_stages == GLUON_STAGES
     first, first_lse = _run(q, kv, idx, sl, top_k, md)
     out, lse = torch.empty_like(first), torch.empty_like(first_lse)

@@ -80,6 +80,45 @@ def _issue_gather(kv_ptr, tok, tok_r, num_tokens, k_buf, r_buf,
 
 
 @gluon.jit
+def _online_softmax(s, tok, num_tokens, qk_scale_log2, m_i, l_i):
+    """One block of the online softmax (log2 domain): masks invalid slots, returns P, the
+    rescale factor of the previous blocks and the updated running max and sum."""
+    valid = (tok >= 0) & (tok < num_tokens)
+    s = gl.where(valid[None, :], s * qk_scale_log2, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, 1))
+    m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # all-invalid so far: no NaN
+    alpha = gl.exp2(m_i - m_use)
+    p = gl.exp2(s - m_use[:, None])
+    l_i = l_i * alpha + gl.sum(p, 1)
+    return p, alpha, m_new, l_i
+
+
+@gluon.jit
+def _write_result(acc, m_i, l_i, out_ptr, lse_ptr, po_ptr, plse_ptr, out_scale, H, bt, pid_h, pid_s, num_splits,
+                  SPLIT: gl.constexpr, BLOCK_H: gl.constexpr, D_V: gl.constexpr, S_L: gl.constexpr,
+                  O_L: gl.constexpr):
+    """Normalises O, writes it (bf16, or the split's partial row) and the natural-log LSE
+    (+inf for a row without a valid slot; -inf in a split's partial LSE)."""
+    empty = l_i == 0.0
+    l_safe = gl.where(empty, 1.0, l_i)
+    lse = gl.where(empty, float("inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)
+    o = acc / gl.convert_layout(l_safe, gl.SliceLayout(1, O_L))[:, None]
+    offs_ho = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, O_L))
+    offs_vo = gl.arange(0, D_V, layout=gl.SliceLayout(0, O_L))
+    h_mask_o = (offs_ho < H)[:, None]
+    offs_hl = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, S_L))
+    if not SPLIT:
+        o_rows = (bt * H + offs_ho.to(gl.int64)) * D_V
+        gl.store(out_ptr + (o_rows[:, None] + offs_vo[None, :]), (o * out_scale).to(gl.bfloat16), mask=h_mask_o)
+        gl.store(lse_ptr + bt * H + offs_hl, lse, mask=offs_hl < H)
+    else:
+        p_rows = ((bt * num_splits + pid_s) * H + offs_ho.to(gl.int64)) * D_V
+        gl.store(po_ptr + (p_rows[:, None] + offs_vo[None, :]), o.to(po_ptr.dtype.element_ty), mask=h_mask_o)
+        pl_rows = (bt * num_splits + pid_s) * H + offs_hl.to(gl.int64)
+        gl.store(plse_ptr + pl_rows, gl.where(empty, float("-inf"), lse), mask=offs_hl < H)
+
+
+@gluon.jit
 def sparse_mla_decode_gluon_kernel(
     q_ptr,
     kv_ptr,
@@ -104,6 +143,7 @@ def sparse_mla_decode_gluon_kernel(
     BLOCK_N: gl.constexpr,
     D_V: gl.constexpr,
     D_R: gl.constexpr,
+    PIPELINED: gl.constexpr = False,
 ):
     """One program: ``BLOCK_H`` (64) heads of one query position over ``split_blocks``
     blocks of ``BLOCK_N`` (64) top-k slots; grid (head tiles, splits, B * q_len)."""
@@ -125,6 +165,7 @@ def sparse_mla_decode_gluon_kernel(
     K_SL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
     R_SL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2)
     V_SL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    P_SL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 
     pid_h = gl.program_id(0)
     pid_s = gl.program_id(1)
@@ -170,70 +211,96 @@ def sparse_mla_decode_gluon_kernel(
     offs_ns = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_L))
     tok_s = gl.load(idx_row + lo + offs_ns, mask=lo + offs_ns < hi, other=-1)
 
-    for it in range(n_iter):
-        start = lo + it * BLOCK_N
-        cur = it % STAGES
-        # Block `it` landed (this thread's copies), visible to the async proxy and to all
-        # threads; every thread is done with the slot refilled next (read at it - 1).
-        async_copy.wait_group(STAGES - 2)
+    if PIPELINED:
+        # FlashAttention-3's intra-warpgroup overlap: Q·Kᵀ of block it + 1 is issued before
+        # P·V of block it, so the softmax of block it + 1 runs on the CUDA cores while the
+        # tensor cores do P·V of block it (wgmma groups retire in order: a wait with one
+        # group outstanding leaves the P·V running). P goes through shared memory (both
+        # warpgroups read all of it); every wait is in the iteration that issued the wgmma
+        # (ptxas serializes wgmma whose accumulators are waited for across the back-edge).
+        p_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_H, BLOCK_N], P_SL)
+        async_copy.wait_group(STAGES - 2)  # block 0 landed
         fence_async_shared()
         gl.thread_barrier()
-        nxt = it + STAGES - 1
-        _issue_gather(kv_ptr, tok_g, tok_r, num_tokens, k_ring.index(nxt % STAGES), r_ring.index(nxt % STAGES),
-                      D_V, D_R, G_L, R_L)
-        tok_g, tok_r = _gather_tokens(idx_row, lo + (nxt + 1) * BLOCK_N, hi, BLOCK_N, G_L, R_L)
-        tok = tok_s
-        slots_next = start + BLOCK_N + offs_ns
-        tok_s = gl.load(idx_row + slots_next, mask=slots_next < hi, other=-1)
-        k_cur = k_ring.index(cur)
-        r_cur = r_ring.index(cur)
-
-        # S = Q·Kᵀ on FP8 tensor cores (512 + 64), both operands from shared memory.
-        s = warpgroup_mma(q_smem, k_cur.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        s = warpgroup_mma(qr_smem, r_cur.permute((1, 0)), s, is_async=True)
-        # While S is computed: V = the first 512 values of the same rows, e4m3 -> fp16
-        # (exact), into shared memory (the previous P·V, which read it, is complete).
-        v_smem.store(k_cur.load(G_L).to(gl.float16))
+        _issue_gather(kv_ptr, tok_g, tok_r, num_tokens, k_ring.index((STAGES - 1) % STAGES),
+                      r_ring.index((STAGES - 1) % STAGES), D_V, D_R, G_L, R_L)
+        tok_g, tok_r = _gather_tokens(idx_row, lo + STAGES * BLOCK_N, hi, BLOCK_N, G_L, R_L)
+        s = warpgroup_mma(q_smem, k_ring.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma(qr_smem, r_ring.index(0).permute((1, 0)), s, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+        tok = tok_s
+        slots_next = lo + BLOCK_N + offs_ns
+        tok_s = gl.load(idx_row + slots_next, mask=slots_next < hi, other=-1)
+        p, alpha, m_i, l_i = _online_softmax(s, tok, num_tokens, qk_scale_log2, m_i, l_i)
+        p_smem.store(p.to(gl.float16))
+        v_smem.store(k_ring.index(0).load(G_L).to(gl.float16))
+        for it in range(n_iter):
+            # block it + 1 landed; P and V of block it are in shared memory; every thread is
+            # done with block it's ring slot, refilled next
+            async_copy.wait_group(STAGES - 2)
+            fence_async_shared()
+            gl.thread_barrier()
+            _issue_gather(kv_ptr, tok_g, tok_r, num_tokens, k_ring.index((it + STAGES) % STAGES),
+                          r_ring.index((it + STAGES) % STAGES), D_V, D_R, G_L, R_L)
+            tok_g, tok_r = _gather_tokens(idx_row, lo + (it + STAGES + 1) * BLOCK_N, hi, BLOCK_N, G_L, R_L)
+            nxt = (it + 1) % STAGES
+            s = warpgroup_mma(q_smem, k_ring.index(nxt).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            s = warpgroup_mma(qr_smem, r_ring.index(nxt).permute((1, 0)), s, is_async=True)
+            acc = warpgroup_mma(p_smem, v_smem, acc, is_async=True)
+            s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))  # Q·Kᵀ of block it + 1 done
+            tok = tok_s
+            slots_next = lo + (it + 2) * BLOCK_N + offs_ns
+            tok_s = gl.load(idx_row + slots_next, mask=slots_next < hi, other=-1)
+            # (past the last block every slot is masked: p = 0, alpha = 1 or, for a row
+            # without any valid slot so far, 0 on a zero accumulator)
+            p, alpha, m_i, l_i = _online_softmax(s, tok, num_tokens, qk_scale_log2, m_i, l_i)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))  # P·V of block it done
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_L))[:, None]
+            p_smem.store(p.to(gl.float16))
+            v_smem.store(k_ring.index(nxt).load(G_L).to(gl.float16))
+    else:
+        for it in range(n_iter):
+            start = lo + it * BLOCK_N
+            cur = it % STAGES
+            # Block `it` landed (this thread's copies), visible to the async proxy and to all
+            # threads; every thread is done with the slot refilled next (read at it - 1).
+            async_copy.wait_group(STAGES - 2)
+            fence_async_shared()
+            gl.thread_barrier()
+            nxt = it + STAGES - 1
+            _issue_gather(kv_ptr, tok_g, tok_r, num_tokens, k_ring.index(nxt % STAGES), r_ring.index(nxt % STAGES),
+                          D_V, D_R, G_L, R_L)
+            tok_g, tok_r = _gather_tokens(idx_row, lo + (nxt + 1) * BLOCK_N, hi, BLOCK_N, G_L, R_L)
+            tok = tok_s
+            slots_next = start + BLOCK_N + offs_ns
+            tok_s = gl.load(idx_row + slots_next, mask=slots_next < hi, other=-1)
+            k_cur = k_ring.index(cur)
+            r_cur = r_ring.index(cur)
 
-        valid = (tok >= 0) & (tok < num_tokens)
-        s = gl.where(valid[None, :], s * qk_scale_log2, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, 1))
-        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # all-invalid so far: no NaN
-        alpha = gl.exp2(m_i - m_use)
-        p = gl.exp2(s - m_use[:, None])
-        l_i = l_i * alpha + gl.sum(p, 1)
-        m_i = m_new
-        p16 = gl.convert_layout(p.to(gl.float16), P_L)
-        alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, O_L))
+            # S = Q·Kᵀ on FP8 tensor cores (512 + 64), both operands from shared memory.
+            s = warpgroup_mma(q_smem, k_cur.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            s = warpgroup_mma(qr_smem, r_cur.permute((1, 0)), s, is_async=True)
+            # While S is computed: V = the first 512 values of the same rows, e4m3 -> fp16
+            # (exact), into shared memory (the previous P·V, which read it, is complete).
+            v_smem.store(k_cur.load(G_L).to(gl.float16))
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
 
-        fence_async_shared()
-        gl.thread_barrier()
-        acc = warpgroup_mma(p16, v_smem, acc * alpha_o[:, None], is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            p, alpha, m_i, l_i = _online_softmax(s, tok, num_tokens, qk_scale_log2, m_i, l_i)
+            p16 = gl.convert_layout(p.to(gl.float16), P_L)
+            alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, O_L))
+
+            fence_async_shared()
+            gl.thread_barrier()
+            acc = warpgroup_mma(p16, v_smem, acc * alpha_o[:, None], is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
 
     # The (masked, zero-filling) copies issued past the last block land before any thread
     # reuses shared memory for the epilogue's layout conversions.
     async_copy.wait_group(0)
     gl.thread_barrier()
 
-    empty = l_i == 0.0
-    l_safe = gl.where(empty, 1.0, l_i)
-    lse = gl.where(empty, float("inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)
-    o = acc / gl.convert_layout(l_safe, gl.SliceLayout(1, O_L))[:, None]
-    offs_ho = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, O_L))
-    offs_vo = gl.arange(0, D_V, layout=gl.SliceLayout(0, O_L))
-    h_mask_o = (offs_ho < H)[:, None]
-    offs_hl = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, S_L))
-    if not SPLIT:
-        o_rows = (bt * H + offs_ho.to(gl.int64)) * D_V
-        gl.store(out_ptr + (o_rows[:, None] + offs_vo[None, :]), (o * out_scale).to(gl.bfloat16), mask=h_mask_o)
-        gl.store(lse_ptr + bt * H + offs_hl, lse, mask=offs_hl < H)
-    else:
-        p_rows = ((bt * num_splits + pid_s) * H + offs_ho.to(gl.int64)) * D_V
-        gl.store(po_ptr + (p_rows[:, None] + offs_vo[None, :]), o.to(po_ptr.dtype.element_ty), mask=h_mask_o)
-        pl_rows = (bt * num_splits + pid_s) * H + offs_hl.to(gl.int64)
-        gl.store(plse_ptr + pl_rows, gl.where(empty, float("-inf"), lse), mask=offs_hl < H)
+    _write_result(acc, m_i, l_i, out_ptr, lse_ptr, po_ptr, plse_ptr, out_scale, H, bt, pid_h, pid_s, num_splits,
+                  SPLIT, BLOCK_H, D_V, S_L, O_L)
 
 
 def sparse_mla_decode_gluon(
@@ -250,6 +317,7 @@ def sparse_mla_decode_gluon(
     num_splits: int,
     split_blocks: int,
     num_stages: int = GLUON_STAGES,
+    pipelined: bool = False,
 ) -> None:
     """Launches the Gluon decode on validated CUDA tensors (same contract as
     ``sparse_mla_decode_triton`` with ``block_h`` 64): ``query`` [B, q_len, H, 576] e4m3,
@@ -299,6 +367,7 @@ def sparse_mla_decode_gluon(
         BLOCK_N=GLUON_BLOCK_N,
         D_V=HEAD_DIM_V,
         D_R=HEAD_DIM_ROPE,
+        PIPELINED=pipelined,
         num_warps=GLUON_NUM_WARPS,
     )
     if split:
@@ -328,7 +397,9 @@ def _self_check() -> None:
 
     fp8 = torch.float8_e4m3fn
     tokens = 4096
-    for B, q_len, H, top_k, splits in ((3, 2, 128, 2112, None), (2, 1, 64, 2048, 1)):
+    cases = ((3, 2, 128, 2112, None, False), (2, 1, 64, 2048, 1, False), (3, 2, 128, 2112, None, True),
+             (2, 1, 128, 2048, 1, True))
+    for B, q_len, H, top_k, splits, pipelined in cases:
         q = torch.randn(B, q_len, H, 576).to(fp8)
         kv = torch.randn(tokens // 64, 64, 576).to(fp8)
         idx = torch.randint(0, tokens, (B, q_len, top_k), dtype=torch.int32)
@@ -336,8 +407,8 @@ def _self_check() -> None:
         idx = torch.where(r < 0.1, -1, torch.where(r < 0.15, tokens + 7, idx))
         sl = torch.randint(1, top_k + 1, (B,), dtype=torch.int32)
         sl[-1] = 0
-        md = plan_decode(B, q_len, H, top_k, "cuda", gluon=True, num_splits=splits)
-        assert md.gluon
+        md = plan_decode(B, q_len, H, top_k, "cuda", gluon=True, num_splits=splits, pipelined=pipelined)
+        assert md.gluon and md.pipelined == pipelined
         scale = 576**-0.5
         out, lse = sparse_mla_fp8_decode(q.cuda(), kv.cuda(), None, 128, 512, 64, idx.cuda(), sl.cuda(), 0, top_k,
                                          bmm1_scale=scale, bmm2_scale=1.25, return_lse=True, metadata=md)

@@ -76,6 +76,11 @@ class DecodeMetadata:
         ``block_h`` 64 (``ValueError`` otherwise) and a compute capability 9.x GPU
         (``NotImplementedError`` on another GPU); on a device that is not a GPU the
         interpreter cannot run Gluon and the plan falls back to the plain kernel (False).
+    pipelined : bool
+        With ``gluon``: the Gluon kernel's FlashAttention-3-style schedule (Q·Kᵀ of the
+        next block issued before P·V of this one, so the softmax overlaps P·V on the
+        tensor cores; P through shared memory). Requested with ``plan_decode(...,
+        pipelined=True)``; ``ValueError`` without ``gluon``.
     partial_o : torch.Tensor
         [B * q_len, num_splits, H, 512] partial outputs, each normalised by its own softmax
         sum, so a convex combination of e4m3 values (|o| <= 448): fp16 by default (half the
@@ -104,6 +109,7 @@ class DecodeMetadata:
     max_regs: int
     prefetch_idx: bool
     gluon: bool
+    pipelined: bool
     partial_o: torch.Tensor
     partial_lse: torch.Tensor
     lse_scratch: torch.Tensor
@@ -179,13 +185,15 @@ def plan_decode(
     transposed: bool | None = None,
     prefetch_idx: bool | None = None,
     gluon: bool | None = None,
+    pipelined: bool | None = None,
 ) -> DecodeMetadata:
     """Builds the plan; ``num_sms`` / ``num_splits`` / ``block_h`` / ``num_stages`` /
     ``partial_dtype`` (fp16 or fp32 split outputs) / ``block_n`` / ``num_warps`` /
     ``max_regs`` (the compiler's ``maxnreg``, 0 for none) / ``transposed`` (the
     Sᵀ = K·Qᵀ small-H kernel, default for ``block_h`` <= 32; False: mma.sync) /
     ``prefetch_idx`` (indices loaded one step ahead, more gather buffers) / ``gluon``
-    (the Gluon kernel, see :class:`DecodeMetadata`) override the device-derived choices
+    (the Gluon kernel, see :class:`DecodeMetadata`) / ``pipelined`` (its overlapped
+    schedule) override the device-derived choices
     (tests and benchmarks: ``block_h=64`` pads a small H).
 
     Defaults measured on the H200 (2026-11-29, top-k 2048, CUDA-graph replay): the Gluon
@@ -194,6 +202,10 @@ def plan_decode(
     kernels otherwise (B=128 H=16: 102 against 109 us; B=8 H=128 split 8: 28.6 against
     31.9 us, where Gluon took 32.9)."""
     explicit_launch = block_n is not None or num_warps is not None or max_regs is not None
+    if pipelined and gluon is False:
+        raise ValueError("pipelined=True needs the Gluon kernel (gluon=True or unset), got gluon=False")
+    if pipelined and gluon is None:
+        gluon = True
     auto_gluon = gluon is None
     if auto_gluon:
         gluon = (prefetch_idx is not True and not explicit_launch and _is_hopper(device)
@@ -265,6 +277,7 @@ def plan_decode(
         # (the split count does not depend on the kernel: both run one program per SM)
         gluon, prefetch_idx = False, True
         num_stages = 4 if user_stages is None else int(user_stages)
+    pipelined = bool(pipelined) and bool(gluon)
     if num_splits > 1:
         partial_o = torch.empty((rows, num_splits, num_heads, HEAD_DIM_V), dtype=partial_dtype, device=device)
         partial_lse = torch.empty((rows, num_splits, num_heads), dtype=torch.float32, device=device)
@@ -289,6 +302,7 @@ def plan_decode(
         max_regs=max_regs,
         prefetch_idx=bool(prefetch_idx),
         gluon=bool(gluon),
+        pipelined=pipelined,
         partial_o=partial_o,
         partial_lse=partial_lse,
         lse_scratch=lse_scratch,
