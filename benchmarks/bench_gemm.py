@@ -172,16 +172,21 @@ def _masked_rows(ceilings, G, max_m, expected_m, n, k, dg, dg_note):
 
 def _bmm_rows(ceilings, b, m, n, k):
     res = []
-    A = torch.randn(b, m, k, device="cuda", dtype=torch.bfloat16)
-    Bt = torch.randn(b, n, k, device="cuda", dtype=torch.bfloat16)
-    B = Bt.transpose(1, 2)
-    out = torch.empty(b, m, n, device="cuda", dtype=torch.bfloat16)
+    # rotated input sets as in the other rows: one set of b=8 512x512x4096 (67 MB) is about
+    # the L2 size, so with a single set each row's time depended on what ran before it
+    sets = []
+    for _ in range(rotation_count(2 * b * (m * k + n * k + m * n), max_sets=8)):
+        At = torch.randn(b, m, k, device="cuda", dtype=torch.bfloat16)
+        Btt = torch.randn(b, n, k, device="cuda", dtype=torch.bfloat16)
+        sets.append((At, Btt.transpose(1, 2), torch.empty(b, m, n, device="cuda", dtype=torch.bfloat16)))
+    A, B, out = sets[0]
+    Bt = B.transpose(1, 2)
     flops = 2.0 * b * m * n * k
     shape = f"b={b} m={m} n={n} k={k}"
-    for impl, fn in (("mate-auto", lambda: gemm.bmm_bf16(A, B, out=out)),
-                     ("mate-triton", lambda: gemm.bmm_bf16(A, B, out=out, backend="triton")),
-                     ("cublas", lambda: torch.bmm(A, B, out=out))):
-        t, note = _time(fn)
+    for impl, fn in (("cublas", lambda A, B, o: torch.bmm(A, B, out=o)),
+                     ("mate-auto", lambda A, B, o: gemm.bmm_bf16(A, B, out=o)),
+                     ("mate-triton", lambda A, B, o: gemm.bmm_bf16(A, B, out=o, backend="triton"))):
+        t, note = _time([lambda s=s, fn=fn: fn(*s) for s in sets])
         res.append(record(ceilings, family=FAMILY, op="bmm_bf16", shape=shape, impl=impl, time_us=t, flops=flops,
                           dtype="bf16", ceiling="cublas_bf16_TFLOPs", note=note))
     A8, B8 = A.to(torch.float8_e4m3fn), Bt.to(torch.float8_e4m3fn).transpose(1, 2)
