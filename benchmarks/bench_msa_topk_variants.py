@@ -3,7 +3,7 @@
     python benchmarks/bench_msa_topk_variants.py
 
 Top-16 + 1 forced end block (not counted) of fp32 scores, 4 heads. For each shape and each
-variant (method, rows per program, search step) it prints the time (CUDA-graph replays,
+variant (threshold method, rows per program) it prints the time (CUDA-graph replays,
 inputs rotated past the L2), the read bandwidth of the scores and its fraction of the copy
 bandwidth measured in the same run, and ``exact`` = output equal to the sort-based
 reference on the first input set (``MISMATCH`` otherwise). torch.topk (values + indices,
@@ -22,12 +22,11 @@ from mate.testing.bench import time_fn
 
 SHAPES = [(32768, 256, False), (32768, 256, True), (8192, 1024, False), (1024, 12287, False)]
 VARIANTS = [  # label, launcher keywords
-    ("radix", dict(method="radix")),
+    ("radix (old default)", dict(method="radix")),
     ("bitonic", dict(method="bitonic")),
-    ("bounded step1", dict(method="bounded", step=1)),
-    ("bounded step2", dict(method="bounded", step=2)),
-    ("bounded step4", dict(method="bounded", step=4)),
-    ("bounded step2 rows2", dict(method="bounded", step=2, rows_per_program=2)),
+    ("interval", dict(method="interval")),
+    ("interval rows2", dict(method="interval", rows_per_program=2)),
+    ("interval rows4", dict(method="interval", rows_per_program=4)),
 ]
 H, K = 4, 16
 

@@ -20,26 +20,34 @@ from triton.compiler import ASTSource
 
 from mate.ops.msa import topk as tk
 
-VARIANTS = {  # name: (RADIX, BOUND, STEP, ROWS)
-    "bitonic": (False, False, 4, 1),
-    "radix": (True, False, 4, 1),
-    "bounded_step1": (True, True, 1, 1),
-    "bounded_step2": (True, True, 2, 1),
-    "bounded_step4": (True, True, 4, 1),
-    "bounded_step2_rows2": (True, True, 2, 2),
+VARIANTS = {  # name: (method, rows per program)
+    "bitonic": ("bitonic", None),
+    "radix": ("radix", 1),
+    "interval": ("interval", 1),
+    "interval_rows2": ("interval", 2),
 }
 
 
 def compile_one(name: str, chunk: int, k: int, sass_dir: str | None) -> None:
-    radix, bound, step, rows = VARIANTS[name]
+    method, rows = VARIANTS[name]
     sig = {"s_ptr": "*fp32", "out_ptr": "*i32", "qpos_ptr": "*i64", "n_rows": "i32", "num_tiles": "i32",
            "num_valid_pages": "i32", "H": "i32", "fb": "i32", "fe": "i32", "counted": "i32", "W": "i32",
            "has_qpos": "i32"}
-    cfg = tk.topk_config(chunk, k, method="radix" if radix else "bitonic", rows_per_program=rows)
-    constexprs = {"K": k, "W_P2": 64, "ROWS": cfg["ROWS"], "CHUNK": cfg["CHUNK"], "SINGLE": cfg["SINGLE"],
-                  "RADIX": radix, "BOUND": bound, "STEP": step}
+    cfg = tk.topk_config(chunk, k, method=method, rows_per_program=rows)
+    constexprs = {"K": k, "W_P2": 64, "ROWS": cfg["ROWS"], "CHUNK": cfg["CHUNK"]}
+    if method == "interval":
+        kernel = tk._topk_interval_kernel
+        constexprs["G"] = min(cfg["CHUNK"], max(32, triton.next_power_of_2(k + 1)))
+    else:
+        kernel = tk._topk_select_kernel
+        constexprs.update(SINGLE=cfg["SINGLE"], RADIX=method == "radix")
     sig.update({c: "constexpr" for c in constexprs})
-    src = ASTSource(fn=tk._topk_select_kernel, signature=sig, constexprs=constexprs)
+    names = list(sig)
+    # what the launcher's specialization sees: 16-byte aligned tensors, num_tiles % 16 == 0
+    # (256, 1024) where num_tiles is specialized (not in the interval kernel)
+    aligned = ["s_ptr", "out_ptr", "qpos_ptr"] + (["num_tiles"] if chunk % 16 == 0 and method != "interval" else [])
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+    src = ASTSource(fn=kernel, signature=sig, constexprs=constexprs, attrs=attrs)
     kern = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg["num_warps"]})
     tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     path = os.path.join(sass_dir or "/tmp", f"topk_{name}_{chunk}.cubin")
@@ -55,14 +63,13 @@ def compile_one(name: str, chunk: int, k: int, sass_dir: str | None) -> None:
     else:
         os.remove(path)
     res = dict(re.findall(r"(REG|STACK|LOCAL):(\d+)", usage))
-    instrs = [ln for ln in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/\s+\S", ln)]
-    addr = [int(re.match(r"\s+/\*([0-9a-f]{4})\*/", ln).group(1), 16) for ln in instrs]
+    instrs = [ln for ln in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4,6}\*/\s+\S", ln)]
+    addr = [int(re.match(r"\s+/\*([0-9a-f]{4,6})\*/", ln).group(1), 16) for ln in instrs]
     # loops: backward branches; report each loop's body size in instructions
     loops = []
     for ln, a in zip(instrs, addr):
-        m = re.search(r"BRA\s+(?:`\(\.L_x_\d+\)|0x([0-9a-f]+))", ln)
         tgt = re.search(r"BRA.*0x([0-9a-f]+)", ln)
-        if m and tgt and int(tgt.group(1), 16) < a:
+        if tgt and int(tgt.group(1), 16) < a:
             loops.append((a - int(tgt.group(1), 16)) // 16 + 1)
     shfl = sum("SHFL" in ln for ln in instrs)
     print(f"{name:22s} chunk={chunk:5d} rows={cfg['ROWS']} warps={cfg['num_warps']}: REG {res.get('REG')} "

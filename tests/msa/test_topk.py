@@ -84,7 +84,7 @@ def test_reference_matches_loop():
         assert_equal(ref, loop)
 
 
-def _check_kernel(s, topk, kw, qpos, max_chunk=4096, method=None, rows_per_program=None, step=2):
+def _check_kernel(s, topk, kw, qpos, max_chunk=4096, method=None, rows_per_program=None):
     total_q, H, T = s.shape
     width = topk if kw["force_blocks_count_in_topk"] else topk + kw["force_begin_blocks"] + kw["force_end_blocks"]
     ref = topk_select_reference(s, query_positions=qpos, topk=topk, num_valid_pages=kw["num_valid_pages"] or T,
@@ -98,7 +98,7 @@ def _check_kernel(s, topk, kw, qpos, max_chunk=4096, method=None, rows_per_progr
         sparse_topk_select_triton(s, out, query_positions=qpos, topk=topk, num_valid_pages=kw["num_valid_pages"] or T,
                                   force_begin_blocks=kw["force_begin_blocks"], force_end_blocks=kw["force_end_blocks"],
                                   force_blocks_count_in_topk=kw["force_blocks_count_in_topk"], max_chunk=max_chunk,
-                                  method=method, rows_per_program=rows_per_program, step=step)
+                                  method=method, rows_per_program=rows_per_program)
     assert_equal(out, ref)
 
 
@@ -141,19 +141,19 @@ def test_radix_threshold_random_cases_exact(levels, device, triton_backend):
 
 
 @pytest.mark.parametrize("levels", [None, 3, 40])
-def test_bounded_threshold_random_cases_exact(levels, device, triton_backend):
-    """The bounded radix search (from the K-th largest group max) equals the reference; rows
-    of one program start their search at different bits (two rows per program)."""
+def test_interval_threshold_random_cases_exact(levels, device, triton_backend):
+    """The interval bisection threshold equals the reference, with one or two rows per
+    program (rows of one program stop their search at different steps)."""
     rng = random.Random()
     T = rng.choice([33, 64, 100, 256])
     tq, H = rng.randint(4, 10), rng.randint(1, 3)
     s = random_scores(tq, H, T, levels=levels, device=device)
     topk, kw = random_config(rng, T)
     qpos = torch.randint(-300, T * 128 + 50, (tq,), device=device) if rng.random() < 0.5 else None
-    _check_kernel(s, topk, kw, qpos, method="bounded", rows_per_program=rng.choice([1, 2]), step=rng.choice([1, 4]))
+    _check_kernel(s, topk, kw, qpos, method="interval", rows_per_program=rng.choice([1, 2]))
 
 
-@pytest.mark.parametrize("method", ["radix", "bounded"])
+@pytest.mark.parametrize("method", ["radix", "interval"])
 @pytest.mark.parametrize("counted", [True, False])
 def test_radix_threshold_close_values_and_special_rows(counted, method, device, triton_backend):
     """Rows whose keys differ only in the last mantissa bits (the search runs all 32 bits),
@@ -259,9 +259,9 @@ def test_gpu_thousand_random_cases_with_ties():
 
 
 @pytest.mark.gpu
-def test_gpu_bounded_thousand_random_cases_with_ties():
-    """The bounded radix search on >= 1,000 random cases (ties, specials, forced blocks,
-    short rows, query positions), one or two rows per program, search steps 1 / 2 / 4."""
+def test_gpu_interval_thousand_random_cases_with_ties():
+    """The interval threshold on >= 1,000 random cases (ties, specials, forced blocks,
+    short rows, query positions), one or two rows per program."""
     rng = random.Random(4321)
     gen = torch.Generator().manual_seed(4321)
     for i in range(1000):
@@ -271,8 +271,7 @@ def test_gpu_bounded_thousand_random_cases_with_ties():
                           device="cuda")
         topk, kw = random_config(rng, T)
         qpos = torch.randint(-300, T * 128 + 50, (tq,), generator=gen).cuda() if rng.random() < 0.4 else None
-        _check_kernel(s, topk, kw, qpos, method="bounded", rows_per_program=rng.choice([1, 2]),
-                      step=rng.choice([1, 2, 4]))
+        _check_kernel(s, topk, kw, qpos, method="interval", rows_per_program=rng.choice([1, 2]))
 
 
 @pytest.mark.gpu

@@ -26,10 +26,11 @@ import os
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 from mate._core.triton_helpers import INTERPRET
 
-__all__ = ["sparse_topk_select_triton", "topk_config", "_topk_select_kernel"]
+__all__ = ["sparse_topk_select_triton", "topk_config", "_topk_select_kernel", "_topk_interval_kernel"]
 
 INT32_MIN = -2147483648
 INT32_MAX = 2147483647
@@ -48,6 +49,24 @@ def _prefix_sum(x, N: tl.constexpr):
         return tl.dot(x.to(tl.float32), tri).to(tl.int32)
     else:
         return tl.cumsum(x, axis=1)
+
+
+@triton.jit
+def _prefix_sum_ballot(x, N: tl.constexpr):
+    """:func:`_prefix_sum` of a 0/1 tensor by warp ballots on the GPU: the row viewed as
+    [N / 32, 32] (register, lane) in the one-key-per-lane-per-register layout; each piece's
+    bit mask is a lane sum of ``x << lane``, and a key's prefix is the popcounts of the
+    earlier pieces plus that of its piece's mask below its lane."""
+    if INTERPRET or N < 32:
+        return _prefix_sum(x, N)
+    else:
+        x3 = tl.reshape(x, [x.shape[0], N // 32, 32])
+        lane = tl.arange(0, 32)
+        mask = tl.sum(x3 << lane[None, None, :], axis=2)
+        cnt = libdevice.popc(mask)[:, :, None] + tl.zeros_like(x3)
+        off = tl.cumsum(cnt, axis=1) - cnt  # along registers: no data leaves the thread
+        below = libdevice.popc(mask[:, :, None] & ((1 << lane) - 1)[None, None, :])
+        return tl.reshape(off + below + x3, [x.shape[0], N])
 
 
 @triton.jit
@@ -98,45 +117,33 @@ def _radix_threshold(key, need, K: tl.constexpr, CHUNK: tl.constexpr):
 
 
 @triton.jit
-def _bounded_radix_threshold(key, need, K: tl.constexpr, CHUNK: tl.constexpr, STEP: tl.constexpr):
-    """:func:`_radix_threshold` searching only the bits below the highest bit where a lower
-    bound ``lo`` and the row max differ. ``lo`` is the K-th largest of G group maxes (group
-    ``g``: the keys ``idx % G == g``): K groups hold keys ``>= lo``, so at least K keys are,
-    and the K-th largest key lies in ``[lo, max]``, sharing their common high bits. The
-    search starts from ``lo`` with its lower bits cleared (still ``<= lo``); bits above
-    the highest differing one give ``cand == prefix`` (taken, no change) or ``cand > max``
-    (count 0, not taken), so rows of one program may start at different bits."""
-    G: tl.constexpr = 32 if CHUNK >= 32 else CHUNK
+def _interval_threshold(key, need, K, CHUNK: tl.constexpr, G: tl.constexpr):
+    """The K-th largest int32 key ``tau`` of each row by bisection of an interval of key
+    values, and ``cnt``, the number of keys ``>= tau``. Invariants: at least K keys are
+    ``>= lo`` (``clo`` of them) and fewer than K are ``>= hi``. ``lo`` starts at the
+    smallest of G >= K group maxes (group ``g``: keys ``idx % G == g``; G keys are ``>=``
+    it) and ``hi`` one above the row max. Each step counts the keys ``>= mid`` (one compare
+    and one row sum). It stops once ``clo == K`` (then ``tau`` is the smallest key ``>= lo``
+    and no tie straddles the K-th place) or ``hi == lo + 1`` (then ``tau == lo``, a key):
+    about 7 steps (G = 32) on random scores against 13-15 bits of the bitwise search, at
+    most 32.
+    ``need`` marks the rows that need a threshold (others may stop at any time)."""
     u = (key ^ -2147483648).to(tl.uint32, bitcast=True)
-    hi = tl.max(key, axis=1)
-    if K <= G:
-        gmax = tl.max(tl.reshape(key, [key.shape[0], CHUNK // G, G]), axis=1)
-        lo = tl.min(_topk_values(gmax, K), axis=1)
-    else:
-        lo = tl.min(key, axis=1)
-    lo_u = (lo ^ -2147483648).to(tl.uint32, bitcast=True)
-    d = lo_u ^ (hi ^ -2147483648).to(tl.uint32, bitcast=True)
-    # highest set bit of d from its float exponent (rounding may add one bit: harmless)
-    hb = ((d.to(tl.float32).to(tl.int32, bitcast=True) >> 23) - 127).to(tl.int32)
-    hb = tl.minimum(tl.maximum(hb, -1), 31)
-    low = ((tl.full([key.shape[0]], 2, dtype=tl.uint32) << tl.maximum(hb, 0).to(tl.uint32)) - 1)
-    low = tl.where(hb >= 0, low, 0)
-    prefix = lo_u & (low ^ 0xFFFFFFFF)
-    cnt = tl.sum((u >= prefix[:, None]).to(tl.int32), axis=1)
-    pending = tl.max(tl.where(need & (cnt != K), 1, 0), axis=0)
-    bit = tl.max(tl.where(need, hb, -1), axis=0)
-    bit = bit | (STEP - 1)  # whole steps ending at bit -1 (extra top bits are no-ops)
-    while (bit >= 0) & (pending > 0):
-        for _ in tl.static_range(STEP):
-            cand = prefix | (tl.full([key.shape[0]], 1, dtype=tl.uint32) << bit.to(tl.uint32))
-            c = tl.sum((u >= cand[:, None]).to(tl.int32), axis=1)
-            take = c >= K
-            prefix = tl.where(take, cand, prefix)
-            cnt = tl.where(take, c, cnt)
-            bit -= 1
-        pending = tl.max(tl.where(need & (cnt != K), 1, 0), axis=0)
-    tau_u = tl.min(tl.where(u >= prefix[:, None], u, 0xFFFFFFFF), axis=1)
-    return tau_u.to(tl.int32, bitcast=True) ^ -2147483648
+    lo = tl.min(tl.max(tl.reshape(u, [key.shape[0], CHUNK // G, G]), axis=1), axis=1)
+    hi = tl.max(u, axis=1).to(tl.int64) + 1
+    clo = tl.sum((u >= lo[:, None]).to(tl.int32), axis=1)
+    lo = lo.to(tl.int64)
+    pending = tl.max(tl.where(need & (clo != K) & (hi - lo > 1), 1, 0), axis=0)
+    while pending > 0:
+        mid = lo + (hi - lo) // 2
+        c = tl.sum((u >= mid.to(tl.uint32)[:, None]).to(tl.int32), axis=1)
+        take = c >= K
+        lo = tl.where(take, mid, lo)
+        clo = tl.where(take, c, clo)
+        hi = tl.where(take, hi, mid)
+        pending = tl.max(tl.where(need & (clo != K) & (hi - lo > 1), 1, 0), axis=0)
+    tau_u = tl.min(tl.where(u >= lo.to(tl.uint32)[:, None], u, 0xFFFFFFFF), axis=1)
+    return tau_u.to(tl.int32, bitcast=True) ^ -2147483648, clo
 
 
 @triton.jit
@@ -184,7 +191,7 @@ def _topk_select_kernel(
     s_ptr, out_ptr, qpos_ptr,
     n_rows, num_tiles, num_valid_pages, H, fb, fe, counted, W, has_qpos,
     K: tl.constexpr, W_P2: tl.constexpr, ROWS: tl.constexpr, CHUNK: tl.constexpr, SINGLE: tl.constexpr,
-    RADIX: tl.constexpr = False, BOUND: tl.constexpr = False, STEP: tl.constexpr = 4,
+    RADIX: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     rows = pid * ROWS + tl.arange(0, ROWS)
@@ -203,10 +210,7 @@ def _topk_select_kernel(
         key, forced, idx_ok = _score_keys(s, idx, n, fb, fe, counted)
         sel = idx_ok
         if any_long:
-            if BOUND:
-                tau = _bounded_radix_threshold(key, row_ok & ~short, K, CHUNK, STEP)
-                take_ties = K - tl.sum((key > tau[:, None]).to(tl.int32), axis=1)
-            elif RADIX:
+            if RADIX:
                 tau = _radix_threshold(key, row_ok & ~short, K, CHUNK)
                 take_ties = K - tl.sum((key > tau[:, None]).to(tl.int32), axis=1)
             else:
@@ -255,7 +259,63 @@ def _topk_select_kernel(
              mask=row_ok[:, None] & (wc[None, :] < W) & (wc[None, :] >= base[:, None]))
 
 
-TOPK_METHODS = ("bitonic", "radix", "bounded")
+@triton.jit(do_not_specialize=["n_rows", "num_tiles", "num_valid_pages", "H", "fb", "fe", "counted", "W", "has_qpos"])
+def _topk_interval_kernel(
+    s_ptr, out_ptr, qpos_ptr,
+    n_rows, num_tiles, num_valid_pages, H, fb, fe, counted, W, has_qpos,
+    K: tl.constexpr, W_P2: tl.constexpr, ROWS: tl.constexpr, CHUNK: tl.constexpr, G: tl.constexpr,
+):
+    """Whole rows in registers with the interval threshold (:func:`_interval_threshold`) and
+    ballot prefix sums. ``num_tiles`` is not specialized: without 16-byte vector loads key
+    ``i`` sits in lane ``i % 32`` of register ``i // 32``, the layout of the ballots. Only
+    the row's valid blocks are read."""
+    pid = tl.program_id(0)
+    rows = pid * ROWS + tl.arange(0, ROWS)
+    row_ok = rows < n_rows
+    n = _row_counts(rows, n_rows, qpos_ptr, num_valid_pages, H, has_qpos)
+    short = n <= W
+    any_long = tl.max(tl.where(row_ok & (n > W), 1, 0), axis=0) > 0
+    idx = tl.arange(0, CHUNK)[None, :]
+    o_row = out_ptr + rows.to(tl.int64)[:, None] * W
+    if any_long:
+        s = tl.load(s_ptr + rows.to(tl.int64)[:, None] * num_tiles + idx, mask=(~short)[:, None] & (idx < n[:, None]),
+                    other=0.0)
+        # candidates by score: fb <= idx < n - fe (one unsigned compare); every other valid
+        # block is forced and gets the largest key, so the W output ids of a long row are
+        # its W largest keys (W = topk, + fb + fe when forced blocks are not counted)
+        valid = idx < n[:, None]
+        cand = (idx - fb).to(tl.uint32) < (tl.maximum(n - fe, fb) - fb).to(tl.uint32)[:, None]
+        s = s + 0.0  # -0.0 -> +0.0
+        bits = s.to(tl.int32, bitcast=True)
+        key = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+        key = tl.where(s != s, 0x7FC00000, key)
+        key = tl.where(cand, key, tl.where(valid, 2147483647, -2147483648))
+        need = row_ok & ~short
+        tau, cnt = _interval_threshold(key, need, W, CHUNK, G)
+        if tl.max(tl.where(need, cnt - W, 0), axis=0) > 0:
+            # a tie straddles the W-th place: the first ties in index order
+            eq = key == tau[:, None]
+            take_ties = W - cnt + tl.sum(eq.to(tl.int32), axis=1)
+            eq_rank = _prefix_sum_ballot(eq.to(tl.int32), CHUNK) - 1
+            chosen = (key > tau[:, None]) | (eq & (eq_rank < take_ties[:, None]))
+        else:
+            chosen = key >= tau[:, None]
+        # a long row has more than W valid keys, all above INT32_MIN, so chosen keys are valid
+        if ROWS == 1:
+            sel = chosen
+        else:
+            sel = tl.where(short[:, None], valid, chosen)
+    else:
+        sel = idx < n[:, None]
+    slot = _prefix_sum_ballot(sel.to(tl.int32), CHUNK) - 1
+    tl.store(o_row + slot, idx + tl.zeros_like(slot), mask=sel & row_ok[:, None])
+    base = tl.sum(sel.to(tl.int32), axis=1)
+    wc = tl.arange(0, W_P2)
+    tl.store(o_row + wc[None, :], tl.full([ROWS, W_P2], -1, dtype=tl.int32),
+             mask=row_ok[:, None] & (wc[None, :] < W) & (wc[None, :] >= base[:, None]))
+
+
+TOPK_METHODS = ("bitonic", "radix", "interval")
 TOPK_METHOD = os.environ.get("MATE_MSA_TOPK_METHOD", "radix")
 """Threshold method of the public path (see :func:`sparse_topk_select_triton`); the
 environment variable ``MATE_MSA_TOPK_METHOD`` (``bitonic`` / ``radix``) overrides it.
@@ -284,7 +344,7 @@ def topk_config(num_tiles: int, k: int, max_chunk: int = 4096, method: str = "bi
     single = chunk <= max_chunk
     if not single:
         chunk = max_chunk
-    if method in ("radix", "bounded") and single:
+    if method in ("radix", "interval") and single:
         # one row per program, one warp per 1024 keys: the per-bit row sum stays inside a
         # warp (shuffles, no shared memory or barrier) and each row exits its search early
         # (H200 compile at 256 tiles: 55 registers, ~35 instructions per bit per row)
@@ -308,7 +368,6 @@ def sparse_topk_select_triton(
     max_chunk: int = 4096,
     method: str | None = None,
     rows_per_program: int | None = None,
-    step: int = 2,
 ) -> None:
     """Launches the selection on validated tensors (contiguous fp32 scores, int32 output).
     ``max_chunk`` (a power of two >= 16) exists for tests of the long-row path.
@@ -324,10 +383,19 @@ def sparse_topk_select_triton(
     n_rows = total_q * H
     cfg = topk_config(T, topk, max_chunk, method, rows_per_program)
     grid = (triton.cdiv(n_rows, cfg["ROWS"]),)
+    if method == "interval" and cfg["SINGLE"]:
+        _topk_interval_kernel[grid](
+            max_score, output, query_positions if query_positions is not None else _dummy_positions(max_score.device),
+            n_rows, T, num_valid_pages, H, force_begin_blocks, force_end_blocks, int(force_blocks_count_in_topk), W,
+            int(query_positions is not None),
+            K=topk, W_P2=64, ROWS=cfg["ROWS"], CHUNK=cfg["CHUNK"],
+            G=min(cfg["CHUNK"], max(32, triton.next_power_of_2(W))), num_warps=cfg["num_warps"],
+        )
+        return
     _topk_select_kernel[grid](
         max_score, output, query_positions if query_positions is not None else _dummy_positions(max_score.device),
         n_rows, T, num_valid_pages, H, force_begin_blocks, force_end_blocks, int(force_blocks_count_in_topk), W,
         int(query_positions is not None),
         K=topk, W_P2=64, ROWS=cfg["ROWS"], CHUNK=cfg["CHUNK"], SINGLE=cfg["SINGLE"], RADIX=method == "radix",
-        BOUND=method == "bounded", STEP=step, num_warps=cfg["num_warps"],
+        num_warps=cfg["num_warps"],
     )
