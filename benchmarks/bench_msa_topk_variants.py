@@ -26,7 +26,6 @@ VARIANTS = [  # label, launcher keywords
     ("bitonic", dict(method="bitonic")),
     ("interval", dict(method="interval")),
     ("interval rows2", dict(method="interval", rows_per_program=2)),
-    ("interval rows4", dict(method="interval", rows_per_program=4)),
 ]
 H, K = 4, 16
 

@@ -38,6 +38,7 @@ def compile_one(name: str, chunk: int, k: int, sass_dir: str | None) -> None:
     if method == "interval":
         kernel = tk._topk_interval_kernel
         constexprs["G"] = min(cfg["CHUNK"], max(32, triton.next_power_of_2(k + 1)))
+        constexprs["G1"] = min(cfg["CHUNK"], max(16, triton.next_power_of_2(k)))
     else:
         kernel = tk._topk_select_kernel
         constexprs.update(SINGLE=cfg["SINGLE"], RADIX=method == "radix")

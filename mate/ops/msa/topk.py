@@ -147,6 +147,29 @@ def _interval_threshold(key, need, K, CHUNK: tl.constexpr, G: tl.constexpr):
 
 
 @triton.jit
+def _interval_threshold_row(key, lo_key, K, G: tl.constexpr):
+    """:func:`_interval_threshold` of a single row (``key`` [1, CHUNK]) with scalars, so the
+    loop state has no layout, and an inclusive upper end ``hm`` (uint32 throughout).
+    ``lo_key`` (the keys for the lower bound) may hide keys known to be ``>= lo``: the
+    bound only needs G + (hidden keys) >= K."""
+    u = (key ^ -2147483648).to(tl.uint32, bitcast=True)
+    ul = (lo_key ^ -2147483648).to(tl.uint32, bitcast=True)
+    lo = tl.min(tl.max(tl.reshape(ul, [key.shape[1] // G, G]), axis=0), axis=0)
+    hm = tl.max(tl.max(u, axis=1), axis=0)
+    clo = tl.sum(tl.sum((u >= lo).to(tl.int32), axis=1), axis=0)
+    while (clo != K) & (lo != hm):
+        mid = lo + ((hm - lo) >> 1) + 1  # lo < mid <= hm
+        c = tl.sum(tl.sum((u >= mid).to(tl.int32), axis=1), axis=0)
+        if c >= K:
+            lo = mid
+            clo = c
+        else:
+            hm = mid - 1
+    tau_u = tl.min(tl.min(tl.where(u >= lo, u, 0xFFFFFFFF), axis=1), axis=0)
+    return tau_u.to(tl.int32, bitcast=True) ^ -2147483648, clo
+
+
+@triton.jit
 def _score_keys(s, idx, n, fb, fe, counted):
     """int32 keys whose signed order is the float order (NaN largest, -0.0 == 0.0).
     Forced blocks counted in the top-k get INT32_MAX; blocks >= n, and forced blocks
@@ -264,6 +287,7 @@ def _topk_interval_kernel(
     s_ptr, out_ptr, qpos_ptr,
     n_rows, num_tiles, num_valid_pages, H, fb, fe, counted, W, has_qpos,
     K: tl.constexpr, W_P2: tl.constexpr, ROWS: tl.constexpr, CHUNK: tl.constexpr, G: tl.constexpr,
+    G1: tl.constexpr,
 ):
     """Whole rows in registers with the interval threshold (:func:`_interval_threshold`) and
     ballot prefix sums. ``num_tiles`` is not specialized: without 16-byte vector loads key
@@ -291,7 +315,13 @@ def _topk_interval_kernel(
         key = tl.where(s != s, 0x7FC00000, key)
         key = tl.where(cand, key, tl.where(valid, 2147483647, -2147483648))
         need = row_ok & ~short
-        tau, cnt = _interval_threshold(key, need, W, CHUNK, G)
+        if ROWS == 1:
+            # bound from the candidates' keys (the W - topk forced keys are above it anyway)
+            tau1, cnt1 = _interval_threshold_row(key, tl.where(cand, key, -2147483648), W, G1)
+            tau = tl.zeros([ROWS], dtype=tl.int32) + tau1
+            cnt = tl.zeros([ROWS], dtype=tl.int32) + cnt1
+        else:
+            tau, cnt = _interval_threshold(key, need, W, CHUNK, G)
         if tl.max(tl.where(need, cnt - W, 0), axis=0) > 0:
             # a tie straddles the W-th place: the first ties in index order
             eq = key == tau[:, None]
@@ -389,7 +419,8 @@ def sparse_topk_select_triton(
             n_rows, T, num_valid_pages, H, force_begin_blocks, force_end_blocks, int(force_blocks_count_in_topk), W,
             int(query_positions is not None),
             K=topk, W_P2=64, ROWS=cfg["ROWS"], CHUNK=cfg["CHUNK"],
-            G=min(cfg["CHUNK"], max(32, triton.next_power_of_2(W))), num_warps=cfg["num_warps"],
+            G=min(cfg["CHUNK"], max(32, triton.next_power_of_2(W))),
+            G1=min(cfg["CHUNK"], max(16, triton.next_power_of_2(topk))), num_warps=cfg["num_warps"],
         )
         return
     _topk_select_kernel[grid](
