@@ -275,6 +275,21 @@ def test_gpu_interval_thousand_random_cases_with_ties():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("T", [4097, 12287])
+def test_gpu_interval_long_rows_in_registers(T):
+    """Rows of up to 16,384 tiles held in registers by 16 warps (max_chunk=16384)."""
+    gen = torch.Generator().manual_seed(T)
+    for levels in (None, 3, 1000):
+        s = random_scores(16, 4, T, levels=levels, gen=gen, device="cuda")
+        qpos = torch.randint(-300, T * 128 + 50, (16,), generator=gen).cuda()
+        for counted in (True, False):
+            kw = dict(num_valid_pages=None, force_begin_blocks=1, force_end_blocks=1,
+                      force_blocks_count_in_topk=counted)
+            _check_kernel(s, 16, kw, qpos, max_chunk=16384, method="interval")
+            _check_kernel(s, 16, kw, None, max_chunk=16384, method="interval")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("T,tq", [(256, 32768), (12287, 64), (8192, 256)])
 def test_gpu_large_shapes(T, tq):
     s = torch.randn(tq, 4, T, device="cuda")

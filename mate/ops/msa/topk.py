@@ -17,6 +17,11 @@ Selection then runs in two steps per row:
    (their output slot), which makes the output sorted without a sort. Slots left over
    are -1. Rows with ``n <= W`` take every valid block (the identity fast path; a block
    of rows where all are short skips step 1 entirely).
+
+``interval`` (:func:`_topk_interval_kernel`, rows held in registers) gives every forced
+block the largest key, so a long row's output is exactly its W largest keys, finds that
+W-th largest key by bisecting a key interval that starts at a cheap group-max lower bound
+(~6 steps against 13-15 for the bitwise search), and takes prefix sums by warp ballots.
 """
 
 from __future__ import annotations
@@ -339,19 +344,20 @@ def _topk_interval_kernel(
         sel = idx < n[:, None]
     slot = _prefix_sum_ballot(sel.to(tl.int32), CHUNK) - 1
     tl.store(o_row + slot, idx + tl.zeros_like(slot), mask=sel & row_ok[:, None])
-    base = tl.sum(sel.to(tl.int32), axis=1)
-    wc = tl.arange(0, W_P2)
-    tl.store(o_row + wc[None, :], tl.full([ROWS, W_P2], -1, dtype=tl.int32),
-             mask=row_ok[:, None] & (wc[None, :] < W) & (wc[None, :] >= base[:, None]))
+    if tl.max(tl.where(row_ok & short, 1, 0), axis=0) > 0:
+        # identity rows (n <= W ids) end with -1; long rows fill all W slots
+        wc = tl.arange(0, W_P2)
+        tl.store(o_row + wc[None, :], tl.full([ROWS, W_P2], -1, dtype=tl.int32),
+                 mask=(row_ok & short)[:, None] & (wc[None, :] < W) & (wc[None, :] >= n[:, None]))
 
 
 TOPK_METHODS = ("bitonic", "radix", "interval")
 TOPK_METHOD = os.environ.get("MATE_MSA_TOPK_METHOD", "radix")
 """Threshold method of the public path (see :func:`sparse_topk_select_triton`); the
-environment variable ``MATE_MSA_TOPK_METHOD`` (``bitonic`` / ``radix``) overrides it.
-Radix is the default from the H200 compile (not yet timed): at 256 tiles it executes
-about 1,500 instructions per row (~35 per bit, 16-18 bits on typical scores) against
-about 3,400 for the bitonic top-K."""
+environment variable ``MATE_MSA_TOPK_METHOD`` (``bitonic`` / ``radix`` / ``interval``)
+overrides it. H200 at 32768 x 4 x 256: radix 252 us, bitonic 360 us; ``interval`` compiles
+to about half the instructions per row of radix (sm_90 SASS, benchmarks/compile_msa_topk.py)
+and is not yet timed."""
 
 _DUMMY: dict[torch.device, torch.Tensor] = {}
 
@@ -402,9 +408,9 @@ def sparse_topk_select_triton(
     """Launches the selection on validated tensors (contiguous fp32 scores, int32 output).
     ``max_chunk`` (a power of two >= 16) exists for tests of the long-row path.
     ``method`` picks the threshold step of rows held in registers: ``"bitonic"``
-    (``tl.topk``) or ``"radix"`` (bitwise binary search, :func:`_radix_threshold`);
-    default :data:`TOPK_METHOD`. Both give identical results; long rows (the chunked
-    path) always use the tournament."""
+    (``tl.topk``), ``"radix"`` (bitwise binary search, :func:`_radix_threshold`) or
+    ``"interval"`` (:func:`_topk_interval_kernel`); default :data:`TOPK_METHOD`. All give
+    identical results; long rows (the chunked path) always use the tournament."""
     method = TOPK_METHOD if method is None else method
     if method not in TOPK_METHODS:
         raise ValueError(f"method must be one of {TOPK_METHODS}, got {method!r}")
