@@ -261,17 +261,19 @@ def test_gpu_thousand_random_cases_with_ties():
 @pytest.mark.gpu
 def test_gpu_interval_thousand_random_cases_with_ties():
     """The interval threshold on >= 1,000 random cases (ties, specials, forced blocks,
-    short rows, query positions), one or two rows per program."""
+    short rows, query positions); few chunk widths and top-k values (few compiles), two
+    rows per program at 256 tiles."""
     rng = random.Random(4321)
     gen = torch.Generator().manual_seed(4321)
     for i in range(1000):
-        T = rng.choice([1, 7, 17, 40, 100, 256, 300, 1000])
+        T = rng.choice([7, 17, 100, 256, 256, 1000])
         tq, H = rng.randint(1, 64), rng.randint(1, 4)
         s = random_scores(tq, H, T, levels=rng.choice([2, 3, 8, 64, None]), specials=i % 2 == 0, gen=gen,
                           device="cuda")
         topk, kw = random_config(rng, T)
+        topk = max(topk, 8)
         qpos = torch.randint(-300, T * 128 + 50, (tq,), generator=gen).cuda() if rng.random() < 0.4 else None
-        _check_kernel(s, topk, kw, qpos, method="interval", rows_per_program=rng.choice([1, 2]))
+        _check_kernel(s, topk, kw, qpos, method="interval", rows_per_program=rng.choice([1, 2]) if T == 256 else 1)
 
 
 @pytest.mark.gpu
