@@ -122,19 +122,17 @@ def _radix_threshold(key, need, K: tl.constexpr, CHUNK: tl.constexpr):
 
 
 @triton.jit
-def _interval_threshold(key, need, K, CHUNK: tl.constexpr, G: tl.constexpr):
-    """The K-th largest int32 key ``tau`` of each row by bisection of an interval of key
-    values, and ``cnt``, the number of keys ``>= tau``. Invariants: at least K keys are
-    ``>= lo`` (``clo`` of them) and fewer than K are ``>= hi``. ``lo`` starts at the
+def _interval_threshold(u, need, K, CHUNK: tl.constexpr, G: tl.constexpr):
+    """The K-th largest uint32 key ``tau`` of each row of ``u`` by bisection of an interval
+    of key values, and ``cnt``, the number of keys ``>= tau``. Invariants: at least K keys
+    are ``>= lo`` (``clo`` of them) and fewer than K are ``>= hi``. ``lo`` starts at the
     smallest of G >= K group maxes (group ``g``: keys ``idx % G == g``; G keys are ``>=``
     it) and ``hi`` one above the row max. Each step counts the keys ``>= mid`` (one compare
     and one row sum). It stops once ``clo == K`` (then ``tau`` is the smallest key ``>= lo``
     and no tie straddles the K-th place) or ``hi == lo + 1`` (then ``tau == lo``, a key):
     about 7 steps (G = 32) on random scores against 13-15 bits of the bitwise search, at
-    most 32.
-    ``need`` marks the rows that need a threshold (others may stop at any time)."""
-    u = (key ^ -2147483648).to(tl.uint32, bitcast=True)
-    lo = tl.min(tl.max(tl.reshape(u, [key.shape[0], CHUNK // G, G]), axis=1), axis=1)
+    most 32. ``need`` marks the rows that need a threshold (others may stop at any time)."""
+    lo = tl.min(tl.max(tl.reshape(u, [u.shape[0], CHUNK // G, G]), axis=1), axis=1)
     hi = tl.max(u, axis=1).to(tl.int64) + 1
     clo = tl.sum((u >= lo[:, None]).to(tl.int32), axis=1)
     lo = lo.to(tl.int64)
@@ -147,19 +145,16 @@ def _interval_threshold(key, need, K, CHUNK: tl.constexpr, G: tl.constexpr):
         clo = tl.where(take, c, clo)
         hi = tl.where(take, hi, mid)
         pending = tl.max(tl.where(need & (clo != K) & (hi - lo > 1), 1, 0), axis=0)
-    tau_u = tl.min(tl.where(u >= lo.to(tl.uint32)[:, None], u, 0xFFFFFFFF), axis=1)
-    return tau_u.to(tl.int32, bitcast=True) ^ -2147483648, clo
+    return tl.min(tl.where(u >= lo.to(tl.uint32)[:, None], u, 0xFFFFFFFF), axis=1), clo
 
 
 @triton.jit
-def _interval_threshold_row(key, lo_key, K, G: tl.constexpr):
-    """:func:`_interval_threshold` of a single row (``key`` [1, CHUNK]) with scalars, so the
+def _interval_threshold_row(u, u_lo, K, G: tl.constexpr):
+    """:func:`_interval_threshold` of a single row (``u`` [1, CHUNK]) with scalars, so the
     loop state has no layout, and an inclusive upper end ``hm`` (uint32 throughout).
-    ``lo_key`` (the keys for the lower bound) may hide keys known to be ``>= lo``: the
+    ``u_lo`` (the keys for the lower bound) may hide keys known to be ``>= lo``: the
     bound only needs G + (hidden keys) >= K."""
-    u = (key ^ -2147483648).to(tl.uint32, bitcast=True)
-    ul = (lo_key ^ -2147483648).to(tl.uint32, bitcast=True)
-    lo = tl.min(tl.max(tl.reshape(ul, [key.shape[1] // G, G]), axis=0), axis=0)
+    lo = tl.min(tl.max(tl.reshape(u_lo, [u.shape[1] // G, G]), axis=0), axis=0)
     hm = tl.max(tl.max(u, axis=1), axis=0)
     clo = tl.sum(tl.sum((u >= lo).to(tl.int32), axis=1), axis=0)
     while (clo != K) & (lo != hm):
@@ -170,8 +165,7 @@ def _interval_threshold_row(key, lo_key, K, G: tl.constexpr):
             clo = c
         else:
             hm = mid - 1
-    tau_u = tl.min(tl.min(tl.where(u >= lo, u, 0xFFFFFFFF), axis=1), axis=0)
-    return tau_u.to(tl.int32, bitcast=True) ^ -2147483648, clo
+    return tl.min(tl.min(tl.where(u >= lo, u, 0xFFFFFFFF), axis=1), axis=0), clo
 
 
 @triton.jit
@@ -294,16 +288,27 @@ def _topk_interval_kernel(
     K: tl.constexpr, W_P2: tl.constexpr, ROWS: tl.constexpr, CHUNK: tl.constexpr, G: tl.constexpr,
     G1: tl.constexpr,
 ):
-    """Whole rows in registers with the interval threshold (:func:`_interval_threshold`) and
-    ballot prefix sums. ``num_tiles`` is not specialized: without 16-byte vector loads key
-    ``i`` sits in lane ``i % 32`` of register ``i // 32``, the layout of the ballots. Only
-    the row's valid blocks are read."""
-    pid = tl.program_id(0)
-    rows = pid * ROWS + tl.arange(0, ROWS)
-    row_ok = rows < n_rows
-    n = _row_counts(rows, n_rows, qpos_ptr, num_valid_pages, H, has_qpos)
+    """Whole rows in registers with the interval threshold and ballot prefix sums, on
+    unsigned keys (``u = key ^ INT32_MIN``: forced blocks 0xFFFFFFFF, invalid blocks 0).
+    ``num_tiles`` is not specialized: without 16-byte vector loads key ``i`` sits in lane
+    ``i % 32`` of register ``i // 32``, the layout of the ballots. Only the row's valid
+    blocks are read. One-row programs run on a (token, head) grid with scalar row data."""
+    if ROWS == 1:
+        tok = tl.program_id(0)
+        n1 = num_valid_pages
+        if has_qpos != 0:
+            pos = tl.load(qpos_ptr + tok)
+            n1 = tl.where(pos < 0, 0, tl.minimum(pos // 128 + 1, num_valid_pages)).to(tl.int32)
+        rows = tl.zeros([1], dtype=tl.int64) + tok.to(tl.int64) * H + tl.program_id(1)
+        row_ok = rows >= 0
+        n = tl.zeros([1], dtype=tl.int32) + n1
+        any_long = n1 > W
+    else:
+        rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+        row_ok = rows < n_rows
+        n = _row_counts(rows, n_rows, qpos_ptr, num_valid_pages, H, has_qpos)
+        any_long = tl.max(tl.where(row_ok & (n > W), 1, 0), axis=0) > 0
     short = n <= W
-    any_long = tl.max(tl.where(row_ok & (n > W), 1, 0), axis=0) > 0
     idx = tl.arange(0, CHUNK)[None, :]
     o_row = out_ptr + rows.to(tl.int64)[:, None] * W
     if any_long:
@@ -314,28 +319,27 @@ def _topk_interval_kernel(
         # its W largest keys (W = topk, + fb + fe when forced blocks are not counted)
         valid = idx < n[:, None]
         cand = (idx - fb).to(tl.uint32) < (tl.maximum(n - fe, fb) - fb).to(tl.uint32)[:, None]
-        s = s + 0.0  # -0.0 -> +0.0
-        bits = s.to(tl.int32, bitcast=True)
-        key = bits ^ ((bits >> 31) & 0x7FFFFFFF)
-        key = tl.where(s != s, 0x7FC00000, key)
-        key = tl.where(cand, key, tl.where(valid, 2147483647, -2147483648))
+        bits = (s + 0.0).to(tl.uint32, bitcast=True)  # -0.0 -> +0.0
+        u = bits ^ ((bits >> 31) * 0x7FFFFFFF | 0x80000000)  # order-preserving unsigned key
+        u = tl.where(s != s, 0xFFC00000, u)  # every NaN: one key above +inf
+        u = tl.where(cand, u, tl.where(valid, 0xFFFFFFFF, 0))
         need = row_ok & ~short
         if ROWS == 1:
             # bound from the candidates' keys (the W - topk forced keys are above it anyway)
-            tau1, cnt1 = _interval_threshold_row(key, tl.where(cand, key, -2147483648), W, G1)
-            tau = tl.zeros([ROWS], dtype=tl.int32) + tau1
-            cnt = tl.zeros([ROWS], dtype=tl.int32) + cnt1
+            tau1, cnt1 = _interval_threshold_row(u, tl.where(cand, u, 0), W, G1)
+            tau = tl.zeros([1], dtype=tl.uint32) + tau1
+            cnt = tl.zeros([1], dtype=tl.int32) + cnt1
         else:
-            tau, cnt = _interval_threshold(key, need, W, CHUNK, G)
+            tau, cnt = _interval_threshold(u, need, W, CHUNK, G)
         if tl.max(tl.where(need, cnt - W, 0), axis=0) > 0:
             # a tie straddles the W-th place: the first ties in index order
-            eq = key == tau[:, None]
+            eq = u == tau[:, None]
             take_ties = W - cnt + tl.sum(eq.to(tl.int32), axis=1)
             eq_rank = _prefix_sum_ballot(eq.to(tl.int32), CHUNK) - 1
-            chosen = (key > tau[:, None]) | (eq & (eq_rank < take_ties[:, None]))
+            chosen = (u > tau[:, None]) | (eq & (eq_rank < take_ties[:, None]))
         else:
-            chosen = key >= tau[:, None]
-        # a long row has more than W valid keys, all above INT32_MIN, so chosen keys are valid
+            chosen = u >= tau[:, None]
+        # a long row has more than W valid keys, all above 0, so chosen keys are valid
         if ROWS == 1:
             sel = chosen
         else:
@@ -349,7 +353,6 @@ def _topk_interval_kernel(
         wc = tl.arange(0, W_P2)
         tl.store(o_row + wc[None, :], tl.full([ROWS, W_P2], -1, dtype=tl.int32),
                  mask=(row_ok & short)[:, None] & (wc[None, :] < W) & (wc[None, :] >= n[:, None]))
-
 
 TOPK_METHODS = ("bitonic", "radix", "interval")
 TOPK_METHOD = os.environ.get("MATE_MSA_TOPK_METHOD", "radix")
@@ -420,6 +423,8 @@ def sparse_topk_select_triton(
     cfg = topk_config(T, topk, max_chunk, method, rows_per_program)
     grid = (triton.cdiv(n_rows, cfg["ROWS"]),)
     if method == "interval" and cfg["SINGLE"]:
+        if cfg["ROWS"] == 1:
+            grid = (total_q, H)
         _topk_interval_kernel[grid](
             max_score, output, query_positions if query_positions is not None else _dummy_positions(max_score.device),
             n_rows, T, num_valid_pages, H, force_begin_blocks, force_end_blocks, int(force_blocks_count_in_topk), W,
