@@ -26,6 +26,7 @@ VARIANTS = [  # label, launcher keywords
     ("bitonic", dict(method="bitonic")),
     ("interval", dict(method="interval")),
     ("interval rows2", dict(method="interval", rows_per_program=2)),
+    ("interval rows2 warps2", dict(method="interval", rows_per_program=2, num_warps=2)),  # a row per warp
     ("interval max_chunk=16384", dict(method="interval", max_chunk=16384)),  # long rows in registers, 16 warps
 ]
 H, K = 4, 16

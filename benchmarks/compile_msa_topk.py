@@ -20,20 +20,24 @@ from triton.compiler import ASTSource
 
 from mate.ops.msa import topk as tk
 
-VARIANTS = {  # name: (method, rows per program)
+VARIANTS = {  # name: (method, rows per program[, warps])
     "bitonic": ("bitonic", None),
     "radix": ("radix", 1),
     "interval": ("interval", 1),
     "interval_rows2": ("interval", 2),
+    "interval_rows2_warps2": ("interval", 2, 2),
+    "interval_rows4_warps4": ("interval", 4, 4),
 }
 
 
 def compile_one(name: str, chunk: int, k: int, sass_dir: str | None) -> None:
-    method, rows = VARIANTS[name]
+    method, rows, *warps = VARIANTS[name]
     sig = {"s_ptr": "*fp32", "out_ptr": "*i32", "qpos_ptr": "*i64", "n_rows": "i32", "num_tiles": "i32",
            "num_valid_pages": "i32", "H": "i32", "fb": "i32", "fe": "i32", "counted": "i32", "W": "i32",
            "has_qpos": "i32"}
     cfg = tk.topk_config(chunk, k, method=method, rows_per_program=rows)
+    if warps:
+        cfg["num_warps"] = warps[0]
     constexprs = {"K": k, "W_P2": 64, "ROWS": cfg["ROWS"], "CHUNK": cfg["CHUNK"]}
     if method == "interval":
         kernel = tk._topk_interval_kernel

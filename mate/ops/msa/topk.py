@@ -407,13 +407,15 @@ def sparse_topk_select_triton(
     max_chunk: int = 4096,
     method: str | None = None,
     rows_per_program: int | None = None,
+    num_warps: int | None = None,
 ) -> None:
     """Launches the selection on validated tensors (contiguous fp32 scores, int32 output).
     ``max_chunk`` (a power of two >= 16) exists for tests of the long-row path.
     ``method`` picks the threshold step of rows held in registers: ``"bitonic"``
     (``tl.topk``), ``"radix"`` (bitwise binary search, :func:`_radix_threshold`) or
     ``"interval"`` (:func:`_topk_interval_kernel`); default :data:`TOPK_METHOD`. All give
-    identical results; long rows (the chunked path) always use the tournament."""
+    identical results; long rows (the chunked path) always use the tournament.
+    ``rows_per_program`` and ``num_warps`` override :func:`topk_config` (experiments)."""
     method = TOPK_METHOD if method is None else method
     if method not in TOPK_METHODS:
         raise ValueError(f"method must be one of {TOPK_METHODS}, got {method!r}")
@@ -421,6 +423,8 @@ def sparse_topk_select_triton(
     W = output.shape[2]
     n_rows = total_q * H
     cfg = topk_config(T, topk, max_chunk, method, rows_per_program)
+    if num_warps is not None:
+        cfg["num_warps"] = num_warps
     grid = (triton.cdiv(n_rows, cfg["ROWS"]),)
     if method == "interval" and cfg["SINGLE"]:
         if cfg["ROWS"] == 1:
