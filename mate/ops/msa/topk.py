@@ -122,7 +122,7 @@ def _radix_threshold(key, need, K: tl.constexpr, CHUNK: tl.constexpr):
 
 
 @triton.jit
-def _interval_threshold(u, need, K, CHUNK: tl.constexpr, G: tl.constexpr):
+def _interval_threshold(u, u_lo, all_forced, need, K, CHUNK: tl.constexpr, G: tl.constexpr):
     """The K-th largest uint32 key ``tau`` of each row of ``u`` by bisection of an interval
     of key values, and ``cnt``, the number of keys ``>= tau``. Invariants: at least K keys
     are ``>= lo`` (``clo`` of them) and fewer than K are ``>= hi``. ``lo`` starts at the
@@ -131,9 +131,15 @@ def _interval_threshold(u, need, K, CHUNK: tl.constexpr, G: tl.constexpr):
     and one row sum). It stops once ``clo == K`` (then ``tau`` is the smallest key ``>= lo``
     and no tie straddles the K-th place) or ``hi == lo + 1`` (then ``tau == lo``, a key):
     about 7 steps (G = 32) on random scores against 13-15 bits of the bitwise search, at
-    most 32. ``need`` marks the rows that need a threshold (others may stop at any time)."""
-    lo = tl.min(tl.max(tl.reshape(u, [u.shape[0], CHUNK // G, G]), axis=1), axis=1)
-    hi = tl.max(u, axis=1).to(tl.int64) + 1
+    most 32. ``need`` marks the rows that need a threshold (others may stop at any time).
+    ``u_lo`` are the candidates' keys (forced blocks' keys, the largest, hidden): the bounds
+    come from them, so the forced keys do not widen the interval, unless ``all_forced``
+    (the forced blocks fill all K places: the answer is their key)."""
+    lo = tl.min(tl.max(tl.reshape(u_lo, [u.shape[0], CHUNK // G, G]), axis=1), axis=1)
+    hi = tl.max(u_lo, axis=1).to(tl.int64) + 1
+    if all_forced:
+        lo = tl.zeros_like(lo) + 0xFFFFFFFF
+        hi = tl.zeros_like(hi) + 0x100000000
     clo = tl.sum((u >= lo[:, None]).to(tl.int32), axis=1)
     lo = lo.to(tl.int64)
     pending = tl.max(tl.where(need & (clo != K) & (hi - lo > 1), 1, 0), axis=0)
@@ -149,13 +155,16 @@ def _interval_threshold(u, need, K, CHUNK: tl.constexpr, G: tl.constexpr):
 
 
 @triton.jit
-def _interval_threshold_row(u, u_lo, K, G: tl.constexpr):
+def _interval_threshold_row(u, u_lo, all_forced, K, G: tl.constexpr):
     """:func:`_interval_threshold` of a single row (``u`` [1, CHUNK]) with scalars, so the
-    loop state has no layout, and an inclusive upper end ``hm`` (uint32 throughout).
-    ``u_lo`` (the keys for the lower bound) may hide keys known to be ``>= lo``: the
-    bound only needs G + (hidden keys) >= K."""
+    loop state has no layout, and an inclusive upper end ``hm`` (uint32 throughout). The
+    G >= topk groups of candidates' keys hold G keys >= ``lo``, the forced keys W - topk
+    more."""
     lo = tl.min(tl.max(tl.reshape(u_lo, [u.shape[1] // G, G]), axis=0), axis=0)
-    hm = tl.max(tl.max(u, axis=1), axis=0)
+    hm = tl.max(tl.max(u_lo, axis=1), axis=0)
+    if all_forced:
+        lo = 0xFFFFFFFF
+        hm = 0xFFFFFFFF
     clo = tl.sum(tl.sum((u >= lo).to(tl.int32), axis=1), axis=0)
     while (clo != K) & (lo != hm):
         mid = lo + ((hm - lo) >> 1) + 1  # lo < mid <= hm
@@ -324,13 +333,14 @@ def _topk_interval_kernel(
         u = tl.where(s != s, 0xFFC00000, u)  # every NaN: one key above +inf
         u = tl.where(cand, u, tl.where(valid, 0xFFFFFFFF, 0))
         need = row_ok & ~short
+        u_lo = tl.where(cand, u, 0)
+        all_forced = fb + fe >= W  # counted forced blocks filling the top-k
         if ROWS == 1:
-            # bound from the candidates' keys (the W - topk forced keys are above it anyway)
-            tau1, cnt1 = _interval_threshold_row(u, tl.where(cand, u, 0), W, G1)
+            tau1, cnt1 = _interval_threshold_row(u, u_lo, all_forced, W, G1)
             tau = tl.zeros([1], dtype=tl.uint32) + tau1
             cnt = tl.zeros([1], dtype=tl.int32) + cnt1
         else:
-            tau, cnt = _interval_threshold(u, need, W, CHUNK, G)
+            tau, cnt = _interval_threshold(u, u_lo, all_forced, need, W, CHUNK, G)
         if tl.max(tl.where(need, cnt - W, 0), axis=0) > 0:
             # a tie straddles the W-th place: the first ties in index order
             eq = u == tau[:, None]
