@@ -3,8 +3,9 @@
     python benchmarks/compile_msa_topk.py [--chunk 256] [--sass DIR]
 
 For each threshold variant it prints registers, local memory (spills) and the SASS
-instruction count of the whole kernel and of its bit-search loop body (the instructions
-between the loop's label and its backward branch), read with Triton's ``cuobjdump``.
+instruction count of the whole kernel and the span of each backward branch (the first is
+the threshold search loop's body; later ones are warp-divergence fallbacks), read with
+Triton's ``cuobjdump``.
 """
 
 from __future__ import annotations
@@ -73,12 +74,12 @@ def compile_one(name: str, chunk: int, k: int, sass_dir: str | None) -> None:
     # loops: backward branches; report each loop's body size in instructions
     loops = []
     for ln, a in zip(instrs, addr):
-        tgt = re.search(r"BRA.*0x([0-9a-f]+)", ln)
+        tgt = re.search(r"BRA[^;]*?0x([0-9a-f]+)\s*;", ln)
         if tgt and int(tgt.group(1), 16) < a:
             loops.append((a - int(tgt.group(1), 16)) // 16 + 1)
     shfl = sum("SHFL" in ln for ln in instrs)
     print(f"{name:22s} chunk={chunk:5d} rows={cfg['ROWS']} warps={cfg['num_warps']}: REG {res.get('REG')} "
-          f"LOCAL {res.get('LOCAL')} | SASS {len(instrs)} instrs, {shfl} SHFL, loop bodies {loops}")
+          f"LOCAL {res.get('LOCAL')} | SASS {len(instrs)} instrs, {shfl} SHFL, backward branches {loops}")
 
 
 def main() -> None:

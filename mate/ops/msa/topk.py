@@ -123,15 +123,15 @@ def _radix_threshold(key, need, K: tl.constexpr, CHUNK: tl.constexpr):
 
 @triton.jit
 def _interval_threshold(u, u_lo, all_forced, need, K, CHUNK: tl.constexpr, G: tl.constexpr):
-    """The K-th largest uint32 key ``tau`` of each row of ``u`` by bisection of an interval
-    of key values, and ``cnt``, the number of keys ``>= tau``. Invariants: at least K keys
-    are ``>= lo`` (``clo`` of them) and fewer than K are ``>= hi``. ``lo`` starts at the
-    smallest of G >= K group maxes (group ``g``: keys ``idx % G == g``; G keys are ``>=``
-    it) and ``hi`` one above the row max. Each step counts the keys ``>= mid`` (one compare
-    and one row sum). It stops once ``clo == K`` (then ``tau`` is the smallest key ``>= lo``
-    and no tie straddles the K-th place) or ``hi == lo + 1`` (then ``tau == lo``, a key):
-    about 7 steps (G = 32) on random scores against 13-15 bits of the bitwise search, at
-    most 32. ``need`` marks the rows that need a threshold (others may stop at any time).
+    """A threshold ``lo`` whose keys ``u >= lo`` are the K largest of each row of ``u``
+    (ties aside) by bisection of an interval of key values, and ``clo``, the number of keys
+    ``>= lo``. Invariants: at least K keys are ``>= lo`` and fewer than K are ``>= hi``.
+    ``lo`` starts at the smallest of G >= K group maxes (group ``g``: keys ``idx % G == g``;
+    G keys are ``>=`` it) and ``hi`` one above the largest key. Each step counts the keys
+    ``>= mid`` (one compare and one row sum). It stops once ``clo == K`` (exactly the K
+    largest keys are ``>= lo``: no tie straddles the K-th place) or ``hi == lo + 1`` (then
+    ``lo`` is the K-th largest key itself and ``clo > K`` counts the ties at it): about 6
+    steps on random scores against 13-15 bits of the bitwise search, at most 32. ``need`` marks the rows that need a threshold (others may stop at any time).
     ``u_lo`` are the candidates' keys (forced blocks' keys, the largest, hidden): the bounds
     come from them, so the forced keys do not widen the interval, unless ``all_forced``
     (the forced blocks fill all K places: the answer is their key)."""
@@ -151,7 +151,7 @@ def _interval_threshold(u, u_lo, all_forced, need, K, CHUNK: tl.constexpr, G: tl
         clo = tl.where(take, c, clo)
         hi = tl.where(take, hi, mid)
         pending = tl.max(tl.where(need & (clo != K) & (hi - lo > 1), 1, 0), axis=0)
-    return tl.min(tl.where(u >= lo.to(tl.uint32)[:, None], u, 0xFFFFFFFF), axis=1), clo
+    return lo.to(tl.uint32), clo
 
 
 @triton.jit
@@ -174,7 +174,7 @@ def _interval_threshold_row(u, u_lo, all_forced, K, G: tl.constexpr):
             clo = c
         else:
             hm = mid - 1
-    return tl.min(tl.min(tl.where(u >= lo, u, 0xFFFFFFFF), axis=1), axis=0), clo
+    return lo, clo
 
 
 @triton.jit
@@ -328,8 +328,9 @@ def _topk_interval_kernel(
         # its W largest keys (W = topk, + fb + fe when forced blocks are not counted)
         valid = idx < n[:, None]
         cand = (idx - fb).to(tl.uint32) < (tl.maximum(n - fe, fb) - fb).to(tl.uint32)[:, None]
-        bits = (s + 0.0).to(tl.uint32, bitcast=True)  # -0.0 -> +0.0
-        u = bits ^ ((bits >> 31) * 0x7FFFFFFF | 0x80000000)  # order-preserving unsigned key
+        bits = (s + 0.0).to(tl.int32, bitcast=True)  # -0.0 -> +0.0
+        # order-preserving unsigned key: flip all bits of negatives, the sign bit of the rest
+        u = (bits ^ ((bits >> 31) | -2147483648)).to(tl.uint32, bitcast=True)
         u = tl.where(s != s, 0xFFC00000, u)  # every NaN: one key above +inf
         u = tl.where(cand, u, tl.where(valid, 0xFFFFFFFF, 0))
         need = row_ok & ~short
@@ -342,7 +343,7 @@ def _topk_interval_kernel(
         else:
             tau, cnt = _interval_threshold(u, u_lo, all_forced, need, W, CHUNK, G)
         if tl.max(tl.where(need, cnt - W, 0), axis=0) > 0:
-            # a tie straddles the W-th place: the first ties in index order
+            # a tie straddles the W-th place (tau is that key): the first ties in index order
             eq = u == tau[:, None]
             take_ties = W - cnt + tl.sum(eq.to(tl.int32), axis=1)
             eq_rank = _prefix_sum_ballot(eq.to(tl.int32), CHUNK) - 1
@@ -368,9 +369,9 @@ TOPK_METHODS = ("bitonic", "radix", "interval")
 TOPK_METHOD = os.environ.get("MATE_MSA_TOPK_METHOD", "radix")
 """Threshold method of the public path (see :func:`sparse_topk_select_triton`); the
 environment variable ``MATE_MSA_TOPK_METHOD`` (``bitonic`` / ``radix`` / ``interval``)
-overrides it. H200 at 32768 x 4 x 256: radix 252 us, bitonic 360 us; ``interval`` compiles
-to about half the instructions per row of radix (sm_90 SASS, benchmarks/compile_msa_topk.py)
-and is not yet timed."""
+overrides it. H200 at 32768 x 4 x 256: radix 252 us, bitonic 360 us. ``interval`` (not
+yet timed) runs about 600 instructions per 256-tile row against about 1,300 for radix
+(sm_90 SASS, benchmarks/compile_msa_topk.py: 40 per bisection step, ~5.6 steps)."""
 
 _DUMMY: dict[torch.device, torch.Tensor] = {}
 
