@@ -15,7 +15,7 @@ import math
 import pytest
 import torch
 
-from mate.ops.sparse_mla.metadata import GLUON_STAGES, plan_decode
+from mate.ops.sparse_mla.metadata import GLUON_PIPELINED_STAGES, GLUON_STAGES, plan_decode
 from mate.sparse_mla_interface import sparse_mla_fp8_decode
 from mate.testing import assert_equal, poisoned
 from mate.testing.graphs import capture_graph
@@ -204,7 +204,7 @@ def test_gpu_gluon_repeated_decodes_bit_identical(gluon_ok, pipelined):
     B, q_len, H, top_k = 8, 1, 128, 2048
     q, kv, idx, sl = _make(B, q_len, H, top_k, pages=64, page_size=64, device="cuda")
     md = _gluon_plan(B, q_len, H, top_k, pipelined=pipelined)
-    assert md.num_stages == GLUON_STAGES
+    assert md.num_stages == (GLUON_PIPELINED_STAGES if pipelined else GLUON_STAGES)
     first, first_lse = _run(q, kv, idx, sl, top_k, md)
     out, lse = torch.empty_like(first), torch.empty_like(first_lse)
     mismatches = 0
@@ -213,3 +213,17 @@ def test_gpu_gluon_repeated_decodes_bit_identical(gluon_ok, pipelined):
         _call(q, kv, idx, sl, top_k, out=out, lse=lse, bmm1_scale=S1, bmm2_scale=1.25, metadata=md)
         mismatches += not (torch.equal(out, first) and torch.equal(lse, first_lse))
     assert mismatches == 0
+
+
+@gpu
+@pytest.mark.parametrize("B,q_len,H,want", [(64, 1, 128, "gluon"), (128, 2, 128, "gluon"), (128, 1, 16, "gluon"),
+                                            (128, 1, 32, "gluon"), (8, 1, 128, "plain"), (32, 2, 16, "plain")])
+def test_gpu_default_plans(gluon_ok, B, q_len, H, want):
+    """Hopper defaults: unsplit plans run the pipelined Gluon kernel (small H padded to 64),
+    split plans the plain kernels with prefetched indices."""
+    md = plan_decode(B, q_len, H, 2048, "cuda")
+    if want == "gluon":
+        assert md.gluon and md.pipelined and md.block_h == 64 and md.num_splits == 1
+        assert md.num_stages == GLUON_PIPELINED_STAGES
+    else:
+        assert not md.gluon and not md.pipelined and md.prefetch_idx and md.num_splits > 1

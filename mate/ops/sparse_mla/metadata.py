@@ -26,6 +26,9 @@ HEAD_DIM_ROPE = 64  # qk_rope_head_dim: the rotary tail of each row
 # 36 KB + the query (36 KB) + a fp16 V tile (64 KB) = 212 KB at 252 registers (H200 compile);
 # 4 stages would need 248 KB, over the 227 KB an SM offers.
 GLUON_STAGES = 3
+# The pipelined schedule adds a fp16 P tile (8 KB) and holds more registers; at 3 stages it
+# spills in its main loop, at 2 it does not and was the faster one on the H200.
+GLUON_PIPELINED_STAGES = 2
 
 # SM count assumed when planning for a device that is not a GPU (the interpreter): small,
 # so that CPU tests exercise the split + combine path with a handful of programs.
@@ -196,12 +199,25 @@ def plan_decode(
     schedule) override the device-derived choices
     (tests and benchmarks: ``block_h=64`` pads a small H).
 
-    Defaults measured on the H200 (2026-11-29, top-k 2048, CUDA-graph replay): the Gluon
-    kernel for 64-head tiles without a split on Hopper (B=64 q1 H=128: 117 us against 148
-    for the plain kernel; B=128 q2: 439 against 575), prefetched indices for the plain
-    kernels otherwise (B=128 H=16: 102 against 109 us; B=8 H=128 split 8: 28.6 against
-    31.9 us, where Gluon took 32.9)."""
+    Defaults measured on the H200 (2026-11-29, top-k 2048, CUDA-graph replay): on Hopper,
+    plans without a split run the pipelined Gluon kernel at 2 stages on 64-head tiles,
+    small H padded to 64 (B=64 q1 H=128: 102.6 us against 117.8 for the serial Gluon
+    schedule and 140 for the plain kernel; B=128 q2 H=128: 383 against 437; B=128 H=64:
+    105 against 118; B=128 H=16: 96.6 against 102.6 for the transposed small-H kernel);
+    split plans run the plain kernels with prefetched indices (B=8 H=128 split 8: 28.9
+    us, where the Gluon kernels took 32.2-32.6)."""
     explicit_launch = block_n is not None or num_warps is not None or max_regs is not None
+    if (gluon is None and pipelined is None and block_h is None and transposed is None and prefetch_idx is None
+            and num_stages is None and not explicit_launch and num_heads <= 32 and _is_hopper(device)):
+        # small H: the padded pipelined Gluon kernel when it needs no split, else the
+        # transposed small-H kernel (which splits more finely)
+        common = dict(num_sms=num_sms, num_splits=num_splits, partial_dtype=partial_dtype)
+        small = plan_decode(batch_size, q_len, num_heads, top_k, device, gluon=False, **common)
+        if small.num_splits > 1:
+            return small
+        padded = plan_decode(batch_size, q_len, num_heads, top_k, device, block_h=64, gluon=True, pipelined=True,
+                             **common)
+        return padded if padded.num_splits == 1 else small
     if pipelined and gluon is False:
         raise ValueError("pipelined=True needs the Gluon kernel (gluon=True or unset), got gluon=False")
     if pipelined and gluon is None:
@@ -229,9 +245,12 @@ def plan_decode(
     num_head_tiles = -(-num_heads // block_h)
     if gluon:
         gluon = _check_gluon(device, block_h, block_n, num_warps, max_regs, prefetch_idx, num_stages)
+    if pipelined is None:
+        pipelined = bool(gluon)
     if gluon:  # fixed launch configuration (H200 compile), one program per SM
         block_n, num_warps, max_regs, prefetch_idx = 64, 8, 0, False
-        num_stages = GLUON_STAGES if num_stages is None else num_stages
+        if num_stages is None:
+            num_stages = GLUON_PIPELINED_STAGES if pipelined else GLUON_STAGES
     default_n, default_warps, default_stages, default_regs, per_sm = _launch_config(block_h, transposed)
     if gluon:
         per_sm = 1
