@@ -28,6 +28,8 @@ VARIANTS = [  # label, launcher keywords
     ("interval rows2", dict(method="interval", rows_per_program=2)),
     ("interval rows2 warps2", dict(method="interval", rows_per_program=2, num_warps=2)),  # a row per warp
     ("interval max_chunk=16384", dict(method="interval", max_chunk=16384)),  # long rows in registers, 16 warps
+    ("interval warps2", dict(method="interval", num_warps=2)),  # 1024 tiles only: a row over 2 / 4 warps
+    ("interval warps4", dict(method="interval", num_warps=4)),
 ]
 H, K = 4, 16
 
@@ -62,6 +64,8 @@ def main() -> int:
         for label, v in VARIANTS:
             if (tiles > 4096) != ("max_chunk" in v) and label != "radix (old default)":
                 continue  # rows over 4,096 tiles: the chunked path is the same kernel for every method
+            if "num_warps" in v and "rows_per_program" not in v and tiles != 1024:
+                continue
             try:
                 out.fill_(-7)
                 tk.sparse_topk_select_triton(scores[0], out, **kw, **v)

@@ -28,6 +28,8 @@ VARIANTS = {  # name: (method, rows per program[, warps])
     "interval_rows2": ("interval", 2),
     "interval_rows2_warps2": ("interval", 2, 2),
     "interval_rows4_warps4": ("interval", 4, 4),
+    "interval_warps2": ("interval", 1, 2),
+    "interval_warps4": ("interval", 1, 4),
 }
 
 
