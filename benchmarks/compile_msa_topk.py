@@ -38,7 +38,7 @@ def compile_one(name: str, chunk: int, k: int, sass_dir: str | None) -> None:
     sig = {"s_ptr": "*fp32", "out_ptr": "*i32", "qpos_ptr": "*i64", "n_rows": "i32", "num_tiles": "i32",
            "num_valid_pages": "i32", "H": "i32", "fb": "i32", "fe": "i32", "counted": "i32", "W": "i32",
            "has_qpos": "i32"}
-    cfg = tk.topk_config(chunk, k, method=method, rows_per_program=rows)
+    cfg = tk.topk_config(chunk, k, max(4096, chunk), method=method, rows_per_program=rows)
     if warps:
         cfg["num_warps"] = warps[0]
     constexprs = {"K": k, "W_P2": 64, "ROWS": cfg["ROWS"], "CHUNK": cfg["CHUNK"]}
