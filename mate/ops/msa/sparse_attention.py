@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from mate._core.triton_helpers import INTERPRET, dot_operand, to_out_dtype
+from mate.ops.msa import sparse_decode as _sd
 
 __all__ = ["SparseTiling", "sparse_attention", "sparse_attention_triton", "sparse_tiling", "workspace_numel",
            "resolve_num_splits"]
@@ -299,10 +300,13 @@ def _num_sms(device: torch.device) -> int:
 
 
 def decode_programs_per_sm(is_fp8: bool) -> int:
-    """Programs of the one-token decode kernel that fit on an SM at once (sm_90 compiles of the
+    """Programs resident per SM of the decode kernel in use: the transposed kernel's from its
+    compile (:func:`mate.ops.msa.sparse_decode.t_programs_per_sm`), else those of the one-token decode kernel that fit on an SM at once (sm_90 compiles of the
     M3 tile: bf16 126 registers / 37 KB; fp8 by ``FP8_VARIANT``: 128-key blocks with 2 TMA
     stages 74 KB, 1 stage 128 registers / 41 KB; 64-key halves, 2 stages, cap 96: 96
     registers / 39 KB, no spills)."""
+    if _sd.DECODE_VARIANT["kernel"] == "transposed":
+        return _sd.t_programs_per_sm(is_fp8)
     if not is_fp8:
         return 4
     if int(FP8_VARIANT["decode_keys"]) == 64:
@@ -354,7 +358,7 @@ def _split_rows_prefix(hkv: int, width: int, sms: int) -> tuple[int, ...]:
     best = [0] * (last + 1)
     for t in range(1, last + 1):
         m = best[t - 1]
-        for per_sm in (3, 4, 5):
+        for per_sm in range(1, 6):
             sp = _choose(t, hkv, width, sms * per_sm)
             if sp > 1:
                 m = max(m, sp * t)
@@ -454,16 +458,40 @@ def sparse_attention_triton(
     )
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    big = til.block_m >= 64
-    keys = int(FP8_VARIANT["decode_keys"]) if is_fp8 and not big else 128
-    block_shape = [1, keys, 1, d] if layout == "NHD" else [1, 1, keys, d]
-    k_desc = TensorDescriptor(k, list(k.shape), list(k.stride()), block_shape)
-    v_desc = TensorDescriptor(v, list(v.shape), list(v.stride()), block_shape)
     if splits > 1:
         o_part = fws[:splits * total_q * hq * d]
         l_part = fws[splits * total_q * hq * d:n_flt]
     else:
         o_part = l_part = out
+    if decode and _sd.DECODE_VARIANT["kernel"] == "transposed":
+        keys, stages, cap = _sd.t_config(is_fp8)
+        flat = k.is_contiguous() and v.is_contiguous()
+        if flat:  # 2D views: a tile of ``keys`` rows is a plain [keys, d] box (no reshape in the kernel)
+            kv2 = [t_.view(-1, d) if layout == "HND" else t_.view(-1, hkv * d) for t_ in (k, v)]
+            k_desc, v_desc = (TensorDescriptor(t_, list(t_.shape), list(t_.stride()), [keys, d]) for t_ in kv2)
+        else:
+            block_shape = [1, keys, 1, d] if layout == "NHD" else [1, 1, keys, d]
+            k_desc = TensorDescriptor(k, list(k.shape), list(k.stride()), block_shape)
+            v_desc = TensorDescriptor(v, list(v.shape), list(v.stride()), block_shape)
+        extra = {"maxnreg": cap} if cap and not INTERPRET else {}
+        _sd.msa_decode_t_kernel[(total_q, hkv, splits)](
+            q, q.stride(0), q.stride(1),
+            k_desc, v_desc,
+            tok_pos, tok_kvlen, u_page, u_blk, u_cnt,
+            out, out.stride(0), out.stride(1), lse, lse.stride(0),
+            o_part, l_part,
+            total_q, hq, ratio, sm_scale * k_scale * LOG2E, v_scale,
+            GP=_sd.decode_t_heads(ratio), C=til.capacity, HEAD_DIM=d, NUM_SPLITS=splits, CAUSAL=causal,
+            IS_FP8=is_fp8, HEAD_MAJOR=layout == "HND", FLAT=flat, KEYS=keys,
+            num_warps=4, num_stages=stages, **extra,
+        )
+        _combine(o_part, l_part, out, lse, total_q, hq, d, v_scale, splits)
+        return
+    big = til.block_m >= 64
+    keys = int(FP8_VARIANT["decode_keys"]) if is_fp8 and not big else 128
+    block_shape = [1, keys, 1, d] if layout == "NHD" else [1, 1, keys, d]
+    k_desc = TensorDescriptor(k, list(k.shape), list(k.stride()), block_shape)
+    v_desc = TensorDescriptor(v, list(v.shape), list(v.stride()), block_shape)
     stages = 1
     # 64-row tiles: a 168-register cap gives 3 programs per SM (measured: no spills for 16-bit inputs)
     extra = {} if INTERPRET or not big or is_fp8 else {"maxnreg": 168}
@@ -483,6 +511,10 @@ def sparse_attention_triton(
         NUM_SPLITS=splits, CAUSAL=causal, IS_FP8=is_fp8, HEAD_MAJOR=layout == "HND",
         FP8_F16=fp8_f16, KEYS=keys, num_warps=4, num_stages=stages, **extra,
     )
+    _combine(o_part, l_part, out, lse, total_q, hq, d, v_scale, splits)
+
+
+def _combine(o_part, l_part, out, lse, total_q, hq, d, v_scale, splits) -> None:
     if splits > 1:
         block_h = min(16, triton.next_power_of_2(hq))
         _msa_combine_kernel[(total_q, -(-hq // block_h))](

@@ -1,0 +1,172 @@
+"""MSA sparse decode, transposed: keys on the wgmma M side, the query heads of a KV head on N.
+
+One program handles one query token, one KV head and one split of the token's de-duplicated
+block list (written by ``_msa_union_kernel`` with one-token tiles). Per selected 128-key
+block it computes Sᵀ = K·Qᵀ ([128 keys, GP heads]) straight from the TMA-loaded K tile in
+shared memory: Hopper wgmma with the keys on M, so no M rows are padding (the heads-on-M
+kernel pads 16 heads to a 16-row ``mma.sync`` tile, and for fp8 widens K and V to fp16 per
+element); with e4m3 q and K it is an fp8 QGMMA (exact products, fp32 accumulation). The
+online softmax runs over the keys (axis 0) in the exp2 domain with ``k_scale`` folded into
+the scale; Oᵀ [128 d, GP] += Vᵀ·Pᵀ with V widened to fp16 for e4m3 (exact) and P in fp16
+(bf16 for bf16 inputs, as the heads-on-M kernel). ``v_scale`` multiplies the output, the
+LSE is natural-log. Without a split it writes out / lse; with one the partial results go to
+the fp32 scratch that ``_msa_combine_kernel`` merges.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from mate._core.triton_helpers import INTERPRET, dot_operand, to_out_dtype
+
+__all__ = ["DECODE_VARIANT", "msa_decode_t_kernel", "decode_t_heads", "t_config", "t_programs_per_sm"]
+
+DECODE_VARIANT = {"kernel": "heads", "keys": 64, "stages": 2, "maxnreg": None,
+                  "fp8_keys": 64, "fp8_stages": 3, "fp8_maxnreg": None}
+"""Decode kernel of ``sparse_attention`` (module defaults; the benchmark times the others).
+
+``kernel``: "heads" (``_msa_sparse_fwd_kernel`` with one-token 16-row tiles) or "transposed"
+(:func:`msa_decode_t_kernel`). For the transposed kernel, ``keys`` / ``stages`` / ``maxnreg``
+(16-bit caches) and the ``fp8_`` ones: keys per TMA tile (64: each selected block read as
+two halves), pipelining stages and a register cap."""
+
+T_COMPILES = {
+    (False, 64, 2): (71, 71696), (False, 64, 3): (72, 104472), (False, 64, 4): (72, 137248),
+    (False, 128, 2): (80, 139280), (False, 128, 3): (87, 204824),
+    (True, 64, 2): (96, 28696), (True, 64, 3): (102, 45104), (True, 64, 4): (102, 61496),
+    (True, 128, 2): (173, 55320), (True, 128, 3): (168, 88112),
+}
+"""(fp8, keys, stages): (registers, shared memory bytes) of the sm_90 compile of the M3 tile
+(16 heads, 4 warps, unsplit, token-major cache; bf16 and fp16 alike), read with cuobjdump.
+No spills; QGMMA (fp8 Sᵀ) and HGMMA in the SASS, no ptxas warning."""
+
+_SM90_SHARED = 233472  # bytes per SM (228 KB); each resident program also reserves 1 KB
+_SM90_REGS = 65536
+
+
+def decode_t_heads(ratio: int) -> int:
+    """Head columns of a program: the group padded to a power of two, at least 16 (wgmma N
+    and ``tl.dot`` need 16)."""
+    return max(16, triton.next_power_of_2(ratio))
+
+
+def t_config(is_fp8: bool) -> tuple[int, int, int | None]:
+    """(keys per tile, stages, register cap) of the transposed kernel for this cache dtype."""
+    pre = "fp8_" if is_fp8 else ""
+    cap = DECODE_VARIANT[pre + "maxnreg"]
+    return int(DECODE_VARIANT[pre + "keys"]), int(DECODE_VARIANT[pre + "stages"]), int(cap) if cap else None
+
+
+def t_programs_per_sm(is_fp8: bool) -> int:
+    """Programs of the transposed kernel resident on one SM (registers and shared memory of
+    :data:`T_COMPILES`; an unlisted configuration is estimated), at most 5."""
+    keys, stages, cap = t_config(is_fp8)
+    tile = keys * 128 * (1 if is_fp8 else 2)
+    regs, smem = T_COMPILES.get((is_fp8, keys, stages), (128, 2 * tile * stages + 16384))
+    if cap:
+        regs = min(regs, cap)
+    by_regs = _SM90_REGS // (-(-regs // 8) * 8 * 128)
+    by_smem = _SM90_SHARED // (smem + 1024)
+    return max(1, min(5, by_regs, by_smem))
+
+
+@triton.jit
+def msa_decode_t_kernel(
+    q_ptr, stride_qt, stride_qh,
+    k_desc, v_desc,
+    tok_pos_ptr, tok_kvlen_ptr,
+    u_page_ptr, u_blk_ptr, u_cnt_ptr,
+    o_ptr, stride_ot, stride_oh, lse_ptr, stride_lt,
+    op_ptr, lp_ptr,
+    total_q, HQ, RATIO, qk_scale, v_scale,
+    GP: tl.constexpr, C: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    CAUSAL: tl.constexpr, IS_FP8: tl.constexpr, HEAD_MAJOR: tl.constexpr, FLAT: tl.constexpr = True,
+    KEYS: tl.constexpr = 128,
+):
+    t = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    n_kvh = tl.num_programs(1)
+    hl = tl.arange(0, GP)
+    h = kvh * RATIO + hl
+    hvalid = hl < RATIO
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_n = tl.arange(0, KEYS)
+    # Qᵀ [D, GP], d contiguous per head column (K-major B operand, as fp8 wgmma requires)
+    qt = tl.load(q_ptr + t.to(tl.int64) * stride_qt + h[None, :] * stride_qh + offs_d[:, None],
+                 mask=hvalid[None, :], other=0.0)
+    qt = dot_operand(qt)
+    pos = tl.load(tok_pos_ptr + t)
+    kv_len = tl.load(tok_kvlen_ptr + t)
+    limit = kv_len - 1
+    if CAUSAL:
+        limit = tl.minimum(limit, pos)
+    ubase = (t.to(tl.int64) * n_kvh + kvh) * C
+    cnt = tl.load(u_cnt_ptr + t * n_kvh + kvh)
+    if NUM_SPLITS == 1:
+        e0 = 0
+        e1 = cnt
+    else:
+        chunk = (cnt + NUM_SPLITS - 1) // NUM_SPLITS
+        e0 = split * chunk
+        e1 = tl.minimum(cnt, e0 + chunk)
+    m_i = tl.full([GP], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([GP], dtype=tl.float32)
+    acc = tl.zeros([HEAD_DIM, GP], dtype=tl.float32)
+    KPB: tl.constexpr = 128 // KEYS  # key sub-blocks per selected block
+    # the next entry's page and block, loaded one step ahead: the TMA loads then depend on
+    # loop-carried values, so the pipeliner gives them num_stages - 1 buffers (else 1)
+    e_last = tl.maximum(e1 - 1, 0)
+    page_n = tl.load(u_page_ptr + ubase + tl.minimum(e0, e_last))
+    blk_n = tl.load(u_blk_ptr + ubase + tl.minimum(e0, e_last))
+    for it in range(e0 * KPB, e1 * KPB):
+        k0 = (it % KPB) * KEYS
+        page = page_n
+        blk = blk_n
+        e_n = tl.minimum((it + 1) // KPB, e_last)
+        page_n = tl.load(u_page_ptr + ubase + e_n)
+        blk_n = tl.load(u_blk_ptr + ubase + e_n)
+        if FLAT:  # 2D views of contiguous caches: rows of HEAD_DIM values
+            if HEAD_MAJOR:
+                row = (page * n_kvh + kvh) * 128 + k0
+                kt = k_desc.load([row, 0])
+                vt = v_desc.load([row, 0])
+            else:
+                kt = k_desc.load([page * 128 + k0, kvh * HEAD_DIM])
+                vt = v_desc.load([page * 128 + k0, kvh * HEAD_DIM])
+        elif HEAD_MAJOR:
+            kt = tl.reshape(k_desc.load([page, kvh, k0, 0]), [KEYS, HEAD_DIM])
+            vt = tl.reshape(v_desc.load([page, kvh, k0, 0]), [KEYS, HEAD_DIM])
+        else:
+            kt = tl.reshape(k_desc.load([page, k0, kvh, 0]), [KEYS, HEAD_DIM])
+            vt = tl.reshape(v_desc.load([page, k0, kvh, 0]), [KEYS, HEAD_DIM])
+        s = tl.dot(dot_operand(kt), qt) * qk_scale  # Sᵀ [KEYS, GP]
+        kpos = blk * 128 + k0 + offs_n
+        s = tl.where((kpos <= limit)[:, None], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=0))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_use[None, :])
+        alpha = tl.exp2(m_i - m_use)
+        l_i = l_i * alpha + tl.sum(p, axis=0)
+        if IS_FP8:
+            vt = vt.to(tl.float16)  # exact for e4m3
+        pv = to_out_dtype(p, vt.dtype)
+        if INTERPRET:
+            acc = acc * alpha[None, :] + tl.dot(tl.trans(vt).to(tl.float32), pv.to(tl.float32))
+        else:
+            acc = acc * alpha[None, :] + tl.dot(tl.trans(vt), pv)
+        m_i = m_new
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(l_safe)) * 0.6931471805599453)
+    if NUM_SPLITS == 1:
+        o = acc / l_safe[None, :] * v_scale
+        tl.store(o_ptr + t.to(tl.int64) * stride_ot + h[None, :] * stride_oh + offs_d[:, None],
+                 to_out_dtype(o, o_ptr.dtype.element_ty), mask=hvalid[None, :])
+        tl.store(lse_ptr + t.to(tl.int64) * stride_lt + h, lse, mask=hvalid)
+    else:
+        o = acc / l_safe[None, :]
+        prow = (split.to(tl.int64) * total_q + t) * HQ + h
+        tl.store(op_ptr + prow[None, :] * HEAD_DIM + offs_d[:, None], o, mask=hvalid[None, :])
+        tl.store(lp_ptr + prow, lse, mask=hvalid)
