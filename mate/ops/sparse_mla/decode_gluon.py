@@ -155,6 +155,10 @@ def sparse_mla_decode_gluon_kernel(
     # and cp.async of 512- and 64-byte row pieces.
     G_L: gl.constexpr = gl.BlockedLayout([1, 16], [1, 32], [8, 1], [1, 0])
     R_L: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [8, 1], [1, 0])
+    # V widening (ring -> fp16 tile): a warp covers 8 rows x 64 values, i.e. one 128-byte
+    # swizzle atom of the fp16 tile, so its stores are free of bank conflicts (row-wide
+    # warps, as in G_L, put all eight 128-byte column blocks of a row on the same banks).
+    VC_L: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [8, 1], [1, 0])
     # S [64 heads, 64 rows]: warpgroups side by side on N (32 gathered rows each); k = 32 for FP8.
     S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 32, 32])
     # O [64, 512]: each warpgroup owns 256 value columns; k = 16 for fp16.
@@ -233,7 +237,7 @@ def sparse_mla_decode_gluon_kernel(
         tok_s = gl.load(idx_row + slots_next, mask=slots_next < hi, other=-1)
         p, alpha, m_i, l_i = _online_softmax(s, tok, num_tokens, qk_scale_log2, m_i, l_i)
         p_smem.store(p.to(gl.float16))
-        v_smem.store(k_ring.index(0).load(G_L).to(gl.float16))
+        v_smem.store(k_ring.index(0).load(VC_L).to(gl.float16))
         for it in range(n_iter):
             # block it + 1 landed; P and V of block it are in shared memory; every thread is
             # done with block it's ring slot, refilled next
@@ -257,7 +261,7 @@ def sparse_mla_decode_gluon_kernel(
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))  # P·V of block it done
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_L))[:, None]
             p_smem.store(p.to(gl.float16))
-            v_smem.store(k_ring.index(nxt).load(G_L).to(gl.float16))
+            v_smem.store(k_ring.index(nxt).load(VC_L).to(gl.float16))
     else:
         for it in range(n_iter):
             start = lo + it * BLOCK_N
@@ -282,7 +286,7 @@ def sparse_mla_decode_gluon_kernel(
             s = warpgroup_mma(qr_smem, r_cur.permute((1, 0)), s, is_async=True)
             # While S is computed: V = the first 512 values of the same rows, e4m3 -> fp16
             # (exact), into shared memory (the previous P·V, which read it, is complete).
-            v_smem.store(k_cur.load(G_L).to(gl.float16))
+            v_smem.store(k_cur.load(VC_L).to(gl.float16))
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
 
             p, alpha, m_i, l_i = _online_softmax(s, tok, num_tokens, qk_scale_log2, m_i, l_i)
