@@ -8,10 +8,10 @@ For each M bucket (its upper bound as the representative M) and each DeepSeek-V3
 it times cuBLAS blockwise (through mate's cublas backend) and every Triton config of the
 sweep (CUDA-graph replay, rotated inputs). A bucket's entry is the Triton config with the
 best geometric-mean time over the (N, K) shapes, and its backend is the faster path on
-most shapes; (bucket, N, K) where the other backend wins by more than 3% become
-overrides. A config's num_stages is a cap: ``tuning.groupwise_config`` lowers it for short
-K loops, and a config without SPLIT_K gets the one-wave split rule. ``--write`` rewrites
-the block between ``BEGIN TABLE`` and ``END TABLE``.
+most shapes; a (bucket, N, K) whose fastest candidate (a Triton config or cuBLAS) beats the
+entry by more than 3% becomes an override. A config's num_stages is a cap:
+``tuning.groupwise_config`` lowers it for short K loops, and a config without SPLIT_K gets
+the one-wave split rule. ``--write`` rewrites the block between ``BEGIN TABLE`` and ``END TABLE``.
 """
 
 from __future__ import annotations
@@ -46,7 +46,11 @@ def configs_for(m: int) -> list[dict]:
                 continue
             out.append({"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": warps, "num_stages": stages})
         for split in (2, 4, 8):
-            out.append({"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 5, "SPLIT_K": split})
+            out.append({"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 6, "SPLIT_K": split})
+        # 3 stages: 72 KB of shared memory, so 3 CTAs per SM overlap one tile's epilogue
+        # with the next tiles' loads (the best (128, 24576, 1536) config)
+        out.append({"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3})
+        out.append({"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3})
         out.append({"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 5, "REDUCE": "launch"})
         # lagged scaling (a step's wgmma overlaps the scaling of the previous product) and
         # 256-column tiles (half the activation re-reads of 128-column tiles)
@@ -170,6 +174,9 @@ def sweep_grouped(G: int = 4, rows: int = 8192, n: int = 4096, k: int = 7168) ->
 
 
 def build_table(results: dict) -> tuple[dict, dict]:
+    """A bucket's entry: the Triton config with the best geometric-mean time over its shapes,
+    on the backend that wins most of them. A (bucket, N, K) whose fastest candidate (any
+    Triton config or cuBLAS) beats the entry by more than 3% becomes an override."""
     table, overrides = {}, {}
     for key in BUCKET_M:
         shapes = {k: v for k, v in results.items() if k.split(",")[0] == key}
@@ -186,13 +193,14 @@ def build_table(results: dict) -> tuple[dict, dict]:
         backend = "triton" if wins * 2 > len(shapes) else "cublas"
         table[key] = {"backend": backend, **json.loads(best_cfg)}
         for sk, v in shapes.items():
-            t_best = min(v["triton"].values())
-            other = "cublas" if backend == "triton" else "triton"
             t_this = v["triton"][best_cfg] if backend == "triton" else v["cublas"]
-            t_other = v["cublas"] if other == "cublas" else t_best
-            if t_other < 0.97 * t_this:
-                cfg = min(v["triton"], key=v["triton"].get)
-                overrides[sk] = {"backend": other, **json.loads(cfg)}
+            fastest = min(v["triton"], key=v["triton"].get)
+            if v["cublas"] < v["triton"][fastest]:
+                t_best, best = v["cublas"], {"backend": "cublas", **json.loads(best_cfg)}
+            else:
+                t_best, best = v["triton"][fastest], {"backend": "triton", **json.loads(fastest)}
+            if t_best < 0.97 * t_this:
+                overrides[sk] = best
     return table, overrides
 
 

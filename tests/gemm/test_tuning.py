@@ -13,10 +13,11 @@ def test_m_buckets_and_table_cover_every_m():
         assert key in tuning.GROUPWISE_TABLE
         assert tuning.groupwise_backend(m, 2112, 7168) in ("cublas", "triton")
     assert tuning.m_bucket(16) == "m16" and tuning.m_bucket(17) == "m32" and tuning.m_bucket(1 << 20) == "mmax"
-    # measured: small M goes to Triton, large M to cuBLAS, (128, 24576, 1536) to cuBLAS
+    # measured: small M goes to Triton, large M to cuBLAS, (128, 32768, 512) to cuBLAS
     assert tuning.groupwise_backend(64, 2112, 7168) == "triton"
     assert tuning.groupwise_backend(4096, 4096, 7168) == "cublas"
-    assert tuning.groupwise_backend(128, 24576, 1536) == "cublas"
+    assert tuning.groupwise_backend(128, 24576, 1536) == "triton"
+    assert tuning.groupwise_backend(128, 32768, 512) == "cublas"
 
 
 def test_split_k_only_when_tiles_do_not_fill_the_gpu():
@@ -34,7 +35,11 @@ def test_split_k_only_when_tiles_do_not_fill_the_gpu():
 def test_stages_follow_the_k_loop_length():
     assert tuning.groupwise_config(64, 24576, 1536, fp8_out=False)["num_stages"] == 4  # 12 K blocks
     assert tuning.groupwise_config(64, 2112, 7168, fp8_out=False)["num_stages"] == 5  # 56 / 4 splits
-    assert tuning.groupwise_config(128, 4096, 7168, fp8_out=False)["num_stages"] == 6  # 56, no split
+    assert tuning.groupwise_config(128, 7168, 16384, fp8_out=False)["num_stages"] == 6  # 128, no split
+    # measured override: two waves of 64x64 programs (2 splits of 28 K blocks)
+    cfg = tuning.groupwise_config(128, 4096, 7168, fp8_out=False)
+    assert (cfg["BLOCK_N"], cfg["SPLIT_K"], cfg["num_stages"]) == (64, 2, 5)
+    assert tuning.groupwise_config(128, 24576, 1536, fp8_out=False)["num_stages"] == 3  # 3 CTAs per SM
     assert tuning.groupwise_config(4096, 4096, 7168, fp8_out=False)["num_stages"] <= 4  # the entry caps it
 
 
