@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from mate._core.dispatch import interpreter_active
 from mate._core.triton_helpers import to_fp8_e4m3, to_out_dtype
 
 __all__ = ["groupwise_gemm_triton", "PLAIN", "CONTIGUOUS", "MASKED"]
@@ -353,8 +354,11 @@ def groupwise_gemm_triton(
     BLOCK_M, BLOCK_N, SPLIT_K, GROUP_M, num_warps, num_stages and optionally TMA (default
     True: TMA loads when both operands allow them, else pointer loads, whose BLOCK_N is
     capped at 128), REDUCE (``"fused"``, the default: the last split of a tile reduces;
-    ``"launch"``: a second kernel reduces) and MMA_LAG (TMA kernel: scale each step's
-    product during the next step, so a wgmma overlaps the scaling; default False).
+    ``"launch"``: a second kernel reduces), MMA_LAG (TMA kernel: scale each step's
+    product during the next step, so a wgmma overlaps the scaling; default False) and
+    GLUON (PLAIN/CONTIGUOUS layouts, bf16/fp16 output, on a Hopper GPU: the persistent
+    warp-specialized kernel of ``groupwise_gluon.py`` with BLOCK_M, BLOCK_N, num_stages,
+    GROUP_M and SPLIT_N; SPLIT_K is ignored; elsewhere the option is ignored).
     """
     M, K = a.shape[-2], a.shape[-1]
     N = b.shape[-2]
@@ -362,6 +366,13 @@ def groupwise_gemm_triton(
     if M == 0 or N == 0 or out.numel() == 0:
         return
     out_fp8 = out.dtype == torch.float8_e4m3fn
+    if config.get("GLUON") and layout != MASKED and not out_fp8 and not interpreter_active():
+        from mate.ops.gemm.groupwise_gluon import gluon_supported, groupwise_gemm_gluon
+
+        if gluon_supported(a, b, out):
+            groupwise_gemm_gluon(a, b, a_scale, a_scale_strides, b_scale, b_scale_strides, out, layout=layout,
+                                 config=config, m_indices=m_indices)
+            return
     use_tma = config.get("TMA", True) and _tma_ok(a) and _tma_ok(b)
     bm, bn = config["BLOCK_M"], config["BLOCK_N"]
     if not use_tma:
