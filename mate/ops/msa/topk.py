@@ -6,8 +6,8 @@ chosen by score (blocks >= n, forced blocks appended outside the top-k) the smal
 Selection then runs in two steps per row:
 
 1. **threshold**: the K-th largest key ``tau`` (with multiplicity), either by a bitwise
-   binary search over the keys held in registers (``radix``, the default for rows of up to
-   4,096 tiles: one compare + row sum per bit, early exit) or by a bitonic top-K of the
+   binary search over the keys held in registers (``radix``: one compare + row sum per
+   bit, early exit) or by a bitonic top-K of the
    int32 keys (``tl.topk``). Short rows (``max_k_tiles <= CHUNK``) do it once on
    registers; long rows (up to 12,287 tiles and more) scan ``CHUNK``-wide pieces and merge
    each piece's top-K into a running top-K (a tournament), so registers stay bounded.
@@ -18,10 +18,12 @@ Selection then runs in two steps per row:
    are -1. Rows with ``n <= W`` take every valid block (the identity fast path; a block
    of rows where all are short skips step 1 entirely).
 
-``interval`` (:func:`_topk_interval_kernel`, rows held in registers) gives every forced
-block the largest key, so a long row's output is exactly its W largest keys, finds that
-W-th largest key by bisecting a key interval that starts at a cheap group-max lower bound
-(~6 steps against 13-15 for the bitwise search), and takes prefix sums by warp ballots.
+``interval`` (:func:`_topk_interval_kernel`, the default: rows of up to 16,384 tiles held
+in registers, one warp per 1,024 tiles, two at 1,024) gives every forced block the largest
+key, so a long row's output is exactly its W largest keys, finds that W-th largest key by
+bisecting a key interval that starts at a cheap group-max lower bound (~6 steps against
+13-15 for the bitwise search), and takes prefix sums by warp ballots. H200 figures:
+:data:`TOPK_METHOD`.
 """
 
 from __future__ import annotations
@@ -366,12 +368,18 @@ def _topk_interval_kernel(
                  mask=(row_ok & short)[:, None] & (wc[None, :] < W) & (wc[None, :] >= n[:, None]))
 
 TOPK_METHODS = ("bitonic", "radix", "interval")
-TOPK_METHOD = os.environ.get("MATE_MSA_TOPK_METHOD", "radix")
+TOPK_METHOD = os.environ.get("MATE_MSA_TOPK_METHOD", "interval")
 """Threshold method of the public path (see :func:`sparse_topk_select_triton`); the
 environment variable ``MATE_MSA_TOPK_METHOD`` (``bitonic`` / ``radix`` / ``interval``)
-overrides it. H200 at 32768 x 4 x 256: radix 252 us, bitonic 360 us. ``interval`` (not
-yet timed) runs about 600 instructions per 256-tile row against about 1,300 for radix
-(sm_90 SASS, benchmarks/compile_msa_topk.py: 40 per bisection step, ~5.6 steps)."""
+overrides it. H200, top-16 + 1 forced end block, 4 heads (copy 4,164 GB/s;
+benchmarks/bench_msa_topk_variants.py): 32768 x 256 tiles interval 113.8 us (28% of copy),
+radix 251.5, bitonic 360.5, torch.topk 1,657; with causal query positions interval 123.2,
+radix 239.0; 8192 x 1024 interval (2 warps) 124.3, radix 328.8; 1024 x 12287 interval
+(rows in registers, max_chunk 16384) 525.8, radix (tournament) 1,234, torch.topk 673."""
+
+INTERVAL_MAX_CHUNK = 16384
+"""Longest row the interval kernel holds in registers (16 warps); longer rows take the
+chunked tournament."""
 
 _DUMMY: dict[torch.device, torch.Tensor] = {}
 
@@ -399,7 +407,10 @@ def topk_config(num_tiles: int, k: int, max_chunk: int = 4096, method: str = "bi
         # warp (shuffles, no shared memory or barrier) and each row exits its search early
         # (H200 compile at 256 tiles: 55 registers, ~35 instructions per bit per row)
         rows = rows_per_program or (max(1, 1024 // chunk) if INTERPRET else 1)
-        return dict(CHUNK=chunk, SINGLE=True, ROWS=rows, num_warps=max(1, chunk // 1024))
+        warps = max(1, chunk // 1024)
+        if method == "interval" and chunk == 1024:
+            warps = 2  # H200 8192 x 4 x 1024: 124.3 us against 131.3 (1 warp) and 151.2 (4 warps)
+        return dict(CHUNK=chunk, SINGLE=True, ROWS=rows, num_warps=warps)
     # ~8 keys per thread: 60 registers at 256 tiles (H200 compile), so 8 programs fit an SM
     rows = max(1, 1024 // chunk)
     return dict(CHUNK=chunk, SINGLE=single, ROWS=rows, num_warps=4 if chunk <= 1024 else 8)
@@ -415,13 +426,15 @@ def sparse_topk_select_triton(
     force_begin_blocks: int,
     force_end_blocks: int,
     force_blocks_count_in_topk: bool,
-    max_chunk: int = 4096,
+    max_chunk: int | None = None,
     method: str | None = None,
     rows_per_program: int | None = None,
     num_warps: int | None = None,
 ) -> None:
     """Launches the selection on validated tensors (contiguous fp32 scores, int32 output).
-    ``max_chunk`` (a power of two >= 16) exists for tests of the long-row path.
+    ``max_chunk`` (a power of two >= 16; default :data:`INTERVAL_MAX_CHUNK` for ``interval``,
+    4,096 otherwise) is the longest row held in registers; tests lower it to reach the
+    long-row path.
     ``method`` picks the threshold step of rows held in registers: ``"bitonic"``
     (``tl.topk``), ``"radix"`` (bitwise binary search, :func:`_radix_threshold`) or
     ``"interval"`` (:func:`_topk_interval_kernel`); default :data:`TOPK_METHOD`. All give
@@ -430,6 +443,8 @@ def sparse_topk_select_triton(
     method = TOPK_METHOD if method is None else method
     if method not in TOPK_METHODS:
         raise ValueError(f"method must be one of {TOPK_METHODS}, got {method!r}")
+    if max_chunk is None:
+        max_chunk = INTERVAL_MAX_CHUNK if method == "interval" else 4096
     total_q, H, T = max_score.shape
     W = output.shape[2]
     n_rows = total_q * H
