@@ -17,8 +17,11 @@ Rows:
 - FlexAttention with a token-level ``mask_mod`` encoding the same selections (compiled,
   ``create_block_mask`` compiled) at 8K only, when ``MATE_BENCH_FLEX=1`` (it costs about a
   minute of compilation; gpu-peers.md measured 13.8 ms at 8K and 277 ms at 32K);
-- decode, B = 128, q_len 1, 64K context, bf16 and fp8 KV: mate split decode and a naive
-  PyTorch gather + einsum; GB/s of the selected K/V bytes against the copy bandwidth.
+- decode, B = 128, q_len 1, 64K context, bf16 and fp8 KV: mate split decode (the module's
+  decode kernel, and the transposed kernel of ``sparse_decode.py`` at its settings) and a
+  naive PyTorch gather + einsum; GB/s of the selected K/V bytes against the copy bandwidth.
+  The lists hold 16 blocks (15 + the forced end block); the MSA decode device requests use
+  17 (16 + 1), which reads 6% more bytes.
 
 Effective TFLOP/s count 4 * d * (visible selected keys) per query head.
 """
@@ -248,6 +251,26 @@ def _decode_rows(ceilings: dict, B: int, ctx: int, dtype: torch.dtype) -> list[d
         rows.append(record(ceilings, family=FAMILY, op="sparse_decode", shape=shape,
                            impl="mate" + ("" if splits == -1 else f" splits={splits}"), time_us=t_us, flops=flops,
                            nbytes=nbytes, dtype=name, ceiling="copy_GBps", note=note))
+
+    from mate.ops.msa import sparse_decode as sd
+
+    t_default = dict(sd.DECODE_VARIANT)
+    for splits in (-1, 1, 2):  # the transposed decode kernel (keys on wgmma M) at its module settings
+        sd.DECODE_VARIANT["kernel"] = "transposed"
+        try:
+            t_us = time_fn(lambda s=splits: sparse_attention(
+                q, k, v, kv_block_indexes=idx, page_table=table, qo_indptr=qo, kv_lens=kvl, out=out, lse=lse,
+                causal=True, decode=True, num_kv_splits=s, num_kv_heads=HKV), iters=50)
+            keys, stages, cap = sd.t_config(dtype == torch.float8_e4m3fn)
+            note = f"selected K/V bytes; {keys}-key tiles, {stages} stages" + (f", maxnreg {cap}" if cap else "")
+        except Exception as exc:
+            t_us, note = None, f"failed: {exc}"[:300]
+        finally:
+            sd.DECODE_VARIANT.clear()
+            sd.DECODE_VARIANT.update(t_default)
+        rows.append(record(ceilings, family=FAMILY, op="sparse_decode", shape=shape,
+                           impl="mate transposed" + ("" if splits == -1 else f" splits={splits}"), time_us=t_us,
+                           flops=flops, nbytes=nbytes, dtype=name, ceiling="copy_GBps", note=note))
 
     if dtype == torch.float8_e4m3fn:  # the fp8 code paths side by side (module defaults swapped per row)
         from mate.ops.msa import sparse_attention as sa
