@@ -21,15 +21,22 @@ from mate.ops.msa.reference_select import topk_select_reference
 from mate.testing.bench import time_fn
 
 SHAPES = [(32768, 256, False), (32768, 256, True), (8192, 1024, False), (1024, 12287, False)]
-VARIANTS = [  # label, launcher keywords
-    ("radix (old default)", dict(method="radix")),
-    ("bitonic", dict(method="bitonic")),
-    ("interval", dict(method="interval")),
-    ("interval rows2", dict(method="interval", rows_per_program=2)),
-    ("interval rows2 warps2", dict(method="interval", rows_per_program=2, num_warps=2)),  # a row per warp
-    ("interval max_chunk=16384", dict(method="interval", max_chunk=16384)),  # long rows in registers, 16 warps
-    ("interval warps2", dict(method="interval", num_warps=2)),  # 1024 tiles only: a row over 2 / 4 warps
-    ("interval warps4", dict(method="interval", num_warps=4)),
+VARIANTS = [  # label, launcher keywords, tile counts it runs at (None: all)
+    ("interval (default)", dict(), None),
+    ("radix", dict(method="radix"), None),
+    ("interval warps2", dict(method="interval", num_warps=2), (256,)),  # a row over 2 warps
+    # one-row programs as a loop over tokens, N programs per SM (loop xN), next row loaded ahead
+    ("loop x16", dict(programs_per_sm=16), (256,)),
+    ("loop x28", dict(programs_per_sm=28), (256,)),  # 72 registers: 28 one-warp programs per SM
+    ("loop x32 maxnreg64", dict(programs_per_sm=32, maxnreg=64), (256,)),
+    ("loop x32 no prefetch", dict(programs_per_sm=32, prefetch=False), (256,)),
+    ("loop warps2 x16", dict(programs_per_sm=16, num_warps=2), (256,)),
+    ("loop warps2 x24", dict(programs_per_sm=24, num_warps=2), (256,)),  # 40 registers
+    ("loop warps4 x12", dict(programs_per_sm=12, num_warps=4), (256, 1024)),
+    ("loop warps2 x8", dict(programs_per_sm=8, num_warps=2), (1024,)),  # 128 registers
+    ("loop warps2 x10 no prefetch", dict(programs_per_sm=10, num_warps=2, prefetch=False), (1024,)),
+    ("loop warps4 x6", dict(programs_per_sm=6, num_warps=4), (1024,)),  # 80 registers
+    ("loop x1", dict(programs_per_sm=1), (12287,)),  # 16 warps, 128 registers
 ]
 H, K = 4, 16
 
@@ -46,7 +53,7 @@ def main() -> int:
     torch.manual_seed(0)
     ceiling = copy_gbps()
     print(f"copy bandwidth {ceiling:.0f} GB/s")
-    print(f"{'shape':40s} {'variant':22s} {'us':>8s} {'GB/s':>7s} {'of copy':>7s}  check")
+    print(f"{'shape':26s} {'variant':28s} {'us':>8s} {'GB/s':>7s} {'of copy':>7s}  check")
     bad = 0
     for total_q, tiles, causal in SHAPES:
         nbytes = total_q * H * tiles * 4
@@ -61,10 +68,8 @@ def main() -> int:
                   force_blocks_count_in_topk=False)
         ref = topk_select_reference(scores[0], **kw)
         shape = f"{total_q}x{H}x{tiles}" + (" causal qpos" if causal else "")
-        for label, v in VARIANTS:
-            if (tiles > 4096) != ("max_chunk" in v) and label != "radix (old default)":
-                continue  # rows over 4,096 tiles: the chunked path is the same kernel for every method
-            if "num_warps" in v and "rows_per_program" not in v and tiles != 1024:
+        for label, v, at in VARIANTS:
+            if at is not None and tiles not in at:
                 continue
             try:
                 out.fill_(-7)
@@ -74,15 +79,15 @@ def main() -> int:
                 t = time_fn(fns, iters=50)
                 gbps = nbytes / (t * 1e-6) / 1e9
                 bad += not ok
-                print(f"{shape:40s} {label:22s} {t:8.1f} {gbps:7.0f} {gbps / ceiling:7.1%}  "
+                print(f"{shape:26s} {label:28s} {t:8.1f} {gbps:7.0f} {gbps / ceiling:7.1%}  "
                       f"{'exact' if ok else 'MISMATCH'}", flush=True)
             except Exception as exc:  # a variant that fails still leaves a line
                 bad += 1
-                print(f"{shape:40s} {label:22s} failed: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+                print(f"{shape:26s} {label:28s} failed: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
         if not causal:
             t = time_fn([lambda s=s: torch.topk(s, K, dim=-1) for s in scores], iters=50)
             gbps = nbytes / (t * 1e-6) / 1e9
-            print(f"{shape:40s} {'torch.topk':22s} {t:8.1f} {gbps:7.0f} {gbps / ceiling:7.1%}  (peer)", flush=True)
+            print(f"{shape:26s} {'torch.topk':28s} {t:8.1f} {gbps:7.0f} {gbps / ceiling:7.1%}  (peer)", flush=True)
         del scores, ref
         torch.cuda.empty_cache()
     print("all exact" if bad == 0 else f"{bad} variant(s) MISMATCH or failed")

@@ -30,19 +30,35 @@ VARIANTS = {  # name: (method, rows per program[, warps])
     "interval_rows4_warps4": ("interval", 4, 4),
     "interval_warps2": ("interval", 1, 2),
     "interval_warps4": ("interval", 1, 4),
+    # one-row programs as a loop over tokens (programs_per_sm), next row loaded ahead or not
+    "interval_loop": ("interval_loop", 1),
+    "interval_loop_noprefetch": ("interval_loop_noprefetch", 1),
+    "interval_loop_maxnreg64": ("interval_loop", 1, None, 64),  # 32 one-warp programs per SM
+    "interval_loop_warps2": ("interval_loop", 1, 2),
+    "interval_loop_warps4": ("interval_loop", 1, 4),
 }
 
 
 def compile_one(name: str, chunk: int, k: int, sass_dir: str | None) -> None:
-    method, rows, *warps = VARIANTS[name]
+    method, rows, *extra = VARIANTS[name]
+    warps = [w for w in extra[:1] if w]
+    maxnreg = extra[1] if len(extra) > 1 else None
     sig = {"s_ptr": "*fp32", "out_ptr": "*i32", "qpos_ptr": "*i64", "n_rows": "i32", "num_tiles": "i32",
            "num_valid_pages": "i32", "H": "i32", "fb": "i32", "fe": "i32", "counted": "i32", "W": "i32",
            "has_qpos": "i32"}
-    cfg = tk.topk_config(chunk, k, max(4096, chunk), method=method, rows_per_program=rows)
+    cfg = tk.topk_config(chunk, k, max(4096, chunk), method=method.split("_")[0], rows_per_program=rows)
     if warps:
         cfg["num_warps"] = warps[0]
     constexprs = {"K": k, "W_P2": 64, "ROWS": cfg["ROWS"], "CHUNK": cfg["CHUNK"]}
-    if method == "interval":
+    if method.startswith("interval_loop"):
+        kernel = tk._topk_interval_persistent_kernel
+        sig = {n: t for n, t in sig.items() if n not in ("n_rows", "counted")}
+        sig["total_q"] = "i32"
+        constexprs = {"CHUNK": cfg["CHUNK"], "G1": min(cfg["CHUNK"], max(16, triton.next_power_of_2(k))),
+                      "W_P2": 64, "PREFETCH": method == "interval_loop"}
+        sig = {n: sig[n] for n in ["s_ptr", "out_ptr", "qpos_ptr", "total_q", "num_tiles", "num_valid_pages", "H",
+                                   "fb", "fe", "W", "has_qpos"]}
+    elif method == "interval":
         kernel = tk._topk_interval_kernel
         constexprs["G"] = min(cfg["CHUNK"], max(32, triton.next_power_of_2(k + 1)))
         constexprs["G1"] = min(cfg["CHUNK"], max(16, triton.next_power_of_2(k)))
@@ -53,10 +69,13 @@ def compile_one(name: str, chunk: int, k: int, sass_dir: str | None) -> None:
     names = list(sig)
     # what the launcher's specialization sees: 16-byte aligned tensors, num_tiles % 16 == 0
     # (256, 1024) where num_tiles is specialized (not in the interval kernel)
-    aligned = ["s_ptr", "out_ptr", "qpos_ptr"] + (["num_tiles"] if chunk % 16 == 0 and method != "interval" else [])
+    aligned = ["s_ptr", "out_ptr", "qpos_ptr"] + (["num_tiles"] if chunk % 16 == 0 and method == "radix" else [])
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
     src = ASTSource(fn=kernel, signature=sig, constexprs=constexprs, attrs=attrs)
-    kern = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg["num_warps"]})
+    opts = {"num_warps": cfg["num_warps"]} | ({"num_stages": 1} if method.startswith("interval_loop") else {})
+    if maxnreg:
+        opts["maxnreg"] = maxnreg
+    kern = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
     tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     path = os.path.join(sass_dir or "/tmp", f"topk_{name}_{chunk}.cubin")
     with open(path, "wb") as f:

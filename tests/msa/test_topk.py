@@ -84,21 +84,21 @@ def test_reference_matches_loop():
         assert_equal(ref, loop)
 
 
-def _check_kernel(s, topk, kw, qpos, max_chunk=4096, method=None, rows_per_program=None):
+def _check_kernel(s, topk, kw, qpos, max_chunk=4096, method=None, rows_per_program=None, **launch):
     total_q, H, T = s.shape
     width = topk if kw["force_blocks_count_in_topk"] else topk + kw["force_begin_blocks"] + kw["force_end_blocks"]
     ref = topk_select_reference(s, query_positions=qpos, topk=topk, num_valid_pages=kw["num_valid_pages"] or T,
                                 force_begin_blocks=kw["force_begin_blocks"], force_end_blocks=kw["force_end_blocks"],
                                 force_blocks_count_in_topk=kw["force_blocks_count_in_topk"])
     out = poisoned((total_q, H, width), torch.int32, s.device)
-    if max_chunk == 4096 and method is None:
+    if max_chunk == 4096 and method is None and not launch:
         got = sparse_topk_select(s, topk, output=out, query_positions=qpos, **kw)
         assert got is out
     else:
         sparse_topk_select_triton(s, out, query_positions=qpos, topk=topk, num_valid_pages=kw["num_valid_pages"] or T,
                                   force_begin_blocks=kw["force_begin_blocks"], force_end_blocks=kw["force_end_blocks"],
                                   force_blocks_count_in_topk=kw["force_blocks_count_in_topk"], max_chunk=max_chunk,
-                                  method=method, rows_per_program=rows_per_program)
+                                  method=method, rows_per_program=rows_per_program, **launch)
     assert_equal(out, ref)
 
 
@@ -151,6 +151,20 @@ def test_interval_threshold_random_cases_exact(levels, device, triton_backend):
     topk, kw = random_config(rng, T)
     qpos = torch.randint(-300, T * 128 + 50, (tq,), device=device) if rng.random() < 0.5 else None
     _check_kernel(s, topk, kw, qpos, method="interval", rows_per_program=rng.choice([1, 2]))
+
+
+@pytest.mark.parametrize("prefetch", [True, False])
+def test_interval_loop_random_cases_exact(prefetch, device, triton_backend):
+    """One-row interval programs looping over tokens (a few programs per head, each
+    taking several tokens; with prefetch the next row is loaded ahead) equal the
+    reference."""
+    rng = random.Random()
+    T = rng.choice([33, 100, 256])
+    tq, H = rng.randint(5, 9), rng.randint(1, 3)
+    s = random_scores(tq, H, T, levels=rng.choice([None, 3, 40]), device=device)
+    topk, kw = random_config(rng, T)
+    qpos = torch.randint(-300, T * 128 + 50, (tq,), device=device) if rng.random() < 0.5 else None
+    _check_kernel(s, topk, kw, qpos, method="interval", rows_per_program=1, programs_per_sm=1, prefetch=prefetch)
 
 
 @pytest.mark.parametrize("method", ["radix", "interval"])
@@ -274,6 +288,25 @@ def test_gpu_interval_thousand_random_cases_with_ties():
         topk = max(topk, 8)
         qpos = torch.randint(-300, T * 128 + 50, (tq,), generator=gen).cuda() if rng.random() < 0.4 else None
         _check_kernel(s, topk, kw, qpos, method="interval", rows_per_program=rng.choice([1, 2]) if T == 256 else 1)
+
+
+@pytest.mark.gpu
+def test_gpu_interval_loop_random_cases_with_ties():
+    """The token-loop interval kernel (prefetch on and off, 1-4 warps, few programs so each
+    loops over many tokens) on random cases with ties, specials, forced blocks, short rows
+    and query positions."""
+    rng = random.Random(99)
+    gen = torch.Generator().manual_seed(99)
+    for i in range(300):
+        T = rng.choice([17, 100, 256, 256, 1000])
+        tq, H = rng.randint(1, 300), rng.randint(1, 4)
+        s = random_scores(tq, H, T, levels=rng.choice([2, 3, 8, 64, None]), specials=i % 2 == 0, gen=gen,
+                          device="cuda")
+        topk, kw = random_config(rng, T)
+        topk = max(topk, 8)
+        qpos = torch.randint(-300, T * 128 + 50, (tq,), generator=gen).cuda() if rng.random() < 0.4 else None
+        _check_kernel(s, topk, kw, qpos, method="interval", rows_per_program=1, programs_per_sm=rng.choice([1, 3]),
+                      prefetch=rng.random() < 0.7, num_warps=rng.choice([1, 2, 4]) if T == 256 else None)
 
 
 @pytest.mark.gpu
