@@ -75,6 +75,8 @@ def test_transposed_programs_per_sm_and_workspace_bound(monkeypatch):
 
     cpu = torch.device("cpu")
     monkeypatch.setitem(sd.DECODE_VARIANT, "kernel", "transposed")
+    assert sd.t_programs_per_sm(False) == 2  # 64-key tiles, 3 stages: 104 KB
+    monkeypatch.setitem(sd.DECODE_VARIANT, "stages", 2)
     assert sd.t_programs_per_sm(False) == 3  # 64-key tiles, 2 stages: 72 KB
     assert sd.t_programs_per_sm(True) == 4  # fp8 64-key tiles, 3 stages: 102 registers
     monkeypatch.setitem(sd.DECODE_VARIANT, "keys", 128)
