@@ -140,8 +140,15 @@ def test_bmm_fp8_gpu(backend):
         assert_close(out, ref, atol=1e-3 * float(ref.abs().max()), max_rel_error=1e-2)
 
 
-def test_grouped_contiguous_gpu():
-    G, n, k, rows = 4, 4096, 7168, [300, 0, 128, 517]
+@pytest.mark.parametrize("n,k,rows", [(4096, 7168, [300, 0, 128, 517]),
+                                      (4096, 1024, [4196, 0, 4096, 8000])])  # >= 4096 tiles: the Gluon kernel
+def test_grouped_contiguous_gpu(n, k, rows):
+    from mate.ops.gemm import tuning
+
+    G = 4
+    m_total = sum(-(-r // 128) * 128 for r in rows)
+    gluon = tuning.grouped_config(m_total, n, k).get("GLUON", False)
+    assert gluon == (rows[-1] == 8000)
     idx = []
     for g, r in enumerate(rows):
         idx += [g] * r + [-1] * (-(-r // 128) * 128 - r)

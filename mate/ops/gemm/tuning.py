@@ -121,14 +121,26 @@ def groupwise_config(m: int, n: int, k: int, fp8_out: bool) -> dict:
     return e
 
 
+GLUON_GROUPED_MIN_TILES = 4096
+"""128x128 output tiles from which the contiguous layout runs the persistent Gluon kernel."""
+
+
 def grouped_config(m: int, n: int, k: int) -> dict:
     """Contiguous MoE layout: groups are 128-row aligned, so BLOCK_M divides 128.
 
-    Measured on the H200 (``tune_gemm.py --grouped``, 4 experts x 8192 rows, N=4096,
-    K=7168): 128x128 tiles, 8 warps, 4 stages, GROUP_M 8: 2059 us (935 TFLOP/s); 3 stages
-    860, GROUP_M 16 928, 128x64 705, 64x128 751 TFLOP/s.
+    Measured on the H200 (4 experts x 8192 rows, N=4096, K=7168): the persistent
+    warp-specialized Gluon kernel (``groupwise_gluon.py``; Hopper only, elsewhere the
+    option is ignored) with 128x128 tiles and 6 stages: 1919 us (1002 TFLOP/s; 5 stages
+    959, GROUP_M 16 990, 128x64 699); the Triton kernel with 128x128 tiles, 8 warps, 4
+    stages: 2059-2202 us (874-935 TFLOP/s). The Gluon kernel is used from
+    ``GLUON_GROUPED_MIN_TILES`` tiles (the measured class: many waves of a persistent
+    grid); on plain GEMMs with a few waves it was slower than the Triton kernel (M=4096,
+    N=2112, K=7168: 180 us against 161).
     """
-    return {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 4, "GROUP_M": 8}
+    triton_cfg = {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 4, "GROUP_M": 8}
+    if -(-m // 128) * -(-n // 128) >= GLUON_GROUPED_MIN_TILES:
+        return {**triton_cfg, "GLUON": True, "num_stages": 6}
+    return triton_cfg
 
 
 def masked_config(expected_m: int, n: int, k: int) -> dict:
