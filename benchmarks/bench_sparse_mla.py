@@ -15,9 +15,10 @@ Reported: time (CUDA-graph replay, rotated input sets), TFLOP/s with FlashMLA's 
 2 * B * q_len * H * top-k * (576 + 512), and GB/s of B * q_len * top-k * 576 gathered bytes
 + query + output, as a fraction of the measured copy bandwidth. ``mate block_h=64`` rows
 time the padded H >= 64 kernel at small H, to compare with the default small-H kernel.
-``mate gluon`` rows time the experimental Gluon kernel (``plan_decode(gluon=True)``) at the
-H=128 bar shapes, after its self-check against the reference passed in a child process (a
-failure leaves the rows empty with the reason as note).
+Variant rows time plans beside the default: the Gluon kernel's serial schedule
+(``pipelined=False``) and 2-stage pipelined one, the transposed small-H kernel, the plain
+kernels with prefetched indices; the Gluon rows run after its self-check against the
+reference passed in a child process (a failure leaves them empty with the reason as note).
 
 ``MATE_SPARSE_MLA_BARS=1`` times only the issue's bar shapes (B=64 q1 H=128, B=128 q2
 H=128, B=128 q1 H=16, B=8 q1 H=128) with candidate plans (``BAR_CANDIDATES``: stage
@@ -45,19 +46,18 @@ FULL = [(h, b, s) for h in (16, 32, 64, 128) for b in (1, 8, 32, 64, 128) for s 
 # Plan variants timed beside the default in the quick and full runs (H, B, q_len) -> overrides:
 # indices prefetched one step ahead (more gather buffers), and the experimental Gluon kernel
 # (rows "mate gluon"), not yet measured on the H200.
-GLUON = dict(gluon=True)
-PIPE2, PIPE3 = dict(gluon=True, pipelined=True, num_stages=2), dict(gluon=True, pipelined=True, num_stages=3)
-VARIANTS = {(16, 128, 1): [dict(prefetch_idx=True)],
-            (128, 64, 1): [GLUON, PIPE2, PIPE3, dict(gluon=True, num_stages=2), dict(prefetch_idx=True)],
-            (128, 8, 1): [GLUON, PIPE2, dict(prefetch_idx=True)], (128, 128, 2): [GLUON, PIPE2, PIPE3],
-            (64, 128, 1): [PIPE2], (32, 128, 1): [dict(block_h=64, gluon=True), dict(block_h=64, **PIPE2)]}
+SERIAL = dict(gluon=True, pipelined=False)  # the Gluon kernel's first (serial) schedule
+PIPE2 = dict(gluon=True, pipelined=True, num_stages=2)
+VARIANTS = {(16, 128, 1): [dict(transposed=True, block_h=16)],
+            (128, 64, 1): [PIPE2, SERIAL, dict(prefetch_idx=True)],
+            (128, 8, 1): [dict(gluon=True), dict(prefetch_idx=True, num_splits=4)], (128, 128, 2): [PIPE2, SERIAL],
+            (64, 128, 1): [PIPE2], (32, 128, 1): [dict(transposed=True, block_h=32)]}
 # Bar shapes (H, B, q_len) -> plan_decode overrides timed beside the default plan.
 BAR_CANDIDATES = {  # in order of interest, in case a run is cut short
-    (16, 128, 1): [dict(prefetch_idx=True), dict(prefetch_idx=True, num_stages=5), dict(transposed=False),
-                   dict(block_h=64)],
-    (128, 8, 1): [GLUON, PIPE2, dict(prefetch_idx=True), dict(partial_dtype=torch.float32), dict(num_splits=4)],
-    (128, 64, 1): [GLUON, PIPE2, PIPE3, dict(gluon=True, num_stages=2), dict(prefetch_idx=True)],
-    (128, 128, 2): [GLUON, PIPE2, PIPE3, dict(prefetch_idx=True)],
+    (16, 128, 1): [dict(transposed=True, block_h=16), dict(block_h=64, **PIPE2)],
+    (128, 8, 1): [dict(gluon=True), dict(partial_dtype=torch.float32), dict(num_splits=4)],
+    (128, 64, 1): [PIPE2, SERIAL, dict(prefetch_idx=True)],
+    (128, 128, 2): [PIPE2, SERIAL],
 }
 QUICK = [(128, 64, 1), (128, 128, 2), (16, 128, 1), (128, 8, 1), (64, 128, 1), (32, 128, 1), (16, 32, 2)]
 

@@ -144,7 +144,6 @@ def sparse_mla_decode_gluon_kernel(
     D_V: gl.constexpr,
     D_R: gl.constexpr,
     PIPELINED: gl.constexpr = False,
-    EARLY_QK: gl.constexpr = False,
 ):
     """One program: ``BLOCK_H`` (64) heads of one query position over ``split_blocks``
     blocks of ``BLOCK_N`` (64) top-k slots; grid (head tiles, splits, B * q_len)."""
@@ -216,54 +215,7 @@ def sparse_mla_decode_gluon_kernel(
     offs_ns = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_L))
     tok_s = gl.load(idx_row + lo + offs_ns, mask=lo + offs_ns < hi, other=-1)
 
-    if PIPELINED and EARLY_QK:
-        # Like the pipelined schedule below, plus: Q·Kᵀ of block j + 1 is issued before the
-        # rescale of O and the P / V stores of block j, which then overlap it on the tensor
-        # cores, and the gather is issued while P·V runs. Three ring slots hold blocks j
-        # (its V not yet widened), j + 1 and j + 2; block j + 3 refills j's slot after the
-        # widening. Every wgmma is waited for in the iteration that issued it.
-        gl.static_assert(STAGES == 3)
-        p_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_H, BLOCK_N], P_SL)
-        _issue_gather(kv_ptr, tok_g, tok_r, num_tokens, k_ring.index(2), r_ring.index(2), D_V, D_R, G_L, R_L)
-        tok_g, tok_r = _gather_tokens(idx_row, lo + 3 * BLOCK_N, hi, BLOCK_N, G_L, R_L)
-        async_copy.wait_group(1)  # blocks 0 and 1 landed
-        fence_async_shared()
-        gl.thread_barrier()
-        s = warpgroup_mma(q_smem, k_ring.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        s = warpgroup_mma(qr_smem, r_ring.index(0).permute((1, 0)), s, is_async=True)
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-        tok = tok_s
-        slots_next = lo + BLOCK_N + offs_ns
-        tok_s = gl.load(idx_row + slots_next, mask=slots_next < hi, other=-1)
-        p, alpha, m_i, l_i = _online_softmax(s, tok, num_tokens, qk_scale_log2, m_i, l_i)
-        for j in range(n_iter):
-            # here: P and alpha of block j in registers, O complete up to block j - 1, block
-            # j + 1 landed and visible, P / V tiles free
-            nxt = (j + 1) % 3
-            s = warpgroup_mma(q_smem, k_ring.index(nxt).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            s = warpgroup_mma(qr_smem, r_ring.index(nxt).permute((1, 0)), s, is_async=True)
-            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_L))[:, None]
-            p_smem.store(p.to(gl.float16))
-            v_smem.store(k_ring.index(j % 3).load(VC_L).to(gl.float16))
-            fence_async_shared()
-            gl.thread_barrier()
-            acc = warpgroup_mma(p_smem, v_smem, acc, is_async=True)
-            # block j's slot is free (Q·Kᵀ done, V widened): refill it with block j + 3
-            _issue_gather(kv_ptr, tok_g, tok_r, num_tokens, k_ring.index(j % 3), r_ring.index(j % 3),
-                          D_V, D_R, G_L, R_L)
-            tok_g, tok_r = _gather_tokens(idx_row, lo + (j + 4) * BLOCK_N, hi, BLOCK_N, G_L, R_L)
-            s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))  # Q·Kᵀ of block j + 1 done
-            tok = tok_s
-            slots_next = lo + (j + 2) * BLOCK_N + offs_ns
-            tok_s = gl.load(idx_row + slots_next, mask=slots_next < hi, other=-1)
-            p, alpha, m_i, l_i = _online_softmax(s, tok, num_tokens, qk_scale_log2, m_i, l_i)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))  # P·V of block j done
-            async_copy.wait_group(1)  # block j + 2 landed (j + 3 may be in flight)
-            fence_async_shared()
-            gl.thread_barrier()
-        # (the last softmax saw block n_iter: all slots masked, p = 0, and its alpha is 1 on
-        # a finite max or multiplies a zero O: nothing left to apply)
-    elif PIPELINED:
+    if PIPELINED:
         # FlashAttention-3's intra-warpgroup overlap: Q·Kᵀ of block it + 1 is issued before
         # P·V of block it, so the softmax of block it + 1 runs on the CUDA cores while the
         # tensor cores do P·V of block it (wgmma groups retire in order: a wait with one
@@ -370,7 +322,6 @@ def sparse_mla_decode_gluon(
     split_blocks: int,
     num_stages: int = GLUON_STAGES,
     pipelined: bool = False,
-    early_qk: bool = False,
 ) -> None:
     """Launches the Gluon decode on validated CUDA tensors (same contract as
     ``sparse_mla_decode_triton`` with ``block_h`` 64): ``query`` [B, q_len, H, 576] e4m3,
@@ -421,7 +372,6 @@ def sparse_mla_decode_gluon(
         D_V=HEAD_DIM_V,
         D_R=HEAD_DIM_ROPE,
         PIPELINED=pipelined,
-        EARLY_QK=early_qk,
         num_warps=GLUON_NUM_WARPS,
     )
     if split:

@@ -26,9 +26,10 @@ HEAD_DIM_ROPE = 64  # qk_rope_head_dim: the rotary tail of each row
 # 36 KB + the query (36 KB) + a fp16 V tile (64 KB) = 212 KB at 252 registers (H200 compile);
 # 4 stages would need 248 KB, over the 227 KB an SM offers.
 GLUON_STAGES = 3
-# The pipelined schedule adds a fp16 P tile (8 KB) and holds more registers; at 3 stages it
-# spills in its main loop, at 2 it does not and was the faster one on the H200.
-GLUON_PIPELINED_STAGES = 2
+# The pipelined schedule adds a fp16 P tile (8 KB): 3 stages take 216 KB; H200 (top-k 2048):
+# B=64 H=128 98.6 us at 3 stages, 99.1 at 2; B=128 H=16 (padded) 92.3 / 95.6; B=128 q2 H=128
+# 374 / 369.
+GLUON_PIPELINED_STAGES = 3
 
 # SM count assumed when planning for a device that is not a GPU (the interpreter): small,
 # so that CPU tests exercise the split + combine path with a handful of programs.
@@ -200,7 +201,7 @@ def plan_decode(
     (tests and benchmarks: ``block_h=64`` pads a small H).
 
     Defaults measured on the H200 (2026-11-29, top-k 2048, CUDA-graph replay): on Hopper,
-    plans without a split run the pipelined Gluon kernel at 2 stages on 64-head tiles,
+    plans without a split run the pipelined Gluon kernel at 3 stages on 64-head tiles,
     small H padded to 64 (B=64 q1 H=128: 102.6 us against 117.8 for the serial Gluon
     schedule and 140 for the plain kernel; B=128 q2 H=128: 383 against 437; B=128 H=64:
     105 against 118; B=128 H=16: 96.6 against 102.6 for the transposed small-H kernel);
