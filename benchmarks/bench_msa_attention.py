@@ -14,9 +14,10 @@ The union size of each 4-token tile is reported with every row.
 Rows:
 - mate sparse prefill, 32K tokens in one request, end to end (union pre-kernel + forward);
 - torch SDPA dense causal (cuDNN) over the full context: the peer to beat;
-- FlexAttention with a token-level ``mask_mod`` encoding the same selections (compiled,
-  ``create_block_mask`` compiled) at 8K only, when ``MATE_BENCH_FLEX=1`` (it costs about a
-  minute of compilation; gpu-peers.md measured 13.8 ms at 8K and 277 ms at 32K);
+- FlexAttention with a token-level ``mask_mod`` encoding the same sigma-0.5 selections
+  (compiled, ``create_block_mask`` compiled) on the same 32K problem, when
+  ``MATE_BENCH_FLEX=1`` (it costs about a minute of compilation; gpu-peers.md measured
+  13.8 ms at 8K and 277 ms at 32K);
 - decode, B = 128, q_len 1, 64K context, bf16 and fp8 KV: mate split decode (the module's
   decode kernel, and the transposed kernel of ``sparse_decode.py`` at its settings) and a
   naive PyTorch gather + einsum; GB/s of the selected K/V bytes against the copy bandwidth.
