@@ -13,23 +13,18 @@ warns.
 from __future__ import annotations
 
 import argparse
-import collections
 import os
 import re
-import subprocess
 import sys
 import tempfile
 
-import triton
-from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
 
 from mate.ops.gemm import groupwise_gluon as gg
+from mate.testing.sass import SMEM_LIMIT, compile_sm90, divisibility_attrs
 
-SMEM_LIMIT = 227 * 1024
 PATTERN = re.compile(r"\b(QGMMA\.\S+|UTMALDG\S*|SYNCS\.\S+|BAR\.\S+|WARPGROUP\.\S+|STL\S*|LDL\S*|USETMAXREG\S*)")
-TOOLS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
 # name: (LAYOUT, BLOCK_M, BLOCK_N, STAGES, SPLIT_N)
 CONFIGS = {
@@ -55,41 +50,21 @@ def compile_one(name, layout, bm, bn, stages, split_n, out_dir) -> bool:
     constexprs = {"LAYOUT": layout, "BLOCK_M": bm, "BLOCK_N": bn, "GROUP_M": 8, "STAGES": stages,
                   "SPLIT_N": split_n}
     sig.update({k: "constexpr" for k in constexprs})
-    names = list(sig)
     # the launcher's pointers are 16-byte aligned; N, K and the strides of the benchmark shapes
     # are multiples of 16 (Triton specializes such integers at launch)
     aligned = ("as_ptr", "bs_ptr", "c_ptr", "idx_ptr", "N", "K", "stride_asm", "stride_cm")
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
-    src = GluonASTSource(fn=gg.fp8_groupwise_gluon_kernel, signature=sig, constexprs=constexprs, attrs=attrs)
-    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                            options={"num_warps": 4, "maxnreg": gg.GLUON_MAX_REGS})
-    tag = re.sub(r"\W+", "_", name)
-    cubin = os.path.join(out_dir, f"{tag}.cubin")
-    ptx = os.path.join(out_dir, f"{tag}.ptx")
-    with open(cubin, "wb") as f:
-        f.write(kernel.asm["cubin"])
-    with open(ptx, "w") as f:
-        f.write(kernel.asm["ptx"])
-    ptxas = subprocess.run([os.path.join(TOOLS, "ptxas"), "-v", "-arch=sm_90a", ptx, "-o", os.devnull],
-                           capture_output=True, text=True)
-    warnings = [ln for ln in (ptxas.stdout + ptxas.stderr).splitlines()
-                if "warning" in ln.lower() or "performance loss" in ln.lower()]
-    usage = subprocess.run([os.path.join(TOOLS, "cuobjdump"), "--dump-resource-usage", cubin], capture_output=True,
-                           text=True, check=True).stdout
-    sass = subprocess.run([os.path.join(TOOLS, "cuobjdump"), "--dump-sass", cubin], capture_output=True, text=True,
-                          check=True).stdout
-    res = dict(re.findall(r"(REG|STACK|LOCAL):(\d+)", usage))
-    counts = collections.Counter(m.group(1).rstrip(";") for m in PATTERN.finditer(sass))
-    shared = kernel.metadata.shared
-    spills = sum(v for k, v in counts.items() if k.startswith(("STL", "LDL")))
-    print(f"{name}: {res.get('REG')} registers (launch), stack {res.get('STACK')} B, local {res.get('LOCAL')} B, "
-          f"{spills} spill instructions, shared {shared} B ({shared / 1024:.0f} KB)")
-    for w in warnings:
+    src = GluonASTSource(fn=gg.fp8_groupwise_gluon_kernel, signature=sig, constexprs=constexprs,
+                         attrs=divisibility_attrs(sig, aligned))
+    rep = compile_sm90(src, {"num_warps": 4, "maxnreg": gg.GLUON_MAX_REGS}, pattern=PATTERN, out_dir=out_dir,
+                       tag=re.sub(r"\W+", "_", name), ptxas=True)
+    print(f"{name}: {rep.registers} registers (launch), stack {rep.stack} B, local {rep.local} B, "
+          f"{rep.spills} spill instructions, shared {rep.shared} B ({rep.shared / 1024:.0f} KB)")
+    for w in rep.ptxas_warnings:
         print("    ptxas:", w)
-    for k, n in sorted(counts.items()):
+    for k, n in sorted(rep.counts.items()):
         print(f"    {k}: {n}")
-    has_mma = any(k.startswith("QGMMA") for k in counts)
-    return shared <= SMEM_LIMIT and has_mma and spills == 0 and not warnings
+    has_mma = any(k.startswith("QGMMA") for k in rep.counts)
+    return rep.shared <= SMEM_LIMIT and has_mma and rep.spills == 0 and not rep.ptxas_warnings
 
 
 def main() -> int:

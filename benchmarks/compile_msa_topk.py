@@ -11,15 +11,13 @@ Triton's ``cuobjdump``.
 from __future__ import annotations
 
 import argparse
-import os
 import re
-import subprocess
 
 import triton
-from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from mate.ops.msa import topk as tk
+from mate.testing.sass import compile_sm90, divisibility_attrs
 
 VARIANTS = {  # name: (method, rows per program[, warps])
     "bitonic": ("bitonic", None),
@@ -66,30 +64,15 @@ def compile_one(name: str, chunk: int, k: int, sass_dir: str | None) -> None:
         kernel = tk._topk_select_kernel
         constexprs.update(SINGLE=cfg["SINGLE"], RADIX=method == "radix")
     sig.update({c: "constexpr" for c in constexprs})
-    names = list(sig)
     # what the launcher's specialization sees: 16-byte aligned tensors, num_tiles % 16 == 0
     # (256, 1024) where num_tiles is specialized (not in the interval kernel)
     aligned = ["s_ptr", "out_ptr", "qpos_ptr"] + (["num_tiles"] if chunk % 16 == 0 and method == "radix" else [])
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
-    src = ASTSource(fn=kernel, signature=sig, constexprs=constexprs, attrs=attrs)
+    src = ASTSource(fn=kernel, signature=sig, constexprs=constexprs, attrs=divisibility_attrs(sig, aligned))
     opts = {"num_warps": cfg["num_warps"]} | ({"num_stages": 1} if method.startswith("interval_loop") else {})
     if maxnreg:
         opts["maxnreg"] = maxnreg
-    kern = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
-    tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-    path = os.path.join(sass_dir or "/tmp", f"topk_{name}_{chunk}.cubin")
-    with open(path, "wb") as f:
-        f.write(kern.asm["cubin"])
-    usage = subprocess.run([os.path.join(tools, "cuobjdump"), "--dump-resource-usage", path], capture_output=True,
-                           text=True, check=True).stdout
-    sass = subprocess.run([os.path.join(tools, "cuobjdump"), "--dump-sass", path], capture_output=True, text=True,
-                          check=True).stdout
-    if sass_dir:
-        with open(path[:-6] + ".sass", "w") as f:
-            f.write(sass)
-    else:
-        os.remove(path)
-    res = dict(re.findall(r"(REG|STACK|LOCAL):(\d+)", usage))
+    rep = compile_sm90(src, opts, out_dir=sass_dir, tag=f"topk_{name}_{chunk}", keep_text=True)
+    sass = rep.sass
     instrs = [ln for ln in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4,6}\*/\s+\S", ln)]
     addr = [int(re.match(r"\s+/\*([0-9a-f]{4,6})\*/", ln).group(1), 16) for ln in instrs]
     # loops: backward branches; report each loop's body size in instructions
@@ -99,8 +82,8 @@ def compile_one(name: str, chunk: int, k: int, sass_dir: str | None) -> None:
         if tgt and int(tgt.group(1), 16) < a:
             loops.append((a - int(tgt.group(1), 16)) // 16 + 1)
     shfl = sum("SHFL" in ln for ln in instrs)
-    print(f"{name:22s} chunk={chunk:5d} rows={cfg['ROWS']} warps={cfg['num_warps']}: REG {res.get('REG')} "
-          f"LOCAL {res.get('LOCAL')} | SASS {len(instrs)} instrs, {shfl} SHFL, backward branches {loops}")
+    print(f"{name:22s} chunk={chunk:5d} rows={cfg['ROWS']} warps={cfg['num_warps']}: REG {rep.registers} "
+          f"LOCAL {rep.local} | SASS {len(instrs)} instrs, {shfl} SHFL, backward branches {loops}")
 
 
 def main() -> None:
@@ -108,7 +91,7 @@ def main() -> None:
     ap.add_argument("--chunk", type=int, nargs="*", default=[256, 1024])
     ap.add_argument("--k", type=int, default=16)
     ap.add_argument("--variants", nargs="*", default=list(VARIANTS))
-    ap.add_argument("--sass", default=None, help="keep cubin + SASS text here")
+    ap.add_argument("--sass", default=None, help="keep cubin, PTX, TTGIR + SASS text here")
     args = ap.parse_args()
     for chunk in args.chunk:
         for name in args.variants:

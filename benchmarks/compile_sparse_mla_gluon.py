@@ -13,21 +13,17 @@ wgmma instructions.
 from __future__ import annotations
 
 import argparse
-import collections
 import os
 import re
-import subprocess
 import sys
 import tempfile
 
-import triton
-from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 
 from mate.ops.sparse_mla import decode_gluon as dg
 from mate.ops.sparse_mla.metadata import HEAD_DIM_ROPE, HEAD_DIM_V
+from mate.testing.sass import SMEM_LIMIT, compile_sm90, divisibility_attrs
 
-SMEM_LIMIT = 227 * 1024
 POINTERS = ("q_ptr", "kv_ptr", "idx_ptr", "seq_lens_ptr", "out_ptr", "lse_ptr", "po_ptr", "plse_ptr")
 PATTERN = re.compile(r"\b(QGMMA\.\S+|HGMMA\.\S+|LDGSTS\S*|BAR\.SYNC\S*|WARPGROUP\.DEPBAR\S*|STL\S*|LDL\S*)")
 
@@ -40,31 +36,21 @@ def compile_one(split: bool, stages: int, out_dir: str, pipelined: bool = False)
     constexprs = {"SPLIT": split, "HAS_SEQ_LENS": True, "STAGES": stages, "BLOCK_H": dg.GLUON_BLOCK_H,
                   "BLOCK_N": dg.GLUON_BLOCK_N, "D_V": HEAD_DIM_V, "D_R": HEAD_DIM_ROPE, "PIPELINED": pipelined}
     sig.update({k: "constexpr" for k in constexprs})
-    names = list(sig)
     # The launcher's tensors are 16-byte aligned (it falls back to the plain kernel otherwise).
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in POINTERS}
-    src = GluonASTSource(fn=dg.sparse_mla_decode_gluon_kernel, signature=sig, constexprs=constexprs, attrs=attrs)
-    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": dg.GLUON_NUM_WARPS})
-    cubin = os.path.join(out_dir, f"gluon_split{int(split)}_stages{stages}_pipe{int(pipelined)}.cubin")
-    with open(cubin, "wb") as f:
-        f.write(kernel.asm["cubin"])
-    tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-    usage = subprocess.run([os.path.join(tools, "cuobjdump"), "--dump-resource-usage", cubin], capture_output=True,
-                           text=True, check=True).stdout
-    sass = subprocess.run([os.path.join(tools, "cuobjdump"), "--dump-sass", cubin], capture_output=True, text=True,
-                          check=True).stdout
-    res = dict(re.findall(r"(REG|STACK|LOCAL):(\d+)", usage))
-    counts = collections.Counter(m.group(1).rstrip(";") for m in PATTERN.finditer(sass))
+    src = GluonASTSource(fn=dg.sparse_mla_decode_gluon_kernel, signature=sig, constexprs=constexprs,
+                         attrs=divisibility_attrs(sig, POINTERS))
+    rep = compile_sm90(src, {"num_warps": dg.GLUON_NUM_WARPS}, pattern=PATTERN, out_dir=out_dir,
+                       tag=f"gluon_split{int(split)}_stages{stages}_pipe{int(pipelined)}")
+    counts, shared = rep.counts, rep.shared
     # Spill traffic inside the main loop: between the cp.async wait and the loop's back branch.
-    lines = sass.splitlines()
+    lines = rep.sass.splitlines()
     start = next((i for i, ln in enumerate(lines) if "DEPBAR.LE SB0" in ln), 0)
     end = next((i for i in range(len(lines) - 1, start, -1) if re.search(r"BRA 0x[0-9a-f]+", lines[i])
                 and "@" in lines[i]), len(lines))
     loop_spills = sum(1 for ln in lines[start:end] if re.search(r"\b(STL|LDL)", ln))
-    shared = kernel.metadata.shared
-    print(f"split={split} stages={stages} pipelined={pipelined}: {res.get('REG')} registers, "
-          f"stack {res.get('STACK')} B, "
-          f"local {res.get('LOCAL')} B, {loop_spills} spill instructions in the loop, "
+    print(f"split={split} stages={stages} pipelined={pipelined}: {rep.registers} registers, "
+          f"stack {rep.stack} B, "
+          f"local {rep.local} B, {loop_spills} spill instructions in the loop, "
           f"shared {shared} B ({shared / 1024:.0f} KB)")
     for name, n in sorted(counts.items()):
         print(f"    {name}: {n}")

@@ -1,0 +1,82 @@
+"""Compiles the transposed MSA decode kernel for the H200 (sm_90) on a machine without a GPU.
+
+    python benchmarks/compile_msa_decode.py [SPEC ...] [--out DIR]
+
+A SPEC is ``dtype:stages:warps[:key=value...]`` with dtype bf16, fp16 or fp8 and keys
+``keys`` (keys per TMA tile), ``splits``, ``maxnreg``, ``flat`` (0/1: 2D views of contiguous
+caches) and ``layout`` (NHD or HND); without one it compiles the module defaults
+(:data:`mate.ops.msa.sparse_decode.DECODE_VARIANT`) for bf16 and fp8. Per spec it prints
+registers, local memory, shared memory, the SASS instruction count, the counts of the
+tensor-core / TMA / barrier instructions and ptxas warnings, read with the tools in Triton's
+wheel (the M3 tile: 16 heads of one KV head, 128-wide heads, causal).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+from triton.compiler import ASTSource
+
+from mate.ops.msa import sparse_decode as sd
+from mate.testing.sass import compile_sm90, divisibility_attrs, opcode_counts
+
+DTYPES = {"bf16": "bf16", "fp16": "fp16", "fp8": "fp8e4nv"}
+ALIGNED = ("q_ptr", "tok_pos_ptr", "tok_kvlen_ptr", "u_page_ptr", "u_blk_ptr", "u_cnt_ptr", "o_ptr", "lse_ptr",
+           "op_ptr", "lp_ptr", "stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_lt")
+SHOWN = re.compile(r"GMMA|HMMA|F2FP|^UTMALDG|^BAR|^SYNCS")
+
+
+def signature(dt: str, layout: str, out: str, flat: bool, keys: int) -> dict:
+    if flat:
+        blk = f"[{keys}, 128]"
+    else:
+        blk = f"[1, {keys}, 1, 128]" if layout == "NHD" else f"[1, 1, {keys}, 128]"
+    return {"q_ptr": f"*{dt}", "stride_qt": "i32", "stride_qh": "i32",
+            "k_desc": f"tensordesc<{dt}{blk}>", "v_desc": f"tensordesc<{dt}{blk}>",
+            "tok_pos_ptr": "*i32", "tok_kvlen_ptr": "*i32", "u_page_ptr": "*i32", "u_blk_ptr": "*i32",
+            "u_cnt_ptr": "*i32", "o_ptr": f"*{out}", "stride_ot": "i32", "stride_oh": "i32", "lse_ptr": "*fp32",
+            "stride_lt": "i32", "op_ptr": "*fp32", "lp_ptr": "*fp32", "total_q": "i32", "HQ": "i32",
+            "RATIO": "i32", "qk_scale": "fp32", "v_scale": "fp32"}
+
+
+def compile_one(spec: str, out_dir: str | None) -> None:
+    name, stages, warps, *rest = spec.split(":")
+    kw = dict(r.split("=") for r in rest)
+    dt = DTYPES[name]
+    layout = kw.get("layout", "NHD")
+    flat = bool(int(kw.get("flat", 1)))
+    keys = int(kw.get("keys", 128))
+    ce = dict(FLAT=flat, KEYS=keys, GP=16, C=32, HEAD_DIM=128, NUM_SPLITS=int(kw.get("splits", 1)), CAUSAL=True,
+              IS_FP8=dt == "fp8e4nv", HEAD_MAJOR=layout == "HND")
+    sig = signature(dt, layout, "fp16" if dt == "fp16" else "bf16", flat, keys)
+    sig.update({k: "constexpr" for k in ce})
+    src = ASTSource(fn=sd.msa_decode_t_kernel, signature=sig, constexprs=ce, attrs=divisibility_attrs(sig, ALIGNED))
+    opts = {"num_warps": int(warps), "num_stages": int(stages)}
+    if "maxnreg" in kw:
+        opts["maxnreg"] = int(kw["maxnreg"])
+    tag = re.sub(r"\W+", "_", spec)
+    rep = compile_sm90(src, opts, out_dir=out_dir, tag=tag, ptxas=True, keep_text=True)
+    ops = opcode_counts(rep.sass)
+    shown = {o: c for o, c in sorted(ops.items()) if SHOWN.search(o)}
+    print(f"[{tag}] REG {rep.registers} LOCAL {rep.local} spills {rep.spills} shared {rep.shared} "
+          f"instrs {sum(ops.values())} {shown} warn={rep.ptxas_warnings}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("specs", nargs="*")
+    ap.add_argument("--out", default=None, help="keep cubin, PTX, TTGIR and SASS here")
+    args = ap.parse_args()
+    specs = args.specs
+    if not specs:
+        specs = []
+        for fp8, name in ((False, "bf16"), (True, "fp8")):
+            keys, stages, cap = sd.t_config(fp8)
+            specs.append(f"{name}:{stages}:4:keys={keys}" + (f":maxnreg={cap}" if cap else ""))
+    for spec in specs:
+        compile_one(spec, args.out)
+
+
+if __name__ == "__main__":
+    main()
