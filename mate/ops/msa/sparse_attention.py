@@ -27,6 +27,7 @@ import triton.language as tl
 
 from mate._core.triton_helpers import INTERPRET, dot_operand, to_out_dtype
 from mate.ops.msa import sparse_decode as _sd
+from mate.ops.msa.softmax_helpers import finish_softmax, split_entries, visible_limit
 
 __all__ = ["SparseTiling", "sparse_attention", "sparse_attention_triton", "sparse_tiling", "workspace_numel",
            "resolve_num_splits"]
@@ -152,18 +153,10 @@ def _msa_sparse_fwd_kernel(
         q = q.to(tl.float16)  # mma.sync has no e4m3 path here: fp16 operands (exact for e4m3 values)
     pos = tl.load(tok_pos_ptr + t, mask=rvalid, other=-1)
     kv_len = tl.load(tok_kvlen_ptr + t, mask=rvalid, other=0)
-    limit = kv_len - 1
-    if CAUSAL:
-        limit = tl.minimum(limit, pos)
+    limit = visible_limit(pos, kv_len, CAUSAL)
     ubase = (tile.to(tl.int64) * n_kvh + kvh) * C
     cnt = tl.load(u_cnt_ptr + tile * n_kvh + kvh)
-    if NUM_SPLITS == 1:
-        e0 = 0
-        e1 = cnt
-    else:
-        chunk = (cnt + NUM_SPLITS - 1) // NUM_SPLITS
-        e0 = split * chunk
-        e1 = tl.minimum(cnt, e0 + chunk)
+    e0, e1 = split_entries(cnt, split, NUM_SPLITS)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
@@ -206,9 +199,7 @@ def _msa_sparse_fwd_kernel(
                 vt = vt.to(tl.bfloat16)
         acc = acc * alpha[:, None] + tl.dot(dot_operand(p.to(vt.dtype)), dot_operand(vt))
         m_i = m_new
-    empty = l_i == 0.0
-    l_safe = tl.where(empty, 1.0, l_i)
-    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(l_safe)) * 0.6931471805599453)
+    l_safe, lse = finish_softmax(m_i, l_i)
     if NUM_SPLITS == 1:
         o = acc / l_safe[:, None] * v_scale
         o_dtype = o_ptr.dtype.element_ty

@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from mate._core.triton_helpers import INTERPRET, dot_operand, to_out_dtype
+from mate.ops.msa.softmax_helpers import finish_softmax, split_entries, visible_limit
 
 __all__ = ["DECODE_VARIANT", "msa_decode_t_kernel", "decode_t_heads", "t_config", "t_programs_per_sm"]
 
@@ -103,18 +104,10 @@ def msa_decode_t_kernel(
     qt = dot_operand(qt)
     pos = tl.load(tok_pos_ptr + t)
     kv_len = tl.load(tok_kvlen_ptr + t)
-    limit = kv_len - 1
-    if CAUSAL:
-        limit = tl.minimum(limit, pos)
+    limit = visible_limit(pos, kv_len, CAUSAL)
     ubase = (t.to(tl.int64) * n_kvh + kvh) * C
     cnt = tl.load(u_cnt_ptr + t * n_kvh + kvh)
-    if NUM_SPLITS == 1:
-        e0 = 0
-        e1 = cnt
-    else:
-        chunk = (cnt + NUM_SPLITS - 1) // NUM_SPLITS
-        e0 = split * chunk
-        e1 = tl.minimum(cnt, e0 + chunk)
+    e0, e1 = split_entries(cnt, split, NUM_SPLITS)
     m_i = tl.full([GP], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([GP], dtype=tl.float32)
     acc = tl.zeros([HEAD_DIM, GP], dtype=tl.float32)
@@ -161,9 +154,7 @@ def msa_decode_t_kernel(
         else:
             acc = acc * alpha[None, :] + tl.dot(tl.trans(vt), pv)
         m_i = m_new
-    empty = l_i == 0.0
-    l_safe = tl.where(empty, 1.0, l_i)
-    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(l_safe)) * 0.6931471805599453)
+    l_safe, lse = finish_softmax(m_i, l_i)
     if NUM_SPLITS == 1:
         o = acc / l_safe[None, :] * v_scale
         tl.store(o_ptr + t.to(tl.int64) * stride_ot + h[None, :] * stride_oh + offs_d[:, None],
