@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from mate._core.triton_helpers import dot_operand, to_out_dtype
+from mate.ops.gemm.groupwise import tile_coords
 
 __all__ = ["bmm_triton", "SCALE_NONE", "SCALE_TENSOR", "SCALE_CHANNEL"]
 
@@ -32,13 +33,7 @@ def bmm_kernel(
 ):
     pid = tl.program_id(0)
     bid = tl.program_id(1).to(tl.int64)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    width = GROUP_M * num_pid_n
-    first_m = (pid // width) * GROUP_M
-    size_m = tl.minimum(num_pid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % width) % size_m
-    pid_n = (pid % width) // size_m
+    pid_m, pid_n = tile_coords(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)

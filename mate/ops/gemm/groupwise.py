@@ -35,6 +35,19 @@ _TL_DTYPE = {
 
 
 @triton.jit
+def tile_coords(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """Grouped tile order: GROUP_M row tiles share each weight tile while it is in L2."""
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    width = GROUP_M * num_pid_n
+    first_m = (pid // width) * GROUP_M
+    size_m = tl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % width) % size_m
+    pid_n = (pid % width) // size_m
+    return pid_m, pid_n
+
+
+@triton.jit
 def _epilogue(acc, c_ptr, cs_ptr, offs_m, offs_n, row_ok, M, N, stride_cm, stride_csm, pid_n,
               OUT_FP8: tl.constexpr, OUT_DTYPE: tl.constexpr):
     """Stores an fp32 tile [BLOCK_M, BLOCK_N] (BLOCK_N == 128 when OUT_FP8)."""
@@ -67,14 +80,7 @@ def fp8_groupwise_gemm_kernel(
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
     grp = tl.program_id(2)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    # grouped tile order: GROUP_M row tiles share each weight tile while it is in L2
-    width = GROUP_M * num_pid_n
-    first_m = (pid // width) * GROUP_M
-    size_m = tl.minimum(num_pid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % width) % size_m
-    pid_n = (pid % width) // size_m
+    pid_m, pid_n = tile_coords(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -135,19 +141,6 @@ def fp8_groupwise_gemm_kernel(
 
 
 @triton.jit
-def _tile_coords(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
-    """Grouped tile order: GROUP_M row tiles share each weight tile while it is in L2."""
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    width = GROUP_M * num_pid_n
-    first_m = (pid // width) * GROUP_M
-    size_m = tl.minimum(num_pid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % width) % size_m
-    pid_n = (pid % width) // size_m
-    return pid_m, pid_n
-
-
-@triton.jit
 def _scaled_add(acc, part, sa, sb, BLOCK_N: tl.constexpr):
     """acc + part * a_scale (per row) * b_scale (per tile, or per column when BLOCK_N > 128)."""
     if BLOCK_N > 128:
@@ -180,7 +173,7 @@ def fp8_groupwise_tma_kernel(
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
     grp = tl.program_id(2)
-    pid_m, pid_n = _tile_coords(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    pid_m, pid_n = tile_coords(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
