@@ -9,7 +9,7 @@ from mate import gemm
 from mate.ops.gemm import reference as R
 from mate.testing import assert_close, poisoned, rand_fp8, randn
 from mate.testing.graphs import capture_graph
-from tests.gemm._inputs import fp8_block_operands
+from tests.gemm._inputs import fp8_block_operands, grouped_contiguous_operands
 
 pytestmark = pytest.mark.gpu
 
@@ -145,19 +145,11 @@ def test_bmm_fp8_gpu(backend):
 def test_grouped_contiguous_gpu(n, k, rows):
     from mate.ops.gemm import tuning
 
-    G = 4
     m_total = sum(-(-r // 128) * 128 for r in rows)
     gluon = tuning.grouped_config(m_total, n, k).get("GLUON", False)
     assert gluon == (rows[-1] == 8000)
-    idx = []
-    for g, r in enumerate(rows):
-        idx += [g] * r + [-1] * (-(-r // 128) * 128 - r)
-    idx = torch.tensor(idx, dtype=torch.int32, device="cuda")
+    idx, a, sa, b, sb = grouped_contiguous_operands(rows, n, k, device="cuda")
     m = idx.numel()
-    a = rand_fp8((m, k), device="cuda", scale=2.0)
-    sa = torch.rand(m, k // 128, device="cuda") * 0.02 + 0.005
-    b = rand_fp8((G, n, k), device="cuda", scale=2.0)
-    sb = torch.rand(G, n // 128, k // 128, device="cuda") * 0.02 + 0.005
     out = poisoned((m, n), torch.bfloat16, "cuda")
     gemm.group_deepgemm_fp8_nt_groupwise(a, b, sa, sb, idx, out=out)
     ref = R.grouped_contiguous_ref(a, b, sa, sb, idx, torch.float32)

@@ -11,8 +11,8 @@ import torch
 
 from mate.ops.gemm import reference as R
 from mate.ops.gemm.groupwise import CONTIGUOUS, PLAIN, groupwise_gemm_triton
-from mate.testing import assert_close, poisoned, rand_fp8
-from tests.gemm._inputs import fp8_block_operands
+from mate.testing import assert_close, poisoned
+from tests.gemm._inputs import fp8_block_operands, grouped_contiguous_operands
 
 CONFIGS = {
     "128x128 st6": {"BLOCK_M": 128, "BLOCK_N": 128, "num_stages": 6},
@@ -61,16 +61,9 @@ def test_gluon_plain(name, m, n, k):
 @pytest.mark.skipif(not _hopper(), reason="the Gluon kernel needs a Hopper GPU")
 @pytest.mark.parametrize("name", ["128x128 st6", "128x64 st8"])
 def test_gluon_grouped_contiguous(name):
-    G, n, k, rows = 4, 4096, 7168, [300, 0, 128, 517]
-    idx = []
-    for g, r in enumerate(rows):
-        idx += [g] * r + [-1] * (-(-r // 128) * 128 - r)
-    idx = torch.tensor(idx, dtype=torch.int32, device="cuda")
+    n, k, rows = 4096, 7168, [300, 0, 128, 517]
+    idx, a, sa, b, sb = grouped_contiguous_operands(rows, n, k, device="cuda")
     m = idx.numel()
-    a = rand_fp8((m, k), device="cuda", scale=2.0)
-    sa = torch.rand(m, k // 128, device="cuda") * 0.02 + 0.005
-    b = rand_fp8((G, n, k), device="cuda", scale=2.0)
-    sb = torch.rand(G, n // 128, k // 128, device="cuda") * 0.02 + 0.005
     out = poisoned((m, n), torch.bfloat16, "cuda")
     groupwise_gemm_triton(a, b, sa, (0, sa.stride(0), 1), sb, (sb.stride(0), sb.stride(1), 1), out, None,
                           layout=CONTIGUOUS, config={"GLUON": True, "GROUP_M": 8, **CONFIGS[name]}, m_indices=idx)
