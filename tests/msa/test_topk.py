@@ -84,6 +84,18 @@ def test_reference_matches_loop():
         assert_equal(ref, loop)
 
 
+def _random_case(Ts, max_tq, levels, device, min_tq=4, heads=(1, 3)):
+    """Random scores (T from ``Ts``, min_tq..max_tq tokens), top-k configuration and, half of
+    the time, query positions: (s, topk, kw, qpos)."""
+    rng = random.Random()
+    T = rng.choice(Ts)
+    tq, H = rng.randint(min_tq, max_tq), rng.randint(*heads)
+    s = random_scores(tq, H, T, levels=levels, device=device)
+    topk, kw = random_config(rng, T)
+    qpos = torch.randint(-300, T * 128 + 50, (tq,), device=device) if rng.random() < 0.5 else None
+    return s, topk, kw, qpos
+
+
 def _check_kernel(s, topk, kw, qpos, max_chunk=4096, method=None, rows_per_program=None, **launch):
     total_q, H, T = s.shape
     width = topk if kw["force_blocks_count_in_topk"] else topk + kw["force_begin_blocks"] + kw["force_end_blocks"]
@@ -119,11 +131,7 @@ def test_kernel_random_cases_exact(case, max_chunk, device, triton_backend):
 @pytest.mark.parametrize("levels", [None, 3])
 def test_bitonic_threshold_random_cases_exact(levels, device, triton_backend):
     """The bitonic threshold (the non-default method) equals the reference too."""
-    rng = random.Random()
-    T = rng.choice([33, 64, 100])
-    s = random_scores(rng.randint(4, 8), 2, T, levels=levels, device=device)
-    topk, kw = random_config(rng, T)
-    qpos = torch.randint(-300, T * 128 + 50, (s.shape[0],), device=device) if rng.random() < 0.5 else None
+    s, topk, kw, qpos = _random_case([33, 64, 100], 8, levels, device, heads=(2, 2))
     _check_kernel(s, topk, kw, qpos, method="bitonic")
 
 
@@ -131,12 +139,7 @@ def test_bitonic_threshold_random_cases_exact(levels, device, triton_backend):
 def test_radix_threshold_random_cases_exact(levels, device, triton_backend):
     """The radix (bitwise binary search) threshold equals the sort-based reference, with
     ties, NaN, +-inf, -0.0, forced blocks, num_valid_pages and query positions."""
-    rng = random.Random()
-    T = rng.choice([33, 64, 100, 256])
-    tq, H = rng.randint(4, 12), rng.randint(1, 3)
-    s = random_scores(tq, H, T, levels=levels, device=device)
-    topk, kw = random_config(rng, T)
-    qpos = torch.randint(-300, T * 128 + 50, (tq,), device=device) if rng.random() < 0.5 else None
+    s, topk, kw, qpos = _random_case([33, 64, 100, 256], 12, levels, device)
     _check_kernel(s, topk, kw, qpos, method="radix", rows_per_program=1)  # the GPU configuration
 
 
@@ -144,13 +147,8 @@ def test_radix_threshold_random_cases_exact(levels, device, triton_backend):
 def test_interval_threshold_random_cases_exact(levels, device, triton_backend):
     """The interval bisection threshold equals the reference, with one or two rows per
     program (rows of one program stop their search at different steps)."""
-    rng = random.Random()
-    T = rng.choice([33, 64, 100, 256])
-    tq, H = rng.randint(4, 10), rng.randint(1, 3)
-    s = random_scores(tq, H, T, levels=levels, device=device)
-    topk, kw = random_config(rng, T)
-    qpos = torch.randint(-300, T * 128 + 50, (tq,), device=device) if rng.random() < 0.5 else None
-    _check_kernel(s, topk, kw, qpos, method="interval", rows_per_program=rng.choice([1, 2]))
+    s, topk, kw, qpos = _random_case([33, 64, 100, 256], 10, levels, device)
+    _check_kernel(s, topk, kw, qpos, method="interval", rows_per_program=random.choice([1, 2]))
 
 
 @pytest.mark.parametrize("prefetch", [True, False])
@@ -158,12 +156,7 @@ def test_interval_loop_random_cases_exact(prefetch, device, triton_backend):
     """One-row interval programs looping over tokens (a few programs per head, each
     taking several tokens; with prefetch the next row is loaded ahead) equal the
     reference."""
-    rng = random.Random()
-    T = rng.choice([33, 100, 256])
-    tq, H = rng.randint(5, 9), rng.randint(1, 3)
-    s = random_scores(tq, H, T, levels=rng.choice([None, 3, 40]), device=device)
-    topk, kw = random_config(rng, T)
-    qpos = torch.randint(-300, T * 128 + 50, (tq,), device=device) if rng.random() < 0.5 else None
+    s, topk, kw, qpos = _random_case([33, 100, 256], 9, random.choice([None, 3, 40]), device, min_tq=5)
     _check_kernel(s, topk, kw, qpos, method="interval", rows_per_program=1, programs_per_sm=1, prefetch=prefetch)
 
 
