@@ -141,7 +141,12 @@ def main() -> int:
     ap.add_argument("--pytest-args", default="", help="extra pytest arguments, space-separated")
     ap.add_argument("--shape-filter", default="", help="comma-separated substrings: keep rows whose shape has one")
     ap.add_argument("--mate-only", action="store_true", help="drop the peers' rows")
+    ap.add_argument("--merge", nargs="+", default=None, metavar="JSON",
+                    help="merge the results of several runs (one session split into calls) into one "
+                         "JSON/Markdown/PNG in $OUT or benchmarks/results; no GPU needed")
     args = ap.parse_args()
+    if args.merge:
+        return merge(args.merge)
 
     import torch
     import triton
@@ -187,6 +192,25 @@ def main() -> int:
               f"{_fmt(r.get('time_us'), '9.1f'):>9} us {_fmt(r.get('TFLOPs'), '7.1f'):>7} TF "
               f"{_fmt(r.get('GBps'), '6.0f'):>6} GB/s {frac:>5} {(r.get('note') or '')[:40]}")
     return 0 if not tests or tests["returncode"] in (0, 5) else 1
+
+
+def merge(paths: list[str]) -> int:
+    """Rows of every run in order; the GPU test summary of the run that has one; the first
+    run's ceilings, the others' kept under ``ceilings_runs``."""
+    runs = [json.loads(Path(p).read_text()) for p in paths]
+    env, ceilings = runs[0]["env"], runs[0]["ceilings"]
+    tests = next((r["tests"] for r in runs if r.get("tests")), None)
+    rows = [row for r in runs for row in r["rows"]]
+    out_dir = Path(os.environ.get("OUT") or ROOT / "benchmarks" / "results")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = f"{env['date']}-{env['gpu'].replace('NVIDIA ', '').replace(' ', '_').lower()}"
+    payload = {"env": env, "ceilings": ceilings, "ceilings_runs": [r["ceilings"] for r in runs], "tests": tests,
+               "rows": rows}
+    (out_dir / f"{stem}.json").write_text(json.dumps(payload, indent=2))
+    (out_dir / f"{stem}.md").write_text(markdown(ceilings, tests, rows, env))
+    plots(rows, out_dir, stem)
+    print(f"merged {len(runs)} runs, {len(rows)} rows -> {out_dir / stem}.{{json,md,png}}")
+    return 0
 
 
 if __name__ == "__main__":
