@@ -37,6 +37,14 @@ VARIANTS = [  # label, launcher keywords, tile counts it runs at (None: all)
     ("loop warps2 x10 no prefetch", dict(programs_per_sm=10, num_warps=2, prefetch=False), (1024,)),
     ("loop warps4 x6", dict(programs_per_sm=6, num_warps=4), (1024,)),  # 80 registers
     ("loop x1", dict(programs_per_sm=1), (12287,)),  # 16 warps, 128 registers
+    # Gluon, several rows per warp (mate/ops/msa/topk_gluon.py; rpwN: N rows per warp, wN: warps);
+    # run after every other variant (a fault there cannot spoil their rows)
+    ("gluon rpw8 w4", dict(method="gluon"), (256,)),  # 254 registers
+    ("gluon rpw8 w4 coalesced", dict(method="gluon", gluon_coalesce=True), (256,)),
+    ("gluon rpw4 w4", dict(method="gluon", rows_per_program=4), (256,)),  # 136 registers
+    ("gluon rpw2 w4", dict(method="gluon", rows_per_program=2), (256, 1024)),  # 96 / 254 registers
+    ("gluon rpw2 w4 coalesced", dict(method="gluon", rows_per_program=2, gluon_coalesce=True), (1024,)),
+    ("gluon rpw1 w4", dict(method="gluon", rows_per_program=1), (256, 1024)),  # 55 / 128 registers
 ]
 H, K = 4, 16
 
@@ -55,7 +63,11 @@ def main() -> int:
     print(f"copy bandwidth {ceiling:.0f} GB/s")
     print(f"{'shape':26s} {'variant':28s} {'us':>8s} {'GB/s':>7s} {'of copy':>7s}  check")
     bad = 0
-    for total_q, tiles, causal in SHAPES:
+    for gluon_pass, (total_q, tiles, causal) in [(g, sh) for g in (False, True) for sh in SHAPES]:
+        todo = [(label, v) for label, v, at in VARIANTS
+                if (at is None or tiles in at) and (v.get("method") == "gluon") == gluon_pass]
+        if not todo:
+            continue
         nbytes = total_q * H * tiles * 4
         sets = max(1, min(8, (512 << 20) // nbytes))
         scores = [torch.randn(total_q, H, tiles, device="cuda") for _ in range(sets)]
@@ -68,9 +80,7 @@ def main() -> int:
                   force_blocks_count_in_topk=False)
         ref = topk_select_reference(scores[0], **kw)
         shape = f"{total_q}x{H}x{tiles}" + (" causal qpos" if causal else "")
-        for label, v, at in VARIANTS:
-            if at is not None and tiles not in at:
-                continue
+        for label, v in todo:
             try:
                 out.fill_(-7)
                 tk.sparse_topk_select_triton(scores[0], out, **kw, **v)
@@ -84,7 +94,7 @@ def main() -> int:
             except Exception as exc:  # a variant that fails still leaves a line
                 bad += 1
                 print(f"{shape:26s} {label:28s} failed: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
-        if not causal:
+        if not causal and not gluon_pass:
             t = time_fn([lambda s=s: torch.topk(s, K, dim=-1) for s in scores], iters=50)
             gbps = nbytes / (t * 1e-6) / 1e9
             print(f"{shape:26s} {'torch.topk':28s} {t:8.1f} {gbps:7.0f} {gbps / ceiling:7.1%}  (peer)", flush=True)

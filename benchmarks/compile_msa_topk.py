@@ -17,6 +17,7 @@ import triton
 from triton.compiler import ASTSource
 
 from mate.ops.msa import topk as tk
+from mate.ops.msa import topk_gluon as tg
 from mate.testing.sass import compile_sm90, divisibility_attrs
 
 VARIANTS = {  # name: (method, rows per program[, warps])
@@ -86,16 +87,59 @@ def compile_one(name: str, chunk: int, k: int, sass_dir: str | None) -> None:
           f"LOCAL {rep.local} | SASS {len(instrs)} instrs, {shfl} SHFL, backward branches {loops}")
 
 
+GLUON_VARIANTS = {  # name: (rows per warp, warps, coalesced load)
+    "gluon": (None, 4, False),
+    "gluon_warps2": (None, 2, False),
+    "gluon_warps1": (None, 1, False),
+    "gluon_coalesce": (None, 4, True),
+    "gluon_rpw4": (4, 4, False),
+    "gluon_rpw4_warps2": (4, 2, False),
+    "gluon_rpw2": (2, 4, False),
+    "gluon_rpw1": (1, 4, False),
+}
+
+
+def compile_gluon(name: str, chunk: int, k: int, sass_dir: str | None) -> None:
+    """The Gluon kernel (:mod:`mate.ops.msa.topk_gluon`); ``W = k + 1`` (one forced block),
+    instructions per row = SASS / rows per program (the loop body once)."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    rpw, warps, coalesce = GLUON_VARIANTS[name]
+    cfg = tg.gluon_topk_config(chunk, k, k + 1, rpw, coalesce)
+    sig = {"s_ptr": "*fp32", "out_ptr": "*i32", "qpos_ptr": "*i64", "n_rows": "i32", "num_tiles": "i32",
+           "num_valid_pages": "i32", "H": "i32", "fb": "i32", "fe": "i32", "W": "i32", "has_qpos": "i32"}
+    sig.update({c: "constexpr" for c in cfg})
+    src = GluonASTSource(fn=tg._topk_gluon_kernel, signature=sig, constexprs=cfg,
+                         attrs=divisibility_attrs(sig, ["s_ptr", "out_ptr", "qpos_ptr", "num_tiles"]))
+    rep = compile_sm90(src, {"num_warps": warps}, out_dir=sass_dir, tag=f"topk_{name}_{chunk}", keep_text=True)
+    instrs = [ln for ln in rep.sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4,6}\*/\s+\S", ln)]
+    addr = [int(re.match(r"\s+/\*([0-9a-f]{4,6})\*/", ln).group(1), 16) for ln in instrs]
+    loops = []
+    for ln, a in zip(instrs, addr):
+        tgt = re.search(r"BRA[^;]*?0x([0-9a-f]+)\s*;", ln)
+        if tgt and int(tgt.group(1), 16) < a:
+            loops.append((a - int(tgt.group(1), 16)) // 16 + 1)
+    ldg = sum("LDG" in ln for ln in instrs)
+    shfl = sum("SHFL" in ln for ln in instrs)
+    rows = (32 // cfg["TPR"]) * warps
+    print(f"{name:22s} chunk={chunk:5d} rows/warp={32 // cfg['TPR']} warps={warps}: REG {rep.registers} "
+          f"LOCAL {rep.local} spills {rep.spills} shared {rep.shared} | SASS {len(instrs)} instrs "
+          f"({len(instrs) / rows:.0f} per row), {ldg} LDG, {shfl} SHFL, backward branches {loops}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--chunk", type=int, nargs="*", default=[256, 1024])
     ap.add_argument("--k", type=int, default=16)
-    ap.add_argument("--variants", nargs="*", default=list(VARIANTS))
+    ap.add_argument("--variants", nargs="*", default=list(VARIANTS) + list(GLUON_VARIANTS))
     ap.add_argument("--sass", default=None, help="keep cubin, PTX, TTGIR + SASS text here")
     args = ap.parse_args()
     for chunk in args.chunk:
         for name in args.variants:
-            compile_one(name, chunk, args.k, args.sass)
+            if name in GLUON_VARIANTS:
+                compile_gluon(name, chunk, args.k, args.sass)
+            else:
+                compile_one(name, chunk, args.k, args.sass)
 
 
 if __name__ == "__main__":

@@ -379,3 +379,45 @@ def test_gpu_pipeline_cuda_graph_static_plan():
                                    query_positions=qpos[:n].clone())
         assert_equal(ms[:n], ms_e)
         assert_equal(sel[:n], sel_e)
+
+
+def test_gluon_method_needs_hopper():
+    s = torch.zeros(1, 1, 8)
+    out = torch.empty(1, 1, 4, dtype=torch.int32)
+    with pytest.raises(ValueError, match="gluon"):
+        sparse_topk_select_triton(s, out, query_positions=None, num_valid_pages=8, topk=4, force_begin_blocks=0,
+                                  force_end_blocks=0, force_blocks_count_in_topk=True, method="gluon")
+
+
+@pytest.mark.gpu
+def test_gpu_gluon_thousand_random_cases_with_ties():
+    """The Gluon several-rows-per-warp kernel (mate/ops/msa/topk_gluon.py) on >= 1,000 random
+    cases: ties, NaN/+-inf/-0.0, forced blocks, short rows, query positions, 256 and 1,024
+    tiles, rows per warp / warps / coalesced load varied; 1,500 tiles falls back to interval."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Gluon kernel is for Hopper")
+    rng = random.Random(2468)
+    gen = torch.Generator().manual_seed(2468)
+    for i in range(1050):
+        T = rng.choice([7, 17, 100, 256, 256, 256, 1000, 1024, 1024, 1500])
+        tq, H = rng.randint(1, 64), rng.randint(1, 4)
+        s = random_scores(tq, H, T, levels=rng.choice([2, 3, 8, 64, None]), specials=i % 2 == 0, gen=gen,
+                          device="cuda")
+        topk, kw = random_config(rng, T)
+        qpos = torch.randint(-300, T * 128 + 50, (tq,), generator=gen).cuda() if rng.random() < 0.4 else None
+        _check_kernel(s, topk, kw, qpos, method="gluon", rows_per_program=rng.choice([None, 4]) if T <= 256 else None,
+                      num_warps=rng.choice([4, 2]), gluon_coalesce=rng.random() < 0.3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T,tq", [(256, 32768), (1024, 8192)])
+def test_gpu_gluon_large_shapes(T, tq):
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Gluon kernel is for Hopper")
+    s = torch.randn(tq, 4, T, device="cuda")
+    s[:, :, ::7] = 0.5  # ties
+    kw = dict(num_valid_pages=None, force_begin_blocks=0, force_end_blocks=1, force_blocks_count_in_topk=False)
+    qpos = torch.arange(tq, device="cuda", dtype=torch.int64) + (T * 128 - tq)
+    for q in (None, qpos):
+        _check_kernel(s, 16, kw, q, method="gluon")
+        _check_kernel(s, 16, kw, q, method="gluon", gluon_coalesce=True)

@@ -447,7 +447,7 @@ def _topk_interval_persistent_kernel(
             _interval_row(s, n, out_ptr + tok * out_len + h * W, fb, fe, W, CHUNK, G1, W_P2)
 
 
-TOPK_METHODS = ("bitonic", "radix", "interval")
+TOPK_METHODS = ("bitonic", "radix", "interval", "gluon")
 TOPK_METHOD = os.environ.get("MATE_MSA_TOPK_METHOD", "interval")
 """Threshold method of the public path (see :func:`sparse_topk_select_triton`); the
 environment variable ``MATE_MSA_TOPK_METHOD`` (``bitonic`` / ``radix`` / ``interval``)
@@ -520,6 +520,7 @@ def sparse_topk_select_triton(
     programs_per_sm: int | None = None,
     prefetch: bool = True,
     maxnreg: int | None = None,
+    gluon_coalesce: bool = False,
 ) -> None:
     """Launches the selection on validated tensors (contiguous fp32 scores, int32 output).
     ``max_chunk`` (a power of two >= 16; default :data:`INTERVAL_MAX_CHUNK` for ``interval``,
@@ -532,10 +533,24 @@ def sparse_topk_select_triton(
     ``rows_per_program`` and ``num_warps`` override :func:`topk_config` (experiments).
     ``programs_per_sm`` runs the one-row interval programs as a loop over tokens
     (:func:`_topk_interval_persistent_kernel`, that many programs per SM, the next row
-    loaded ahead when ``prefetch``; ``maxnreg`` caps its registers per thread)."""
+    loaded ahead when ``prefetch``; ``maxnreg`` caps its registers per thread).
+    ``"gluon"`` (experimental, Hopper GPUs only) runs :mod:`mate.ops.msa.topk_gluon` (several
+    rows per warp; ``rows_per_program`` is its rows per warp, ``gluon_coalesce`` its
+    coalesced load) on rows of up to 1,024 tiles and ``interval`` beyond."""
     method = TOPK_METHOD if method is None else method
     if method not in TOPK_METHODS:
         raise ValueError(f"method must be one of {TOPK_METHODS}, got {method!r}")
+    if method == "gluon":
+        dev = max_score.device
+        if INTERPRET or dev.type != "cuda" or torch.cuda.get_device_capability(dev)[0] != 9:
+            raise ValueError("method 'gluon' needs a Hopper (sm_90) GPU and no interpreter")
+        from mate.ops.msa.topk_gluon import sparse_topk_select_gluon
+
+        if sparse_topk_select_gluon(max_score, output, query_positions, num_valid_pages, topk, force_begin_blocks,
+                                    force_end_blocks, num_warps=num_warps or 4, rows_per_warp=rows_per_program,
+                                    coalesce=gluon_coalesce):
+            return
+        method, rows_per_program, num_warps = "interval", None, None
     if max_chunk is None:
         max_chunk = INTERVAL_MAX_CHUNK if method == "interval" else 4096
     total_q, H, T = max_score.shape
