@@ -334,6 +334,8 @@ FP8_T_VARIANTS = [  # DECODE_VARIANT overrides of the transposed kernel timed be
     ("V via smem, 4D desc (4/SM)", dict(fp8_v_smem=True, fp8_flat=False)),
     ("V via smem, 2 stages (5/SM)", dict(fp8_v_smem=True, fp8_stages=2)),
     ("V via smem, 4D desc, 8 warps (2/SM)", dict(fp8_v_smem=True, fp8_flat=False, fp8_warps=8)),
+    ("128-key tiles, V via smem, 4D desc, 8 warps (2/SM)",
+     dict(fp8_keys=128, fp8_v_smem=True, fp8_flat=False, fp8_warps=8)),
 ]
 
 

@@ -55,7 +55,7 @@ T_VARIANT_COMPILES = {
     (64, 3, 8, False, True): (92, 45104), (128, 3, 8, False, True): (104, 88112),
     (64, 3, 4, True, True): (102, 61488), (64, 3, 4, True, False): (112, 53280),
     (64, 2, 4, True, True): (92, 45080), (64, 3, 8, True, False): (86, 53280),
-    (64, 3, 4, False, False): (156, 36896),
+    (64, 3, 4, False, False): (156, 36896), (128, 3, 8, True, False): (102, 104480),
 }
 """fp8 (keys, stages, warps, v_smem, flat): (registers, shared bytes), the sm_90 compiles of
 the variants outside :data:`T_COMPILES` (same tile, token-major cache, unsplit)."""
