@@ -101,11 +101,14 @@ GLUON_VARIANTS = {  # name: (rows per warp, warps, coalesced load)
 
 def compile_gluon(name: str, chunk: int, k: int, sass_dir: str | None) -> None:
     """The Gluon kernel (:mod:`mate.ops.msa.topk_gluon`); ``W = k + 1`` (one forced block),
-    instructions per row = SASS / rows per program (the loop body once)."""
+    static instructions per row = SASS / rows per warp (both tie paths, the loop body once)."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     rpw, warps, coalesce = GLUON_VARIANTS[name]
     cfg = tg.gluon_topk_config(chunk, k, k + 1, rpw, coalesce)
+    if cfg is None:
+        print(f"{name:22s} chunk={chunk:5d}: not taken (interval)")
+        return
     sig = {"s_ptr": "*fp32", "out_ptr": "*i32", "qpos_ptr": "*i64", "n_rows": "i32", "num_tiles": "i32",
            "num_valid_pages": "i32", "H": "i32", "fb": "i32", "fe": "i32", "W": "i32", "has_qpos": "i32"}
     sig.update({c: "constexpr" for c in cfg})
@@ -121,7 +124,7 @@ def compile_gluon(name: str, chunk: int, k: int, sass_dir: str | None) -> None:
             loops.append((a - int(tgt.group(1), 16)) // 16 + 1)
     ldg = sum("LDG" in ln for ln in instrs)
     shfl = sum("SHFL" in ln for ln in instrs)
-    rows = (32 // cfg["TPR"]) * warps
+    rows = 32 // cfg["TPR"]  # rows per warp: each warp runs the whole program for them
     print(f"{name:22s} chunk={chunk:5d} rows/warp={32 // cfg['TPR']} warps={warps}: REG {rep.registers} "
           f"LOCAL {rep.local} spills {rep.spills} shared {rep.shared} | SASS {len(instrs)} instrs "
           f"({len(instrs) / rows:.0f} per row), {ldg} LDG, {shfl} SHFL, backward branches {loops}")

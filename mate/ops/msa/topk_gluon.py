@@ -78,6 +78,19 @@ def _index(R: gl.constexpr, TPR: gl.constexpr, S1: gl.constexpr, S2: gl.constexp
 
 
 @gluon.jit
+def _split_index(TPR: gl.constexpr, S1: gl.constexpr, S2: gl.constexpr, L: gl.constexpr):
+    """Block ids of layout L as a thread's base [1, TPR, 1, 1] and register offsets
+    [1, 1, S1, S2] (constants: compares against them take immediates)."""
+    t = gl.arange(0, TPR, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, L))))
+    a = gl.arange(0, S1, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, L))))
+    b = gl.arange(0, S2, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, L))))
+    t4 = gl.expand_dims(gl.expand_dims(gl.expand_dims(t, 0), 2), 3)
+    a4 = gl.expand_dims(gl.expand_dims(gl.expand_dims(a, 0), 1), 3)
+    b4 = gl.expand_dims(gl.expand_dims(gl.expand_dims(b, 0), 1), 2)
+    return t4 * (S1 * S2), a4 * S2 + b4
+
+
+@gluon.jit
 def _topk_gluon_kernel(
     s_ptr, out_ptr, qpos_ptr,
     n_rows, num_tiles, num_valid_pages, H, fb, fe, W, has_qpos,
@@ -116,8 +129,9 @@ def _topk_gluon_kernel(
         else:
             nr4 = ((n4 + 15) >> 4) << 4  # a multiple of 16: 16-byte loads
             s = gl.load(s_ptr + s_off, mask=long4 & (idx < nr4) & (idx < num_tiles), other=0.0)
-        valid = idx < n4
-        cand = (idx - fb).to(gl.uint32) < _b4((gl.maximum(n - fe, fb) - fb).to(gl.uint32))
+        tb, kk = _split_index(TPR, S1, S2, L)
+        valid = kk < n4 - tb
+        cand = (kk >= fb - tb) & (kk < _b4(gl.maximum(n - fe, fb)) - tb)
         bits = (s + 0.0).to(gl.int32, bitcast=True)  # -0.0 -> +0.0
         u = (bits ^ ((bits >> 31) | -2147483648)).to(gl.uint32, bitcast=True)
         u = gl.where(s != s, 0xFFC00000, u)
