@@ -23,7 +23,8 @@ in registers, one warp per 1,024 tiles, two at 1,024) gives every forced block t
 key, so a long row's output is exactly its W largest keys, finds that W-th largest key by
 bisecting a key interval that starts at a cheap group-max lower bound (~6 steps against
 13-15 for the bitwise search), and takes prefix sums by warp ballots. H200 figures:
-:data:`TOPK_METHOD`.
+:data:`TOPK_METHOD`. ``gluon`` (experimental, Hopper only, never the default) is the same
+algorithm with several rows per warp: :mod:`mate.ops.msa.topk_gluon`.
 """
 
 from __future__ import annotations
@@ -546,9 +547,10 @@ def sparse_topk_select_triton(
             raise ValueError("method 'gluon' needs a Hopper (sm_90) GPU and no interpreter")
         from mate.ops.msa.topk_gluon import sparse_topk_select_gluon
 
-        if sparse_topk_select_gluon(max_score, output, query_positions, num_valid_pages, topk, force_begin_blocks,
-                                    force_end_blocks, num_warps=num_warps or 4, rows_per_warp=rows_per_program,
-                                    coalesce=gluon_coalesce):
+        qpos = query_positions if query_positions is not None else _dummy_positions(dev)
+        if sparse_topk_select_gluon(max_score, output, qpos, query_positions is not None, num_valid_pages, topk,
+                                    force_begin_blocks, force_end_blocks, num_warps=num_warps or 4,
+                                    rows_per_warp=rows_per_program, coalesce=gluon_coalesce):
             return
         method, rows_per_program, num_warps = "interval", None, None
     if max_chunk is None:

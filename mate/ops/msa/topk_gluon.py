@@ -193,10 +193,12 @@ def gluon_topk_config(num_tiles: int, topk: int, W: int, rows_per_warp: int | No
     return dict(TPR=tpr, S1=s1, S2=s2, LOWER_BOUND=tpr * s1 >= topk, COALESCE=coalesce, A1=a1, A2=a2, A3=a3)
 
 
-def sparse_topk_select_gluon(max_score: torch.Tensor, output: torch.Tensor, query_positions, num_valid_pages: int,
-                             topk: int, force_begin_blocks: int, force_end_blocks: int, num_warps: int = 4,
-                             rows_per_warp: int | None = None, coalesce: bool = False) -> bool:
-    """Launches the Gluon kernel; False (nothing launched) when the row is too long."""
+def sparse_topk_select_gluon(max_score: torch.Tensor, output: torch.Tensor, query_positions: torch.Tensor,
+                             has_qpos: bool, num_valid_pages: int, topk: int, force_begin_blocks: int,
+                             force_end_blocks: int, num_warps: int = 4, rows_per_warp: int | None = None,
+                             coalesce: bool = False) -> bool:
+    """Launches the Gluon kernel (``query_positions`` read only when ``has_qpos``); False
+    (nothing launched) when it does not take rows of this length."""
     total_q, H, T = max_score.shape
     W = output.shape[2]
     cfg = gluon_topk_config(T, topk, W, rows_per_warp, coalesce)
@@ -204,11 +206,9 @@ def sparse_topk_select_gluon(max_score: torch.Tensor, output: torch.Tensor, quer
         return False
     n_rows = total_q * H
     rows_per_cta = (32 // cfg["TPR"]) * num_warps
-    qpos = query_positions if query_positions is not None else torch.zeros(1, dtype=torch.int64,
-                                                                            device=max_score.device)
     if n_rows:
         _topk_gluon_kernel[(triton.cdiv(n_rows, rows_per_cta),)](
-            max_score, output, qpos, n_rows, T, num_valid_pages, H, force_begin_blocks, force_end_blocks, W,
-            int(query_positions is not None), **cfg, num_warps=num_warps,
+            max_score, output, query_positions, n_rows, T, num_valid_pages, H, force_begin_blocks, force_end_blocks,
+            W, int(has_qpos), **cfg, num_warps=num_warps,
         )
     return True
