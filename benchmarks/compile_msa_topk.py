@@ -95,6 +95,7 @@ GLUON_VARIANTS = {  # name: (rows per warp, warps, coalesced load)
     "gluon_rpw4": (4, 4, False),
     "gluon_rpw4_warps2": (4, 2, False),
     "gluon_rpw2": (2, 4, False),
+    "gluon_rpw2_warps1": (2, 1, False),
     "gluon_rpw1": (1, 4, False),
 }
 
