@@ -90,7 +90,7 @@ def _split_index(TPR: gl.constexpr, S1: gl.constexpr, S2: gl.constexpr, L: gl.co
     return t4 * (S1 * S2), a4 * S2 + b4
 
 
-@gluon.jit
+@gluon.jit(do_not_specialize=["n_rows", "num_valid_pages", "H", "fb", "fe", "W", "has_qpos"])
 def _topk_gluon_kernel(
     s_ptr, out_ptr, qpos_ptr,
     n_rows, num_tiles, num_valid_pages, H, fb, fe, W, has_qpos,
