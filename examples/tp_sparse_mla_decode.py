@@ -5,7 +5,10 @@ The attention heads are split over the ``world_size`` ranks of ``torch.distribut
 8 GPUs. Launch with torchrun::
 
     torchrun --nproc-per-node 2 examples/tp_sparse_mla_decode.py            # CPU, gloo
-    torchrun --nproc-per-node 8 examples/tp_sparse_mla_decode.py --deepseek # 8 GPUs, nccl
+    NCCL_NVLS_ENABLE=0 torchrun --nproc-per-node 8 examples/tp_sparse_mla_decode.py --deepseek \
+        --time --json benchmarks/results/tp_sparse_mla_decode.json          # 8 GPUs, nccl
+
+(``NCCL_NVLS_ENABLE=0`` keeps NVLink multicast off, as the lent multi-GPU machines require.)
 
 One decode step, in MLA's absorbed form, for every rank r holding heads [r*Hr, (r+1)*Hr):
 
@@ -210,6 +213,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch", type=int, default=None)
     ap.add_argument("--heads", type=int, default=None)
     ap.add_argument("--time", action="store_true", help="also time the TP step against one rank running all heads")
+    ap.add_argument("--json", default=None, help="with --time: write the timings to this JSON file (rank 0)")
     args = ap.parse_args(argv)
 
     cuda = torch.cuda.is_available()
@@ -262,6 +266,14 @@ def main(argv: list[str] | None = None) -> None:
             full = AttentionStep(build(cfg, slice(0, cfg.heads), device), cfg)
             t_one = _time_step(full, device)
             print(f"time per step: {t_tp:.1f} us on {world} ranks, {t_one:.1f} us with all heads on one")
+            if args.json:
+                import json
+
+                payload = {"world_size": world, "device": torch.cuda.get_device_name(device) if cuda else "cpu",
+                           "backend": dist.get_backend(), "config": dataclasses.asdict(cfg),
+                           "us_per_step_tp": t_tp, "us_per_step_one_rank_all_heads": t_one}
+                with open(args.json, "w") as f:
+                    json.dump(payload, f, indent=2)
     dist.barrier()
     dist.destroy_process_group()
     if rank == 0:
