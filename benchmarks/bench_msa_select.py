@@ -112,7 +112,7 @@ def _bench_topk(ceilings: dict, total_q: int, tiles: int, rows: list[dict], caus
     rows.append(record(ceilings, family=FAMILY, op="sparse_topk_select", shape=shape, impl="mate",
                        time_us=time_fn(fns, iters=50), nbytes=nbytes, dtype="fp32", ceiling="copy_GBps",
                        note=f"default threshold method: {topk_mod.TOPK_METHOD}"))
-    # both threshold methods side by side (the launcher on the same validated tensors)
+    # every threshold method side by side (the launcher on the same validated tensors)
     for method in topk_mod.TOPK_METHODS:
         var = [lambda s=s, m=method: topk_mod.sparse_topk_select_triton(
             s, out, query_positions=qpos, num_valid_pages=tiles, topk=16, force_begin_blocks=0, force_end_blocks=1,

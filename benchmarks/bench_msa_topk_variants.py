@@ -25,27 +25,6 @@ VARIANTS = [  # label, launcher keywords, tile counts it runs at (None: all)
     ("interval (default)", dict(), None),
     ("radix", dict(method="radix"), None),
     ("interval warps2", dict(method="interval", num_warps=2), (256,)),  # a row over 2 warps
-    # one-row programs as a loop over tokens, N programs per SM (loop xN), next row loaded ahead
-    ("loop x16", dict(programs_per_sm=16), (256,)),
-    ("loop x28", dict(programs_per_sm=28), (256,)),  # 72 registers: 28 one-warp programs per SM
-    ("loop x32 maxnreg64", dict(programs_per_sm=32, maxnreg=64), (256,)),
-    ("loop x32 no prefetch", dict(programs_per_sm=32, prefetch=False), (256,)),
-    ("loop warps2 x16", dict(programs_per_sm=16, num_warps=2), (256,)),
-    ("loop warps2 x24", dict(programs_per_sm=24, num_warps=2), (256,)),  # 40 registers
-    ("loop warps4 x12", dict(programs_per_sm=12, num_warps=4), (256, 1024)),
-    ("loop warps2 x8", dict(programs_per_sm=8, num_warps=2), (1024,)),  # 128 registers
-    ("loop warps2 x10 no prefetch", dict(programs_per_sm=10, num_warps=2, prefetch=False), (1024,)),
-    ("loop warps4 x6", dict(programs_per_sm=6, num_warps=4), (1024,)),  # 80 registers
-    ("loop x1", dict(programs_per_sm=1), (12287,)),  # 16 warps, 128 registers
-    # Gluon, several rows per warp (mate/ops/msa/topk_gluon.py; rpwN: N rows per warp, wN: warps);
-    # run after every other variant (a fault there cannot spoil their rows)
-    ("gluon rpw8 w4", dict(method="gluon"), (256,)),  # 250 registers
-    ("gluon rpw8 w4 coalesced", dict(method="gluon", gluon_coalesce=True), (256,)),
-    ("gluon rpw4 w4", dict(method="gluon", rows_per_program=4), (256,)),  # 135 registers
-    ("gluon rpw2 w4", dict(method="gluon", rows_per_program=2), (256, 1024)),  # 80 / 250 registers
-    ("gluon rpw2 w4 coalesced", dict(method="gluon", rows_per_program=2, gluon_coalesce=True), (1024,)),
-    ("gluon rpw2 w1", dict(method="gluon", rows_per_program=2, num_warps=1), (256,)),  # no barrier per step
-    ("gluon rpw1 w4", dict(method="gluon", rows_per_program=1), (1024,)),  # 128 registers
 ]
 H, K = 4, 16
 
@@ -58,7 +37,7 @@ def copy_gbps() -> float:
     return 2 * n / (t * 1e-6) / 1e9
 
 
-def run_shape(total_q: int, tiles: int, causal: bool, todo: list, ceiling: float, gluon_pass: bool) -> int:
+def run_shape(total_q: int, tiles: int, causal: bool, todo: list, ceiling: float) -> int:
     """Times and checks the variants ``todo`` at one shape; returns how many failed."""
     bad = 0
     nbytes = total_q * H * tiles * 4
@@ -87,7 +66,7 @@ def run_shape(total_q: int, tiles: int, causal: bool, todo: list, ceiling: float
         except Exception as exc:  # a variant that fails still leaves a line
             bad += 1
             print(f"{shape:26s} {label:28s} failed: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
-    if not causal and not gluon_pass:
+    if not causal:
         t = time_fn([lambda s=s: torch.topk(s, K, dim=-1) for s in scores], iters=50)
         gbps = nbytes / (t * 1e-6) / 1e9
         print(f"{shape:26s} {'torch.topk':28s} {t:8.1f} {gbps:7.0f} {gbps / ceiling:7.1%}  (peer)", flush=True)
@@ -102,13 +81,10 @@ def main() -> int:
     print(f"copy bandwidth {ceiling:.0f} GB/s")
     print(f"{'shape':26s} {'variant':28s} {'us':>8s} {'GB/s':>7s} {'of copy':>7s}  check")
     bad = 0
-    for gluon_pass, (total_q, tiles, causal) in [(g, sh) for g in (False, True) for sh in SHAPES]:
-        todo = [(label, v) for label, v, at in VARIANTS
-                if (at is None or tiles in at) and (v.get("method") == "gluon") == gluon_pass]
-        if not todo:
-            continue
+    for total_q, tiles, causal in SHAPES:
+        todo = [(label, v) for label, v, at in VARIANTS if at is None or tiles in at]
         try:
-            bad += run_shape(total_q, tiles, causal, todo, ceiling, gluon_pass)
+            bad += run_shape(total_q, tiles, causal, todo, ceiling)
         except Exception as exc:  # e.g. a faulted CUDA context after a failed experimental kernel
             bad += 1
             print(f"{total_q}x{H}x{tiles} causal={causal}: failed: {type(exc).__name__}: {str(exc)[:200]}", flush=True)

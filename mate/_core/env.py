@@ -18,7 +18,7 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "MATE_DUMP_INCLUDE": ("", "comma-separated fnmatch patterns: dump only matching function names"),
     "MATE_DUMP_EXCLUDE": ("", "comma-separated fnmatch patterns: never dump matching function names"),
     "MATE_MSA_TOPK_METHOD": ("interval", "threshold step of MSA top-k selection: interval (default: a "
-                             "bisection over key values), radix, bitonic or gluon (Hopper only); read at import"),
+                             "bisection over key values), radix or bitonic; read at import"),
 }
 
 

@@ -23,8 +23,10 @@ in registers, one warp per 1,024 tiles, two at 1,024) gives every forced block t
 key, so a long row's output is exactly its W largest keys, finds that W-th largest key by
 bisecting a key interval that starts at a cheap group-max lower bound (~6 steps against
 13-15 for the bitwise search), and takes prefix sums by warp ballots. H200 figures:
-:data:`TOPK_METHOD`. ``gluon`` (experimental, Hopper only, never the default) is the same
-algorithm with several rows per warp: :mod:`mate.ops.msa.topk_gluon`.
+:data:`TOPK_METHOD`. Tried and removed (H200, 2026-11-29): the same algorithm in Gluon with
+several rows per warp was no faster (111.9 us at best against 112.9 at 32768 x 4 x 256), and
+the one-row programs as a persistent loop over rows (next row prefetched) were slower
+(128.9-276.7 us).
 """
 
 from __future__ import annotations
@@ -293,35 +295,6 @@ def _topk_select_kernel(
              mask=row_ok[:, None] & (wc[None, :] < W) & (wc[None, :] >= base[:, None]))
 
 
-@triton.jit
-def _interval_row(s, n1, o_ptr, fb, fe, W, CHUNK: tl.constexpr, G1: tl.constexpr, W_P2: tl.constexpr):
-    """One row of :func:`_topk_interval_kernel` with scalar length ``n1``: scores ``s``
-    [1, CHUNK] (only read where ``n1 > W`` and ``idx < n1``) to the output row at ``o_ptr``."""
-    idx = tl.arange(0, CHUNK)[None, :]
-    if n1 > W:
-        valid = idx < n1
-        cand = (idx - fb).to(tl.uint32) < (tl.maximum(n1 - fe, fb) - fb).to(tl.uint32)
-        bits = (s + 0.0).to(tl.int32, bitcast=True)  # -0.0 -> +0.0
-        u = (bits ^ ((bits >> 31) | -2147483648)).to(tl.uint32, bitcast=True)
-        u = tl.where(s != s, 0xFFC00000, u)
-        u = tl.where(cand, u, tl.where(valid, 0xFFFFFFFF, 0))
-        tau, cnt = _interval_threshold_row(u, tl.where(cand, u, 0), fb + fe >= W, W, G1)
-        if cnt > W:
-            eq = u == tau
-            take_ties = W - cnt + tl.sum(tl.sum(eq.to(tl.int32), axis=1), axis=0)
-            eq_rank = _prefix_sum_ballot(eq.to(tl.int32), CHUNK) - 1
-            sel = (u > tau) | (eq & (eq_rank < take_ties))
-        else:
-            sel = u >= tau
-    else:
-        sel = idx < n1
-    slot = _prefix_sum_ballot(sel.to(tl.int32), CHUNK) - 1
-    tl.store(o_ptr + slot, idx + tl.zeros_like(slot), mask=sel)
-    if n1 < W:
-        wc = tl.arange(0, W_P2)[None, :]
-        tl.store(o_ptr + wc, tl.full([1, W_P2], -1, dtype=tl.int32), mask=(wc < W) & (wc >= n1))
-
-
 @triton.jit(do_not_specialize=["n_rows", "num_tiles", "num_valid_pages", "H", "fb", "fe", "counted", "W", "has_qpos"])
 def _topk_interval_kernel(
     s_ptr, out_ptr, qpos_ptr,
@@ -397,58 +370,8 @@ def _topk_interval_kernel(
         tl.store(o_row + wc[None, :], tl.full([ROWS, W_P2], -1, dtype=tl.int32),
                  mask=(row_ok & short)[:, None] & (wc[None, :] < W) & (wc[None, :] >= n[:, None]))
 
-@triton.jit
-def _token_len(qpos_ptr, tok, total_q, num_valid_pages, has_qpos):
-    """Query position of token ``tok`` (2**62 without positions, -1 past the end)."""
-    pos = tl.zeros([], dtype=tl.int64) + 4611686018427387904
-    if has_qpos != 0:
-        pos = tl.load(qpos_ptr + tok, mask=tok < total_q, other=-1)
-    return tl.where(tok < total_q, pos, -1)
 
-
-@triton.jit
-def _pos_len(pos, num_valid_pages):
-    return tl.where(pos < 0, 0, tl.minimum(pos // 128 + 1, num_valid_pages)).to(tl.int32)
-
-
-@triton.jit(do_not_specialize=["total_q", "num_tiles", "num_valid_pages", "H", "fb", "fe", "W", "has_qpos"])
-def _topk_interval_persistent_kernel(
-    s_ptr, out_ptr, qpos_ptr,
-    total_q, num_tiles, num_valid_pages, H, fb, fe, W, has_qpos,
-    CHUNK: tl.constexpr, G1: tl.constexpr, W_P2: tl.constexpr, PREFETCH: tl.constexpr,
-):
-    """:func:`_topk_interval_kernel`'s one-row programs as a loop: program (p, h) takes
-    head h of tokens p, p + P, ... (P programs per head). With ``PREFETCH`` the next
-    row's scores (and the query position two rows ahead) are loaded before this row is
-    searched, so their latency hides behind the search instead of behind other warps."""
-    p = tl.program_id(0)
-    h = tl.program_id(1)
-    P = tl.num_programs(0)
-    idx = tl.arange(0, CHUNK)[None, :]
-    row_len = num_tiles.to(tl.int64) * H
-    out_len = H.to(tl.int64) * W
-    if PREFETCH:
-        n = _pos_len(_token_len(qpos_ptr, p, total_q, num_valid_pages, has_qpos), num_valid_pages)
-        pos1 = _token_len(qpos_ptr, p + P, total_q, num_valid_pages, has_qpos)
-        s = tl.load(s_ptr + p * row_len + h * num_tiles + idx, mask=(idx < n) & (n > W), other=0.0)
-        for tok in range(p, total_q, P):
-            pos2 = _token_len(qpos_ptr, tok + 2 * P, total_q, num_valid_pages, has_qpos)
-            n_next = _pos_len(pos1, num_valid_pages)
-            s_next = tl.load(s_ptr + (tok + P) * row_len + h * num_tiles + idx,
-                             mask=(idx < n_next) & (n_next > W), other=0.0)
-            _interval_row(s, n, out_ptr + tok * out_len + h * W, fb, fe, W, CHUNK, G1, W_P2)
-            s = s_next
-            n = n_next
-            pos1 = pos2
-    else:
-        for tok in range(p, total_q, P):
-            n = _pos_len(_token_len(qpos_ptr, tok, total_q, num_valid_pages, has_qpos), num_valid_pages)
-            s = tl.load(s_ptr + tok * row_len + h * num_tiles + idx, mask=(idx < n) & (n > W),
-                        other=0.0)
-            _interval_row(s, n, out_ptr + tok * out_len + h * W, fb, fe, W, CHUNK, G1, W_P2)
-
-
-TOPK_METHODS = ("bitonic", "radix", "interval", "gluon")
+TOPK_METHODS = ("bitonic", "radix", "interval")
 TOPK_METHOD = os.environ.get("MATE_MSA_TOPK_METHOD", "interval")
 """Threshold method of the public path (see :func:`sparse_topk_select_triton`); the
 environment variable ``MATE_MSA_TOPK_METHOD`` (``bitonic`` / ``radix`` / ``interval``)
@@ -471,13 +394,6 @@ def _dummy_positions(device: torch.device) -> torch.Tensor:
     if t is None:
         t = _DUMMY[device] = torch.zeros(1, dtype=torch.int64, device=device)
     return t
-
-
-def _num_sms(device: torch.device) -> int:
-    """SM count of a CUDA device (2 elsewhere: a few programs, so the interpreter loops)."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 2
 
 
 def topk_config(num_tiles: int, k: int, max_chunk: int = 4096, method: str = "bitonic",
@@ -518,10 +434,6 @@ def sparse_topk_select_triton(
     method: str | None = None,
     rows_per_program: int | None = None,
     num_warps: int | None = None,
-    programs_per_sm: int | None = None,
-    prefetch: bool = True,
-    maxnreg: int | None = None,
-    gluon_coalesce: bool = False,
 ) -> None:
     """Launches the selection on validated tensors (contiguous fp32 scores, int32 output).
     ``max_chunk`` (a power of two >= 16; default :data:`INTERVAL_MAX_CHUNK` for ``interval``,
@@ -531,28 +443,10 @@ def sparse_topk_select_triton(
     (``tl.topk``), ``"radix"`` (bitwise binary search, :func:`_radix_threshold`) or
     ``"interval"`` (:func:`_topk_interval_kernel`); default :data:`TOPK_METHOD`. All give
     identical results; long rows (the chunked path) always use the tournament.
-    ``rows_per_program`` and ``num_warps`` override :func:`topk_config` (experiments).
-    ``programs_per_sm`` runs the one-row interval programs as a loop over tokens
-    (:func:`_topk_interval_persistent_kernel`, that many programs per SM, the next row
-    loaded ahead when ``prefetch``; ``maxnreg`` caps its registers per thread).
-    ``"gluon"`` (experimental, Hopper GPUs only) runs :mod:`mate.ops.msa.topk_gluon` (several
-    rows per warp; ``rows_per_program`` is its rows per warp, ``gluon_coalesce`` its
-    coalesced load) on rows of up to 1,024 tiles and ``interval`` beyond."""
+    ``rows_per_program`` and ``num_warps`` override :func:`topk_config` (experiments)."""
     method = TOPK_METHOD if method is None else method
     if method not in TOPK_METHODS:
         raise ValueError(f"method must be one of {TOPK_METHODS}, got {method!r}")
-    if method == "gluon":
-        dev = max_score.device
-        if INTERPRET or dev.type != "cuda" or torch.cuda.get_device_capability(dev)[0] != 9:
-            raise ValueError("method 'gluon' needs a Hopper (sm_90) GPU and no interpreter")
-        from mate.ops.msa.topk_gluon import sparse_topk_select_gluon
-
-        qpos = query_positions if query_positions is not None else _dummy_positions(dev)
-        if sparse_topk_select_gluon(max_score, output, qpos, query_positions is not None, num_valid_pages, topk,
-                                    force_begin_blocks, force_end_blocks, num_warps=num_warps or 4,
-                                    rows_per_warp=rows_per_program, coalesce=gluon_coalesce):
-            return
-        method, rows_per_program, num_warps = "interval", None, None
     if max_chunk is None:
         max_chunk = INTERVAL_MAX_CHUNK if method == "interval" else 4096
     total_q, H, T = max_score.shape
@@ -562,15 +456,6 @@ def sparse_topk_select_triton(
     if num_warps is not None:
         cfg["num_warps"] = num_warps
     grid = (triton.cdiv(n_rows, cfg["ROWS"]),)
-    if method == "interval" and cfg["SINGLE"] and cfg["ROWS"] == 1 and programs_per_sm and total_q:
-        progs = max(1, min(total_q, triton.cdiv(programs_per_sm * _num_sms(max_score.device), H)))
-        _topk_interval_persistent_kernel[(progs, H)](
-            max_score, output, query_positions if query_positions is not None else _dummy_positions(max_score.device),
-            total_q, T, num_valid_pages, H, force_begin_blocks, force_end_blocks, W, int(query_positions is not None),
-            CHUNK=cfg["CHUNK"], G1=min(cfg["CHUNK"], max(16, triton.next_power_of_2(topk))), W_P2=64,
-            PREFETCH=prefetch, num_warps=cfg["num_warps"], num_stages=1, maxnreg=maxnreg,
-        )
-        return
     if method == "interval" and cfg["SINGLE"]:
         if cfg["ROWS"] == 1:
             grid = (total_q, H)
