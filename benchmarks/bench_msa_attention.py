@@ -273,37 +273,6 @@ def _decode_rows(ceilings: dict, B: int, ctx: int, dtype: torch.dtype) -> list[d
                            impl="mate transposed" + ("" if splits == -1 else f" splits={splits}"), time_us=t_us,
                            flops=flops, nbytes=nbytes, dtype=name, ceiling="copy_GBps", note=note))
 
-    if dtype == torch.float8_e4m3fn:
-        rows += _fp8_t_variant_rows(ceilings, (q, k, v, table, idx, qo, kvl, out, lse), shape, flops, nbytes)
-
-    if dtype == torch.float8_e4m3fn:  # the fp8 code paths side by side (module defaults swapped per row)
-        from mate.ops.msa import sparse_attention as sa
-
-        default = dict(sa.FP8_VARIANT)
-        variants = [dict(f16=False, decode_stages=1, decode_maxnreg=None),  # the 46%-of-copy path
-                    dict(f16=True, decode_stages=1, decode_maxnreg=None),
-                    dict(f16=True, decode_stages=1, decode_maxnreg=128),
-                    dict(f16=True, decode_stages=2, decode_maxnreg=None),
-                    dict(f16=True, decode_stages=2, decode_maxnreg=168),
-                    dict(f16=True, decode_stages=3, decode_maxnreg=168),
-                    dict(f16=True, decode_stages=2, decode_maxnreg=96, decode_keys=64)]
-        for var in variants:
-            sa.FP8_VARIANT.update({"decode_keys": 128, **var})
-            try:
-                t_us = time_fn(lambda: sparse_attention(
-                    q, k, v, kv_block_indexes=idx, page_table=table, qo_indptr=qo, kv_lens=kvl, out=out, lse=lse,
-                    causal=True, decode=True, num_kv_heads=HKV), iters=50)
-                note = "selected K/V bytes" + (" (default)" if var == default else "")
-            except Exception as exc:
-                t_us, note = None, f"failed: {exc}"[:300]
-            finally:
-                sa.FP8_VARIANT.update(default)
-            label = ("f16" if var["f16"] else "bf16") + f" conv, {var['decode_stages']} stage(s)" + (
-                f", maxnreg {var['decode_maxnreg']}" if var["decode_maxnreg"] else "") + (
-                f", {var['decode_keys']}-key tiles" if var.get("decode_keys", 128) != 128 else "")
-            rows.append(record(ceilings, family=FAMILY, op="sparse_decode", shape=shape, impl=f"mate fp8 [{label}]",
-                               time_us=t_us, flops=flops, nbytes=nbytes, dtype=name, ceiling="copy_GBps", note=note))
-
     def naive():
         pg = torch.gather(table, 1, idx.view(B, -1).long()).view(B, HKV, TOPK)  # [B, Hkv, 16]
         kk = k[pg.long(), :, torch.arange(HKV, device="cuda")[None, :, None]]  # [B, Hkv, 16, 128, D]
@@ -322,82 +291,6 @@ def _decode_rows(ceilings: dict, B: int, ctx: int, dtype: torch.dtype) -> list[d
     rows.append(record(ceilings, family=FAMILY, op="sparse_decode", shape=shape, impl="naive PyTorch gather",
                        time_us=t_us, flops=flops, nbytes=nbytes, dtype=name, ceiling="copy_GBps", note=note))
     torch.cuda.empty_cache()
-    return rows
-
-
-FP8_T_VARIANTS = [  # DECODE_VARIANT overrides of the transposed kernel timed beside its default
-    ("default", {}),
-    ("maxnreg 96 (5/SM)", dict(fp8_maxnreg=96)),
-    ("8 warps (2/SM)", dict(fp8_warps=8)),
-    ("128-key tiles, 8 warps (2/SM)", dict(fp8_keys=128, fp8_warps=8)),
-    ("V via smem (3/SM)", dict(fp8_v_smem=True)),
-    ("V via smem, 4D desc (4/SM)", dict(fp8_v_smem=True, fp8_flat=False)),
-    ("V via smem, 2 stages (5/SM)", dict(fp8_v_smem=True, fp8_stages=2)),
-    ("V via smem, 4D desc, 8 warps (2/SM)", dict(fp8_v_smem=True, fp8_flat=False, fp8_warps=8)),
-    ("128-key tiles, V via smem, 4D desc, 8 warps (2/SM)",
-     dict(fp8_keys=128, fp8_v_smem=True, fp8_flat=False, fp8_warps=8)),
-]
-
-
-def _decode_reference(q, k, v, table, idx) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp32 output [B, Hq, D] and natural-log LSE [B, Hq] of the decode problem (every
-    selected key visible, distinct blocks, default scale)."""
-    B = q.shape[0]
-    pg = torch.gather(table, 1, idx.view(B, -1).long()).view(B, HKV, -1).long()
-    hk = torch.arange(HKV, device="cuda")[None, :, None]
-    kk = k[pg, :, hk].reshape(B, HKV, -1, D).float()
-    vv = v[pg, :, hk].reshape(B, HKV, -1, D).float()
-    s = torch.einsum("bgrd,bgkd->bgrk", q.view(B, HKV, HQ // HKV, D).float(), kk) * D ** -0.5
-    o = torch.einsum("bgrk,bgkd->bgrd", s.softmax(-1), vv)
-    return o.reshape(B, HQ, D), torch.logsumexp(s, -1).reshape(B, HQ)
-
-
-def _fp8_t_variant_rows(ceilings, prob, shape, flops, nbytes) -> list[dict]:
-    """The fp8 variants of the transposed decode kernel: each run once into NaN-poisoned
-    out / lse and checked against :func:`_decode_reference` (fp8 tolerance 3e-2 abs + rel,
-    LSE 1e-3), then timed; a failure is noted in its row, never raised."""
-    from mate.ops.msa import sparse_decode as sd
-
-    q, k, v, table, idx, qo, kvl, out, lse = prob
-    rows = []
-    try:
-        ro, rl = _decode_reference(q, k, v, table, idx)
-    except Exception as exc:
-        ro = rl = None
-        ref_note = f"no reference: {type(exc).__name__}"
-    saved = dict(sd.DECODE_VARIANT)
-    for label, over in FP8_T_VARIANTS:
-        for splits in (-1, 1):
-            sd.DECODE_VARIANT.update({"kernel": "transposed", **over})
-
-            def call(s=splits):
-                sparse_attention(q, k, v, kv_block_indexes=idx, page_table=table, qo_indptr=qo, kv_lens=kvl,
-                                 out=out, lse=lse, causal=True, decode=True, num_kv_splits=s, num_kv_heads=HKV)
-
-            t_us = None
-            try:
-                if ro is not None:
-                    out.fill_(float("nan"))
-                    lse.fill_(float("nan"))
-                    call()
-                    torch.cuda.synchronize()
-                    of = out.float()
-                    bad = int((~((of - ro).abs() <= 3e-2 + 3e-2 * ro.abs())).sum())
-                    bad += int((~((lse - rl).abs() <= 1e-3 + 1e-3 * rl.abs())).sum())
-                    err = (of - ro).abs().max().item()
-                    lerr = (lse - rl).abs().max().item()
-                    ref_note = f"err {err:.2e} lse {lerr:.1e} " + ("OK" if bad == 0 else f"BAD ({bad} elements)")
-                t_us = time_fn(call, iters=50)
-                note = f"{ref_note}; {sd.t_programs_per_sm(True)}/SM"
-            except Exception as exc:
-                note = f"failed: {type(exc).__name__}: {exc}"[:300]
-            finally:
-                sd.DECODE_VARIANT.clear()
-                sd.DECODE_VARIANT.update(saved)
-            rows.append(record(ceilings, family=FAMILY, op="sparse_decode", shape=shape,
-                               impl=f"mate transposed fp8 [{label}]" + ("" if splits == -1 else f" splits={splits}"),
-                               time_us=t_us, flops=flops, nbytes=nbytes, dtype="fp8", ceiling="copy_GBps",
-                               note=note))
     return rows
 
 

@@ -4,9 +4,8 @@
 
 A SPEC is ``dtype:stages:warps[:key=value...]`` with dtype bf16, fp16 or fp8 and keys
 ``keys`` (keys per TMA tile), ``splits``, ``maxnreg``, ``flat`` (0/1: 2D views of contiguous
-caches), ``layout`` (NHD or HND) and ``v_smem`` (0/1: e4m3 V widened through shared memory);
-without one it compiles the module defaults (:data:`mate.ops.msa.sparse_decode.DECODE_VARIANT`)
-for bf16 and fp8. Per spec it prints
+caches) and ``layout`` (NHD or HND); without one it compiles the module defaults
+(:data:`mate.ops.msa.sparse_decode.DECODE_VARIANT`) for bf16 and fp8. Per spec it prints
 registers, local memory, shared memory, the SASS instruction count, the counts of the
 tensor-core / TMA / barrier instructions and ptxas warnings, read with the tools in Triton's
 wheel (the M3 tile: 16 heads of one KV head, 128-wide heads, causal).
@@ -49,7 +48,7 @@ def compile_one(spec: str, out_dir: str | None) -> None:
     flat = bool(int(kw.get("flat", 1)))
     keys = int(kw.get("keys", 128))
     ce = dict(FLAT=flat, KEYS=keys, GP=16, C=32, HEAD_DIM=128, NUM_SPLITS=int(kw.get("splits", 1)), CAUSAL=True,
-              V_SMEM=bool(int(kw.get("v_smem", 0))), IS_FP8=dt == "fp8e4nv", HEAD_MAJOR=layout == "HND")
+              IS_FP8=dt == "fp8e4nv", HEAD_MAJOR=layout == "HND")
     sig = signature(dt, layout, "fp16" if dt == "fp16" else "bf16", flat, keys)
     sig.update({k: "constexpr" for k in ce})
     src = ASTSource(fn=sd.msa_decode_t_kernel, signature=sig, constexprs=ce, attrs=divisibility_attrs(sig, ALIGNED))
@@ -74,9 +73,7 @@ def main() -> None:
         specs = []
         for fp8, name in ((False, "bf16"), (True, "fp8")):
             keys, stages, cap = sd.t_config(fp8)
-            warps, v_smem, flat = sd.t_options(fp8)
-            specs.append(f"{name}:{stages}:{warps}:keys={keys}" + (f":maxnreg={cap}" if cap else "")
-                         + (":v_smem=1" if v_smem else "") + ("" if flat else ":flat=0"))
+            specs.append(f"{name}:{stages}:4:keys={keys}" + (f":maxnreg={cap}" if cap else ""))
     for spec in specs:
         compile_one(spec, args.out)
 

@@ -456,8 +456,7 @@ def sparse_attention_triton(
         o_part = l_part = out
     if decode and _sd.DECODE_VARIANT["kernel"] == "transposed":
         keys, stages, cap = _sd.t_config(is_fp8)
-        warps, v_smem, flat_ok = _sd.t_options(is_fp8)
-        flat = flat_ok and k.is_contiguous() and v.is_contiguous()
+        flat = k.is_contiguous() and v.is_contiguous()
         if flat:  # 2D views: a tile of ``keys`` rows is a plain [keys, d] box (no reshape in the kernel)
             kv2 = [t_.view(-1, d) if layout == "HND" else t_.view(-1, hkv * d) for t_ in (k, v)]
             k_desc, v_desc = (TensorDescriptor(t_, list(t_.shape), list(t_.stride()), [keys, d]) for t_ in kv2)
@@ -474,8 +473,8 @@ def sparse_attention_triton(
             o_part, l_part,
             total_q, hq, ratio, sm_scale * k_scale * LOG2E, v_scale,
             GP=_sd.decode_t_heads(ratio), C=til.capacity, HEAD_DIM=d, NUM_SPLITS=splits, CAUSAL=causal,
-            IS_FP8=is_fp8, HEAD_MAJOR=layout == "HND", FLAT=flat, KEYS=keys, V_SMEM=v_smem,
-            num_warps=warps, num_stages=stages, **extra,
+            IS_FP8=is_fp8, HEAD_MAJOR=layout == "HND", FLAT=flat, KEYS=keys,
+            num_warps=4, num_stages=stages, **extra,
         )
         _combine(o_part, l_part, out, lse, total_q, hq, d, v_scale, splits)
         return

@@ -21,25 +21,24 @@ import triton.language as tl
 from mate._core.triton_helpers import INTERPRET, dot_operand, to_out_dtype
 from mate.ops.msa.softmax_helpers import finish_softmax, split_entries, visible_limit
 
-__all__ = ["DECODE_VARIANT", "msa_decode_t_kernel", "decode_t_heads", "t_config", "t_options", "t_programs_per_sm"]
+__all__ = ["DECODE_VARIANT", "msa_decode_t_kernel", "decode_t_heads", "t_config", "t_programs_per_sm"]
 
-DECODE_VARIANT = {"kernel": "transposed", "keys": 64, "stages": 3, "maxnreg": None, "warps": 4,
-                  "fp8_keys": 64, "fp8_stages": 3, "fp8_maxnreg": None, "fp8_warps": 4,
-                  "fp8_v_smem": False, "fp8_flat": True}
+DECODE_VARIANT = {"kernel": "transposed", "keys": 64, "stages": 3, "maxnreg": None,
+                  "fp8_keys": 64, "fp8_stages": 3, "fp8_maxnreg": None}
 """Decode kernel of ``sparse_attention`` (module defaults; the benchmark times the others).
 
 ``kernel``: "heads" (``_msa_sparse_fwd_kernel`` with one-token 16-row tiles) or "transposed"
 (:func:`msa_decode_t_kernel`). For the transposed kernel, ``keys`` / ``stages`` / ``maxnreg``
 (16-bit caches) and the ``fp8_`` ones: keys per TMA tile (64: each selected block read as
-two halves), pipelining stages, a register cap and warps per program. ``fp8_v_smem``: the
-e4m3 V tile is widened with 16-byte shared loads and stored back as fp16 for a
-shared-memory wgmma operand (else the compiler gathers it byte by byte, LDS.U8, straight
-into the register operand); ``fp8_flat`` False: 4D TMA descriptors even for contiguous
-caches (token-major: 2 buffers of V instead of 3 with ``fp8_v_smem``, 52 KB: 4 per SM).
+two halves), pipelining stages and a register cap.
 
 Defaults from the H200 (2026-11-29, B=128, 64K context, M3 geometry, 16 + 1 blocks, CUDA-graph
 replay): transposed, 64-key tiles, 3 stages, no split: bf16 147 us (3.88 TB/s of selected K/V)
-against 161 us for the "heads" kernel; fp8 84.7 us (3.37 TB/s) against 124 us."""
+against 161 us for the "heads" kernel; fp8 84.7 us (3.37 TB/s) against 124 us. Tried for fp8 and
+removed (H200, final run: default 81.8 us): 8 warps per program 129.8 us, 128-key tiles with 8
+warps 86.5, the e4m3 V tile widened through shared memory into a shared wgmma operand (instead
+of the compiler's byte gathers) 108.7 (88.2 with 4D descriptors, 96.1 with 2 stages); a
+96-register cap (5 programs per SM) gave 82.1-82.6."""
 
 T_COMPILES = {
     (False, 64, 2): (71, 71696), (False, 64, 3): (72, 104472), (False, 64, 4): (72, 137248),
@@ -50,15 +49,6 @@ T_COMPILES = {
 """(fp8, keys, stages): (registers, shared memory bytes) of the sm_90 compile of the M3 tile
 (16 heads, 4 warps, unsplit, token-major cache; bf16 and fp16 alike), read with cuobjdump.
 No spills; QGMMA (fp8 Sᵀ) and HGMMA in the SASS, no ptxas warning."""
-
-T_VARIANT_COMPILES = {
-    (64, 3, 8, False, True): (92, 45104), (128, 3, 8, False, True): (104, 88112),
-    (64, 3, 4, True, True): (102, 61488), (64, 3, 4, True, False): (112, 53280),
-    (64, 2, 4, True, True): (92, 45080), (64, 3, 8, True, False): (86, 53280),
-    (64, 3, 4, False, False): (156, 36896), (128, 3, 8, True, False): (102, 104480),
-}
-"""fp8 (keys, stages, warps, v_smem, flat): (registers, shared bytes), the sm_90 compiles of
-the variants outside :data:`T_COMPILES` (same tile, token-major cache, unsplit)."""
 
 _SM90_SHARED = 233472  # bytes per SM (228 KB); each resident program also reserves 1 KB
 _SM90_REGS = 65536
@@ -77,28 +67,15 @@ def t_config(is_fp8: bool) -> tuple[int, int, int | None]:
     return int(DECODE_VARIANT[pre + "keys"]), int(DECODE_VARIANT[pre + "stages"]), int(cap) if cap else None
 
 
-def t_options(is_fp8: bool) -> tuple[int, bool, bool]:
-    """(warps, V widened through shared memory, 2D descriptors allowed) for this cache dtype."""
-    if is_fp8:
-        return int(DECODE_VARIANT["fp8_warps"]), bool(DECODE_VARIANT["fp8_v_smem"]), bool(DECODE_VARIANT["fp8_flat"])
-    return int(DECODE_VARIANT["warps"]), False, True
-
-
 def t_programs_per_sm(is_fp8: bool) -> int:
     """Programs of the transposed kernel resident on one SM (registers and shared memory of
-    :data:`T_COMPILES` / :data:`T_VARIANT_COMPILES`; an unlisted configuration is
-    estimated), at most 5."""
+    :data:`T_COMPILES`; an unlisted configuration is estimated), at most 5."""
     keys, stages, cap = t_config(is_fp8)
-    warps, v_smem, flat = t_options(is_fp8)
     tile = keys * 128 * (1 if is_fp8 else 2)
-    guess = (128, 2 * tile * stages + 16384 + (2 * tile if v_smem else 0))
-    if is_fp8 and (warps != 4 or v_smem or not flat):
-        regs, smem = T_VARIANT_COMPILES.get((keys, stages, warps, v_smem, flat), guess)
-    else:
-        regs, smem = T_COMPILES.get((is_fp8, keys, stages), guess)
+    regs, smem = T_COMPILES.get((is_fp8, keys, stages), (128, 2 * tile * stages + 16384))
     if cap:
         regs = min(regs, cap)
-    by_regs = _SM90_REGS // (-(-regs // 8) * 8 * 32 * warps)
+    by_regs = _SM90_REGS // (-(-regs // 8) * 8 * 128)
     by_smem = _SM90_SHARED // (smem + 1024)
     return max(1, min(5, by_regs, by_smem))
 
@@ -114,7 +91,7 @@ def msa_decode_t_kernel(
     total_q, HQ, RATIO, qk_scale, v_scale,
     GP: tl.constexpr, C: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
     CAUSAL: tl.constexpr, IS_FP8: tl.constexpr, HEAD_MAJOR: tl.constexpr, FLAT: tl.constexpr = True,
-    KEYS: tl.constexpr = 128, V_SMEM: tl.constexpr = False,
+    KEYS: tl.constexpr = 128,
 ):
     t = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -174,11 +151,7 @@ def msa_decode_t_kernel(
         alpha = tl.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.sum(p, axis=0)
         if IS_FP8:
-            if V_SMEM:  # widened in pairs of adjacent d, then one layout change (not byte gathers)
-                ev, od = tl.split(tl.reshape(vt, [KEYS, HEAD_DIM // 2, 2]).to(tl.float16))
-                vt = tl.reshape(tl.join(ev, od), [KEYS, HEAD_DIM])
-            else:
-                vt = vt.to(tl.float16)  # exact for e4m3
+            vt = vt.to(tl.float16)  # exact for e4m3
         pv = to_out_dtype(p, vt.dtype)
         if INTERPRET:
             acc = acc * alpha[None, :] + tl.dot(tl.trans(vt).to(tl.float32), pv.to(tl.float32))
