@@ -18,9 +18,9 @@ Rows:
   (compiled, ``create_block_mask`` compiled) on the same 32K problem, when
   ``MATE_BENCH_FLEX=1`` (it costs about a minute of compilation; gpu-peers.md measured
   13.8 ms at 8K and 277 ms at 32K);
-- decode, B = 128, q_len 1, 64K context, bf16 and fp8 KV: mate split decode (the module's
-  decode kernel, and the transposed kernel of ``sparse_decode.py`` at its settings) and a
-  naive PyTorch gather + einsum; GB/s of the selected K/V bytes against the copy bandwidth.
+- decode, B = 128, q_len 1, 64K context, bf16 and fp8 KV (timed first, see ``run``): mate's
+  default (the transposed kernel of ``sparse_decode.py``) with the automatic, 1 and 2
+  splits, the previous heads-on-M kernel beside it, and a naive PyTorch gather + einsum; GB/s of the selected K/V bytes against the copy bandwidth.
   The lists hold 16 blocks (15 + the forced end block); the MSA decode device requests use
   17 (16 + 1), which reads 6% more bytes.
 
@@ -256,21 +256,20 @@ def _decode_rows(ceilings: dict, B: int, ctx: int, dtype: torch.dtype) -> list[d
     from mate.ops.msa import sparse_decode as sd
 
     t_default = dict(sd.DECODE_VARIANT)
-    for splits in (-1, 1, 2):  # the transposed decode kernel (keys on wgmma M) at its module settings
-        sd.DECODE_VARIANT["kernel"] = "transposed"
+    for splits in (-1, 1, 2):  # the previous default, 16-row heads-on-M tiles (mma.sync), for comparison
+        sd.DECODE_VARIANT["kernel"] = "heads"
         try:
             t_us = time_fn(lambda s=splits: sparse_attention(
                 q, k, v, kv_block_indexes=idx, page_table=table, qo_indptr=qo, kv_lens=kvl, out=out, lse=lse,
                 causal=True, decode=True, num_kv_splits=s, num_kv_heads=HKV), iters=50)
-            keys, stages, cap = sd.t_config(dtype == torch.float8_e4m3fn)
-            note = f"selected K/V bytes; {keys}-key tiles, {stages} stages" + (f", maxnreg {cap}" if cap else "")
+            note = "selected K/V bytes; heads-on-M kernel"
         except Exception as exc:
             t_us, note = None, f"failed: {exc}"[:300]
         finally:
             sd.DECODE_VARIANT.clear()
             sd.DECODE_VARIANT.update(t_default)
         rows.append(record(ceilings, family=FAMILY, op="sparse_decode", shape=shape,
-                           impl="mate transposed" + ("" if splits == -1 else f" splits={splits}"), time_us=t_us,
+                           impl="mate heads kernel" + ("" if splits == -1 else f" splits={splits}"), time_us=t_us,
                            flops=flops, nbytes=nbytes, dtype=name, ceiling="copy_GBps", note=note))
 
     def naive():
@@ -296,9 +295,11 @@ def _decode_rows(ceilings: dict, B: int, ctx: int, dtype: torch.dtype) -> list[d
 
 def run(ceilings: dict, quick: bool = False) -> list[dict]:
     rows: list[dict] = []
-    jobs = [("sparse_prefill", lambda: _prefill_rows(ceilings, 32768))]
-    jobs += [("sparse_decode", lambda d=d: _decode_rows(ceilings, 128, 65536, d))
+    # decode first: right after the ~30 ms dense-prefill rows the GPU ran the same decode
+    # plan ~10% slower than later in the run (H200, 2026-11-29: 155.5 vs 138.4 us)
+    jobs = [("sparse_decode", lambda d=d: _decode_rows(ceilings, 128, 65536, d))
              for d in (torch.bfloat16, torch.float8_e4m3fn)]
+    jobs += [("sparse_prefill", lambda: _prefill_rows(ceilings, 32768))]
     for op, job in jobs:
         try:
             rows += job()
