@@ -20,7 +20,8 @@ Rows:
   13.8 ms at 8K and 277 ms at 32K);
 - decode, B = 128, q_len 1, 64K context, bf16 and fp8 KV (timed first, see ``run``): mate's
   default (the transposed kernel of ``sparse_decode.py``) with the automatic, 1 and 2
-  splits, the previous heads-on-M kernel beside it, and a naive PyTorch gather + einsum; GB/s of the selected K/V bytes against the copy bandwidth.
+  splits, the previous heads-on-M kernel beside it, and a naive PyTorch gather + einsum;
+  GB/s of the selected K/V bytes against the copy bandwidth.
   The lists hold 16 blocks (15 + the forced end block); the MSA decode device requests use
   17 (16 + 1), which reads 6% more bytes.
 
