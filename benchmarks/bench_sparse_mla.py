@@ -15,9 +15,9 @@ Reported: time (CUDA-graph replay, rotated input sets), TFLOP/s with FlashMLA's 
 2 * B * q_len * H * top-k * (576 + 512), and GB/s of B * q_len * top-k * 576 gathered bytes
 + query + output, as a fraction of the measured copy bandwidth. ``mate block_h=64`` rows
 time the padded H >= 64 kernel at small H, to compare with the default small-H kernel.
-Variant rows time plans beside the default: the Gluon kernel's serial schedule
-(``pipelined=False``) and 2-stage pipelined one, the transposed small-H kernel, the plain
-kernels with prefetched indices; the Gluon rows run after its self-check against the
+Variant rows time plans beside the default: the Gluon kernel with a 2-stage gather ring,
+the Gluon kernel on a split plan, the transposed small-H kernel, the plain kernels with
+prefetched indices; the Gluon rows run after its self-check against the
 reference passed in a child process (a failure leaves them empty with the reason as note).
 
 ``MATE_SPARSE_MLA_BARS=1`` times only the issue's bar shapes (B=64 q1 H=128, B=128 q2
@@ -43,21 +43,18 @@ OP = "sparse_mla_fp8_decode"
 TOP_K = 2048
 PAGE = 64
 FULL = [(h, b, s) for h in (16, 32, 64, 128) for b in (1, 8, 32, 64, 128) for s in (1, 2)]
-# Plan variants timed beside the default in the quick and full runs (H, B, q_len) -> overrides:
-# indices prefetched one step ahead (more gather buffers), and the experimental Gluon kernel
-# (rows "mate gluon"), not yet measured on the H200.
-SERIAL = dict(gluon=True, pipelined=False)  # the Gluon kernel's first (serial) schedule
-PIPE2 = dict(gluon=True, pipelined=True, num_stages=2)
+# Plan variants timed beside the default in the quick and full runs (H, B, q_len) -> overrides.
+PIPE2 = dict(gluon=True, num_stages=2)  # the Gluon kernel with a 2-stage gather ring
 VARIANTS = {(16, 128, 1): [dict(transposed=True, block_h=16)],
-            (128, 64, 1): [PIPE2, SERIAL, dict(prefetch_idx=True)],
-            (128, 8, 1): [dict(gluon=True), dict(prefetch_idx=True, num_splits=4)], (128, 128, 2): [PIPE2, SERIAL],
+            (128, 64, 1): [PIPE2, dict(prefetch_idx=True)],
+            (128, 8, 1): [dict(gluon=True), dict(prefetch_idx=True, num_splits=4)], (128, 128, 2): [PIPE2],
             (64, 128, 1): [PIPE2], (32, 128, 1): [dict(transposed=True, block_h=32)]}
 # Bar shapes (H, B, q_len) -> plan_decode overrides timed beside the default plan.
 BAR_CANDIDATES = {  # in order of interest, in case a run is cut short
     (16, 128, 1): [dict(transposed=True, block_h=16), dict(block_h=64, **PIPE2)],
     (128, 8, 1): [dict(gluon=True), dict(partial_dtype=torch.float32), dict(num_splits=4)],
-    (128, 64, 1): [PIPE2, SERIAL, dict(prefetch_idx=True)],
-    (128, 128, 2): [PIPE2, SERIAL],
+    (128, 64, 1): [PIPE2, dict(prefetch_idx=True)],
+    (128, 128, 2): [PIPE2],
 }
 QUICK = [(128, 64, 1), (128, 128, 2), (16, 128, 1), (128, 8, 1), (64, 128, 1), (32, 128, 1), (16, 32, 2)]
 
@@ -190,7 +187,7 @@ def run(ceilings: dict, quick: bool = False) -> list[dict]:
                 t = time_fn([_mate_fn(s, kv, scale, mdc) for s in sets])
                 nc = (f"block_h={mdc.block_h} block_n={mdc.block_n} splits={mdc.num_splits} "
                       f"warps={mdc.num_warps} stages={mdc.num_stages} maxnreg={mdc.max_regs} "
-                      f"prefetch_idx={mdc.prefetch_idx} gluon={mdc.gluon} pipelined={mdc.pipelined}")
+                      f"prefetch_idx={mdc.prefetch_idx} gluon={mdc.gluon}")
                 if err is not None:
                     nc += f"; rel err vs naive {err:.1e}" + (" (FAILED)" if err > 2e-2 else "")
                 else:

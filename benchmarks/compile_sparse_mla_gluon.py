@@ -28,19 +28,19 @@ POINTERS = ("q_ptr", "kv_ptr", "idx_ptr", "seq_lens_ptr", "out_ptr", "lse_ptr", 
 PATTERN = re.compile(r"\b(QGMMA\.\S+|HGMMA\.\S+|LDGSTS\S*|BAR\.SYNC\S*|WARPGROUP\.DEPBAR\S*|STL\S*|LDL\S*)")
 
 
-def compile_one(split: bool, stages: int, out_dir: str, pipelined: bool = False) -> bool:
+def compile_one(split: bool, stages: int, out_dir: str) -> bool:
     sig = {"q_ptr": "*fp8e4nv", "kv_ptr": "*fp8e4nv", "idx_ptr": "*i32", "seq_lens_ptr": "*i32",
            "out_ptr": "*bf16", "lse_ptr": "*fp32", "po_ptr": "*fp16" if split else "*bf16", "plse_ptr": "*fp32",
            "num_tokens": "i32", "qk_scale_log2": "fp32", "out_scale": "fp32", "H": "i32", "q_len": "i32",
            "top_k": "i32", "split_blocks": "i32", "num_splits": "i32"}
     constexprs = {"SPLIT": split, "HAS_SEQ_LENS": True, "STAGES": stages, "BLOCK_H": dg.GLUON_BLOCK_H,
-                  "BLOCK_N": dg.GLUON_BLOCK_N, "D_V": HEAD_DIM_V, "D_R": HEAD_DIM_ROPE, "PIPELINED": pipelined}
+                  "BLOCK_N": dg.GLUON_BLOCK_N, "D_V": HEAD_DIM_V, "D_R": HEAD_DIM_ROPE}
     sig.update({k: "constexpr" for k in constexprs})
     # The launcher's tensors are 16-byte aligned (it falls back to the plain kernel otherwise).
     src = GluonASTSource(fn=dg.sparse_mla_decode_gluon_kernel, signature=sig, constexprs=constexprs,
                          attrs=divisibility_attrs(sig, POINTERS))
     rep = compile_sm90(src, {"num_warps": dg.GLUON_NUM_WARPS}, pattern=PATTERN, out_dir=out_dir,
-                       tag=f"gluon_split{int(split)}_stages{stages}_pipe{int(pipelined)}")
+                       tag=f"gluon_split{int(split)}_stages{stages}")
     counts, shared = rep.counts, rep.shared
     # Spill traffic inside the main loop: between the cp.async wait and the loop's back branch.
     lines = rep.sass.splitlines()
@@ -48,7 +48,7 @@ def compile_one(split: bool, stages: int, out_dir: str, pipelined: bool = False)
     end = next((i for i in range(len(lines) - 1, start, -1) if re.search(r"BRA 0x[0-9a-f]+", lines[i])
                 and "@" in lines[i]), len(lines))
     loop_spills = sum(1 for ln in lines[start:end] if re.search(r"\b(STL|LDL)", ln))
-    print(f"split={split} stages={stages} pipelined={pipelined}: {rep.registers} registers, "
+    print(f"split={split} stages={stages}: {rep.registers} registers, "
           f"stack {rep.stack} B, "
           f"local {rep.local} B, {loop_spills} spill instructions in the loop, "
           f"shared {shared} B ({shared / 1024:.0f} KB)")
@@ -67,8 +67,7 @@ def main() -> int:
     ok = True
     for split in (False, True):
         for stages in (2, 3):
-            for pipelined in (False, True):
-                ok &= compile_one(split, stages, out_dir, pipelined)
+            ok &= compile_one(split, stages, out_dir)
     print("cubins in", out_dir)
     return 0 if ok else 1
 

@@ -255,13 +255,12 @@ def _sparse_mla_fp8_decode_op(
     max_regs: int,
     prefetch_idx: bool,
     gluon: bool = False,
-    pipelined: bool = False,
 ) -> None:
     if select_backend(query.device) == "triton" and gluon and query.is_cuda:
         from mate.ops.sparse_mla.decode_gluon import sparse_mla_decode_gluon
 
         sparse_mla_decode_gluon(query, kv_rows, block_tables, seq_lens, out, lse, partial_o, partial_lse,
-                                bmm1_scale, bmm2_scale, num_splits, split_blocks, num_stages, pipelined)
+                                bmm1_scale, bmm2_scale, num_splits, split_blocks, num_stages)
     elif select_backend(query.device) == "triton":
         from mate.ops.sparse_mla.decode import sparse_mla_decode_triton
 
@@ -540,5 +539,5 @@ def sparse_mla_fp8_decode(
                               metadata.partial_o, metadata.partial_lse, bmm1_scale, bmm2_scale, metadata.block_h,
                               metadata.num_splits, metadata.split_blocks, metadata.num_warps, metadata.num_stages,
                               metadata.block_n, metadata.transposed, metadata.max_regs, metadata.prefetch_idx,
-                              metadata.gluon, metadata.pipelined)
+                              metadata.gluon)
     return (out, lse) if return_lse else out

@@ -15,7 +15,7 @@ import math
 import pytest
 import torch
 
-from mate.ops.sparse_mla.metadata import GLUON_PIPELINED_STAGES, GLUON_STAGES, plan_decode
+from mate.ops.sparse_mla.metadata import GLUON_STAGES, plan_decode
 from mate.sparse_mla_interface import sparse_mla_fp8_decode
 from mate.testing import assert_equal, poisoned
 from mate.testing.graphs import capture_graph
@@ -55,14 +55,6 @@ def test_gluon_plan_falls_back_on_cpu(triton_backend):
 def test_gluon_plan_rejects_other_configurations(H, kw, match):
     with pytest.raises(ValueError, match=match):
         plan_decode(2, 1, H, 2048, "cpu", gluon=True, **kw)
-
-
-def test_pipelined_plan_needs_gluon_and_falls_back_on_cpu():
-    with pytest.raises(ValueError, match="pipelined"):
-        plan_decode(2, 1, 128, 2048, "cpu", gluon=False, pipelined=True)
-    md = plan_decode(2, 1, 128, 2048, "cpu", pipelined=True)
-    assert md.gluon is False and md.pipelined is False
-    assert plan_decode(2, 1, 128, 2048, "cpu").pipelined is False
 
 
 def test_gluon_plan_defaults_off():
@@ -105,22 +97,18 @@ def _run(q, kv, idx, sl, top_k, md, s2=1.25):
 @gpu
 @pytest.mark.parametrize("H", [64, 128])
 @pytest.mark.parametrize("B,q_len,top_k", [(1, 1, 2112), (8, 2, 2048), (64, 1, 2048), (3, 2, 2112), (1, 2, 2048)])
-@pytest.mark.parametrize("pipelined", [False, True])
-def test_gpu_gluon_decode_matches_reference(gluon_ok, H, B, q_len, top_k, pipelined):
+def test_gpu_gluon_decode_matches_reference(gluon_ok, H, B, q_len, top_k):
     """Invalid slots (-1, out of range, INT_MIN), duplicates, partial seq_lens, an empty
     batch element (B > 2), and the plan's split (B = 1, 3, 8) or no split (B = 64)."""
     q, kv, idx, sl = _make(B, q_len, H, top_k, pages=64, page_size=64, four_d=B == 3, device="cuda")
-    md = _gluon_plan(B, q_len, H, top_k, pipelined=pipelined)
-    assert md.pipelined == pipelined
+    md = _gluon_plan(B, q_len, H, top_k)
     out, lse = _run(q, kv, idx, sl, top_k, md)
     _check(out, lse, q, kv, idx, sl, S1, 1.25, gpu=True)
 
 
 @gpu
 @pytest.mark.parametrize("kw", [dict(num_splits=1), dict(num_splits=5), dict(num_stages=2),
-                                dict(partial_dtype=torch.float32), dict(seq_lens=None),
-                                dict(pipelined=True, num_stages=2), dict(pipelined=True, num_splits=5),
-                                dict(pipelined=True, seq_lens=None)])
+                                dict(partial_dtype=torch.float32), dict(seq_lens=None)])
 def test_gpu_gluon_plan_variants(gluon_ok, kw):
     B, q_len, H, top_k = 4, 2, 128, 2048
     kw = dict(kw)
@@ -132,8 +120,7 @@ def test_gpu_gluon_plan_variants(gluon_ok, kw):
 
 
 @gpu
-@pytest.mark.parametrize("pipelined", [False, True])
-def test_gpu_gluon_empty_rows_and_all_invalid(gluon_ok, pipelined):
+def test_gpu_gluon_empty_rows_and_all_invalid(gluon_ok):
     """seq_lens 0, a query whose slots are all invalid, and a split whose slots all are:
     out 0 and lse +inf for empty rows, no NaN anywhere."""
     B, q_len, H, top_k = 4, 1, 128, 2048
@@ -141,7 +128,7 @@ def test_gpu_gluon_empty_rows_and_all_invalid(gluon_ok, pipelined):
     sl = torch.tensor([top_k, 0, top_k, 100], dtype=torch.int32, device="cuda")
     idx[2] = -1  # every slot invalid
     idx[0, :, 64:1024] = -1  # whole blocks invalid inside a valid row
-    md = _gluon_plan(B, q_len, H, top_k, num_splits=4, pipelined=pipelined)
+    md = _gluon_plan(B, q_len, H, top_k, num_splits=4)
     out, lse = _run(q, kv, idx, sl, top_k, md)
     _check(out, lse, q, kv, idx, sl, S1, 1.25, gpu=True)
     assert_equal(out[1:3], torch.zeros_like(out[1:3]))
@@ -163,11 +150,10 @@ def test_gpu_gluon_unaligned_cache_takes_plain_kernel(gluon_ok):
 
 
 @gpu
-@pytest.mark.parametrize("pipelined", [False, True])
-def test_gpu_gluon_cuda_graph_replay_and_no_allocation(gluon_ok, pipelined):
+def test_gpu_gluon_cuda_graph_replay_and_no_allocation(gluon_ok):
     B, q_len, H, top_k = 4, 2, 128, 2048
     q, kv, idx, sl = _make(B, q_len, H, top_k, pages=64, page_size=64, device="cuda")
-    md = _gluon_plan(B, q_len, H, top_k, pipelined=pipelined)
+    md = _gluon_plan(B, q_len, H, top_k)
     assert md.num_splits > 1
     out = torch.empty(B, q_len, H, 512, dtype=torch.bfloat16, device="cuda")
     lse = torch.empty(B, q_len, H, device="cuda")
@@ -199,12 +185,11 @@ def test_gpu_gluon_cuda_graph_replay_and_no_allocation(gluon_ok, pipelined):
 
 
 @gpu
-@pytest.mark.parametrize("pipelined", [False, True])
-def test_gpu_gluon_repeated_decodes_bit_identical(gluon_ok, pipelined):
+def test_gpu_gluon_repeated_decodes_bit_identical(gluon_ok):
     B, q_len, H, top_k = 8, 1, 128, 2048
     q, kv, idx, sl = _make(B, q_len, H, top_k, pages=64, page_size=64, device="cuda")
-    md = _gluon_plan(B, q_len, H, top_k, pipelined=pipelined)
-    assert md.num_stages == (GLUON_PIPELINED_STAGES if pipelined else GLUON_STAGES)
+    md = _gluon_plan(B, q_len, H, top_k)
+    assert md.num_stages == GLUON_STAGES
     first, first_lse = _run(q, kv, idx, sl, top_k, md)
     out, lse = torch.empty_like(first), torch.empty_like(first_lse)
     mismatches = 0
@@ -219,11 +204,11 @@ def test_gpu_gluon_repeated_decodes_bit_identical(gluon_ok, pipelined):
 @pytest.mark.parametrize("B,q_len,H,want", [(64, 1, 128, "gluon"), (128, 2, 128, "gluon"), (128, 1, 16, "gluon"),
                                             (128, 1, 32, "gluon"), (8, 1, 128, "plain"), (32, 2, 16, "plain")])
 def test_gpu_default_plans(gluon_ok, B, q_len, H, want):
-    """Hopper defaults: unsplit plans run the pipelined Gluon kernel (small H padded to 64),
+    """Hopper defaults: unsplit plans run the Gluon kernel (small H padded to 64),
     split plans the plain kernels with prefetched indices."""
     md = plan_decode(B, q_len, H, 2048, "cuda")
     if want == "gluon":
-        assert md.gluon and md.pipelined and md.block_h == 64 and md.num_splits == 1
-        assert md.num_stages == GLUON_PIPELINED_STAGES
+        assert md.gluon and md.block_h == 64 and md.num_splits == 1
+        assert md.num_stages == GLUON_STAGES
     else:
-        assert not md.gluon and not md.pipelined and md.prefetch_idx and md.num_splits > 1
+        assert not md.gluon and md.prefetch_idx and md.num_splits > 1

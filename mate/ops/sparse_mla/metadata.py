@@ -22,14 +22,12 @@ BLOCK_N = 64  # sparse_mla_top_k is a multiple of it; the 64-head kernel's rows 
 HEAD_DIM_V = 512  # kv_lora_rank: the value part of each 576-value row
 HEAD_DIM_ROPE = 64  # qk_rope_head_dim: the rotary tail of each row
 
-# Shared-memory ring of the experimental Gluon kernel (decode_gluon.py): 3 gathered tiles of
-# 36 KB + the query (36 KB) + a fp16 V tile (64 KB) = 212 KB at 252 registers (H200 compile);
-# 4 stages would need 248 KB, over the 227 KB an SM offers.
-GLUON_STAGES = 3
-# The pipelined schedule adds a fp16 P tile (8 KB): 3 stages take 216 KB; H200 (top-k 2048):
-# B=64 H=128 98.6 us at 3 stages, 99.1 at 2; B=128 H=16 (padded) 92.3 / 95.6; B=128 q2 H=128
+# Shared-memory ring of the Gluon kernel (decode_gluon.py): 3 gathered tiles of 36 KB + the
+# query (36 KB) + fp16 V (64 KB) and P (8 KB) tiles = 216 KB (H200 compile: 255 registers, no
+# spills); 4 stages would need 252 KB, over the 227 KB an SM offers. H200 (top-k 2048): B=64
+# H=128 98.6 us at 3 stages, 99.1 at 2; B=128 H=16 (padded) 92.3 / 95.6; B=128 q2 H=128
 # 374 / 369.
-GLUON_PIPELINED_STAGES = 3
+GLUON_STAGES = 3
 
 # SM count assumed when planning for a device that is not a GPU (the interpreter): small,
 # so that CPU tests exercise the split + combine path with a handful of programs.
@@ -74,17 +72,13 @@ class DecodeMetadata:
         255 registers; 64 heads at 4 stages, 3 buffers, 217 KB). Off by default until
         measured faster.
     gluon : bool
-        Run the experimental Gluon kernel (``decode_gluon.py``; 64 heads per program on
-        Hopper, Q·Kᵀ split across the two warpgroups, cp.async gather ring) instead of the
-        plain-Triton one. Requested with ``plan_decode(..., gluon=True)``: it needs
+        Run the Gluon kernel (``decode_gluon.py``; 64 heads per program on Hopper, Q·Kᵀ
+        split across the two warpgroups and issued ahead of P·V, cp.async gather ring)
+        instead of the plain-Triton one: the Hopper default for plans without a split,
+        forced with ``plan_decode(..., gluon=True)``. It needs
         ``block_h`` 64 (``ValueError`` otherwise) and a compute capability 9.x GPU
         (``NotImplementedError`` on another GPU); on a device that is not a GPU the
         interpreter cannot run Gluon and the plan falls back to the plain kernel (False).
-    pipelined : bool
-        With ``gluon``: the Gluon kernel's FlashAttention-3-style schedule (Q·Kᵀ of the
-        next block issued before P·V of this one, so the softmax overlaps P·V on the
-        tensor cores; P through shared memory). Requested with ``plan_decode(...,
-        pipelined=True)``; ``ValueError`` without ``gluon``.
     partial_o : torch.Tensor
         [B * q_len, num_splits, H, 512] partial outputs, each normalised by its own softmax
         sum, so a convex combination of e4m3 values (|o| <= 448): fp16 by default (half the
@@ -113,7 +107,6 @@ class DecodeMetadata:
     max_regs: int
     prefetch_idx: bool
     gluon: bool
-    pipelined: bool
     partial_o: torch.Tensor
     partial_lse: torch.Tensor
     lse_scratch: torch.Tensor
@@ -189,40 +182,33 @@ def plan_decode(
     transposed: bool | None = None,
     prefetch_idx: bool | None = None,
     gluon: bool | None = None,
-    pipelined: bool | None = None,
 ) -> DecodeMetadata:
     """Builds the plan; ``num_sms`` / ``num_splits`` / ``block_h`` / ``num_stages`` /
     ``partial_dtype`` (fp16 or fp32 split outputs) / ``block_n`` / ``num_warps`` /
     ``max_regs`` (the compiler's ``maxnreg``, 0 for none) / ``transposed`` (the
     Sᵀ = K·Qᵀ small-H kernel, default for ``block_h`` <= 32; False: mma.sync) /
     ``prefetch_idx`` (indices loaded one step ahead, more gather buffers) / ``gluon``
-    (the Gluon kernel, see :class:`DecodeMetadata`) / ``pipelined`` (its overlapped
-    schedule) override the device-derived choices
+    (the Gluon kernel, see :class:`DecodeMetadata`) override the device-derived choices
     (tests and benchmarks: ``block_h=64`` pads a small H).
 
     Defaults measured on the H200 (2026-11-29, top-k 2048, CUDA-graph replay): on Hopper,
-    plans without a split run the pipelined Gluon kernel at 3 stages on 64-head tiles,
+    plans without a split run the Gluon kernel at 3 stages on 64-head tiles,
     small H padded to 64 (B=64 q1 H=128: 102.6 us against 117.8 for the serial Gluon
     schedule and 140 for the plain kernel; B=128 q2 H=128: 383 against 437; B=128 H=64:
     105 against 118; B=128 H=16: 96.6 against 102.6 for the transposed small-H kernel);
     split plans run the plain kernels with prefetched indices (B=8 H=128 split 8: 28.9
     us, where the Gluon kernels took 32.2-32.6)."""
     explicit_launch = block_n is not None or num_warps is not None or max_regs is not None
-    if (gluon is None and pipelined is None and block_h is None and transposed is None and prefetch_idx is None
+    if (gluon is None and block_h is None and transposed is None and prefetch_idx is None
             and num_stages is None and not explicit_launch and num_heads <= 32 and _is_hopper(device)):
-        # small H: the padded pipelined Gluon kernel when it needs no split, else the
+        # small H: the padded Gluon kernel when it needs no split, else the
         # transposed small-H kernel (which splits more finely)
         common = dict(num_sms=num_sms, num_splits=num_splits, partial_dtype=partial_dtype)
         small = plan_decode(batch_size, q_len, num_heads, top_k, device, gluon=False, **common)
         if small.num_splits > 1:
             return small
-        padded = plan_decode(batch_size, q_len, num_heads, top_k, device, block_h=64, gluon=True, pipelined=True,
-                             **common)
+        padded = plan_decode(batch_size, q_len, num_heads, top_k, device, block_h=64, gluon=True, **common)
         return padded if padded.num_splits == 1 else small
-    if pipelined and gluon is False:
-        raise ValueError("pipelined=True needs the Gluon kernel (gluon=True or unset), got gluon=False")
-    if pipelined and gluon is None:
-        gluon = True
     auto_gluon = gluon is None
     if auto_gluon:
         gluon = (prefetch_idx is not True and not explicit_launch and _is_hopper(device)
@@ -246,12 +232,9 @@ def plan_decode(
     num_head_tiles = -(-num_heads // block_h)
     if gluon:
         gluon = _check_gluon(device, block_h, block_n, num_warps, max_regs, prefetch_idx, num_stages)
-    if pipelined is None:
-        pipelined = bool(gluon)
     if gluon:  # fixed launch configuration (H200 compile), one program per SM
         block_n, num_warps, max_regs, prefetch_idx = 64, 8, 0, False
-        if num_stages is None:
-            num_stages = GLUON_PIPELINED_STAGES if pipelined else GLUON_STAGES
+        num_stages = GLUON_STAGES if num_stages is None else num_stages
     default_n, default_warps, default_stages, default_regs, per_sm = _launch_config(block_h, transposed)
     if gluon:
         per_sm = 1
@@ -297,7 +280,6 @@ def plan_decode(
         # (the split count does not depend on the kernel: both run one program per SM)
         gluon, prefetch_idx = False, True
         num_stages = 4 if user_stages is None else int(user_stages)
-    pipelined = bool(pipelined) and bool(gluon)
     if num_splits > 1:
         partial_o = torch.empty((rows, num_splits, num_heads, HEAD_DIM_V), dtype=partial_dtype, device=device)
         partial_lse = torch.empty((rows, num_splits, num_heads), dtype=torch.float32, device=device)
@@ -322,7 +304,6 @@ def plan_decode(
         max_regs=max_regs,
         prefetch_idx=bool(prefetch_idx),
         gluon=bool(gluon),
-        pipelined=pipelined,
         partial_o=partial_o,
         partial_lse=partial_lse,
         lse_scratch=lse_scratch,
