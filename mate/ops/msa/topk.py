@@ -42,11 +42,6 @@ from mate._core.triton_helpers import INTERPRET
 
 __all__ = ["sparse_topk_select_triton", "topk_config", "_topk_select_kernel", "_topk_interval_kernel"]
 
-INT32_MIN = -2147483648
-INT32_MAX = 2147483647
-# canonical key of every NaN: the key of the quiet NaN 0x7FC00000, above +inf (0x7F800000)
-NAN_KEY = 0x7FC00000
-
 
 @triton.jit
 def _prefix_sum(x, N: tl.constexpr):
@@ -192,7 +187,7 @@ def _score_keys(s, idx, n, fb, fe, counted):
     s = tl.where(s == 0.0, 0.0, s)
     bits = s.to(tl.int32, bitcast=True)
     key = bits ^ ((bits >> 31) & 0x7FFFFFFF)
-    key = tl.where(s != s, 0x7FC00000, key)
+    key = tl.where(s != s, 0x7FC00000, key)  # every NaN: the quiet NaN's key, above +inf's 0x7F800000
     key = tl.where(forced & (counted != 0), 2147483647, key)
     key = tl.where(idx_ok & (~forced | (counted != 0)), key, -2147483648)
     return key, forced, idx_ok
