@@ -242,36 +242,28 @@ def _decode_rows(ceilings: dict, B: int, ctx: int, dtype: torch.dtype) -> list[d
     flops = 4.0 * D * HQ * B * TOPK * BLK
     name = "bf16" if dtype == torch.bfloat16 else "fp8"
     shape = f"B={B} ctx={ctx} Hq={HQ} Hkv={HKV} top{TOPK}"
-    for splits in (-1, 1, 2):
-        try:
-            t_us = time_fn(lambda s=splits: sparse_attention(
-                q, k, v, kv_block_indexes=idx, page_table=table, qo_indptr=qo, kv_lens=kvl, out=out, lse=lse,
-                causal=True, decode=True, num_kv_splits=s, num_kv_heads=HKV), iters=50)
-            note = "selected K/V bytes"
-        except Exception as exc:
-            t_us, note = None, f"failed: {exc}"[:300]
-        rows.append(record(ceilings, family=FAMILY, op="sparse_decode", shape=shape,
-                           impl="mate" + ("" if splits == -1 else f" splits={splits}"), time_us=t_us, flops=flops,
-                           nbytes=nbytes, dtype=name, ceiling="copy_GBps", note=note))
-
     from mate.ops.msa import sparse_decode as sd
 
     t_default = dict(sd.DECODE_VARIANT)
-    for splits in (-1, 1, 2):  # the previous default, 16-row heads-on-M tiles (mma.sync), for comparison
-        sd.DECODE_VARIANT["kernel"] = "heads"
-        try:
-            t_us = time_fn(lambda s=splits: sparse_attention(
-                q, k, v, kv_block_indexes=idx, page_table=table, qo_indptr=qo, kv_lens=kvl, out=out, lse=lse,
-                causal=True, decode=True, num_kv_splits=s, num_kv_heads=HKV), iters=50)
-            note = "selected K/V bytes; heads-on-M kernel"
-        except Exception as exc:
-            t_us, note = None, f"failed: {exc}"[:300]
-        finally:
-            sd.DECODE_VARIANT.clear()
-            sd.DECODE_VARIANT.update(t_default)
-        rows.append(record(ceilings, family=FAMILY, op="sparse_decode", shape=shape,
-                           impl="mate heads kernel" + ("" if splits == -1 else f" splits={splits}"), time_us=t_us,
-                           flops=flops, nbytes=nbytes, dtype=name, ceiling="copy_GBps", note=note))
+    # the default (transposed) kernel, then the previous default, 16-row heads-on-M tiles
+    # (mma.sync), for comparison
+    kernels = ((t_default["kernel"], "mate", ""), ("heads", "mate heads kernel", "; heads-on-M kernel"))
+    for kernel, impl, extra in kernels:
+        for splits in (-1, 1, 2):
+            sd.DECODE_VARIANT["kernel"] = kernel
+            try:
+                t_us = time_fn(lambda s=splits: sparse_attention(
+                    q, k, v, kv_block_indexes=idx, page_table=table, qo_indptr=qo, kv_lens=kvl, out=out, lse=lse,
+                    causal=True, decode=True, num_kv_splits=s, num_kv_heads=HKV), iters=50)
+                note = "selected K/V bytes" + extra
+            except Exception as exc:
+                t_us, note = None, f"failed: {exc}"[:300]
+            finally:
+                sd.DECODE_VARIANT.clear()
+                sd.DECODE_VARIANT.update(t_default)
+            rows.append(record(ceilings, family=FAMILY, op="sparse_decode", shape=shape,
+                               impl=impl + ("" if splits == -1 else f" splits={splits}"), time_us=t_us, flops=flops,
+                               nbytes=nbytes, dtype=name, ceiling="copy_GBps", note=note))
 
     def naive():
         pg = torch.gather(table, 1, idx.view(B, -1).long()).view(B, HKV, TOPK)  # [B, Hkv, 16]
