@@ -36,7 +36,7 @@ import os
 import torch
 
 from mate.ops.msa.sparse_attention import sparse_attention
-from mate.testing.bench import record, time_fn
+from mate.testing.bench import record, time_fn, time_interleaved
 
 FAMILY = "msa_attention"
 HQ, HKV, D, BLK, TOPK = 64, 4, 128, 128, 16
@@ -248,22 +248,30 @@ def _decode_rows(ceilings: dict, B: int, ctx: int, dtype: torch.dtype) -> list[d
     # the default (transposed) kernel, then the previous default, 16-row heads-on-M tiles
     # (mma.sync), for comparison
     kernels = ((t_default["kernel"], "mate", ""), ("heads", "mate heads kernel", "; heads-on-M kernel"))
+
+    def call(kernel: str, splits: int) -> None:
+        sd.DECODE_VARIANT["kernel"] = kernel  # read while the call launches (and is captured)
+        try:
+            sparse_attention(q, k, v, kv_block_indexes=idx, page_table=table, qo_indptr=qo, kv_lens=kvl, out=out,
+                             lse=lse, causal=True, decode=True, num_kv_splits=splits, num_kv_heads=HKV)
+        finally:
+            sd.DECODE_VARIANT.clear()
+            sd.DECODE_VARIANT.update(t_default)
+
+    # all plans timed interleaved (time_interleaved): none is measured alone from idle or
+    # right after another family's rows
+    cases, extras = {}, {}
     for kernel, impl, extra in kernels:
         for splits in (-1, 1, 2):
-            sd.DECODE_VARIANT["kernel"] = kernel
-            try:
-                t_us = time_fn(lambda s=splits: sparse_attention(
-                    q, k, v, kv_block_indexes=idx, page_table=table, qo_indptr=qo, kv_lens=kvl, out=out, lse=lse,
-                    causal=True, decode=True, num_kv_splits=s, num_kv_heads=HKV), iters=50)
-                note = "selected K/V bytes" + extra
-            except Exception as exc:
-                t_us, note = None, f"failed: {exc}"[:300]
-            finally:
-                sd.DECODE_VARIANT.clear()
-                sd.DECODE_VARIANT.update(t_default)
-            rows.append(record(ceilings, family=FAMILY, op="sparse_decode", shape=shape,
-                               impl=impl + ("" if splits == -1 else f" splits={splits}"), time_us=t_us, flops=flops,
-                               nbytes=nbytes, dtype=name, ceiling="copy_GBps", note=note))
+            label = impl + ("" if splits == -1 else f" splits={splits}")
+            cases[label], extras[label] = (lambda kn=kernel, s=splits: call(kn, s)), extra
+    times = time_interleaved(cases, iters=50)
+    for impl, t_us in times.items():
+        note = "selected K/V bytes" + extras[impl]
+        if isinstance(t_us, Exception):
+            t_us, note = None, f"failed: {t_us}"[:300]
+        rows.append(record(ceilings, family=FAMILY, op="sparse_decode", shape=shape, impl=impl, time_us=t_us,
+                           flops=flops, nbytes=nbytes, dtype=name, ceiling="copy_GBps", note=note))
 
     def naive():
         pg = torch.gather(table, 1, idx.view(B, -1).long()).view(B, HKV, TOPK)  # [B, Hkv, 16]
@@ -289,7 +297,8 @@ def _decode_rows(ceilings: dict, B: int, ctx: int, dtype: torch.dtype) -> list[d
 def run(ceilings: dict, quick: bool = False) -> list[dict]:
     rows: list[dict] = []
     # decode first: right after the ~30 ms dense-prefill rows the GPU ran the same decode
-    # plan ~10% slower than later in the run (H200, 2026-11-29: 155.5 vs 138.4 us)
+    # plan ~10% slower than later in the run (H200, 2026-11-29: 155.5 vs 138.4 us when each
+    # plan was timed alone; the plans are now timed interleaved)
     jobs = [("sparse_decode", lambda d=d: _decode_rows(ceilings, 128, 65536, d))
              for d in (torch.bfloat16, torch.float8_e4m3fn)]
     jobs += [("sparse_prefill", lambda: _prefill_rows(ceilings, 32768))]

@@ -36,7 +36,7 @@ import torch
 from mate.ops.sparse_mla.metadata import plan_decode
 from mate.sparse_mla_interface import sparse_mla_fp8_decode
 from mate.testing import rel_error
-from mate.testing.bench import record, rotation_count, time_fn
+from mate.testing.bench import record, rotation_count, time_fn, time_interleaved
 
 FAMILY = "sparse_mla"
 OP = "sparse_mla_fp8_decode"
@@ -169,41 +169,47 @@ def run(ceilings: dict, quick: bool = False) -> list[dict]:
             ref = _naive(s0["q"], kv, s0["idx"], scale)
             err = rel_error(s0["out"], ref)
             note += f"; rel err vs naive {err:.1e}" + (" (FAILED)" if err > 2e-2 else "")
-        try:
-            t = time_fn([_mate_fn(s, kv, scale, md0) for s in sets])
-        except Exception as exc:
-            t, note = None, f"{type(exc).__name__}: {exc}"[:200]
-        rows.append(record(ceilings, impl="mate", time_us=t, note=note, **common))
+        # mate, its variants and FlashMLA are timed interleaved (time_interleaved): the bar
+        # is a ratio to FlashMLA, so both see the same clocks and L2 state
+        cases: dict[str, list] = {"mate": [_mate_fn(s, kv, scale, md0) for s in sets]}
+        notes: dict[str, str] = {"mate": note}
         base = s0["out"].clone()  # variants without a naive reference are compared with the default
         for kw in variants.get((H, B, q_len), []):
-            name = _variant_name(kw)
+            name = f"mate {_variant_name(kw)}"
             if kw.get("gluon") and gluon_err is not None:
-                rows.append(record(ceilings, impl=f"mate {name}", time_us=None, note=gluon_err[:300], **common))
+                cases[name], notes[name] = [], gluon_err[:300]
                 continue
             try:
                 mdc = plan_decode(B, q_len, H, TOP_K, "cuda", **kw)
                 _mate_fn(s0, kv, scale, mdc)()
-                err = rel_error(s0["out"], ref) if ref is not None else None
-                t = time_fn([_mate_fn(s, kv, scale, mdc) for s in sets])
                 nc = (f"block_h={mdc.block_h} block_n={mdc.block_n} splits={mdc.num_splits} "
                       f"warps={mdc.num_warps} stages={mdc.num_stages} maxnreg={mdc.max_regs} "
                       f"prefetch_idx={mdc.prefetch_idx} gluon={mdc.gluon}")
-                if err is not None:
+                if ref is not None:
+                    err = rel_error(s0["out"], ref)
                     nc += f"; rel err vs naive {err:.1e}" + (" (FAILED)" if err > 2e-2 else "")
                 else:
                     diff = rel_error(s0["out"], base)
                     nc += f"; rel diff vs default {diff:.1e}" + (" (FAILED)" if diff > 2e-2 else "")
+                cases[name], notes[name] = [_mate_fn(s, kv, scale, mdc) for s in sets], nc
             except Exception as exc:
-                t, nc = None, f"{type(exc).__name__}: {exc}"[:200]
-            rows.append(record(ceilings, impl=f"mate {name}", time_us=t, note=nc, **common))
+                cases[name], notes[name] = [], f"{type(exc).__name__}: {exc}"[:200]
         if H < 64 and not bars:  # the padded H >= 64 kernel, for comparison with the small-H kernel
             md64 = plan_decode(B, q_len, H, TOP_K, "cuda", block_h=64)
-            try:
-                t = time_fn([_mate_fn(s, kv, scale, md64) for s in sets])
-                n2 = f"block_h=64 splits={md64.num_splits}"
-            except Exception as exc:
-                t, n2 = None, f"{type(exc).__name__}: {exc}"[:200]
-            rows.append(record(ceilings, impl="mate block_h=64", time_us=t, note=n2, **common))
+            cases["mate block_h=64"] = [_mate_fn(s, kv, scale, md64) for s in sets]
+            notes["mate block_h=64"] = f"block_h=64 splits={md64.num_splits}"
+        if fm_err is not None:
+            cases["FlashMLA"], notes["FlashMLA"] = [], fm_err
+        else:
+            cases["FlashMLA"], notes["FlashMLA"] = _flashmla_case(sets, kv, fm_caches, key, H, scale)
+        timed = time_interleaved({k: v for k, v in cases.items() if v})
+        for name in cases:
+            t = timed.get(name)
+            if isinstance(t, Exception):
+                t, notes[name] = None, f"{type(t).__name__}: {t}"[:200]
+            if name == "FlashMLA":
+                continue  # after the naive row, as before
+            rows.append(record(ceilings, impl=name, time_us=t, note=notes[name], **common))
         if bars:  # the naive peer is timed in the full runs only
             pass
         elif ref is not None:
@@ -216,10 +222,9 @@ def run(ceilings: dict, quick: bool = False) -> list[dict]:
         else:
             rows.append(record(ceilings, impl="naive torch", time_us=None, note="skipped: gathered fp32 too large",
                                **common))
-        if fm_err is not None:
-            rows.append(record(ceilings, impl="FlashMLA", time_us=None, note=fm_err, **common))
-        else:
-            rows.append(_flashmla_row(ceilings, common, sets, kv, fm_caches, key, H, scale))
+        t = timed.get("FlashMLA")
+        rows.append(record(ceilings, impl="FlashMLA", time_us=t if isinstance(t, float) else None,
+                           note=notes["FlashMLA"], **common))
         del sets
         for r in rows[n_before:]:  # progress, in case the run is cut short
             print(f"[bench_sparse_mla] {r['shape']} {r['impl']}: {r.get('time_us')} us "
@@ -227,7 +232,9 @@ def run(ceilings: dict, quick: bool = False) -> list[dict]:
     return rows
 
 
-def _flashmla_row(ceilings, common, sets, kv, fm_caches, key, H, scale) -> dict:
+def _flashmla_case(sets, kv, fm_caches, key, H, scale) -> tuple[list, str]:
+    """FlashMLA's calls for the timing sets (in its own cache format, heads padded to 64)
+    and a note with its difference from mate's output; no calls and the error on failure."""
     from flash_mla import flash_mla_with_kvcache, get_mla_metadata
 
     try:
@@ -250,7 +257,6 @@ def _flashmla_row(ceilings, common, sets, kv, fm_caches, key, H, scale) -> dict:
         note = f"heads padded to {hp}" if hp != H else ""
         err = rel_error(o[:, :, :H], sets[0]["out"])
         note += f"; rel diff vs mate {err:.1e}"
-        t = time_fn([lambda f=f: call(*f) for f in fsets])
-        return record(ceilings, impl="FlashMLA", time_us=t, note=note.strip("; "), **common)
+        return [lambda f=f: call(*f) for f in fsets], note.strip("; ")
     except Exception as exc:
-        return record(ceilings, impl="FlashMLA", time_us=None, note=f"{type(exc).__name__}: {exc}"[:200], **common)
+        return [], f"{type(exc).__name__}: {exc}"[:200]

@@ -7,14 +7,14 @@ captured), with inputs rotated over several sets so that the L2 does not flatter
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 
 from mate.testing.graphs import capture_graph
 
-__all__ = ["time_fn", "measure_ceilings", "rotation_count", "record"]
+__all__ = ["time_fn", "time_interleaved", "measure_ceilings", "rotation_count", "record"]
 
 L2_BYTES = 60 * (1 << 20)
 
@@ -68,6 +68,54 @@ def time_fn(
             end.synchronize()
             times.append(start.elapsed_time(end) * 1e3)
     return statistics.median(times)
+
+
+def time_interleaved(
+    cases: Mapping[str, Sequence[Callable[[], Any]] | Callable[[], Any]],
+    *,
+    rounds: int = 5,
+    iters: int = 50,
+    warmup: int = 5,
+) -> dict[str, float | Exception]:
+    """Median time in microseconds of one call of each case, the cases' CUDA-graph replays
+    interleaved: ``rounds`` rounds, each replaying every case ``iters / rounds`` times in
+    an order rotated by one case per round.
+
+    A case timed alone right after another (or first, from idle clocks) is measured in a
+    different clock and L2 state than its peer; interleaving gives each case the same
+    conditions, which matters when a bar is a ratio to a peer in the same run. A case
+    whose warm-up or capture raises gets the exception instead of a time.
+    """
+    graphs: dict[str, tuple[torch.cuda.CUDAGraph, int]] = {}
+    result: dict[str, float | Exception] = {}
+    for name, fns in cases.items():
+        fns = [fns] if callable(fns) else list(fns)
+        try:
+            for _ in range(warmup):
+                for f in fns:
+                    f()
+            graphs[name] = (capture_graph(lambda fns=fns: [f() for f in fns]), len(fns))
+        except Exception as exc:  # reported per case; the other cases are still timed
+            result[name] = exc
+    torch.cuda.synchronize()
+    names = list(graphs)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    per_round = max(1, iters // max(1, rounds))
+    for r in range(rounds):
+        order = names[r % len(names):] + names[:r % len(names)] if names else []
+        for name in order:
+            graph, calls = graphs[name]
+            graph.replay()  # one untimed replay after switching cases
+            for _ in range(max(1, per_round // calls)):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                graph.replay()
+                end.record()
+                end.synchronize()
+                times[name].append(start.elapsed_time(end) * 1e3 / calls)
+    for name in names:
+        result[name] = statistics.median(times[name])
+    return {name: result[name] for name in cases}
 
 
 def measure_ceilings() -> dict[str, float]:

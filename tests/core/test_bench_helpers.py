@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from mate.testing.bench import L2_BYTES, record, rotation_count, time_fn
+from mate.testing.bench import L2_BYTES, record, rotation_count, time_fn, time_interleaved
 
 CEILINGS = {"copy_GBps": 4000.0, "cublas_bf16_TFLOPs": 800.0}
 
@@ -57,6 +57,21 @@ def test_time_fn_on_the_gpu():
     # 128 MiB read + written: between 1 us and 10 ms on any GPU of this decade
     assert 1.0 < t_graph < 1e4 and 1.0 < t_events < 1e4
 
+
+@pytest.mark.gpu
+def test_time_interleaved_on_the_gpu():
+    x = torch.randn(1 << 24, device="cuda")
+    small, big = torch.empty(1 << 20, device="cuda"), torch.empty_like(x)
+
+    def broken():
+        raise RuntimeError("peer unavailable")
+
+    times = time_interleaved({"big": lambda: big.copy_(x), "small": lambda: small.copy_(x[: 1 << 20]),
+                              "broken": broken}, rounds=3, iters=12)
+    assert list(times) == ["big", "small", "broken"]
+    assert isinstance(times["broken"], RuntimeError)
+    # 16x the bytes: clearly slower, both finite
+    assert 0 < times["small"] < times["big"] < 1e4
 
 @pytest.mark.gpu
 def test_logging_under_cuda_graph_capture(run_py, tmp_path):
