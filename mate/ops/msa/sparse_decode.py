@@ -21,10 +21,12 @@ import triton.language as tl
 from mate._core.triton_helpers import INTERPRET, dot_operand, to_out_dtype
 from mate.ops.msa.softmax_helpers import finish_softmax, split_entries, visible_limit
 
-__all__ = ["DECODE_VARIANT", "msa_decode_t_kernel", "decode_t_heads", "t_config", "t_programs_per_sm"]
+__all__ = ["DECODE_VARIANT", "msa_decode_t_kernel", "decode_t_heads", "gluon_decode", "t_config",
+           "t_programs_per_sm"]
 
 DECODE_VARIANT = {"kernel": "transposed", "keys": 64, "stages": 3, "maxnreg": None,
-                  "fp8_keys": 64, "fp8_stages": 3, "fp8_maxnreg": None}
+                  "fp8_keys": 64, "fp8_stages": 3, "fp8_maxnreg": None,
+                  "fp8_gluon": False, "fp8_gluon_keys": 64, "fp8_gluon_stages": 3}
 """Decode kernel of ``sparse_attention`` (module defaults; the benchmark times the others).
 
 ``kernel``: "heads" (``_msa_sparse_fwd_kernel`` with one-token 16-row tiles) or "transposed"
@@ -38,7 +40,12 @@ against 161 us for the "heads" kernel; fp8 84.7 us (3.37 TB/s) against 124 us. T
 removed (H200, final run: default 81.8 us): 8 warps per program 129.8 us, 128-key tiles with 8
 warps 86.5, the e4m3 V tile widened through shared memory into a shared wgmma operand (instead
 of the compiler's byte gathers) 108.7 (88.2 with 4D descriptors, 96.1 with 2 stages); a
-96-register cap (5 programs per SM) gave 82.1-82.6."""
+96-register cap (5 programs per SM) gave 82.1-82.6.
+
+``fp8_gluon`` (not measured yet, off): e4m3 caches in contiguous memory on Hopper run the Gluon
+kernel of ``sparse_decode_gluon.py`` (V read with 32-bit shared loads into a permuted wgmma
+register operand instead of byte gathers), ``fp8_gluon_keys`` keys per TMA tile and
+``fp8_gluon_stages`` ring slots (all in flight)."""
 
 T_COMPILES = {
     (False, 64, 2): (71, 71696), (False, 64, 3): (72, 104472), (False, 64, 4): (72, 137248),
@@ -49,6 +56,10 @@ T_COMPILES = {
 """(fp8, keys, stages): (registers, shared memory bytes) of the sm_90 compile of the M3 tile
 (16 heads, 4 warps, unsplit, token-major cache; bf16 and fp16 alike), read with cuobjdump.
 No spills; QGMMA (fp8 Sᵀ) and HGMMA in the SASS, no ptxas warning."""
+
+GLUON_COMPILES = {(64, 2): (96, 37136), (64, 3): (96, 53528), (64, 4): (96, 69920), (128, 2): (150, 71952)}
+"""(keys, stages): (registers, shared memory bytes) of the sm_90 compile of the Gluon fp8
+kernel (M3 tile: 16 heads, 4 warps, unsplit); no spills, no LDS.U8."""
 
 _SM90_SHARED = 233472  # bytes per SM (228 KB); each resident program also reserves 1 KB
 _SM90_REGS = 65536
@@ -73,11 +84,28 @@ def t_programs_per_sm(is_fp8: bool) -> int:
     keys, stages, cap = t_config(is_fp8)
     tile = keys * 128 * (1 if is_fp8 else 2)
     regs, smem = T_COMPILES.get((is_fp8, keys, stages), (128, 2 * tile * stages + 16384))
+    if is_fp8 and DECODE_VARIANT["fp8_gluon"]:
+        keys, stages, cap = int(DECODE_VARIANT["fp8_gluon_keys"]), int(DECODE_VARIANT["fp8_gluon_stages"]), None
+        regs, smem = GLUON_COMPILES.get((keys, stages), (128, 2 * keys * 128 * stages + 8192))
     if cap:
         regs = min(regs, cap)
     by_regs = _SM90_REGS // (-(-regs // 8) * 8 * 128)
     by_smem = _SM90_SHARED // (smem + 1024)
     return max(1, min(5, by_regs, by_smem))
+
+
+def gluon_decode(q, k, v, layout: str, args: tuple) -> bool:
+    """Runs the Gluon fp8 decode kernel when it supports the inputs (see
+    ``sparse_decode_gluon.gluon_supported``); ``args`` are the launcher's after the caches
+    and layout. False: not run, the caller takes the plain kernel."""
+    from mate.ops.msa import sparse_decode_gluon as sg
+
+    ratio = args[12]
+    if not sg.gluon_supported(q, k, v, ratio):
+        return False
+    sg.msa_decode_gluon(q, k, v, layout, *args, int(DECODE_VARIANT["fp8_gluon_keys"]),
+                        int(DECODE_VARIANT["fp8_gluon_stages"]), decode_t_heads(ratio))
+    return True
 
 
 @triton.jit

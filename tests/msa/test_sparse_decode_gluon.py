@@ -1,0 +1,97 @@
+"""The Gluon fp8 MSA decode kernel (``sparse_decode.DECODE_VARIANT['fp8_gluon']``): its sm_90
+compile on the CPU, and on the GPU against the reference (Gluon has no interpreter)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mate.ops.msa import sparse_decode as sd
+from tests.msa.test_sparse_attention import make_problem, run_case
+from tests.msa.test_sparse_decode import _check
+
+FP8 = torch.float8_e4m3fn
+SCALES = dict(sm_scale=0.05, k_scale=2.0, v_scale=0.25)
+
+
+def test_gluon_decode_compiles_for_sm90_without_byte_gathers():
+    from mate.ops.msa import sparse_decode_gluon as sg
+    from mate.testing.sass import opcode_counts
+
+    rep = sg.compile_sm90(64, 3)
+    ops = opcode_counts(rep.sass)
+    assert (rep.registers, rep.shared) == sd.GLUON_COMPILES[(64, 3)]
+    assert rep.spills == 0 and not rep.ptxas_warnings
+    assert not any(o.startswith("LDS.U8") or o.startswith("LDS.U16") for o in ops)
+    assert any(o.startswith("QGMMA") for o in ops) and any(o.startswith("HGMMA") for o in ops)
+
+
+@pytest.fixture
+def gluon_on(monkeypatch):
+    """Routes fp8 decode to the Gluon kernel and counts its launches."""
+    from mate.ops.msa import sparse_decode_gluon as sg
+
+    monkeypatch.setitem(sd.DECODE_VARIANT, "kernel", "transposed")
+    monkeypatch.setitem(sd.DECODE_VARIANT, "fp8_gluon", True)
+    calls = []
+    launch = sg.msa_decode_gluon
+
+    def counted(*a, **kw):
+        calls.append(a[-3:])
+        return launch(*a, **kw)
+
+    monkeypatch.setattr(sg, "msa_decode_gluon", counted)
+    return calls
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("keys,stages", sorted(sd.GLUON_COMPILES))
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("splits", [1, 3])
+def test_gluon_decode_matches_reference(gluon_on, monkeypatch, keys, stages, layout, splits):
+    monkeypatch.setitem(sd.DECODE_VARIANT, "fp8_gluon_keys", keys)
+    monkeypatch.setitem(sd.DECODE_VARIANT, "fp8_gluon_stages", stages)
+    g = torch.Generator().manual_seed(torch.seed() % 2**31)
+    b = 7
+    kv_lens = [1 + int(torch.randint(0, 6000, (1,), generator=g)) for _ in range(b)]
+    pb = make_problem([1] * b, kv_lens, hq=64, hkv=4, width=17, dtype=FP8, device="cuda", layout=layout)
+    o, l_, ro, rl = run_case("cuda", pb, decode=True, splits=splits, strided=True, **SCALES)
+    _check(o, l_, ro, rl, FP8)
+    assert gluon_on and gluon_on[-1] == (keys, stages, 16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ratio,layout,splits", [(4, "NHD", 2), (8, "HND", -1), (32, "NHD", 1), (16, "HND", 2)])
+def test_gluon_decode_group_sizes(gluon_on, ratio, layout, splits):
+    """Padded head columns (ratio < 16), wider groups (wgmma N = 32), the automatic split."""
+    pb = make_problem([1, 0, 2, 1], [300, 50, 129, 4000], hq=2 * ratio, hkv=2, width=8, dtype=FP8, device="cuda",
+                      layout=layout, flat=layout == "HND")
+    o, l_, ro, rl = run_case("cuda", pb, decode=True, splits=splits, **SCALES)
+    _check(o, l_, ro, rl, FP8)
+    assert gluon_on
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("splits", [1, 2])
+def test_gluon_decode_empty_and_invalid_selections(gluon_on, splits):
+    pb = make_problem([1, 1, 1], [384, 384, 200], hq=16, hkv=1, width=4, dtype=FP8, device="cuda")
+    idx = pb["kv_block_indexes"]
+    idx.fill_(-1)  # token 0: nothing selected
+    idx[1, 0] = torch.tensor([9, -1, 3, 7])  # token 1: only out-of-range ids
+    idx[2, 0, 2] = 1  # token 2: one block, partly causal
+    o, l_, ro, rl = run_case("cuda", pb, decode=True, splits=splits, **SCALES)
+    _check(o, l_, ro, rl, FP8)
+    assert (o[:2].float() == 0).all() and torch.isinf(l_[:2]).all() and (l_[:2] < 0).all()
+    assert gluon_on
+
+
+@pytest.mark.gpu
+def test_gluon_decode_falls_back_for_strided_caches(gluon_on):
+    pb = make_problem([1, 1], [300, 129], hq=16, hkv=1, width=4, dtype=FP8, device="cuda")
+    for name in ("k", "v"):
+        big = torch.zeros((2 * pb[name].shape[0], *pb[name].shape[1:]), dtype=FP8, device="cuda")
+        big[::2] = pb[name]
+        pb[name] = big[::2]
+    o, l_, ro, rl = run_case("cuda", pb, decode=True, splits=1, **SCALES)
+    _check(o, l_, ro, rl, FP8)
+    assert not gluon_on
