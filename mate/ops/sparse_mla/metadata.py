@@ -16,7 +16,8 @@ import torch
 
 from mate._core import checks
 
-__all__ = ["DecodeMetadata", "plan_decode", "BLOCK_N", "HEAD_DIM_V", "HEAD_DIM_ROPE", "GLUON_STAGES"]
+__all__ = ["DecodeMetadata", "plan_decode", "BLOCK_N", "HEAD_DIM_V", "HEAD_DIM_ROPE", "GLUON_STAGES",
+           "GLUON_SMALL_H_STAGES"]
 
 BLOCK_N = 64  # sparse_mla_top_k is a multiple of it; the 64-head kernel's rows per step
 HEAD_DIM_V = 512  # kv_lora_rank: the value part of each 576-value row
@@ -28,6 +29,10 @@ HEAD_DIM_ROPE = 64  # qk_rope_head_dim: the rotary tail of each row
 # H=128 98.6 us at 3 stages, 99.1 at 2; B=128 H=16 (padded) 92.3 / 95.6; B=128 q2 H=128
 # 374 / 369.
 GLUON_STAGES = 3
+# Ring of the small-H Gluon kernel (decode_gluon_small_h.py, Vᵀ from registers): 5 gathered
+# tiles of 36 KB + Q + two P tiles = 193 KB at 16 heads, 207 KB at 32 (H200 compile: 173 /
+# 209 registers, no spills).
+GLUON_SMALL_H_STAGES = 5
 
 # SM count assumed when planning for a device that is not a GPU (the interpreter): small,
 # so that CPU tests exercise the split + combine path with a handful of programs.
@@ -79,6 +84,9 @@ class DecodeMetadata:
         ``block_h`` 64 (``ValueError`` otherwise) and a compute capability 9.x GPU
         (``NotImplementedError`` on another GPU); on a device that is not a GPU the
         interpreter cannot run Gluon and the plan falls back to the plain kernel (False).
+        With ``transposed=True`` (``block_h`` 16 or 32), ``gluon=True`` selects the small-H
+        Gluon kernel instead (``decode_gluon_small_h.py``: Sᵀ = K·Qᵀ, rows on M, Vᵀ from
+        registers; ``num_stages`` 2-5, default ``GLUON_SMALL_H_STAGES``); not a default yet.
     partial_o : torch.Tensor
         [B * q_len, num_splits, H, 512] partial outputs, each normalised by its own softmax
         sum, so a convex combination of e4m3 values (|o| <= 448): fp16 by default (half the
@@ -225,16 +233,19 @@ def plan_decode(
         raise ValueError(f"partial_dtype must be torch.float16 or torch.float32, got {partial_dtype}")
     if block_h not in (16, 32, 64):
         raise ValueError(f"block_h must be one of (16, 32, 64), got {block_h}")
+    small_h_gluon = bool(gluon) and transposed is True  # only asked for explicitly, until measured
     if transposed is None:
         transposed = block_h <= 32
     if transposed and block_h == 64:
         raise ValueError(f"transposed needs block_h 16 or 32, got block_h {block_h}")
     num_head_tiles = -(-num_heads // block_h)
     if gluon:
-        gluon = _check_gluon(device, block_h, block_n, num_warps, max_regs, prefetch_idx, num_stages)
+        gluon = _check_gluon(device, block_h, block_n, num_warps, max_regs, prefetch_idx, num_stages,
+                             small_h_gluon)
     if gluon:  # fixed launch configuration (H200 compile), one program per SM
         block_n, num_warps, max_regs, prefetch_idx = 64, 8, 0, False
-        num_stages = GLUON_STAGES if num_stages is None else num_stages
+        if num_stages is None:
+            num_stages = GLUON_SMALL_H_STAGES if transposed else GLUON_STAGES
     default_n, default_warps, default_stages, default_regs, per_sm = _launch_config(block_h, transposed)
     if gluon:
         per_sm = 1
@@ -316,16 +327,18 @@ def _is_hopper(device: torch.device | str) -> bool:
 
 
 def _check_gluon(device: torch.device, block_h: int, block_n: int | None, num_warps: int | None,
-                 max_regs: int | None, prefetch_idx: bool, num_stages: int | None) -> bool:
+                 max_regs: int | None, prefetch_idx: bool, num_stages: int | None, small_h: bool = False) -> bool:
     """Validates ``gluon=True``; returns whether the plan uses the Gluon kernel (False on a
-    device that is not a GPU: Gluon does not run under the interpreter)."""
-    checks.check_value("block_h", block_h == 64, "64 with gluon=True (H > 32 or block_h=64)", block_h)
+    device that is not a GPU: Gluon does not run under the interpreter). ``small_h``: the
+    small-H Gluon kernel (``transposed=True``, ``block_h`` 16 or 32)."""
+    if not small_h:
+        checks.check_value("block_h", block_h == 64, "64 with gluon=True (H > 32 or block_h=64)", block_h)
     for name, given, want in (("block_n", block_n, 64), ("num_warps", num_warps, 8), ("max_regs", max_regs, 0)):
         checks.check_value(name, given is None or int(given) == want, f"{want} (or unset) with gluon=True", given)
     checks.check_value("prefetch_idx", not prefetch_idx, "False with gluon=True (the Gluon kernel has its own ring)",
                        prefetch_idx)
     if num_stages is not None:
-        checks.check_choice("num_stages", int(num_stages), (2, GLUON_STAGES))
+        checks.check_choice("num_stages", int(num_stages), (2, 3, 4, 5) if small_h else (2, GLUON_STAGES))
     if device.type != "cuda":
         return False
     major, minor = torch.cuda.get_device_capability(device)

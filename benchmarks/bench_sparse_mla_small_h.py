@@ -1,0 +1,142 @@
+"""Small-H sparse MLA decode on the H200: the default plan against the small-H Gluon kernel.
+
+    python benchmarks/bench_sparse_mla_small_h.py [--budget SECONDS]
+
+Shapes (top-k 2048, page 64, q_len 1 unless noted): B=128 H=16, B=128 H=32, B=64 H=16,
+B=64 q_len 2 H=16. Candidates per shape: the current default plan, the plain-Triton
+transposed kernel, and the small-H Gluon kernel (``decode_gluon_small_h.py``) with Vᵀ from
+registers (``vregs``) or from an fp16 shared tile (``vsmem``) at several ring stages and
+split counts. Each row: median time (CUDA-graph replays, all candidates of a shape
+interleaved), GB/s of the gathered rows (B * q_len * top-k * 576 bytes), that rate as a
+fraction of the measured copy bandwidth (read + write of 1 GiB), and the max abs error of
+out / lse against ``sparse_mla_decode_reference`` (bf16 out is ~1, lse ~10). Writes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+
+import torch
+
+from mate.ops.sparse_mla.metadata import plan_decode
+from mate.ops.sparse_mla.reference import sparse_mla_decode_reference
+from mate.sparse_mla_interface import sparse_mla_fp8_decode
+from mate.testing.bench import rotation_count, time_fn, time_interleaved
+
+TOP_K = 2048
+PAGE = 64
+SCALE = 1 / math.sqrt(576)
+# (B, q_len, H) -> new-kernel candidates (v_regs, stages, splits; None: the plan's split)
+SHAPES = {
+    (128, 1, 16): [(True, 5, 1), (True, 4, 1), (True, 3, 1), (True, 5, 2), (False, 3, 1), (False, 4, 1)],
+    (128, 1, 32): [(True, 5, 1), (True, 4, 1), (True, 5, 2), (False, 3, 1)],
+    (64, 1, 16): [(True, 5, None), (True, 5, 1), (True, 5, 3), (True, 5, 4), (False, 3, None)],
+    (64, 2, 16): [(True, 5, None), (True, 5, 2)],
+}
+
+
+def copy_gbps() -> float:
+    n = 1 << 30
+    src = torch.empty(n, dtype=torch.uint8, device="cuda").random_(0, 255)
+    dst = torch.empty_like(src)
+    t = time_fn(lambda: dst.copy_(src), iters=20, use_graph=False)
+    return 2 * n / (t * 1e-6) / 1e9
+
+
+def _inputs(B: int, q_len: int, H: int):
+    tokens = max(B, 8) * 8192
+    kv = (torch.randn(tokens // PAGE, PAGE, 576, device="cuda") * 0.5).to(torch.float8_e4m3fn)
+    sets = []
+    for _ in range(rotation_count(B * q_len * TOP_K * 576)):
+        sets.append(dict(q=torch.randn(B, q_len, H, 576, device="cuda").to(torch.float8_e4m3fn),
+                         idx=torch.randint(0, tokens, (B, q_len, TOP_K), device="cuda", dtype=torch.int32),
+                         sl=torch.full((B,), TOP_K, device="cuda", dtype=torch.int32),
+                         out=torch.empty(B, q_len, H, 512, device="cuda", dtype=torch.bfloat16),
+                         lse=torch.empty(B, q_len, H, device="cuda")))
+    return kv, sets
+
+
+def _api_fn(s, kv, md):
+    return lambda: sparse_mla_fp8_decode(s["q"], kv, None, 128, 512, 64, s["idx"], s["sl"], 0, TOP_K, out=s["out"],
+                                         lse=s["lse"], bmm1_scale=SCALE, metadata=md)
+
+
+def _direct_fn(s, kv, md, v_regs):
+    from mate.ops.sparse_mla.decode_gluon_small_h import sparse_mla_decode_gluon_small_h
+
+    rows = kv.view(-1, 576)
+    return lambda: sparse_mla_decode_gluon_small_h(s["q"], rows, s["idx"], s["sl"], s["out"], s["lse"],
+                                                   md.partial_o, md.partial_lse, SCALE, 1.0, md.block_h,
+                                                   md.num_splits, md.split_blocks, md.num_stages, v_regs=v_regs)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--budget", type=float, default=100.0, help="seconds; later shapes are skipped past it")
+    args = ap.parse_args()
+    t0 = time.time()
+    print(torch.cuda.get_device_name(), flush=True)
+    from mate.ops.sparse_mla.decode_gluon_small_h import probe_in_subprocess
+
+    reason = probe_in_subprocess(timeout_s=90)
+    crashed = reason is not None and "AssertionError" not in reason
+    print(f"small-H Gluon self-check (child process, {time.time() - t0:.0f} s): "
+          f"{'passed' if reason is None else reason}", flush=True)
+    ceiling = copy_gbps()
+    print(f"copy bandwidth {ceiling:.0f} GB/s (read + write)", flush=True)
+    print(f"{'shape':<18} {'candidate':<34} {'us':>7} {'GB/s':>6} {'%copy':>6} {'out err':>8} {'lse err':>8}  plan")
+    for (B, q_len, H), news in SHAPES.items():
+        if time.time() - t0 > args.budget:
+            print(f"B={B} q{q_len} H={H}: skipped (budget)", flush=True)
+            continue
+        shape = f"B={B} q{q_len} H={H}"
+        kv, sets = _inputs(B, q_len, H)
+        s0 = sets[0]
+        ref_o, ref_l = sparse_mla_decode_reference(s0["q"], kv, s0["idx"], s0["sl"], SCALE, 1.0)
+        cands = {}  # label -> (list of fns, plan note)
+        md = plan_decode(B, q_len, H, TOP_K, "cuda")
+        cands["default"] = ([_api_fn(s, kv, md) for s in sets], md)
+        mdt = plan_decode(B, q_len, H, TOP_K, "cuda", transposed=True, gluon=False)
+        cands["plain transposed"] = ([_api_fn(s, kv, mdt) for s in sets], mdt)
+        for v_regs, stages, splits in news:
+            if crashed:
+                break
+            mdn = plan_decode(B, q_len, H, TOP_K, "cuda", gluon=True, transposed=True, num_stages=stages,
+                              num_splits=splits)
+            label = f"gluon_small_h {'vregs' if v_regs else 'vsmem'} st{stages} sp{mdn.num_splits}"
+            cands[label] = ([_direct_fn(s, kv, mdn, v_regs) for s in sets], mdn)
+        errs = {}
+        for label, (fns, _) in cands.items():
+            try:
+                s0["out"].fill_(float("nan"))
+                s0["lse"].fill_(float("nan"))
+                fns[0]()
+                torch.cuda.synchronize()
+                errs[label] = ((s0["out"].float() - ref_o.float()).abs().nan_to_num(float("inf")).max().item(),
+                               (s0["lse"] - ref_l).abs().nan_to_num(float("inf")).max().item())
+            except Exception as exc:  # reported in the table
+                errs[label] = exc
+        times = time_interleaved({k: v[0] for k, v in cands.items() if not isinstance(errs[k], Exception)})
+        nbytes = B * q_len * TOP_K * 576
+        for label, (_, mdc) in cands.items():
+            plan = (f"block_h={mdc.block_h} splits={mdc.num_splits} stages={mdc.num_stages} gluon={mdc.gluon} "
+                    f"transposed={mdc.transposed}")
+            e = errs[label]
+            t = times.get(label, e)
+            if isinstance(t, Exception):
+                print(f"{shape:<18} {label:<34} {'-':>7} {'-':>6} {'-':>6} {'-':>8} {'-':>8}  "
+                      f"{type(t).__name__}: {str(t)[:150]}", flush=True)
+                continue
+            gbps = nbytes / (t * 1e-6) / 1e9
+            print(f"{shape:<18} {label:<34} {t:7.1f} {gbps:6.0f} {100 * gbps / ceiling:5.1f}% {e[0]:8.1e} "
+                  f"{e[1]:8.1e}  {plan}", flush=True)
+        del sets, kv, cands
+        torch.cuda.empty_cache()
+    print(f"total {time.time() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

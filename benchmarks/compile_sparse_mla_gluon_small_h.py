@@ -1,0 +1,71 @@
+"""Compiles the small-H Gluon sparse MLA decode kernel for the H200 (sm_90) without a GPU.
+
+    python benchmarks/compile_sparse_mla_gluon_small_h.py [--out DIR]
+
+For each specialization (16 / 32 heads, split or not, V from registers or from an fp16
+shared tile, stages) it prints registers, stack, local memory, dynamic shared memory and
+counts of the SASS instructions that matter (QGMMA / HGMMA, cp.async LDGSTS, barriers,
+shuffles, shared loads and stores). Exits non-zero when a specialization spills, needs more
+than the 227 KB of shared memory an SM offers, or lacks the wgmma instructions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import tempfile
+
+from triton.experimental.gluon._runtime import GluonASTSource
+
+from mate.ops.sparse_mla import decode_gluon_small_h as dg
+from mate.ops.sparse_mla.metadata import HEAD_DIM_ROPE, HEAD_DIM_V
+from mate.testing.sass import SMEM_LIMIT, compile_sm90, divisibility_attrs
+
+POINTERS = ("q_ptr", "kv_ptr", "idx_ptr", "seq_lens_ptr", "out_ptr", "lse_ptr", "po_ptr", "plse_ptr")
+PATTERN = re.compile(r"\b(QGMMA\.\S+|HGMMA\.\S+|LDGSTS\S*|BAR\.SYNC\S*|WARPGROUP\.DEPBAR\S*|STL\S*|LDL\S*|"
+                     r"SHFL\S*|LDS\S*|STS\S*|F2FP\S*|PRMT|LDSM\S*)")
+
+
+def compile_one(block_h: int, split: bool, v_regs: bool, stages: int, out_dir: str) -> bool:
+    sig = {"q_ptr": "*fp8e4nv", "kv_ptr": "*fp8e4nv", "idx_ptr": "*i32", "seq_lens_ptr": "*i32",
+           "out_ptr": "*bf16", "lse_ptr": "*fp32", "po_ptr": "*fp16" if split else "*bf16", "plse_ptr": "*fp32",
+           "num_tokens": "i32", "qk_scale_log2": "fp32", "out_scale": "fp32", "H": "i32", "q_len": "i32",
+           "top_k": "i32", "split_blocks": "i32", "num_splits": "i32"}
+    constexprs = {"SPLIT": split, "HAS_SEQ_LENS": True, "STAGES": stages, "V_REGS": v_regs, "BLOCK_H": block_h,
+                  "BLOCK_N": dg.SMALL_H_BLOCK_N, "D_V": HEAD_DIM_V, "D_R": HEAD_DIM_ROPE}
+    sig.update({k: "constexpr" for k in constexprs})
+    src = GluonASTSource(fn=dg.sparse_mla_decode_small_h_kernel, signature=sig, constexprs=constexprs,
+                         attrs=divisibility_attrs(sig, POINTERS))
+    tag = f"small_h{block_h}_split{int(split)}_vregs{int(v_regs)}_stages{stages}"
+    rep = compile_sm90(src, {"num_warps": dg.SMALL_H_NUM_WARPS}, pattern=PATTERN, out_dir=out_dir, tag=tag,
+                       keep_text=True)
+    print(f"{tag}: {rep.registers} registers, stack {rep.stack} B, local {rep.local} B, {rep.spills} spill "
+          f"instructions, shared {rep.shared} B ({rep.shared / 1024:.1f} KB)")
+    for name, n in sorted(rep.counts.items()):
+        print(f"    {name}: {n}")
+    has_mma = any(k.startswith("QGMMA") for k in rep.counts) and any(k.startswith("HGMMA") for k in rep.counts)
+    return rep.shared <= SMEM_LIMIT and has_mma and rep.spills == 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=None, help="where to keep the cubins (default: a temporary folder)")
+    ap.add_argument("--quick", action="store_true", help="only the default specializations")
+    args = ap.parse_args()
+    out_dir = args.out or tempfile.mkdtemp(prefix="mate_gluon_small_h_")
+    os.makedirs(out_dir, exist_ok=True)
+    ok = True
+    for v_regs in (True, False):
+        for block_h in (16, 32):
+            for split in (False, True):
+                if args.quick and split:
+                    continue
+                ok &= compile_one(block_h, split, v_regs, dg.SMALL_H_STAGES[v_regs], out_dir)
+    print("cubins in", out_dir)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

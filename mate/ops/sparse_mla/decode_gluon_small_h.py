@@ -1,0 +1,454 @@
+"""Gluon kernel of the FP8 sparse MLA decode for few heads (H <= 32) on Hopper (sm_90).
+
+At small H the decode is bound by the gathered bytes, and the 64-head kernel
+(``decode_gluon.py``) pads the heads to the wgmma M of 64, which makes it compute-bound at
+4x the needed work. This kernel puts the gathered rows on M instead (Sᵀ = K·Qᵀ, the
+formulation of ``sparse_mla_decode_split_kernel_t``), so no tensor-core row is padding:
+
+* 8 warps = 2 warpgroups, one program per (query position, split), ``BLOCK_H`` (16 or 32)
+  heads. Rows arrive as in ``decode_gluon.py``: ``cp.async`` 16-byte pieces into a ring of
+  ``STAGES`` shared buffers in the 128-byte swizzled wgmma layout (invalid slots masked,
+  zero-filled, never read).
+* Sᵀ [64 rows, BLOCK_H] = K·Qᵀ on FP8 tensor cores (QGMMA), both operands K-major from
+  shared memory; each warpgroup computes half of the heads.
+* Online softmax over the rows (axis 0): the running max is reduced every block, the sum
+  is kept per element and reduced once at the end.
+* Oᵀ [512, BLOCK_H] += Vᵀ·Pᵀ in fp16 (HGMMA), each warpgroup half of the 512 value rows;
+  Pᵀ from a shared tile. Two ways to feed Vᵀ, chosen by ``V_REGS``:
+
+  - ``V_REGS=True``: Vᵀ from registers. Each thread reads 8 contiguous values of each of
+    its rows from the ring (vector loads), widens them e4m3 -> fp16 (exact) and the tensor
+    is relabelled (reshape + permute, a register-only renaming) into the wgmma A-operand
+    layout. This permutes the value dimension: output row m holds value ``_perm_d(m)``,
+    undone when O is written. No fp16 copy of V goes through shared memory.
+  - ``V_REGS=False``: V widened to an fp16 shared tile [64, 512] and fed as an MN-major A
+    operand (allowed for 16-bit wgmma): 96 KB more shared traffic per block, one stage
+    fewer.
+
+The split over the top-k list and its combine kernel are those of ``decode.py`` (same
+scratch buffers from the plan). Gluon does not run under the interpreter: the kernel is
+checked against the reference by the GPU tests of ``tests/sparse_mla/test_decode_gluon_small_h.py``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    async_copy,
+    fence_async_shared,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from mate.ops.sparse_mla.metadata import HEAD_DIM_ROPE, HEAD_DIM_V
+
+__all__ = ["sparse_mla_decode_small_h_kernel", "sparse_mla_decode_gluon_small_h", "SMALL_H_NUM_WARPS",
+           "SMALL_H_STAGES"]
+
+LOG2E = 1.4426950408889634
+SMALL_H_BLOCK_N = 64  # gathered rows per step (the wgmma M of Sᵀ)
+SMALL_H_NUM_WARPS = 8  # two warpgroups
+# Ring stages by V_REGS (H200 compile, shared memory per program: see the plan).
+SMALL_H_STAGES = {True: 5, False: 3}
+
+
+@gluon.jit
+def _gather_tokens(idx_row, start, hi, BLOCK_N: gl.constexpr, G_L: gl.constexpr, R_L: gl.constexpr):
+    """The top-k entries of slots [start, start + BLOCK_N) in the two copy layouts (-1 for
+    slots >= hi, which are never read)."""
+    offs_n = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, G_L))
+    offs_nr = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, R_L))
+    tok = gl.load(idx_row + offs_n, mask=offs_n < hi, other=-1)
+    tok_r = gl.load(idx_row + offs_nr, mask=offs_nr < hi, other=-1)
+    return tok, tok_r
+
+
+@gluon.jit
+def _issue_gather(kv_ptr, tok, tok_r, num_tokens, k_buf, r_buf,
+                  D_V: gl.constexpr, D_R: gl.constexpr, G_L: gl.constexpr, R_L: gl.constexpr):
+    """cp.async of the rows ``tok`` / ``tok_r`` into one ring slot (invalid entries masked:
+    zero-filled, never read); commits one group."""
+    D_ROW: gl.constexpr = D_V + D_R
+    valid = (tok >= 0) & (tok < num_tokens)
+    row = gl.where(valid, tok, 0).to(gl.int64) * D_ROW
+    offs_v = gl.arange(0, D_V, layout=gl.SliceLayout(0, G_L))
+    async_copy.async_copy_global_to_shared(k_buf, kv_ptr + (row[:, None] + offs_v[None, :]), mask=valid[:, None])
+    valid_r = (tok_r >= 0) & (tok_r < num_tokens)
+    row_r = gl.where(valid_r, tok_r, 0).to(gl.int64) * D_ROW + D_V
+    offs_r = gl.arange(0, D_R, layout=gl.SliceLayout(0, R_L))
+    async_copy.async_copy_global_to_shared(r_buf, kv_ptr + (row_r[:, None] + offs_r[None, :]),
+                                           mask=valid_r[:, None])
+    async_copy.commit_group()
+
+
+@gluon.jit
+def _issue_qk(k_ring, r_ring, slot, q_smem, qr_smem, s_zero):
+    """Sᵀ = K·Qᵀ (512 + 64) of ring ``slot`` on FP8 tensor cores, issued asynchronously."""
+    s = warpgroup_mma(k_ring.index(slot), q_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    return warpgroup_mma(r_ring.index(slot), qr_smem.permute((1, 0)), s, is_async=True)
+
+
+@gluon.jit
+def _online_softmax(s, tok, num_tokens, qk_scale_log2, m_i, l_acc):
+    """One block of the online softmax over axis 0 (log2 domain): masks invalid slots;
+    returns P, the rescale factor of the previous blocks, the new running max and the
+    per-element running sums (reduced over the rows only at the end)."""
+    valid = (tok >= 0) & (tok < num_tokens)
+    s = gl.where(valid[:, None], s * qk_scale_log2, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, 0))
+    m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # all-invalid so far: no NaN
+    alpha = gl.exp2(m_i - m_use)
+    p = gl.exp2(s - m_use[None, :])
+    l_acc = l_acc * alpha[None, :] + p
+    return p, alpha, m_new, l_acc
+
+
+@gluon.jit
+def _perm_d(m):
+    """Value index held by row ``m`` of Oᵀ with ``V_REGS`` (bits of m, high to low:
+    d2 d1 | d8 d7 d6 | d0 | d5 d4 d3)."""
+    return ((m & 7) << 3) | ((m >> 3) & 1) | (((m >> 4) & 7) << 6) | (((m >> 7) & 1) << 1) | (((m >> 8) & 1) << 2)
+
+
+@gluon.jit
+def _load_vt(k_slot, VL_L: gl.constexpr, A_L: gl.constexpr, D_V: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Vᵀ of one ring slot as the fp16 A operand in registers, value rows permuted (see
+    ``_perm_d``): 8 contiguous bytes per row and thread, widened, then renamed."""
+    v = k_slot.load(VL_L).to(gl.float16)  # [BLOCK_N, D_V]
+    # d = D876 | D543 | D21 | d0  ->  m = D21 | D876 | d0 | D543
+    v = gl.reshape(v, [BLOCK_N, 8, 8, 4, 2])
+    v = gl.permute(v, (3, 1, 4, 2, 0))
+    v = gl.reshape(v, [D_V, BLOCK_N])
+    return gl.convert_layout(v, A_L)
+
+
+@gluon.jit
+def _write_result(acc, m_i, l_acc, out_ptr, lse_ptr, po_ptr, plse_ptr, out_scale, H, bt, pid_s, num_splits,
+                  SPLIT: gl.constexpr, V_REGS: gl.constexpr, BLOCK_H: gl.constexpr, D_V: gl.constexpr,
+                  S_L: gl.constexpr, O_L: gl.constexpr):
+    """Normalises Oᵀ, writes it (bf16, or the split's partial rows) and the natural-log
+    LSE (+inf for a head without a valid slot; -inf in a split's partial LSE)."""
+    l_i = gl.sum(l_acc, 0)
+    empty = l_i == 0.0
+    l_safe = gl.where(empty, 1.0, l_i)
+    lse = gl.where(empty, float("inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)
+    o = acc / gl.convert_layout(l_safe, gl.SliceLayout(0, O_L))[None, :]
+    offs_m = gl.arange(0, D_V, layout=gl.SliceLayout(1, O_L))
+    offs_d = _perm_d(offs_m) if V_REGS else offs_m
+    offs_ho = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, O_L))
+    h_mask_o = (offs_ho < H)[None, :]
+    offs_hl = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, S_L))
+    if not SPLIT:
+        o_cols = (bt * H + offs_ho.to(gl.int64)) * D_V
+        gl.store(out_ptr + (o_cols[None, :] + offs_d[:, None]), (o * out_scale).to(gl.bfloat16), mask=h_mask_o)
+        gl.store(lse_ptr + bt * H + offs_hl, lse, mask=offs_hl < H)
+    else:
+        p_cols = ((bt * num_splits + pid_s) * H + offs_ho.to(gl.int64)) * D_V
+        gl.store(po_ptr + (p_cols[None, :] + offs_d[:, None]), o.to(po_ptr.dtype.element_ty), mask=h_mask_o)
+        pl_rows = (bt * num_splits + pid_s) * H + offs_hl.to(gl.int64)
+        gl.store(plse_ptr + pl_rows, gl.where(empty, float("-inf"), lse), mask=offs_hl < H)
+
+
+@gluon.jit
+def sparse_mla_decode_small_h_kernel(
+    q_ptr,
+    kv_ptr,
+    idx_ptr,
+    seq_lens_ptr,
+    out_ptr,
+    lse_ptr,
+    po_ptr,
+    plse_ptr,
+    num_tokens,
+    qk_scale_log2,
+    out_scale,
+    H,
+    q_len,
+    top_k,
+    split_blocks,
+    num_splits,
+    SPLIT: gl.constexpr,
+    HAS_SEQ_LENS: gl.constexpr,
+    STAGES: gl.constexpr,
+    V_REGS: gl.constexpr,
+    BLOCK_H: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    D_V: gl.constexpr,
+    D_R: gl.constexpr,
+):
+    """One program: ``BLOCK_H`` (16 or 32, >= H) heads of one query position over
+    ``split_blocks`` blocks of ``BLOCK_N`` (64) top-k slots; grid (splits, B * q_len)."""
+    gl.static_assert(BLOCK_N == 64)
+    gl.static_assert(D_V == 512)
+    gl.static_assert((BLOCK_H == 16) or (BLOCK_H == 32))
+    D_ROW: gl.constexpr = D_V + D_R
+
+    # Copy layouts (8 warps): 16 contiguous bytes per thread.
+    G_L: gl.constexpr = gl.BlockedLayout([1, 16], [1, 32], [8, 1], [1, 0])
+    R_L: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [8, 1], [1, 0])
+    # Sᵀ [64 rows, BLOCK_H]: each warpgroup half of the heads; k = 32 for FP8.
+    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                  instr_shape=[16, BLOCK_H // 2, 32])
+    # Oᵀ [512, BLOCK_H]: warpgroup g owns value rows 64g + 128i (i < 4); k = 16 for fp16.
+    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
+                                                  instr_shape=[16, BLOCK_H, 16])
+    A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
+    # Vᵀ loads for V_REGS, on the ring tile [rows, values]: registers = 8 contiguous values
+    # (d0-d2) and the rows of the A operand's k pairs and repeats (+1, +8, +16, +32); lanes
+    # = rows +2, +4 and values +8, +16, +32; warps = values +64, +128, +256. After the
+    # renaming in _load_vt this is the A operand layout up to the order of registers.
+    VL_L: gl.constexpr = gl.DistributedLinearLayout(
+        reg_bases=[[0, 1], [0, 2], [0, 4], [1, 0], [8, 0], [16, 0], [32, 0]],
+        lane_bases=[[2, 0], [4, 0], [0, 8], [0, 16], [0, 32]],
+        warp_bases=[[0, 64], [0, 128], [0, 256]],
+        block_bases=[],
+        shape=[BLOCK_N, D_V],
+    )
+    # V widening for not V_REGS: a warp covers 8 rows x 64 values (one swizzle atom of the
+    # fp16 tile: stores free of bank conflicts).
+    VC_L: gl.constexpr = R_L
+    K_SL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
+    R_SL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2)
+    F16_SL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+
+    pid_s = gl.program_id(0)
+    bt = gl.program_id(1).to(gl.int64)  # query position b * q_len + t
+
+    # Query (e4m3, padded heads read as 0) into shared memory for the whole loop.
+    offs_hg = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, G_L))
+    q_rows = (bt * H + offs_hg.to(gl.int64)) * D_ROW
+    offs_vg = gl.arange(0, D_V, layout=gl.SliceLayout(0, G_L))
+    q_nope = gl.load(q_ptr + (q_rows[:, None] + offs_vg[None, :]), mask=(offs_hg < H)[:, None], other=0.0)
+    offs_hr = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, R_L))
+    qr_rows = (bt * H + offs_hr.to(gl.int64)) * D_ROW + D_V
+    offs_r = gl.arange(0, D_R, layout=gl.SliceLayout(0, R_L))
+    q_rope = gl.load(q_ptr + (qr_rows[:, None] + offs_r[None, :]), mask=(offs_hr < H)[:, None], other=0.0)
+    q_smem = gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_H, D_V], K_SL, q_nope)
+    qr_smem = gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_H, D_R], R_SL, q_rope)
+
+    k_ring = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, D_V], K_SL)
+    r_ring = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, D_R], R_SL)
+    # Pᵀ as [heads, rows] (K-major B operand), double-buffered so that one warpgroup's
+    # P·V of block it may still read it while the P of block it + 1 is written.
+    p_smem = gl.allocate_shared_memory(gl.float16, [2, BLOCK_H, BLOCK_N], F16_SL)
+    if not V_REGS:
+        v_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_N, D_V], F16_SL)
+
+    lo = pid_s * (split_blocks * BLOCK_N)
+    hi = gl.minimum(lo + split_blocks * BLOCK_N, top_k)
+    if HAS_SEQ_LENS:
+        seq_len = gl.load(seq_lens_ptr + bt // q_len)
+        seq_len = gl.minimum(gl.maximum(seq_len, 0), top_k)
+        hi = gl.minimum(hi, seq_len)
+    n_iter = gl.maximum(hi - lo + (BLOCK_N - 1), 0) // BLOCK_N
+    idx_row = idx_ptr + bt * top_k
+
+    for j in gl.static_range(STAGES - 1):  # prologue: STAGES - 1 blocks in flight
+        tok_g, tok_r = _gather_tokens(idx_row, lo + j * BLOCK_N, hi, BLOCK_N, G_L, R_L)
+        _issue_gather(kv_ptr, tok_g, tok_r, num_tokens, k_ring.index(j), r_ring.index(j), D_V, D_R, G_L, R_L)
+    tok_g, tok_r = _gather_tokens(idx_row, lo + (STAGES - 1) * BLOCK_N, hi, BLOCK_N, G_L, R_L)
+
+    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(0, S_L))
+    l_acc = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=S_L)
+    acc = gl.zeros([D_V, BLOCK_H], gl.float32, layout=O_L)
+    s_zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=S_L)
+    offs_ns = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, S_L))
+    tok_s = gl.load(idx_row + lo + offs_ns, mask=lo + offs_ns < hi, other=-1)
+
+    # Block 0: Sᵀ, softmax, P and Vᵀ staged. Then per iteration: Sᵀ of block it + 1 is
+    # issued before Oᵀ += Vᵀ·Pᵀ of block it, so the softmax of it + 1 overlaps the P·V.
+    async_copy.wait_group(STAGES - 2)  # block 0 landed
+    fence_async_shared()
+    gl.thread_barrier()
+    _issue_gather(kv_ptr, tok_g, tok_r, num_tokens, k_ring.index((STAGES - 1) % STAGES),
+                  r_ring.index((STAGES - 1) % STAGES), D_V, D_R, G_L, R_L)
+    tok_g, tok_r = _gather_tokens(idx_row, lo + STAGES * BLOCK_N, hi, BLOCK_N, G_L, R_L)
+    s = warpgroup_mma_wait(num_outstanding=0, deps=(_issue_qk(k_ring, r_ring, 0, q_smem, qr_smem, s_zero),))
+    tok = tok_s
+    slots_next = lo + BLOCK_N + offs_ns
+    tok_s = gl.load(idx_row + slots_next, mask=slots_next < hi, other=-1)
+    p, alpha, m_i, l_acc = _online_softmax(s, tok, num_tokens, qk_scale_log2, m_i, l_acc)
+    p_smem.index(0).store(gl.permute(p.to(gl.float16), (1, 0)))
+    if V_REGS:
+        vt = _load_vt(k_ring.index(0), VL_L, A_L, D_V, BLOCK_N)
+    else:
+        v_smem.store(k_ring.index(0).load(VC_L).to(gl.float16))
+    for it in range(n_iter):
+        # block it + 1 landed; P (and V) of block it staged; every thread is done with
+        # block it's ring slot, refilled next
+        async_copy.wait_group(STAGES - 2)
+        fence_async_shared()
+        gl.thread_barrier()
+        _issue_gather(kv_ptr, tok_g, tok_r, num_tokens, k_ring.index((it + STAGES) % STAGES),
+                      r_ring.index((it + STAGES) % STAGES), D_V, D_R, G_L, R_L)
+        tok_g, tok_r = _gather_tokens(idx_row, lo + (it + STAGES + 1) * BLOCK_N, hi, BLOCK_N, G_L, R_L)
+        nxt = (it + 1) % STAGES
+        s = _issue_qk(k_ring, r_ring, nxt, q_smem, qr_smem, s_zero)
+        pb = p_smem.index(it % 2).permute((1, 0))
+        if V_REGS:
+            acc = warpgroup_mma(vt, pb, acc, is_async=True)
+        else:
+            acc = warpgroup_mma(v_smem.permute((1, 0)), pb, acc, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))  # Sᵀ of block it + 1 done
+        tok = tok_s
+        slots_next = lo + (it + 2) * BLOCK_N + offs_ns
+        tok_s = gl.load(idx_row + slots_next, mask=slots_next < hi, other=-1)
+        # (past the last block every slot is masked: p = 0, alpha = 1 or, for a head
+        # without any valid slot so far, 0 on a zero accumulator)
+        p, alpha, m_i, l_acc = _online_softmax(s, tok, num_tokens, qk_scale_log2, m_i, l_acc)
+        p_smem.index((it + 1) % 2).store(gl.permute(p.to(gl.float16), (1, 0)))
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))  # P·V of block it done
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(0, O_L))[None, :]
+        if V_REGS:
+            vt = _load_vt(k_ring.index(nxt), VL_L, A_L, D_V, BLOCK_N)
+        else:
+            gl.thread_barrier()  # both warpgroups' P·V of block it read v_smem
+            v_smem.store(k_ring.index(nxt).load(VC_L).to(gl.float16))
+
+    async_copy.wait_group(0)
+    gl.thread_barrier()
+    _write_result(acc, m_i, l_acc, out_ptr, lse_ptr, po_ptr, plse_ptr, out_scale, H, bt, pid_s, num_splits,
+                  SPLIT, V_REGS, BLOCK_H, D_V, S_L, O_L)
+
+
+def sparse_mla_decode_gluon_small_h(
+    query: torch.Tensor,
+    kv_rows: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor | None,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    partial_o: torch.Tensor,
+    partial_lse: torch.Tensor,
+    bmm1_scale: float,
+    bmm2_scale: float,
+    block_h: int,
+    num_splits: int,
+    split_blocks: int,
+    num_stages: int,
+    v_regs: bool = True,
+) -> None:
+    """Launches the small-H Gluon decode on validated CUDA tensors (contract of
+    ``sparse_mla_decode_gluon``; ``block_h`` 16 or 32, >= H). A cache view that is not
+    16-byte aligned (cp.async) takes the plain transposed kernel with the same plan.
+    No allocation, no host sync."""
+    from mate.ops.sparse_mla.decode import sparse_mla_decode_combine_kernel, sparse_mla_decode_triton
+
+    B, q_len, H, _ = query.shape
+    top_k = block_tables.shape[-1]
+    rows = B * q_len
+    if rows == 0 or H == 0:
+        return
+    if block_h < H or block_h not in (16, 32):
+        raise ValueError(f"the small-H Gluon kernel needs block_h 16 or 32 and H <= block_h, got H={H}, "
+                         f"block_h={block_h}")
+    kv_arg = kv_rows if kv_rows.numel() > 0 else query  # an empty cache is never read
+    if kv_arg.data_ptr() % 16:
+        sparse_mla_decode_triton(query, kv_rows, block_tables, seq_lens, out, lse, partial_o, partial_lse,
+                                 bmm1_scale, bmm2_scale, block_h, num_splits, split_blocks, 8, 6, 64, True, 0, False)
+        return
+    split = num_splits > 1
+    sparse_mla_decode_small_h_kernel[(num_splits, rows)](
+        query,
+        kv_arg,
+        block_tables,
+        seq_lens if seq_lens is not None else block_tables,
+        out,
+        lse,
+        partial_o if split else out,
+        partial_lse if split else lse,
+        kv_rows.shape[0],
+        bmm1_scale * LOG2E,
+        bmm2_scale,
+        H,
+        q_len,
+        top_k,
+        split_blocks,
+        num_splits,
+        SPLIT=split,
+        HAS_SEQ_LENS=seq_lens is not None,
+        STAGES=num_stages,
+        V_REGS=v_regs,
+        BLOCK_H=block_h,
+        BLOCK_N=SMALL_H_BLOCK_N,
+        D_V=HEAD_DIM_V,
+        D_R=HEAD_DIM_ROPE,
+        num_warps=SMALL_H_NUM_WARPS,
+    )
+    if split:
+        block_hc = min(16, triton.next_power_of_2(H))
+        sparse_mla_decode_combine_kernel[(triton.cdiv(H, block_hc), rows)](
+            partial_o,
+            partial_lse,
+            out,
+            lse,
+            bmm2_scale,
+            H,
+            num_splits,
+            BLOCK_HC=block_hc,
+            D_V=HEAD_DIM_V,
+            num_warps=4,
+        )
+
+
+def _self_check() -> None:
+    """Decodes small random problems (16 / 32 / 20 heads, split and unsplit plans, V from
+    registers and from shared memory, invalid slots, an empty row) with the small-H Gluon
+    kernel on the current GPU against the reference; raises on a mismatch. Run in a child
+    process by :func:`probe_in_subprocess`."""
+    from mate.ops.sparse_mla.metadata import plan_decode
+    from mate.ops.sparse_mla.reference import sparse_mla_decode_reference
+    from mate.testing import assert_close
+
+    fp8 = torch.float8_e4m3fn
+    tokens = 4096
+    scale = 576**-0.5
+    for B, q_len, H, top_k, splits, v_regs in ((3, 2, 16, 2112, None, True), (2, 1, 32, 2048, 1, True),
+                                               (2, 1, 20, 2048, 3, True), (3, 1, 16, 2048, 1, False),
+                                               (2, 2, 32, 2048, 2, False)):
+        q = torch.randn(B, q_len, H, 576).to(fp8)
+        kv = torch.randn(tokens // 64, 64, 576).to(fp8)
+        idx = torch.randint(0, tokens, (B, q_len, top_k), dtype=torch.int32)
+        r = torch.rand(idx.shape)
+        idx = torch.where(r < 0.1, -1, torch.where(r < 0.15, tokens + 7, idx))
+        sl = torch.randint(1, top_k + 1, (B,), dtype=torch.int32)
+        sl[-1] = 0
+        md = plan_decode(B, q_len, H, top_k, "cuda", gluon=True, transposed=True, num_splits=splits,
+                         num_stages=None if v_regs else 3)
+        assert md.gluon and md.transposed
+        qc, kvc, idxc, slc = q.cuda(), kv.cuda(), idx.cuda(), sl.cuda()
+        out = torch.full((B, q_len, H, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+        lse = torch.full((B * q_len * H,), float("nan"), device="cuda")
+        sparse_mla_decode_gluon_small_h(qc, kvc.view(-1, 576), idxc, slc, out, lse, md.partial_o, md.partial_lse,
+                                        scale, 1.25, md.block_h, md.num_splits, md.split_blocks, md.num_stages,
+                                        v_regs=v_regs)
+        torch.cuda.synchronize()
+        ro, rl = sparse_mla_decode_reference(q, kv, idx, sl, scale, 1.25)
+        # GPU tolerances of tests/sparse_mla/test_decode.py (FP8 tensor-core accumulation).
+        assert_close(out.cpu(), ro, atol=3e-3, rtol=3e-2, name=f"out (H={H}, v_regs={v_regs})")
+        assert_close(lse.cpu().view(rl.shape), rl, atol=1.5e-2, rtol=2e-3, name=f"lse (H={H}, v_regs={v_regs})")
+
+
+def probe_in_subprocess(timeout_s: float = 240.0) -> str | None:
+    """Runs :func:`_self_check` in a child process (``python -m
+    mate.ops.sparse_mla.decode_gluon_small_h``), so that a kernel that faults cannot poison
+    the caller's CUDA context; returns None when it passed, else the reason."""
+    import subprocess
+    import sys
+
+    try:
+        res = subprocess.run([sys.executable, "-m", "mate.ops.sparse_mla.decode_gluon_small_h"], capture_output=True,
+                             text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return f"small-H Gluon decode self-check timed out after {timeout_s:.0f} s"
+    if res.returncode == 0:
+        return None
+    return f"small-H Gluon decode self-check failed (exit {res.returncode}): {(res.stdout + res.stderr)[-600:]}"
+
+
+if __name__ == "__main__":
+    _self_check()
+    print("small-H Gluon sparse MLA decode self-check passed")

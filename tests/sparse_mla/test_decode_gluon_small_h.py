@@ -1,0 +1,207 @@
+"""Tests of the small-H Gluon decode kernel (``plan_decode(..., gluon=True, transposed=True)``).
+
+Gluon cannot run under Triton's interpreter: on the CPU these tests check that the module
+imports, that the plan option is validated and falls back to the plain transposed kernel
+(checked against the reference). The kernel itself is checked against
+``sparse_mla_decode_reference`` by the ``gpu`` tests, with the GPU tolerances of
+``test_decode.py`` (FP8 tensor-core accumulation of Sᵀ, fp16 P·V).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from mate.ops.sparse_mla.metadata import GLUON_SMALL_H_STAGES, plan_decode
+from mate.sparse_mla_interface import sparse_mla_fp8_decode
+from mate.testing import assert_equal, poisoned
+from mate.testing.graphs import capture_graph
+from tests.sparse_mla.test_decode import _call, _check, _make
+
+
+def test_small_h_module_imports():
+    from mate.ops.sparse_mla import decode_gluon_small_h as m
+
+    assert callable(m.sparse_mla_decode_gluon_small_h)
+    assert m.SMALL_H_NUM_WARPS == 8 and m.SMALL_H_BLOCK_N == 64
+
+
+def test_small_h_perm_d_is_the_renaming_of_load_vt():
+    """Row m of Oᵀ holds value _perm_d(m): the reshape + permute of ``_load_vt`` on indices."""
+    d = torch.arange(512)
+    renamed = d.view(8, 8, 4, 2).permute(2, 0, 3, 1).reshape(512)  # [D876, D543, D21, d0] -> m order
+    m = torch.arange(512)
+    perm = ((m & 7) << 3) | ((m >> 3) & 1) | (((m >> 4) & 7) << 6) | (((m >> 7) & 1) << 1) | (((m >> 8) & 1) << 2)
+    assert_equal(renamed, perm)
+
+
+@pytest.mark.parametrize("H,q_len", [(16, 2), (20, 1)])
+def test_small_h_plan_falls_back_on_cpu(triton_backend, H, q_len):
+    """On a device that is not a GPU the option plans the plain transposed kernel."""
+    B, top_k = 3, 128
+    md = plan_decode(B, q_len, H, top_k, "cpu", gluon=True, transposed=True)
+    assert md.gluon is False and md.transposed and md.block_h == (16 if H <= 16 else 32)
+    q, kv, idx, sl = _make(B, q_len, H, top_k, device="cpu")
+    out = poisoned((B, q_len, H, 512), torch.bfloat16, "cpu")
+    lse = poisoned((B, q_len, H), torch.float32, "cpu")
+    _call(q, kv, idx, sl, top_k, out=out, lse=lse, bmm1_scale=0.05, bmm2_scale=1.5, metadata=md)
+    _check(out, lse, q, kv, idx, sl, 0.05, 1.5)
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(num_stages=6), "num_stages"),
+    (dict(block_n=16), "block_n"),
+    (dict(num_warps=4), "num_warps"),
+    (dict(prefetch_idx=True), "prefetch_idx"),
+])
+def test_small_h_plan_rejects_other_configurations(kw, match):
+    with pytest.raises(ValueError, match=match):
+        plan_decode(2, 1, 16, 2048, "cpu", gluon=True, transposed=True, **kw)
+
+
+def test_small_h_plan_only_when_asked():
+    """``gluon=True`` alone still means the 64-head kernel (block_h 64 required)."""
+    with pytest.raises(ValueError, match="block_h"):
+        plan_decode(2, 1, 16, 2048, "cpu", gluon=True)
+    md = plan_decode(2, 1, 16, 2048, "cpu", gluon=True, transposed=True, num_stages=3)
+    assert md.num_stages == 3 and md.block_n == 64 and md.num_warps == 8
+
+
+# ------------------------------------------------------------------ GPU
+
+gpu = pytest.mark.gpu
+S1 = 1 / math.sqrt(576)
+
+
+@pytest.fixture(scope="module")
+def small_h_ok():
+    """The kernel's self-check in a child process first: a kernel that faulted in this
+    process would poison the CUDA context of every later GPU test."""
+    from mate.ops.sparse_mla.decode_gluon_small_h import probe_in_subprocess
+
+    reason = probe_in_subprocess()
+    if reason is not None:
+        pytest.fail(reason)
+
+
+def _plan(B, q_len, H, top_k, **kw):
+    md = plan_decode(B, q_len, H, top_k, "cuda", gluon=True, transposed=True, **kw)
+    assert md.gluon and md.transposed and md.block_h in (16, 32) and md.num_warps == 8
+    return md
+
+
+def _run(q, kv, idx, sl, top_k, md, s2=1.25):
+    B, q_len, H = q.shape[:3]
+    out = poisoned((B, q_len, H, 512), torch.bfloat16, "cuda")
+    lse = poisoned((B, q_len, H), torch.float32, "cuda")
+    _call(q, kv, idx, sl, top_k, out=out, lse=lse, bmm1_scale=S1, bmm2_scale=s2, metadata=md)
+    return out, lse
+
+
+@gpu
+@pytest.mark.parametrize("H", [16, 32, 20])
+@pytest.mark.parametrize("B,q_len,top_k", [(1, 1, 2112), (8, 2, 2048), (128, 1, 2048), (3, 2, 2112), (1, 2, 2048)])
+def test_gpu_small_h_decode_matches_reference(small_h_ok, H, B, q_len, top_k):
+    """Invalid slots (-1, out of range, INT_MIN), duplicates, partial seq_lens, an empty
+    batch element (B > 2), and the plan's split (B = 1, 3, 8) or no split (B = 128)."""
+    q, kv, idx, sl = _make(B, q_len, H, top_k, pages=64, page_size=64, four_d=B == 3, device="cuda")
+    md = _plan(B, q_len, H, top_k)
+    out, lse = _run(q, kv, idx, sl, top_k, md)
+    _check(out, lse, q, kv, idx, sl, S1, 1.25, gpu=True)
+
+
+@gpu
+@pytest.mark.parametrize("H", [16, 32])
+@pytest.mark.parametrize("kw", [dict(num_splits=1), dict(num_splits=5), dict(num_stages=2), dict(num_stages=4),
+                                dict(partial_dtype=torch.float32), dict(seq_lens=None)])
+def test_gpu_small_h_plan_variants(small_h_ok, H, kw):
+    B, q_len, top_k = 4, 2, 2048
+    kw = dict(kw)
+    seq_lens = "none" if kw.pop("seq_lens", "partial") is None else "partial"
+    q, kv, idx, sl = _make(B, q_len, H, top_k, pages=64, page_size=64, device="cuda", seq_lens=seq_lens)
+    md = _plan(B, q_len, H, top_k, **kw)
+    out, lse = _run(q, kv, idx, sl, top_k, md)
+    _check(out, lse, q, kv, idx, sl, S1, 1.25, gpu=True)
+
+
+@gpu
+@pytest.mark.parametrize("H,stages,splits", [(16, 3, 1), (16, 4, 3), (32, 3, 1), (32, 2, 4)])
+def test_gpu_small_h_v_from_shared_memory(small_h_ok, H, stages, splits):
+    """The ``v_regs=False`` variant (V widened into an fp16 shared tile), launched directly."""
+    from mate.ops.sparse_mla.decode_gluon_small_h import sparse_mla_decode_gluon_small_h
+
+    B, q_len, top_k = 3, 2, 2048
+    q, kv, idx, sl = _make(B, q_len, H, top_k, pages=64, page_size=64, device="cuda")
+    md = _plan(B, q_len, H, top_k, num_splits=splits, num_stages=stages)
+    out = poisoned((B, q_len, H, 512), torch.bfloat16, "cuda")
+    lse = poisoned((B, q_len, H), torch.float32, "cuda")
+    sparse_mla_decode_gluon_small_h(q, kv.view(-1, 576), idx, sl, out, lse, md.partial_o, md.partial_lse, S1, 1.25,
+                                    md.block_h, md.num_splits, md.split_blocks, md.num_stages, v_regs=False)
+    _check(out, lse, q, kv, idx, sl, S1, 1.25, gpu=True)
+
+
+@gpu
+@pytest.mark.parametrize("splits", [1, 4])
+def test_gpu_small_h_empty_rows_and_all_invalid(small_h_ok, splits):
+    """seq_lens 0, a query whose slots are all invalid, and splits whose slots all are:
+    out 0 and lse +inf for empty rows, no NaN anywhere."""
+    B, q_len, H, top_k = 4, 1, 16, 2048
+    q, kv, idx, _ = _make(B, q_len, H, top_k, pages=64, page_size=64, device="cuda")
+    sl = torch.tensor([top_k, 0, top_k, 100], dtype=torch.int32, device="cuda")
+    idx[2] = -1  # every slot invalid
+    idx[0, :, 64:1024] = -1  # whole blocks invalid inside a valid row
+    md = _plan(B, q_len, H, top_k, num_splits=splits)
+    out, lse = _run(q, kv, idx, sl, top_k, md)
+    _check(out, lse, q, kv, idx, sl, S1, 1.25, gpu=True)
+    assert_equal(out[1:3], torch.zeros_like(out[1:3]))
+    assert_equal(lse[1:3], torch.full_like(lse[1:3], float("inf")))
+
+
+@gpu
+def test_gpu_small_h_unaligned_cache_takes_plain_kernel(small_h_ok):
+    """A cache view whose base is not 16-byte aligned (cp.async needs it) still decodes."""
+    B, q_len, H, top_k = 2, 1, 16, 2048
+    q, kv, idx, sl = _make(B, q_len, H, top_k, pages=64, page_size=64, device="cuda")
+    storage = torch.empty(kv.numel() + 8, dtype=torch.uint8, device="cuda")
+    kv8 = storage[8:].view(torch.float8_e4m3fn).view(kv.shape)
+    kv8.copy_(kv)
+    assert kv8.data_ptr() % 16 == 8
+    md = _plan(B, q_len, H, top_k)
+    out, lse = _run(q, kv8, idx, sl, top_k, md)
+    _check(out, lse, q, kv, idx, sl, S1, 1.25, gpu=True)
+
+
+@gpu
+def test_gpu_small_h_cuda_graph_replay_and_repeatable(small_h_ok):
+    B, q_len, H, top_k = 4, 2, 32, 2048
+    q, kv, idx, sl = _make(B, q_len, H, top_k, pages=64, page_size=64, device="cuda")
+    md = _plan(B, q_len, H, top_k)
+    assert md.num_splits > 1 and md.num_stages == GLUON_SMALL_H_STAGES
+    out = torch.empty(B, q_len, H, 512, dtype=torch.bfloat16, device="cuda")
+    lse = torch.empty(B, q_len, H, device="cuda")
+    run = lambda: sparse_mla_fp8_decode(q, kv, None, 128, 512, 64, idx, sl, 0, top_k, out=out, lse=lse,
+                                        bmm1_scale=0.05, metadata=md)
+    run()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    run()
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == before
+    graph = capture_graph(run)
+    q2, kv2, idx2, sl2 = _make(B, q_len, H, top_k, pages=64, page_size=64, device="cuda")
+    q.copy_(q2)
+    kv.copy_(kv2)
+    idx.copy_(idx2)
+    sl.copy_(sl2)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    _check(out, lse, q, kv, idx, sl, 0.05, 1.0, gpu=True)
+    first, first_lse = out.clone(), lse.clone()
+    for _ in range(50):
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, first) and torch.equal(lse, first_lse)
