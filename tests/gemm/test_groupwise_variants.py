@@ -35,6 +35,25 @@ def test_tile_variants(device, triton_backend, bn, lag, split, k_major):
     assert_close(out, R.groupwise_fp32_ref(a, b, sa, sb))
 
 
+@pytest.mark.parametrize("bm,bn,split,stages,k_major,fast", [
+    (64, 16, 1, 4, False, False), (64, 32, 3, 4, True, True), (128, 32, 2, 3, False, False),
+    (128, 64, 4, 2, True, True), (64, 128, 5, 2, False, True)])
+def test_small_m_tiles(device, triton_backend, bm, bn, split, stages, k_major, fast):
+    """The small-M candidates: 16/32-column tiles, 128-row tiles on 4 warps, split-K with
+    fewer K blocks per split than pipeline stages (n = 2.5 weight-scale blocks), the fast
+    fused reduce (row sub-tiles) bitwise equal to the plain one."""
+    m, n, k = 72, 320, 640
+    a, b, sa, sb = fp8_block_operands(m, n, k, device)
+    out = poisoned((m, n), torch.bfloat16, device)
+    cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": 4, "num_stages": stages, "SPLIT_K": split}
+    _launch(a, b, sa, sb, out, {**cfg, "FAST_REDUCE": fast}, k_major)
+    assert_close(out, R.groupwise_fp32_ref(a, b, sa, sb))
+    if fast:
+        plain = poisoned((m, n), torch.bfloat16, device)
+        _launch(a, b, sa, sb, plain, cfg, k_major)
+        assert torch.equal(out.view(torch.int16), plain.view(torch.int16))
+
+
 def test_wide_tile_pointer_fallback(device, triton_backend):
     """Operands TMA cannot read take pointer loads with BLOCK_N capped at 128."""
     m, n, k = 16, 320, 256

@@ -1,0 +1,272 @@
+"""Small-M groupwise FP8 GEMM: ``auto`` against tile / split-K / pipeline candidates and DeepGEMM.
+
+    python benchmarks/bench_gemm_smallm.py [--budget SECONDS] [--only M,N,K]
+
+For each (M, N, K) it times, interleaved (``time_interleaved``, CUDA-graph replays over
+rotated inputs), ``gemm_fp8_nt_groupwise(backend="auto")``, each candidate config of the
+TMA kernel (launched directly, bypassing the table) and DeepGEMM ``fp8_gemm_nt``, and prints
+us, TFLOP/s, GB/s (operand bytes once), the ratio DeepGEMM time / time (bar: >= 0.95), the
+max relative error against the fp32 reference (max |out - ref| / max |ref|, NaN-poisoned
+output) and whether two runs are bitwise equal. Compiles (Triton candidates, DeepGEMM JIT)
+are warmed up in parallel worker processes first, which fill the on-disk caches.
+Candidate names: ``BMxBN sSPLIT_K stSTAGES wWARPS``, F: ``FAST_REDUCE``, L: ``REDUCE="launch"``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import multiprocessing as mp
+import os
+import sys
+import time
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:  # spawned warm-up workers import mate too
+    sys.path.insert(0, ROOT)
+
+DEVICE = "cuda"  # a CPU dry run of this script (interpreter) sets it to "cpu"
+SHAPES = ((64, 2112, 7168), (64, 4096, 7168), (128, 2112, 7168), (128, 4096, 7168),
+          (64, 24576, 1536), (128, 24576, 1536))
+
+
+def _c(bm, bn, split, stages, warps=4, fast=False, launch=False):
+    name = f"{bm}x{bn} s{split} st{stages} w{warps}" + (" F" if fast else "") + (" L" if launch else "")
+    cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "SPLIT_K": split, "num_stages": stages, "num_warps": warps, "GROUP_M": 8}
+    if fast:
+        cfg["FAST_REDUCE"] = True
+    if launch:
+        cfg["REDUCE"] = "launch"
+    return name, cfg
+
+
+# grid sizes in the comments: programs (CTAs per SM that fit in shared memory); the first
+# candidate of each split-K shape is the auto config with FAST_REDUCE
+CANDIDATES = {
+    (64, 2112, 7168): dict([
+        _c(64, 64, 4, 5, fast=True),  # 132 (2)
+        _c(64, 64, 4, 8, fast=True),  # 132 (1)
+        _c(64, 32, 2, 8, fast=True),  # 132 (2)
+        _c(64, 32, 2, 12, fast=True),  # 132 (1)
+        _c(64, 16, 1, 12),  # 132, no reduce
+        _c(64, 128, 8, 4, fast=True),  # 136 (2)
+        _c(64, 128, 7, 8, fast=True),  # 119 (1)
+        _c(64, 64, 8, 4, fast=True),  # 264 (3)
+    ]),
+    (64, 4096, 7168): dict([
+        _c(64, 64, 2, 6, fast=True),  # 128 (2)
+        _c(64, 64, 2, 10, fast=True),  # 128 (1)
+        _c(64, 32, 1, 8),  # 128, no reduce
+        _c(64, 32, 1, 12),
+        _c(64, 128, 4, 6, fast=True),  # 128 (1)
+        _c(64, 128, 4, 8, fast=True),
+        _c(64, 64, 4, 6, fast=True),  # 256 (2)
+        _c(64, 128, 8, 4, fast=True),  # 256 (2)
+        _c(64, 256, 8, 4, 8, fast=True),  # 128 (1)
+    ]),
+    (128, 2112, 7168): dict([
+        _c(64, 64, 4, 6, fast=True),  # 264 (2)
+        _c(128, 64, 4, 6, fast=True),  # 132 (1)
+        _c(128, 64, 4, 8, fast=True),
+        _c(128, 32, 2, 8, fast=True),  # 132 (1)
+        _c(128, 16, 1, 10),  # 132, no reduce
+        _c(128, 128, 7, 6, 8, fast=True),  # 119 (1)
+        _c(64, 32, 2, 6, fast=True),  # 264 (2)
+        _c(128, 64, 8, 4, fast=True),  # 264 (2)
+    ]),
+    (128, 4096, 7168): dict([
+        _c(64, 64, 2, 6, fast=True),  # 256 (2)
+        _c(128, 64, 2, 6, fast=True),  # 128 (1)
+        _c(128, 64, 2, 8, fast=True),
+        _c(128, 32, 1, 8),  # 128, no reduce
+        _c(128, 32, 1, 10),
+        _c(128, 128, 4, 6, 8, fast=True),  # 128 (1)
+        _c(128, 64, 4, 4, fast=True),  # 256 (2)
+        _c(64, 64, 4, 4, fast=True),  # 512 (3)
+    ]),
+    (64, 24576, 1536): dict([
+        _c(64, 64, 1, 6),  # 384 (2)
+        _c(64, 128, 1, 4),  # 192 (2)
+        _c(64, 128, 1, 3),  # 192 (2)
+        _c(64, 256, 1, 3, 8),  # 96 (1)
+    ]),
+    (128, 24576, 1536): dict([
+        _c(128, 128, 1, 3, 8),  # 192 (2)
+        _c(128, 128, 1, 4, 8),  # 192 (1)
+        _c(128, 64, 1, 4),  # 384 (2)
+        _c(64, 128, 1, 4),  # 384 (2)
+        _c(64, 64, 1, 4),  # 768 (3)
+    ]),
+}
+
+
+def _operands(m, n, k, seed=0):
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    a = torch.randn(m, k, device=DEVICE, generator=g).to(torch.float8_e4m3fn)
+    b = torch.randn(n, k, device=DEVICE, generator=g).to(torch.float8_e4m3fn)
+    sa = torch.rand(m, k // 128, device=DEVICE, generator=g) * 0.01 + 0.001
+    sb = torch.rand(-(-n // 128), k // 128, device=DEVICE, generator=g) * 0.01 + 0.001
+    # MN-major scales, as benchmarks/bench_gemm.py times auto: [kb, m] and [kb, nb]
+    return a, b, sa.t().contiguous(), sb.t().contiguous()
+
+
+def _mate_fn(x, out, cfg):
+    from mate import gemm
+    from mate.ops.gemm.groupwise import PLAIN, groupwise_gemm_triton
+
+    a, b, sa_mn, sb_mn = x
+    if cfg is None:
+        return lambda: gemm.gemm_fp8_nt_groupwise(a, b, sa_mn, sb_mn, scale_major_mode="MN", out=out, backend="auto")
+    a_mk, b_nk = sa_mn.t(), sb_mn.t()
+    sa_str = (0, a_mk.stride(0), a_mk.stride(1))
+    sb_str = (0, b_nk.stride(0), b_nk.stride(1))
+    return lambda: groupwise_gemm_triton(a, b, sa_mn, sa_str, sb_mn, sb_str, out, None, layout=PLAIN, config=cfg)
+
+
+def _dg_fn(dg, x, out):
+    a, b, sa_mn, sb_mn = x
+    sa_dg = dg.get_mn_major_tma_aligned_tensor(sa_mn.t().contiguous())
+    sb = sb_mn.t().contiguous()
+    return lambda: dg.fp8_gemm_nt((a, sa_dg), (b, sb), out)
+
+
+def _warm(task):
+    """Worker: one call of one implementation on one shape (fills the compile caches)."""
+    shape, name = task
+    t0 = time.time()
+    try:
+        x = _operands(*shape)
+        out = torch.empty(shape[0], shape[1], dtype=torch.bfloat16, device=DEVICE)
+        if name == "deepgemm":
+            import deep_gemm
+
+            _dg_fn(deep_gemm, x, out)()
+        else:
+            _mate_fn(x, out, None if name == "auto" else CANDIDATES[shape][name])()
+        torch.cuda.synchronize()
+        return task, f"{time.time() - t0:.1f}s"
+    except Exception as exc:
+        return task, f"FAILED {type(exc).__name__}: {str(exc)[:150]}"
+
+
+def _warm_all(tasks, deadline):
+    ctx = mp.get_context("spawn")
+    workers = min(12, max(1, (os.cpu_count() or 2) - 2), len(tasks))
+    ex = cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx)
+    futs = [ex.submit(_warm, t) for t in tasks]
+    try:
+        for f in cf.as_completed(futs, timeout=max(1.0, deadline - time.time())):
+            task, msg = f.result()
+            if msg.startswith("FAILED"):  # retried (and reported) in the timed process
+                print(f"  warm-up {task}: {msg}", flush=True)
+    except cf.TimeoutError:
+        print("  warm-up: deadline reached, the rest compiles in the timed process", flush=True)
+    ex.shutdown(wait=False, cancel_futures=True)
+
+
+def _check(fn, out, ref):
+    out.fill_(float("nan"))
+    fn()
+    torch.cuda.synchronize()
+    first = out.clone()
+    out.fill_(float("nan"))
+    fn()
+    torch.cuda.synchronize()
+    o = out.float()
+    err = ((o - ref).abs().max() / ref.abs().max()).item()
+    if torch.isnan(o).any():
+        err = float("nan")
+    return err, bool(torch.equal(first.view(torch.int16), out.view(torch.int16)))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--budget", type=float, default=100.0, help="seconds; later shapes are skipped past it")
+    ap.add_argument("--only", default="", help="M,N,K of one shape")
+    ap.add_argument("--no-warm", action="store_true", help="skip the parallel compile warm-up")
+    args = ap.parse_args()
+    t0 = time.time()
+    from mate.ops.gemm import reference as R
+    from mate.ops.gemm import tuning
+    from mate.testing.bench import rotation_count, time_interleaved
+
+    shapes = [s for s in SHAPES if not args.only or ",".join(map(str, s)) == args.only]
+    try:
+        import deep_gemm as dg
+    except Exception as exc:
+        dg = None
+        print(f"deep_gemm import failed: {type(exc).__name__}: {exc}"[:200])
+    if not args.no_warm:
+        tasks = [(s, "deepgemm") for s in shapes if dg is not None]
+        tasks += [(s, "auto") for s in shapes] + [(s, n) for s in shapes for n in CANDIDATES[s]]
+        _warm_all(tasks, t0 + 0.45 * args.budget)
+        print(f"warm-up done at {time.time() - t0:.0f}s ({len(tasks)} tasks)", flush=True)
+    best, dg_us = {}, {}
+    print(f"{'shape':>18} {'impl':>26} {'us':>7} {'TFLOP/s':>8} {'GB/s':>6} {'DG/t':>5} {'maxrel':>8} det  note")
+    for shape in shapes:
+        if time.time() - t0 > args.budget:
+            print(f"{str(shape):>18} skipped: budget spent")
+            continue
+        m, n, k = shape
+        byts = m * k + n * k + 2 * m * n + 4 * (m + n // 128 + 1) * (k // 128)
+        flops = 2.0 * m * n * k
+        sets = [_operands(m, n, k, seed=i) for i in range(rotation_count(byts, max_sets=16))]
+        outs = [torch.empty(m, n, dtype=torch.bfloat16, device=DEVICE) for _ in sets]
+        a, b, sa_mn, sb_mn = sets[0]
+        ref = R.groupwise_fp32_ref(a, b, sa_mn.t(), sb_mn.t()).float()
+        cases, checks, notes = {}, {}, {}
+        auto_cfg = tuning.groupwise_config(m, n, k, False)
+        notes["auto"] = (f"{tuning.groupwise_backend(m, n, k)} {auto_cfg['BLOCK_M']}x{auto_cfg['BLOCK_N']} "
+                         f"s{auto_cfg['SPLIT_K']} st{auto_cfg['num_stages']} w{auto_cfg['num_warps']}")
+        impls = {"auto": None, **CANDIDATES[shape]}
+        for name, cfg in impls.items():
+            try:
+                fns = [_mate_fn(x, o, cfg) for x, o in zip(sets, outs)]
+                checks[name] = _check(fns[0], outs[0], ref)
+                cases[name] = fns
+            except Exception as exc:
+                notes[name] = f"FAILED {type(exc).__name__}: {str(exc)[:120]}"
+        if dg is not None:
+            try:
+                fns = [_dg_fn(dg, x, o) for x, o in zip(sets, outs)]
+                checks["deepgemm"] = _check(fns[0], outs[0], ref)
+                cases["deepgemm"] = fns
+            except Exception as exc:
+                notes["deepgemm"] = f"FAILED {type(exc).__name__}: {str(exc)[:120]}"
+        times = time_interleaved(cases, rounds=5, iters=50) if cases else {}
+        t_dg = times.get("deepgemm")
+        t_dg = t_dg if isinstance(t_dg, float) else None
+        dg_us[shape] = t_dg
+        for name in list(impls) + ["deepgemm"]:
+            t = times.get(name)
+            note = notes.get(name, "")
+            if not isinstance(t, float):
+                note = note or (f"{type(t).__name__}: {str(t)[:120]}" if t is not None else "not run")
+                print(f"{str(shape):>18} {name:>26} {'-':>7} {'':>8} {'':>6} {'':>5} {'':>8} {'':>3}  {note}")
+                continue
+            err, det = checks[name]
+            if name != "deepgemm" and det and err < 1e-2:
+                best.setdefault(shape, {})[name] = t
+            ratio = f"{t_dg / t:5.2f}" if t_dg else "  -  "
+            print(f"{str(shape):>18} {name:>26} {t:7.1f} {flops / t / 1e6:8.0f} {byts / t / 1e3:6.0f} {ratio} "
+                  f"{err:8.1e} {'yes' if det else 'NO ':>3}  {note}", flush=True)
+        del sets, outs, cases
+        torch.cuda.empty_cache()
+    print("summary (correct and deterministic only): auto, fastest candidate, DeepGEMM")
+    for shape, res in best.items():
+        name = min((n for n in res if n != "auto"), key=res.get, default=None)
+        t_dg = dg_us.get(shape)
+        line = f"{str(shape):>18} auto {res.get('auto', float('nan')):6.1f} us"
+        if name:
+            line += f"  best {name} {res[name]:6.1f} us"
+            if t_dg:
+                line += f" ({t_dg / res[name]:.2f}x DeepGEMM {t_dg:.1f} us)"
+        print(line)
+    print(f"total {time.time() - t0:.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
