@@ -5,7 +5,8 @@
 Shapes (top-k 2048, page 64, q_len 1 unless noted): B=128 H=16, B=128 H=32, B=64 H=16,
 B=64 q_len 2 H=16. Candidates per shape: the current default plan, the plain-Triton
 transposed kernel, and the small-H Gluon kernel (``decode_gluon_small_h.py``) with Vᵀ from
-registers (``vregs``) or from an fp16 shared tile (``vsmem``) at several ring stages and
+registers (``vregs``; ``vearly``: the next block's Vᵀ loaded while P·V runs) or from an
+fp16 shared tile (``vsmem``) at several ring stages and
 split counts. Each row: median time (CUDA-graph replays, all candidates of a shape
 interleaved), GB/s of the gathered rows (B * q_len * top-k * 576 bytes), that rate as a
 fraction of the measured copy bandwidth (read + write of 1 GiB), and the max abs error of
@@ -28,12 +29,13 @@ from mate.testing.bench import rotation_count, time_fn, time_interleaved
 TOP_K = 2048
 PAGE = 64
 SCALE = 1 / math.sqrt(576)
-# (B, q_len, H) -> new-kernel candidates (v_regs, stages, splits; None: the plan's split)
+# (B, q_len, H) -> new-kernel candidates (V: "regs" / "early" (next Vᵀ loaded during P·V) /
+# "smem", stages, splits; None: the plan's split), in order of interest
 SHAPES = {
-    (128, 1, 16): [(True, 5, 1), (True, 4, 1), (True, 3, 1), (True, 5, 2), (False, 3, 1), (False, 4, 1)],
-    (128, 1, 32): [(True, 5, 1), (True, 4, 1), (True, 5, 2), (False, 3, 1)],
-    (64, 1, 16): [(True, 5, None), (True, 5, 1), (True, 5, 3), (True, 5, 4), (False, 3, None)],
-    (64, 2, 16): [(True, 5, None), (True, 5, 2)],
+    (128, 1, 16): [("regs", 5, 1), ("early", 5, 1), ("regs", 4, 1), ("regs", 5, 2), ("smem", 3, 1), ("smem", 4, 1)],
+    (128, 1, 32): [("regs", 5, 1), ("early", 5, 1), ("regs", 4, 1), ("smem", 3, 1)],
+    (64, 1, 16): [("regs", 5, None), ("early", 5, None), ("regs", 5, 1), ("regs", 5, 4), ("smem", 3, None)],
+    (64, 2, 16): [("regs", 5, None), ("early", 5, None)],
 }
 
 
@@ -63,13 +65,14 @@ def _api_fn(s, kv, md):
                                          lse=s["lse"], bmm1_scale=SCALE, metadata=md)
 
 
-def _direct_fn(s, kv, md, v_regs):
+def _direct_fn(s, kv, md, v):
     from mate.ops.sparse_mla.decode_gluon_small_h import sparse_mla_decode_gluon_small_h
 
     rows = kv.view(-1, 576)
     return lambda: sparse_mla_decode_gluon_small_h(s["q"], rows, s["idx"], s["sl"], s["out"], s["lse"],
                                                    md.partial_o, md.partial_lse, SCALE, 1.0, md.block_h,
-                                                   md.num_splits, md.split_blocks, md.num_stages, v_regs=v_regs)
+                                                   md.num_splits, md.split_blocks, md.num_stages, v_regs=v != "smem",
+                                                   v_early=v == "early")
 
 
 def main() -> int:
@@ -100,13 +103,13 @@ def main() -> int:
         cands["default"] = ([_api_fn(s, kv, md) for s in sets], md)
         mdt = plan_decode(B, q_len, H, TOP_K, "cuda", transposed=True, gluon=False)
         cands["plain transposed"] = ([_api_fn(s, kv, mdt) for s in sets], mdt)
-        for v_regs, stages, splits in news:
+        for v, stages, splits in news:
             if crashed:
                 break
             mdn = plan_decode(B, q_len, H, TOP_K, "cuda", gluon=True, transposed=True, num_stages=stages,
                               num_splits=splits)
-            label = f"gluon_small_h {'vregs' if v_regs else 'vsmem'} st{stages} sp{mdn.num_splits}"
-            cands[label] = ([_direct_fn(s, kv, mdn, v_regs) for s in sets], mdn)
+            label = f"gluon_small_h v{v} st{stages} sp{mdn.num_splits}"
+            cands[label] = ([_direct_fn(s, kv, mdn, v) for s in sets], mdn)
         errs = {}
         for label, (fns, _) in cands.items():
             try:

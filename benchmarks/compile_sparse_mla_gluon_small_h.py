@@ -28,17 +28,18 @@ PATTERN = re.compile(r"\b(QGMMA\.\S+|HGMMA\.\S+|LDGSTS\S*|BAR\.SYNC\S*|WARPGROUP
                      r"SHFL\S*|LDS\S*|STS\S*|F2FP\S*|PRMT|LDSM\S*)")
 
 
-def compile_one(block_h: int, split: bool, v_regs: bool, stages: int, out_dir: str) -> bool:
+def compile_one(block_h: int, split: bool, v_regs: bool, stages: int, out_dir: str, v_early: bool = False) -> bool:
     sig = {"q_ptr": "*fp8e4nv", "kv_ptr": "*fp8e4nv", "idx_ptr": "*i32", "seq_lens_ptr": "*i32",
            "out_ptr": "*bf16", "lse_ptr": "*fp32", "po_ptr": "*fp16" if split else "*bf16", "plse_ptr": "*fp32",
            "num_tokens": "i32", "qk_scale_log2": "fp32", "out_scale": "fp32", "H": "i32", "q_len": "i32",
            "top_k": "i32", "split_blocks": "i32", "num_splits": "i32"}
-    constexprs = {"SPLIT": split, "HAS_SEQ_LENS": True, "STAGES": stages, "V_REGS": v_regs, "BLOCK_H": block_h,
+    constexprs = {"SPLIT": split, "HAS_SEQ_LENS": True, "STAGES": stages, "V_REGS": v_regs, "V_EARLY": v_early,
+                  "BLOCK_H": block_h,
                   "BLOCK_N": dg.SMALL_H_BLOCK_N, "D_V": HEAD_DIM_V, "D_R": HEAD_DIM_ROPE}
     sig.update({k: "constexpr" for k in constexprs})
     src = GluonASTSource(fn=dg.sparse_mla_decode_small_h_kernel, signature=sig, constexprs=constexprs,
                          attrs=divisibility_attrs(sig, POINTERS))
-    tag = f"small_h{block_h}_split{int(split)}_vregs{int(v_regs)}_stages{stages}"
+    tag = f"small_h{block_h}_split{int(split)}_vregs{int(v_regs)}{'_early' if v_early else ''}_stages{stages}"
     rep = compile_sm90(src, {"num_warps": dg.SMALL_H_NUM_WARPS}, pattern=PATTERN, out_dir=out_dir, tag=tag,
                        keep_text=True)
     print(f"{tag}: {rep.registers} registers, stack {rep.stack} B, local {rep.local} B, {rep.spills} spill "
@@ -63,6 +64,7 @@ def main() -> int:
                 if args.quick and split:
                     continue
                 ok &= compile_one(block_h, split, v_regs, dg.SMALL_H_STAGES[v_regs], out_dir)
+    ok &= compile_one(16, False, True, dg.SMALL_H_STAGES[True], out_dir, v_early=True)
     print("cubins in", out_dir)
     return 0 if ok else 1
 

@@ -127,9 +127,12 @@ def test_gpu_small_h_plan_variants(small_h_ok, H, kw):
 
 
 @gpu
-@pytest.mark.parametrize("H,stages,splits", [(16, 3, 1), (16, 4, 3), (32, 3, 1), (32, 2, 4)])
-def test_gpu_small_h_v_from_shared_memory(small_h_ok, H, stages, splits):
-    """The ``v_regs=False`` variant (V widened into an fp16 shared tile), launched directly."""
+@pytest.mark.parametrize("H,stages,splits,v", [(16, 3, 1, "smem"), (16, 4, 3, "smem"), (32, 3, 1, "smem"),
+                                               (32, 2, 4, "smem"), (16, 5, 1, "early"), (32, 3, 2, "early"),
+                                               (16, 2, 1, "early")])
+def test_gpu_small_h_launch_variants(small_h_ok, H, stages, splits, v):
+    """The variants only the launcher selects: V widened into an fp16 shared tile
+    (``v_regs=False``), and the next block's Vᵀ loaded during P·V (``v_early``)."""
     from mate.ops.sparse_mla.decode_gluon_small_h import sparse_mla_decode_gluon_small_h
 
     B, q_len, top_k = 3, 2, 2048
@@ -138,7 +141,8 @@ def test_gpu_small_h_v_from_shared_memory(small_h_ok, H, stages, splits):
     out = poisoned((B, q_len, H, 512), torch.bfloat16, "cuda")
     lse = poisoned((B, q_len, H), torch.float32, "cuda")
     sparse_mla_decode_gluon_small_h(q, kv.view(-1, 576), idx, sl, out, lse, md.partial_o, md.partial_lse, S1, 1.25,
-                                    md.block_h, md.num_splits, md.split_blocks, md.num_stages, v_regs=False)
+                                    md.block_h, md.num_splits, md.split_blocks, md.num_stages, v_regs=v != "smem",
+                                    v_early=v == "early")
     _check(out, lse, q, kv, idx, sl, S1, 1.25, gpu=True)
 
 

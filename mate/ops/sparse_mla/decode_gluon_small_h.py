@@ -174,6 +174,7 @@ def sparse_mla_decode_small_h_kernel(
     HAS_SEQ_LENS: gl.constexpr,
     STAGES: gl.constexpr,
     V_REGS: gl.constexpr,
+    V_EARLY: gl.constexpr,
     BLOCK_H: gl.constexpr,
     BLOCK_N: gl.constexpr,
     D_V: gl.constexpr,
@@ -184,6 +185,7 @@ def sparse_mla_decode_small_h_kernel(
     gl.static_assert(BLOCK_N == 64)
     gl.static_assert(D_V == 512)
     gl.static_assert((BLOCK_H == 16) or (BLOCK_H == 32))
+    gl.static_assert(V_REGS or not V_EARLY)
     D_ROW: gl.constexpr = D_V + D_R
 
     # Copy layouts (8 warps): 16 contiguous bytes per thread.
@@ -292,6 +294,8 @@ def sparse_mla_decode_small_h_kernel(
             acc = warpgroup_mma(vt, pb, acc, is_async=True)
         else:
             acc = warpgroup_mma(v_smem.permute((1, 0)), pb, acc, is_async=True)
+        if V_EARLY:  # Vᵀ of block it + 1 into other registers while the wgmmas run
+            vt_next = _load_vt(k_ring.index(nxt), VL_L, A_L, D_V, BLOCK_N)
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))  # Sᵀ of block it + 1 done
         tok = tok_s
         slots_next = lo + (it + 2) * BLOCK_N + offs_ns
@@ -302,7 +306,9 @@ def sparse_mla_decode_small_h_kernel(
         p_smem.index((it + 1) % 2).store(gl.permute(p.to(gl.float16), (1, 0)))
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))  # P·V of block it done
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(0, O_L))[None, :]
-        if V_REGS:
+        if V_EARLY:
+            vt = vt_next
+        elif V_REGS:
             vt = _load_vt(k_ring.index(nxt), VL_L, A_L, D_V, BLOCK_N)
         else:
             gl.thread_barrier()  # both warpgroups' P·V of block it read v_smem
@@ -330,11 +336,14 @@ def sparse_mla_decode_gluon_small_h(
     split_blocks: int,
     num_stages: int,
     v_regs: bool = True,
+    v_early: bool = False,
 ) -> None:
     """Launches the small-H Gluon decode on validated CUDA tensors (contract of
     ``sparse_mla_decode_gluon``; ``block_h`` 16 or 32, >= H). A cache view that is not
     16-byte aligned (cp.async) takes the plain transposed kernel with the same plan.
-    No allocation, no host sync."""
+    ``v_regs``: Vᵀ from registers (else an fp16 shared tile); ``v_early`` (with ``v_regs``):
+    Vᵀ of the next block is loaded while the current P·V runs (64 more registers per
+    thread: 16 heads only). No allocation, no host sync."""
     from mate.ops.sparse_mla.decode import sparse_mla_decode_combine_kernel, sparse_mla_decode_triton
 
     B, q_len, H, _ = query.shape
@@ -342,6 +351,8 @@ def sparse_mla_decode_gluon_small_h(
     rows = B * q_len
     if rows == 0 or H == 0:
         return
+    if v_early and not v_regs:
+        raise ValueError("v_early needs v_regs")
     if block_h < H or block_h not in (16, 32):
         raise ValueError(f"the small-H Gluon kernel needs block_h 16 or 32 and H <= block_h, got H={H}, "
                          f"block_h={block_h}")
@@ -372,6 +383,7 @@ def sparse_mla_decode_gluon_small_h(
         HAS_SEQ_LENS=seq_lens is not None,
         STAGES=num_stages,
         V_REGS=v_regs,
+        V_EARLY=v_early,
         BLOCK_H=block_h,
         BLOCK_N=SMALL_H_BLOCK_N,
         D_V=HEAD_DIM_V,
@@ -396,7 +408,7 @@ def sparse_mla_decode_gluon_small_h(
 
 def _self_check() -> None:
     """Decodes small random problems (16 / 32 / 20 heads, split and unsplit plans, V from
-    registers and from shared memory, invalid slots, an empty row) with the small-H Gluon
+    registers, early, and from shared memory, invalid slots, an empty row) with the small-H Gluon
     kernel on the current GPU against the reference; raises on a mismatch. Run in a child
     process by :func:`probe_in_subprocess`."""
     from mate.ops.sparse_mla.metadata import plan_decode
@@ -406,9 +418,11 @@ def _self_check() -> None:
     fp8 = torch.float8_e4m3fn
     tokens = 4096
     scale = 576**-0.5
-    for B, q_len, H, top_k, splits, v_regs in ((3, 2, 16, 2112, None, True), (2, 1, 32, 2048, 1, True),
-                                               (2, 1, 20, 2048, 3, True), (3, 1, 16, 2048, 1, False),
-                                               (2, 2, 32, 2048, 2, False)):
+    for B, q_len, H, top_k, splits, v in ((3, 2, 16, 2112, None, "regs"), (2, 1, 32, 2048, 1, "regs"),
+                                          (2, 1, 20, 2048, 3, "regs"), (3, 1, 16, 2048, 1, "smem"),
+                                          (2, 2, 32, 2048, 2, "smem"), (3, 1, 16, 2048, 1, "early"),
+                                          (2, 2, 32, 2048, 3, "early")):
+        v_regs = v != "smem"
         q = torch.randn(B, q_len, H, 576).to(fp8)
         kv = torch.randn(tokens // 64, 64, 576).to(fp8)
         idx = torch.randint(0, tokens, (B, q_len, top_k), dtype=torch.int32)
@@ -424,12 +438,12 @@ def _self_check() -> None:
         lse = torch.full((B * q_len * H,), float("nan"), device="cuda")
         sparse_mla_decode_gluon_small_h(qc, kvc.view(-1, 576), idxc, slc, out, lse, md.partial_o, md.partial_lse,
                                         scale, 1.25, md.block_h, md.num_splits, md.split_blocks, md.num_stages,
-                                        v_regs=v_regs)
+                                        v_regs=v_regs, v_early=v == "early")
         torch.cuda.synchronize()
         ro, rl = sparse_mla_decode_reference(q, kv, idx, sl, scale, 1.25)
         # GPU tolerances of tests/sparse_mla/test_decode.py (FP8 tensor-core accumulation).
-        assert_close(out.cpu(), ro, atol=3e-3, rtol=3e-2, name=f"out (H={H}, v_regs={v_regs})")
-        assert_close(lse.cpu().view(rl.shape), rl, atol=1.5e-2, rtol=2e-3, name=f"lse (H={H}, v_regs={v_regs})")
+        assert_close(out.cpu(), ro, atol=3e-3, rtol=3e-2, name=f"out (H={H}, V {v})")
+        assert_close(lse.cpu().view(rl.shape), rl, atol=1.5e-2, rtol=2e-3, name=f"lse (H={H}, V {v})")
 
 
 def probe_in_subprocess(timeout_s: float = 240.0) -> str | None:
