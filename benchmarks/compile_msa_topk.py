@@ -28,6 +28,8 @@ VARIANTS = {  # name: (method, rows per program[, warps])
     "interval_rows4_warps4": ("interval", 4, 4),
     "interval_warps2": ("interval", 1, 2),
     "interval_warps4": ("interval", 1, 4),
+    "lanes": ("lanes", 1),
+    "lanes_group_bound": ("lanes_group_bound", 1),
 }
 
 
@@ -36,6 +38,17 @@ def compile_one(name: str, chunk: int, k: int, sass_dir: str | None) -> None:
     sig = {"s_ptr": "*fp32", "out_ptr": "*i32", "qpos_ptr": "*i64", "n_rows": "i32", "num_tiles": "i32",
            "num_valid_pages": "i32", "H": "i32", "fb": "i32", "fe": "i32", "counted": "i32", "W": "i32",
            "has_qpos": "i32"}
+    if method.startswith("lanes"):
+        sig = {"s_ptr": "*fp32", "out_ptr": "*i32", "qpos_ptr": "*i64", "num_tiles": "i32",
+               "num_valid_pages": "i32", "H": "i32", "fb": "i32", "fe": "i32", "W": "i32", "has_qpos": "i32"}
+        constexprs = {"K": k, "R": max(chunk, 32) // 32, "W_P2": 64, "G1": max(16, triton.next_power_of_2(k)),
+                      "LANE_SEARCH": method == "lanes"}
+        sig.update({c: "constexpr" for c in constexprs})
+        src = ASTSource(fn=tk._topk_lanes_kernel, signature=sig, constexprs=constexprs,
+                        attrs=divisibility_attrs(sig, ["s_ptr", "out_ptr", "qpos_ptr"]))
+        report(name, chunk, 1, 1, compile_sm90(src, {"num_warps": 1}, out_dir=sass_dir, tag=f"topk_{name}_{chunk}",
+                                                keep_text=True))
+        return
     cfg = tk.topk_config(chunk, k, max(4096, chunk), method=method, rows_per_program=rows)
     if warps:
         cfg["num_warps"] = warps[0]
@@ -54,6 +67,10 @@ def compile_one(name: str, chunk: int, k: int, sass_dir: str | None) -> None:
     src = ASTSource(fn=kernel, signature=sig, constexprs=constexprs, attrs=divisibility_attrs(sig, aligned))
     rep = compile_sm90(src, {"num_warps": cfg["num_warps"]}, out_dir=sass_dir, tag=f"topk_{name}_{chunk}",
                        keep_text=True)
+    report(name, chunk, cfg["ROWS"], cfg["num_warps"], rep)
+
+
+def report(name: str, chunk: int, rows: int, warps: int, rep) -> None:
     sass = rep.sass
     instrs = [ln for ln in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4,6}\*/\s+\S", ln)]
     addr = [int(re.match(r"\s+/\*([0-9a-f]{4,6})\*/", ln).group(1), 16) for ln in instrs]
@@ -64,7 +81,7 @@ def compile_one(name: str, chunk: int, k: int, sass_dir: str | None) -> None:
         if tgt and int(tgt.group(1), 16) < a:
             loops.append((a - int(tgt.group(1), 16)) // 16 + 1)
     shfl = sum("SHFL" in ln for ln in instrs)
-    print(f"{name:22s} chunk={chunk:5d} rows={cfg['ROWS']} warps={cfg['num_warps']}: REG {rep.registers} "
+    print(f"{name:22s} chunk={chunk:5d} rows={rows} warps={warps}: REG {rep.registers} "
           f"LOCAL {rep.local} | SASS {len(instrs)} instrs, {shfl} SHFL, backward branches {loops}")
 
 

@@ -151,7 +151,7 @@ def test_interval_threshold_random_cases_exact(levels, device, triton_backend):
     _check_kernel(s, topk, kw, qpos, method="interval", rows_per_program=random.choice([1, 2]))
 
 
-@pytest.mark.parametrize("method", ["radix", "interval"])
+@pytest.mark.parametrize("method", ["radix", "interval", "lanes"])
 @pytest.mark.parametrize("counted", [True, False])
 def test_radix_threshold_close_values_and_special_rows(counted, method, device, triton_backend):
     """Rows whose keys differ only in the last mantissa bits (the search runs all 32 bits),

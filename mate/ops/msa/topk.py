@@ -366,7 +366,147 @@ def _topk_interval_kernel(
                  mask=(row_ok & short)[:, None] & (wc[None, :] < W) & (wc[None, :] >= n[:, None]))
 
 
-TOPK_METHODS = ("bitonic", "radix", "interval")
+@triton.jit
+def _popc(x):
+    """Set bits of each uint32 (the interpreter has no ``libdevice.popc``)."""
+    if INTERPRET:
+        x = x - ((x >> 1) & 0x55555555)
+        x = (x & 0x33333333) + ((x >> 2) & 0x33333333)
+        x = (x + (x >> 4)) & 0x0F0F0F0F
+        return ((x * 0x01010101) >> 24).to(tl.int32)
+    else:
+        return libdevice.popc(x.to(tl.int32, bitcast=True))
+
+
+@triton.jit
+def _lane_bisect(k, lo, clo, hm, K):
+    """:func:`_interval_threshold_row` on one key per lane (``k`` [32]): the largest ``lo``
+    with ``clo = count(k >= lo) >= K``, stopping early once ``clo == K``. Starts from a
+    ``lo`` with ``clo >= K`` and ``hm``, the largest key."""
+    while (clo != K) & (lo != hm):
+        mid = lo + ((hm - lo) >> 1) + 1  # lo < mid <= hm
+        c = tl.sum((k >= mid).to(tl.int32), axis=0)
+        if c >= K:
+            lo = mid
+            clo = c
+        else:
+            hm = mid - 1
+    return lo, clo
+
+
+@triton.jit
+def _below_lane(b, lane):
+    """Set bits of the uint32 ``b`` (per lane) below bit ``lane``."""
+    return _popc(b & ((tl.full(lane.shape, 1, tl.uint32) << lane.to(tl.uint32)) - 1))
+
+
+@triton.jit(do_not_specialize=["num_tiles", "num_valid_pages", "H", "fb", "fe", "W", "has_qpos"])
+def _topk_lanes_kernel(
+    s_ptr, out_ptr, qpos_ptr,
+    num_tiles, num_valid_pages, H, fb, fe, W, has_qpos,
+    K: tl.constexpr, R: tl.constexpr, W_P2: tl.constexpr, G1: tl.constexpr, LANE_SEARCH: tl.constexpr,
+):
+    """One row per one-warp program ((token, head) grid), the row as [R, 32]: block
+    ``32 * j + l`` in lane ``l``, register ``j``. Keys as in :func:`_topk_interval_kernel`.
+    A lower bound ``tau0`` of the W-th largest key: with ``LANE_SEARCH`` the K-th largest of
+    the 32 lanes' largest candidate keys (found on one key per lane), else the 16-group
+    bound. The survivors (keys ``>= tau0``, ~22 of 256 on random rows) are compacted into
+    lanes in block order (lane ``L`` finds its register by prefix counts of the per-register
+    ballots and its source lane by a popcount binary search), their scores reloaded (L1),
+    and the exact selection (bisection, ties by lane prefix, output slots by ballot) runs
+    on one key per lane. Rows with more than 32 survivors take the full-row bisection."""
+    tok = tl.program_id(0)
+    n1 = num_valid_pages
+    if has_qpos != 0:
+        pos = tl.load(qpos_ptr + tok)
+        n1 = tl.where(pos < 0, 0, tl.minimum(pos // 128 + 1, num_valid_pages)).to(tl.int32)
+    row = tok.to(tl.int64) * H + tl.program_id(1)
+    s_row = s_ptr + row * num_tiles
+    o_row = out_ptr + row * W
+    jj = tl.arange(0, R)[:, None]
+    ll = tl.arange(0, 32)[None, :]
+    idx = jj * 32 + ll
+    lane = tl.arange(0, 32)
+    if n1 > W:
+        s = tl.load(s_row + idx, mask=idx < n1, other=0.0)
+        valid = idx < n1
+        lim = tl.maximum(n1 - fe, fb) - fb
+        cand = (idx - fb).to(tl.uint32) < lim.to(tl.uint32)
+        bits = (s + 0.0).to(tl.int32, bitcast=True)  # -0.0 -> +0.0
+        u = (bits ^ ((bits >> 31) | -2147483648)).to(tl.uint32, bitcast=True)
+        u = tl.where(s != s, 0xFFC00000, u)  # every NaN: one key above +inf
+        u = tl.where(cand, u, tl.where(valid, 0xFFFFFFFF, 0))
+        u_lo = tl.where(cand, u, 0)
+        all_forced = fb + fe >= W
+        # tau0 <= the K-th largest candidate key: count(u >= tau0) >= K + #forced >= W
+        if LANE_SEARCH:
+            m = tl.max(u_lo, axis=0)  # each lane's largest candidate key
+            tau0, _c0 = _lane_bisect(m, tl.min(m, axis=0), tl.full([], 32, tl.int32), tl.max(m, axis=0), K)
+        else:
+            tau0 = tl.min(tl.max(tl.reshape(u_lo, [R * 32 // G1, G1]), axis=0), axis=0)
+        tau0 = tl.where(all_forced, 0xFFFFFFFF, tau0)
+        surv = u >= tau0
+        # per-register ballots and counts, broadcast to [R, 32]: scans along registers
+        # stay inside each thread
+        ball = tl.sum(surv.to(tl.uint32) << ll.to(tl.uint32), axis=1)[:, None] + tl.zeros_like(u)
+        cnt = _popc(ball)
+        S = tl.max(tl.sum(cnt, axis=0), axis=0)
+        if S <= 32:
+            # compaction: lane L takes the L-th survivor in block order
+            excl = tl.cumsum(cnt, axis=0) - cnt  # survivors in earlier registers
+            jstar = tl.sum((excl <= ll).to(tl.int32), axis=0) - 1  # last register starting at or before L
+            hit = jj == jstar[None, :]
+            b = tl.sum(tl.where(hit, ball, 0), axis=0)
+            r = lane - tl.sum(tl.where(hit, excl, 0), axis=0)
+            p = tl.zeros_like(lane)
+            for step in tl.static_range(5):
+                t = p + (16 >> step)
+                p = tl.where(_below_lane(b, t) <= r, t, p)
+            src = jstar * 32 + p
+            live = lane < S
+            sl = tl.load(s_row + src, mask=live, other=0.0)
+            cl = (src - fb).to(tl.uint32) < lim.to(tl.uint32)
+            bl = (sl + 0.0).to(tl.int32, bitcast=True)
+            kl = (bl ^ ((bl >> 31) | -2147483648)).to(tl.uint32, bitcast=True)
+            kl = tl.where(sl != sl, 0xFFC00000, kl)
+            kl = tl.where(cl, kl, tl.where(src < n1, 0xFFFFFFFF, 0))
+            kl = tl.where(live, kl, 0)
+            # the upper end from the candidates (forced keys would widen the interval);
+            # fewer than W keys (the forced ones) lie above it unless the forced fill W
+            hm = tl.maximum(tl.max(tl.where(cl & live, kl, 0), axis=0), tau0)
+            hm = tl.where(all_forced, 0xFFFFFFFF, hm)
+            tau, clo = _lane_bisect(kl, tau0, S, hm, W)
+            if clo > W:
+                # a tie straddles the W-th place: the first ties in block (= lane) order
+                eq = kl == tau
+                eball = tl.sum(eq.to(tl.uint32) << lane.to(tl.uint32), axis=0)
+                take = W - clo + _popc(eball)
+                chosen = (kl > tau) | (eq & (_below_lane(tl.zeros_like(lane).to(tl.uint32) + eball, lane) < take))
+            else:
+                chosen = kl >= tau
+            chosen = chosen & live
+            cball = tl.sum(chosen.to(tl.uint32) << lane.to(tl.uint32), axis=0)
+            slot = _below_lane(tl.zeros_like(lane).to(tl.uint32) + cball, lane)
+            tl.store(o_row + slot, src, mask=chosen)
+        else:
+            uf = tl.reshape(u, [1, R * 32])
+            tau1, cnt1 = _interval_threshold_row(uf, tl.reshape(u_lo, [1, R * 32]), all_forced, W, G1)
+            if cnt1 > W:
+                eqf = uf == tau1
+                take_f = W - cnt1 + tl.sum(tl.sum(eqf.to(tl.int32), axis=1), axis=0)
+                rank_f = _prefix_sum_ballot(eqf.to(tl.int32), R * 32) - 1
+                sel_f = (uf > tau1) | (eqf & (rank_f < take_f))
+            else:
+                sel_f = uf >= tau1
+            slot_f = _prefix_sum_ballot(sel_f.to(tl.int32), R * 32) - 1
+            tl.store(o_row + slot_f, tl.reshape(idx, [1, R * 32]), mask=sel_f)
+    else:
+        # identity rows: 0 .. n-1, then -1
+        wc = tl.arange(0, W_P2)
+        tl.store(o_row + wc, tl.where(wc < n1, wc, -1), mask=wc < W)
+
+
+TOPK_METHODS = ("bitonic", "radix", "interval", "lanes")
 TOPK_METHOD = os.environ.get("MATE_MSA_TOPK_METHOD", "interval")
 """Threshold method of the public path (see :func:`sparse_topk_select_triton`); the
 environment variable ``MATE_MSA_TOPK_METHOD`` (``bitonic`` / ``radix`` / ``interval``)
@@ -375,6 +515,10 @@ benchmarks/bench_msa_topk_variants.py): 32768 x 256 tiles interval 113.8 us (28%
 radix 251.5, bitonic 360.5, torch.topk 1,657; with causal query positions interval 123.2,
 radix 239.0; 8192 x 1024 interval (2 warps) 124.3, radix 328.8; 1024 x 12287 interval
 (rows in registers, max_chunk 16384) 525.8, radix (tournament) 1,234, torch.topk 673."""
+
+LANES_MAX_CHUNK = 256
+"""Longest row (tiles, rounded up to a power of two) of the ``lanes`` kernel (one warp;
+up to 32 keys per thread); longer rows take ``interval``."""
 
 INTERVAL_MAX_CHUNK = 16384
 """Longest row the interval kernel holds in registers (16 warps); longer rows take the
@@ -429,6 +573,7 @@ def sparse_topk_select_triton(
     method: str | None = None,
     rows_per_program: int | None = None,
     num_warps: int | None = None,
+    lane_search: bool = True,
 ) -> None:
     """Launches the selection on validated tensors (contiguous fp32 scores, int32 output).
     ``max_chunk`` (a power of two >= 16; default :data:`INTERVAL_MAX_CHUNK` for ``interval``,
@@ -443,7 +588,7 @@ def sparse_topk_select_triton(
     if method not in TOPK_METHODS:
         raise ValueError(f"method must be one of {TOPK_METHODS}, got {method!r}")
     if max_chunk is None:
-        max_chunk = INTERVAL_MAX_CHUNK if method == "interval" else 4096
+        max_chunk = INTERVAL_MAX_CHUNK if method in ("interval", "lanes") else 4096
     total_q, H, T = max_score.shape
     W = output.shape[2]
     n_rows = total_q * H
@@ -451,6 +596,19 @@ def sparse_topk_select_triton(
     if num_warps is not None:
         cfg["num_warps"] = num_warps
     grid = (triton.cdiv(n_rows, cfg["ROWS"]),)
+    if method == "lanes":
+        chunk = max(triton.next_power_of_2(max(T, 1)), 32)
+        if chunk <= LANES_MAX_CHUNK and total_q:
+            _topk_lanes_kernel[(total_q, H)](
+                max_score, output,
+                query_positions if query_positions is not None else _dummy_positions(max_score.device),
+                T, num_valid_pages, H, force_begin_blocks, force_end_blocks, W, int(query_positions is not None),
+                K=topk, R=chunk // 32, W_P2=64, G1=max(16, triton.next_power_of_2(topk)),
+                LANE_SEARCH=lane_search, num_warps=1,
+            )
+            return
+        method = "interval"
+        cfg = topk_config(T, topk, max_chunk, method, rows_per_program)
     if method == "interval" and cfg["SINGLE"]:
         if cfg["ROWS"] == 1:
             grid = (total_q, H)

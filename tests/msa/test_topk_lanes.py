@@ -1,0 +1,56 @@
+"""The ``lanes`` top-k kernel (survivors of a lane-max bound compacted into lanes) against
+the sort-based reference: ties, NaN, +-inf, -0.0, forced blocks, short rows, query
+positions, row lengths that are not powers of two, and rows with more than 32 survivors
+(the full-row fallback)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from test_topk import _check_kernel, _random_case, random_config, random_scores
+
+
+@pytest.mark.parametrize("levels", [None, 2, 3, 40])
+def test_lanes_random_cases_exact(levels, device, triton_backend):
+    s, topk, kw, qpos = _random_case([33, 64, 100, 256], 8, levels, device)
+    _check_kernel(s, topk, kw, qpos, method="lanes")
+
+
+@pytest.mark.parametrize("counted", [True, False])
+def test_lanes_fallback_and_tie_rows(counted, device, triton_backend):
+    """One launch mixing rows with few survivors (random), ties at the K-th place, and
+    rows where more than 32 keys survive the bound (two levels, all equal, all -inf)."""
+    g = torch.Generator().manual_seed(random.randrange(2**31))
+    s = torch.randn(6, 2, 200, generator=g)
+    s[1] = torch.randint(0, 2, (2, 200), generator=g).float()  # > 32 survivors: fallback
+    s[2] = 0.0
+    s[3] = float("-inf")
+    s[4] = -s[4].abs()  # ties straddling the K-th place among fewer than 32 survivors
+    s[4, :, 0:100:10] = 4.0
+    s[4, :, 105:200:12] = 1.5
+    s[5, :, ::3] = float("nan")
+    kw = dict(num_valid_pages=None, force_begin_blocks=1, force_end_blocks=1, force_blocks_count_in_topk=counted)
+    _check_kernel(s.to(device), 16, kw, None, method="lanes")
+    qpos = torch.tensor([25000, 3000, 128 * 40, 128 * 17, -1, 2100], device=device)
+    _check_kernel(s.to(device), 8, dict(kw, num_valid_pages=150), qpos, method="lanes")
+
+
+# ----------------------------------------------------------------------------- GPU
+
+
+@pytest.mark.gpu
+def test_gpu_lanes_thousand_random_cases_with_ties():
+    rng = random.Random(777)
+    gen = torch.Generator().manual_seed(777)
+    for i in range(1000):
+        T = rng.choice([7, 17, 40, 100, 256, 256, 300])
+        tq, H = rng.randint(1, 64), rng.randint(1, 4)
+        s = random_scores(tq, H, T, levels=rng.choice([2, 3, 8, 64, None]), specials=i % 2 == 0, gen=gen,
+                          device="cuda")
+        topk, kw = random_config(rng, T)
+        qpos = torch.randint(-300, T * 128 + 50, (tq,), generator=gen).cuda() if rng.random() < 0.4 else None
+        _check_kernel(s, topk, kw, qpos, method="lanes")
+
