@@ -104,19 +104,24 @@ def groupwise_config(m: int, n: int, k: int, fp8_out: bool) -> dict:
     """Triton config for the plain groupwise kernel (BLOCK_N 128 for FP8 output).
 
     Keys: BLOCK_M, BLOCK_N, num_warps, num_stages, SPLIT_K, GROUP_M and, when the table
-    holds them, REDUCE (``"fused"``/``"launch"``) and TMA (see ``groupwise_gemm_triton``).
-    The table's num_stages is a cap, lowered for short K loops (``_stages``).
+    holds them, REDUCE (``"fused"``/``"launch"``), TMA and FAST_REDUCE (see
+    ``groupwise_gemm_triton``). The table's num_stages is a cap, lowered for short K loops
+    (``_stages``), and a grid of >= NUM_SMS tiles drops split-K, unless the entry has
+    ``"EXACT": True`` (a measured (bucket, n, k) config: its stages and split are kept).
     """
     e = dict(_entry(m, n, k))
     e.pop("backend", None)
-    if fp8_out:
+    exact = e.pop("EXACT", False)
+    if fp8_out:  # another tile than the one measured: the generic rules apply
+        exact = exact and e["BLOCK_N"] == 128
         e["BLOCK_N"] = 128
     tiles = -(-m // e["BLOCK_M"]) * -(-n // e["BLOCK_N"])
     # a measured split count is kept (capped by the K blocks); else the one-wave rule
     e["SPLIT_K"] = max(1, min(e["SPLIT_K"], k // 128)) if "SPLIT_K" in e else _split_k(tiles, k)
-    if tiles >= NUM_SMS:
+    if tiles >= NUM_SMS and not exact:
         e["SPLIT_K"] = 1
-    e["num_stages"] = _stages(e["num_stages"], -(-(k // 128) // e["SPLIT_K"]))
+    if not exact:
+        e["num_stages"] = _stages(e["num_stages"], -(-(k // 128) // e["SPLIT_K"]))
     e["GROUP_M"] = 8
     return e
 
