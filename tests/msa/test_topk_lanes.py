@@ -9,7 +9,6 @@ import random
 
 import pytest
 import torch
-
 from test_topk import _check_kernel, _random_case, random_config, random_scores
 
 
