@@ -64,6 +64,7 @@ CANDIDATES = {
         _c(64, 128, 4, 8, fast=True),
         _c(64, 64, 4, 6, fast=True),  # 256 (2)
         _c(64, 128, 8, 4, fast=True),  # 256 (2)
+        _c(64, 64, 6, 4, fast=True),  # 384 (3)
         _c(64, 256, 8, 4, 8, fast=True),  # 128 (1)
     ]),
     (128, 2112, 7168): dict([
@@ -235,7 +236,7 @@ def main() -> int:
                 cases["deepgemm"] = fns
             except Exception as exc:
                 notes["deepgemm"] = f"FAILED {type(exc).__name__}: {str(exc)[:120]}"
-        times = time_interleaved(cases, rounds=5, iters=50) if cases else {}
+        times = time_interleaved(cases, rounds=5, iters=400) if cases else {}
         t_dg = times.get("deepgemm")
         t_dg = t_dg if isinstance(t_dg, float) else None
         dg_us[shape] = t_dg
