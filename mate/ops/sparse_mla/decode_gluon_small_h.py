@@ -21,9 +21,11 @@ formulation of ``sparse_mla_decode_split_kernel_t``), so no tensor-core row is p
     is relabelled (reshape + permute, a register-only renaming) into the wgmma A-operand
     layout. This permutes the value dimension: output row m holds value ``_perm_d(m)``,
     undone when O is written. No fp16 copy of V goes through shared memory.
+    With ``V_EARLY`` the next block's Vᵀ is loaded into other registers while P·V runs
+    (sm_90: 200 / 239 registers at 16 / 32 heads instead of 173 / 209, no spills).
   - ``V_REGS=False``: V widened to an fp16 shared tile [64, 512] and fed as an MN-major A
-    operand (allowed for 16-bit wgmma): 96 KB more shared traffic per block, one stage
-    fewer.
+    operand (allowed for 16-bit wgmma): 128 KB more shared-memory traffic per block (the
+    fp16 tile written and read), room for 3 stages (4 at 16 heads) instead of 5.
 
 The split over the top-k list and its combine kernel are those of ``decode.py`` (same
 scratch buffers from the plan). Gluon does not run under the interpreter: the kernel is
@@ -46,13 +48,16 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from mate.ops.sparse_mla.metadata import HEAD_DIM_ROPE, HEAD_DIM_V
 
 __all__ = ["sparse_mla_decode_small_h_kernel", "sparse_mla_decode_gluon_small_h", "SMALL_H_NUM_WARPS",
-           "SMALL_H_STAGES"]
+           "SMALL_H_STAGES", "SMALL_H_V_EARLY"]
 
 LOG2E = 1.4426950408889634
 SMALL_H_BLOCK_N = 64  # gathered rows per step (the wgmma M of Sᵀ)
 SMALL_H_NUM_WARPS = 8  # two warpgroups
 # Ring stages by V_REGS (H200 compile, shared memory per program: see the plan).
 SMALL_H_STAGES = {True: 5, False: 3}
+# How plans (sparse_mla_fp8_decode) feed Vᵀ: from registers, loaded early or not. To be set
+# from the H200 measurement of benchmarks/bench_sparse_mla_small_h.py.
+SMALL_H_V_EARLY = False
 
 
 @gluon.jit
@@ -336,14 +341,14 @@ def sparse_mla_decode_gluon_small_h(
     split_blocks: int,
     num_stages: int,
     v_regs: bool = True,
-    v_early: bool = False,
+    v_early: bool | None = None,
 ) -> None:
     """Launches the small-H Gluon decode on validated CUDA tensors (contract of
     ``sparse_mla_decode_gluon``; ``block_h`` 16 or 32, >= H). A cache view that is not
     16-byte aligned (cp.async) takes the plain transposed kernel with the same plan.
-    ``v_regs``: Vᵀ from registers (else an fp16 shared tile); ``v_early`` (with ``v_regs``):
-    Vᵀ of the next block is loaded while the current P·V runs (64 more registers per
-    thread: 16 heads only). No allocation, no host sync."""
+    ``v_regs``: Vᵀ from registers (else an fp16 shared tile); ``v_early`` (with ``v_regs``,
+    default ``SMALL_H_V_EARLY``): Vᵀ of the next block is loaded while the current P·V runs.
+    No allocation, no host sync."""
     from mate.ops.sparse_mla.decode import sparse_mla_decode_combine_kernel, sparse_mla_decode_triton
 
     B, q_len, H, _ = query.shape
@@ -351,6 +356,8 @@ def sparse_mla_decode_gluon_small_h(
     rows = B * q_len
     if rows == 0 or H == 0:
         return
+    if v_early is None:
+        v_early = SMALL_H_V_EARLY and v_regs
     if v_early and not v_regs:
         raise ValueError("v_early needs v_regs")
     if block_h < H or block_h not in (16, 32):

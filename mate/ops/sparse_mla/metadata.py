@@ -33,6 +33,8 @@ GLUON_STAGES = 3
 # tiles of 36 KB + Q + two P tiles = 193 KB at 16 heads, 207 KB at 32 (H200 compile: 173 /
 # 209 registers, no spills).
 GLUON_SMALL_H_STAGES = 5
+# Whether Hopper plans for H <= 32 default to that kernel (off until measured on the H200).
+GLUON_SMALL_H_DEFAULT = False
 
 # SM count assumed when planning for a device that is not a GPU (the interpreter): small,
 # so that CPU tests exercise the split + combine path with a handful of programs.
@@ -212,6 +214,8 @@ def plan_decode(
         # small H: the padded Gluon kernel when it needs no split, else the
         # transposed small-H kernel (which splits more finely)
         common = dict(num_sms=num_sms, num_splits=num_splits, partial_dtype=partial_dtype)
+        if GLUON_SMALL_H_DEFAULT:
+            return plan_decode(batch_size, q_len, num_heads, top_k, device, gluon=True, transposed=True, **common)
         small = plan_decode(batch_size, q_len, num_heads, top_k, device, gluon=False, **common)
         if small.num_splits > 1:
             return small
