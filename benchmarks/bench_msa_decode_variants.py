@@ -28,15 +28,20 @@ from mate.testing.bench import time_fn, time_interleaved
 HQ, HKV, D, BLK, SEL = 64, 4, 128, 128, 17
 
 # name: DECODE_VARIANT overrides, num_kv_splits
+G = {"fp8_gluon": True}
 FP8_CASES = {
     "default (triton transposed)": ({}, -1),
     "default splits=1": ({}, 1),
-    "gluon k64 s3": ({"fp8_gluon": True, "fp8_gluon_keys": 64, "fp8_gluon_stages": 3}, 1),
-    "gluon k64 s3 auto-split": ({"fp8_gluon": True, "fp8_gluon_keys": 64, "fp8_gluon_stages": 3}, -1),
-    "gluon k64 s2": ({"fp8_gluon": True, "fp8_gluon_keys": 64, "fp8_gluon_stages": 2}, 1),
-    "gluon k64 s4": ({"fp8_gluon": True, "fp8_gluon_keys": 64, "fp8_gluon_stages": 4}, 1),
-    "gluon k128 s2": ({"fp8_gluon": True, "fp8_gluon_keys": 128, "fp8_gluon_stages": 2}, 1),
-    "gluon k64 s2 splits=2": ({"fp8_gluon": True, "fp8_gluon_keys": 64, "fp8_gluon_stages": 2}, 2),
+    "gluon k64 s3": ({**G, "fp8_gluon_keys": 64, "fp8_gluon_stages": 3}, 1),
+    "gluon k64 s3 auto-split": ({**G, "fp8_gluon_keys": 64, "fp8_gluon_stages": 3}, -1),
+    "gluon k64 s2": ({**G, "fp8_gluon_keys": 64, "fp8_gluon_stages": 2}, 1),
+    "gluon k64 s4": ({**G, "fp8_gluon_keys": 64, "fp8_gluon_stages": 4}, 1),
+    "gluon k128 s2": ({**G, "fp8_gluon_keys": 128, "fp8_gluon_stages": 2}, 1),
+    "gluon k128 s2 auto-split": ({**G, "fp8_gluon_keys": 128, "fp8_gluon_stages": 2}, -1),
+    "gluon k64 s2 splits=2": ({**G, "fp8_gluon_keys": 64, "fp8_gluon_stages": 2}, 2),
+    "gluon ws k64 s3": ({**G, "fp8_gluon_keys": 64, "fp8_gluon_stages": 3, "fp8_gluon_ws": True}, 1),
+    "gluon ws k64 s4": ({**G, "fp8_gluon_keys": 64, "fp8_gluon_stages": 4, "fp8_gluon_ws": True}, 1),
+    "gluon ws k64 s4 auto-split": ({**G, "fp8_gluon_keys": 64, "fp8_gluon_stages": 4, "fp8_gluon_ws": True}, -1),
 }
 BF16_CASES = {"default (triton transposed)": ({}, -1)}
 
@@ -104,7 +109,7 @@ def run_dtype(dtype: torch.dtype, cases: dict, copy: float, B: int, ctx: int) ->
     launch = sg.msa_decode_gluon
 
     def counted(*a, **kw):
-        launches.append(a[-3:])
+        launches.append(a[-4:])
         return launch(*a, **kw)
 
     sg.msa_decode_gluon = counted

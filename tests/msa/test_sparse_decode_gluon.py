@@ -14,15 +14,18 @@ FP8 = torch.float8_e4m3fn
 SCALES = dict(sm_scale=0.05, k_scale=2.0, v_scale=0.25)
 
 
-def test_gluon_decode_compiles_for_sm90_without_byte_gathers():
+@pytest.mark.parametrize("ws", [False, True])
+def test_gluon_decode_compiles_for_sm90_without_byte_gathers(ws):
     from mate.ops.msa import sparse_decode_gluon as sg
     from mate.testing.sass import opcode_counts
 
-    rep = sg.compile_sm90(64, 3)
+    rep = sg.compile_sm90(64, 3, ws=ws)
     ops = opcode_counts(rep.sass)
-    assert (rep.registers, rep.shared) == sd.GLUON_COMPILES[(64, 3)]
+    regs, warps, shared = sd.GLUON_COMPILES[(64, 3, ws)]
+    assert (rep.registers, rep.kernel.metadata.num_warps, rep.shared) == (regs, warps, shared)
     assert rep.spills == 0 and not rep.ptxas_warnings
-    assert not any(o.startswith("LDS.U8") or o.startswith("LDS.U16") for o in ops)
+    # V is read with 32-bit loads (with ``ws`` one LDS.U8 reads the warp-specialization state)
+    assert ops["LDS.U8"] == int(ws) and not any(o.startswith("LDS.U16") for o in ops)
     assert any(o.startswith("QGMMA") for o in ops) and any(o.startswith("HGMMA") for o in ops)
 
 
@@ -37,7 +40,7 @@ def gluon_on(monkeypatch):
     launch = sg.msa_decode_gluon
 
     def counted(*a, **kw):
-        calls.append(a[-3:])
+        calls.append(a[-4:])
         return launch(*a, **kw)
 
     monkeypatch.setattr(sg, "msa_decode_gluon", counted)
@@ -45,22 +48,23 @@ def gluon_on(monkeypatch):
 
 
 # every configuration of the compile table, each layout and split mode at least once
-M3_CASES = [(64, 3, "NHD", 1), (64, 3, "HND", 3), (64, 2, "NHD", 3), (64, 4, "HND", 1), (128, 2, "NHD", 1),
-            (128, 2, "HND", 3)]
+M3_CASES = [(64, 3, False, "NHD", 1), (64, 3, False, "HND", 3), (64, 2, False, "NHD", 3), (64, 4, False, "HND", 1),
+            (128, 2, False, "NHD", 1), (128, 2, False, "HND", 3), (64, 3, True, "NHD", 1), (64, 4, True, "HND", 3)]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("keys,stages,layout,splits", M3_CASES)
-def test_gluon_decode_matches_reference(gluon_on, monkeypatch, keys, stages, layout, splits):
+@pytest.mark.parametrize("keys,stages,ws,layout,splits", M3_CASES)
+def test_gluon_decode_matches_reference(gluon_on, monkeypatch, keys, stages, ws, layout, splits):
     monkeypatch.setitem(sd.DECODE_VARIANT, "fp8_gluon_keys", keys)
     monkeypatch.setitem(sd.DECODE_VARIANT, "fp8_gluon_stages", stages)
+    monkeypatch.setitem(sd.DECODE_VARIANT, "fp8_gluon_ws", ws)
     g = torch.Generator().manual_seed(torch.seed() % 2**31)
     b = 7
     kv_lens = [1 + int(torch.randint(0, 6000, (1,), generator=g)) for _ in range(b)]
     pb = make_problem([1] * b, kv_lens, hq=64, hkv=4, width=17, dtype=FP8, device="cuda", layout=layout)
     o, l_, ro, rl = run_case("cuda", pb, decode=True, splits=splits, strided=True, **SCALES)
     _check(o, l_, ro, rl, FP8)
-    assert gluon_on and gluon_on[-1] == (keys, stages, 16)
+    assert gluon_on and gluon_on[-1] == (keys, stages, 16, ws)
 
 
 @pytest.mark.gpu

@@ -26,7 +26,7 @@ __all__ = ["DECODE_VARIANT", "msa_decode_t_kernel", "decode_t_heads", "gluon_dec
 
 DECODE_VARIANT = {"kernel": "transposed", "keys": 64, "stages": 3, "maxnreg": None,
                   "fp8_keys": 64, "fp8_stages": 3, "fp8_maxnreg": None,
-                  "fp8_gluon": False, "fp8_gluon_keys": 64, "fp8_gluon_stages": 3}
+                  "fp8_gluon": False, "fp8_gluon_keys": 64, "fp8_gluon_stages": 3, "fp8_gluon_ws": False}
 """Decode kernel of ``sparse_attention`` (module defaults; the benchmark times the others).
 
 ``kernel``: "heads" (``_msa_sparse_fwd_kernel`` with one-token 16-row tiles) or "transposed"
@@ -44,8 +44,9 @@ of the compiler's byte gathers) 108.7 (88.2 with 4D descriptors, 96.1 with 2 sta
 
 ``fp8_gluon`` (not measured yet, off): e4m3 caches in contiguous memory on Hopper run the Gluon
 kernel of ``sparse_decode_gluon.py`` (V read with 32-bit shared loads into a permuted wgmma
-register operand instead of byte gathers), ``fp8_gluon_keys`` keys per TMA tile and
-``fp8_gluon_stages`` ring slots (all in flight)."""
+register operand instead of byte gathers), ``fp8_gluon_keys`` keys per TMA tile,
+``fp8_gluon_stages`` ring slots (all in flight) and ``fp8_gluon_ws``: the TMA loads issued by a
+separate producer warp (warp specialization) instead of the compute warps."""
 
 T_COMPILES = {
     (False, 64, 2): (71, 71696), (False, 64, 3): (72, 104472), (False, 64, 4): (72, 137248),
@@ -57,9 +58,14 @@ T_COMPILES = {
 (16 heads, 4 warps, unsplit, token-major cache; bf16 and fp16 alike), read with cuobjdump.
 No spills; QGMMA (fp8 Sᵀ) and HGMMA in the SASS, no ptxas warning."""
 
-GLUON_COMPILES = {(64, 2): (96, 37136), (64, 3): (96, 53528), (64, 4): (96, 69920), (128, 2): (150, 71952)}
-"""(keys, stages): (registers, shared memory bytes) of the sm_90 compile of the Gluon fp8
-kernel (M3 tile: 16 heads, 4 warps, unsplit); no spills, no LDS.U8."""
+GLUON_COMPILES = {
+    (64, 2, False): (96, 4, 37152), (64, 3, False): (99, 4, 53560), (64, 4, False): (113, 4, 69952),
+    (128, 2, False): (152, 4, 71968), (64, 3, True): (64, 8, 53820), (64, 4, True): (64, 8, 70212),
+}
+"""(keys, stages, ws): (launch registers, warps, shared memory bytes) of the sm_90 compile of
+the Gluon fp8 kernel (M3 tile: 16 heads, unsplit); no spills, V read without LDS.U8. With
+``ws`` Triton launches two warpgroups (the TMA warp's is otherwise idle) under a 64-register
+cap and raises the compute warpgroup's registers with setmaxnreg."""
 
 _SM90_SHARED = 233472  # bytes per SM (228 KB); each resident program also reserves 1 KB
 _SM90_REGS = 65536
@@ -84,12 +90,14 @@ def t_programs_per_sm(is_fp8: bool) -> int:
     keys, stages, cap = t_config(is_fp8)
     tile = keys * 128 * (1 if is_fp8 else 2)
     regs, smem = T_COMPILES.get((is_fp8, keys, stages), (128, 2 * tile * stages + 16384))
+    warps = 4
     if is_fp8 and DECODE_VARIANT["fp8_gluon"]:
         keys, stages, cap = int(DECODE_VARIANT["fp8_gluon_keys"]), int(DECODE_VARIANT["fp8_gluon_stages"]), None
-        regs, smem = GLUON_COMPILES.get((keys, stages), (128, 2 * keys * 128 * stages + 8192))
+        regs, warps, smem = GLUON_COMPILES.get((keys, stages, bool(DECODE_VARIANT["fp8_gluon_ws"])),
+                                               (128, 4, 2 * keys * 128 * stages + 8192))
     if cap:
         regs = min(regs, cap)
-    by_regs = _SM90_REGS // (-(-regs // 8) * 8 * 128)
+    by_regs = _SM90_REGS // (-(-regs // 8) * 8 * 32 * warps)
     by_smem = _SM90_SHARED // (smem + 1024)
     return max(1, min(5, by_regs, by_smem))
 
@@ -104,7 +112,8 @@ def gluon_decode(q, k, v, layout: str, args: tuple) -> bool:
     if not sg.gluon_supported(q, k, v, ratio):
         return False
     sg.msa_decode_gluon(q, k, v, layout, *args, int(DECODE_VARIANT["fp8_gluon_keys"]),
-                        int(DECODE_VARIANT["fp8_gluon_stages"]), decode_t_heads(ratio))
+                        int(DECODE_VARIANT["fp8_gluon_stages"]), decode_t_heads(ratio),
+                        bool(DECODE_VARIANT["fp8_gluon_ws"]))
     return True
 
 

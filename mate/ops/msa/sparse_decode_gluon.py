@@ -28,6 +28,7 @@ checked against the reference by the GPU tests of ``tests/msa/test_sparse_decode
 from __future__ import annotations
 
 import torch
+import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -41,9 +42,12 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 __all__ = ["msa_decode_gluon_kernel", "msa_decode_gluon", "v_load_layout", "GLUON_WARPS"]
 
 GLUON_WARPS = 4  # one warpgroup
+PRODUCER_REGS = gl.constexpr(40)  # the TMA warp of the ``WS`` schedule
+WS_MAX_REGS = 64  # launch registers with ``WS`` (Triton launches 2 warpgroups): 4 programs per SM
 HEAD_DIM = gl.constexpr(128)
 
 
+@triton.constexpr_function
 def v_load_layout(keys: int) -> gl.DistributedLinearLayout:
     """Register layout of the e4m3 V tile [keys, 128 d] read from shared memory: the wgmma
     A layout of Vᵀ [128 rows, keys] (fp16, ``k_width`` 2, 4 warps) with its row index mapped
@@ -61,6 +65,27 @@ def v_load_layout(keys: int) -> gl.DistributedLinearLayout:
         block_bases=[],
         shape=[keys, HEAD_DIM.value],
     )
+
+
+@triton.constexpr_function
+def red_layout(gp: int) -> gl.DistributedLinearLayout:
+    """Layout of the per-warp partial maxima [4 warps, gp heads] read back from shared memory:
+    every thread holds the 4 partials of its head columns, which are those it owns in the Sᵀ
+    accumulator, so the maximum over axis 0 lands in that accumulator's head layout."""
+    nbits = [[0, 1], [0, 8]] + [[0, 1 << i] for i in range(4, gp.bit_length() - 1)]
+    return gl.DistributedLinearLayout(reg_bases=[[1, 0], [2, 0]] + nbits,
+                                      lane_bases=[[0, 2], [0, 4], [0, 0], [0, 0], [0, 0]],
+                                      warp_bases=[[0, 0], [0, 0]], block_bases=[], shape=[4, gp])
+
+
+@gluon.jit
+def _tile_max(s, red_smem, KEYS: gl.constexpr, GP: gl.constexpr, RED_L: gl.constexpr, S_L: gl.constexpr):
+    """Per-head maximum of Sᵀ [KEYS, GP] over the keys: within each warp (shuffles), then one
+    exchange of the 4 warps' partials through shared memory (a single barrier)."""
+    pm = gl.max(gl.max(gl.reshape(s, (KEYS // 64, 4, 16, GP)), axis=2), axis=0)  # [4 warps, GP]
+    red_smem.store(pm)
+    mx = gl.max(red_smem.load(RED_L), axis=0)
+    return gl.convert_layout(mx, gl.SliceLayout(0, S_L))
 
 
 @gluon.jit
@@ -92,67 +117,29 @@ def _issue_tile(k_desc, v_desc, k_ring, v_ring, ready, slot, page, tile, kvh, n_
 
 
 @gluon.jit
-def msa_decode_gluon_kernel(
-    q_ptr, stride_qt, stride_qh,
-    k_desc, v_desc,
-    tok_pos_ptr, tok_kvlen_ptr,
-    u_page_ptr, u_blk_ptr, u_cnt_ptr,
-    o_ptr, stride_ot, stride_oh, lse_ptr, stride_lt,
-    op_ptr, lp_ptr,
-    total_q, HQ, RATIO, qk_scale, v_scale,
-    GP: gl.constexpr, C: gl.constexpr, NUM_SPLITS: gl.constexpr, CAUSAL: gl.constexpr,
-    HEAD_MAJOR: gl.constexpr, KEYS: gl.constexpr, STAGES: gl.constexpr, V_L: gl.constexpr,
-):
-    t = gl.program_id(0)
-    kvh = gl.program_id(1)
-    split = gl.program_id(2)
-    n_kvh = gl.num_programs(1)
-    KPB: gl.constexpr = 128 // KEYS
+def _produce(k_desc, v_desc, k_ring, v_ring, ready, empty, u_page_ptr, ubase, first, n_tiles, kvh, n_kvh,
+             KEYS: gl.constexpr, KPB: gl.constexpr, HEAD_MAJOR: gl.constexpr, STAGES: gl.constexpr):
+    """Producer warp (``WS``): refills each ring slot as soon as the consumers release it."""
+    for i in range(n_tiles):
+        slot = i % STAGES
+        mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)
+        page = gl.load(u_page_ptr + ubase + (first + i) // KPB)
+        _issue_tile(k_desc, v_desc, k_ring, v_ring, ready, slot, page, first + i, kvh, n_kvh, KEYS, KPB, HEAD_MAJOR)
 
+
+@gluon.jit
+def _consume(q_smem, k_ring, v_ring, p_smem, red_smem, ready, empty, k_desc, v_desc, u_page_ptr, u_blk_ptr, ubase,
+             first, n_tiles, e0, e1, limit, t, kvh, n_kvh, split,
+             o_ptr, stride_ot, stride_oh, lse_ptr, stride_lt, op_ptr, lp_ptr, total_q, HQ, RATIO, qk_scale, v_scale,
+             GP: gl.constexpr, NUM_SPLITS: gl.constexpr, HEAD_MAJOR: gl.constexpr, KEYS: gl.constexpr,
+             STAGES: gl.constexpr, WS: gl.constexpr):
+    """The 4 compute warps: per tile Sᵀ, online softmax and Oᵀ += Vᵀ·Pᵀ, then the output."""
+    KPB: gl.constexpr = 128 // KEYS
+    V_L: gl.constexpr = v_load_layout(KEYS)
+    RED_L: gl.constexpr = red_layout(GP)
     S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, GP, 32])
     O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, GP, 16])
     A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
-    Q_L: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
-    Q_SL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
-    P_SL: gl.constexpr = gl.NVMMASharedLayout.get_default_for([KEYS, GP], gl.float16)
-    KV_SL: gl.constexpr = k_desc.layout
-
-    # Q [GP heads, 128] e4m3 (padded heads read as 0), the K-major B operand of Sᵀ = K·Qᵀ
-    offs_hq = gl.arange(0, GP, layout=gl.SliceLayout(1, Q_L))
-    offs_dq = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, Q_L))
-    q = gl.load(q_ptr + t.to(gl.int64) * stride_qt + (kvh * RATIO + offs_hq)[:, None] * stride_qh
-                + offs_dq[None, :], mask=(offs_hq < RATIO)[:, None], other=0.0)
-    q_smem = gl.allocate_shared_memory(gl.float8e4nv, [GP, HEAD_DIM], Q_SL, q)
-    k_ring = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, KEYS, HEAD_DIM], KV_SL)
-    v_ring = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, KEYS, HEAD_DIM], KV_SL)
-    p_smem = gl.allocate_shared_memory(gl.float16, [KEYS, GP], P_SL)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-    fence_async_shared()
-    gl.thread_barrier()
-
-    pos = gl.load(tok_pos_ptr + t)
-    limit = gl.load(tok_kvlen_ptr + t) - 1
-    if CAUSAL:
-        limit = gl.minimum(limit, pos)
-    ubase = (t.to(gl.int64) * n_kvh + kvh) * C
-    cnt = gl.load(u_cnt_ptr + t * n_kvh + kvh)
-    if NUM_SPLITS == 1:
-        e0 = 0
-        e1 = cnt
-    else:
-        chunk = (cnt + NUM_SPLITS - 1) // NUM_SPLITS
-        e0 = split * chunk
-        e1 = gl.minimum(cnt, e0 + chunk)
-    first = e0 * KPB
-    n_tiles = gl.maximum(e1 - e0, 0) * KPB
-
-    for j in gl.static_range(STAGES):  # prologue: STAGES tiles in flight
-        if j < n_tiles:
-            page = gl.load(u_page_ptr + ubase + (first + j) // KPB)
-            _issue_tile(k_desc, v_desc, k_ring, v_ring, ready, j, page, first + j, kvh, n_kvh, KEYS, KPB, HEAD_MAJOR)
-
     offs_n = gl.arange(0, KEYS, layout=gl.SliceLayout(1, S_L))
     m_i = gl.full([GP], float("-inf"), gl.float32, layout=gl.SliceLayout(0, S_L))
     l_acc = gl.zeros([KEYS, GP], gl.float32, layout=S_L)
@@ -165,14 +152,15 @@ def msa_decode_gluon_kernel(
         tile = first + i
         last = first + n_tiles - 1
         blk_next = gl.load(u_blk_ptr + ubase + gl.minimum(tile + 1, last) // KPB)
-        page_r = gl.load(u_page_ptr + ubase + gl.minimum(tile + STAGES, last) // KPB)  # of the refill
+        if not WS:
+            page_r = gl.load(u_page_ptr + ubase + gl.minimum(tile + STAGES, last) // KPB)  # of the refill
         mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
         s = warpgroup_mma(k_ring.index(slot), q_t, s_zero, use_acc=False, is_async=True)
         vt = _vt_operand(v_ring.index(slot), V_L, A_L, KEYS)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
         kpos = blk * 128 + (tile % KPB) * KEYS + offs_n
         s = gl.where((kpos <= limit)[:, None], s * qk_scale, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, axis=0))
+        m_new = gl.maximum(m_i, _tile_max(s, red_smem, KEYS, GP, RED_L, S_L))
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
         p = gl.exp2(s - m_use[None, :])
         alpha = gl.exp2(m_i - m_use)
@@ -180,7 +168,9 @@ def msa_decode_gluon_kernel(
         p_smem.store(p.to(gl.float16))
         fence_async_shared()
         gl.thread_barrier()  # P complete; every warp is done with this slot
-        if i + STAGES < n_tiles:
+        if WS:
+            mbarrier.arrive(empty.index(slot), count=1)
+        elif i + STAGES < n_tiles:
             _issue_tile(k_desc, v_desc, k_ring, v_ring, ready, slot, page_r, tile + STAGES, kvh, n_kvh,
                         KEYS, KPB, HEAD_MAJOR)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(0, O_L))[None, :]
@@ -190,9 +180,9 @@ def msa_decode_gluon_kernel(
         blk = blk_next
 
     l_i = gl.sum(l_acc, axis=0)
-    empty = l_i == 0.0
-    l_safe = gl.where(empty, 1.0, l_i)
-    lse = gl.where(empty, float("-inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)
+    empty_row = l_i == 0.0
+    l_safe = gl.where(empty_row, 1.0, l_i)
+    lse = gl.where(empty_row, float("-inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)
     # un-permute the rows: m = 64 r + 16 w + 8 h + g holds d = 32 w + 4 g + 2 r + h
     m = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(1, O_L))
     d = ((m >> 4) & 3) * 32 + (m & 7) * 4 + (m >> 6) * 2 + ((m >> 3) & 1)
@@ -214,6 +204,84 @@ def msa_decode_gluon_kernel(
         gl.store(lp_ptr + prow_s, lse, mask=hl_s < RATIO)
 
 
+@gluon.jit
+def msa_decode_gluon_kernel(
+    q_ptr, stride_qt, stride_qh,
+    k_desc, v_desc,
+    tok_pos_ptr, tok_kvlen_ptr,
+    u_page_ptr, u_blk_ptr, u_cnt_ptr,
+    o_ptr, stride_ot, stride_oh, lse_ptr, stride_lt,
+    op_ptr, lp_ptr,
+    total_q, HQ, RATIO, qk_scale, v_scale,
+    GP: gl.constexpr, C: gl.constexpr, NUM_SPLITS: gl.constexpr, CAUSAL: gl.constexpr,
+    HEAD_MAJOR: gl.constexpr, KEYS: gl.constexpr, STAGES: gl.constexpr, WS: gl.constexpr = False,
+):
+    """Grid (tokens, KV heads, splits); 4 warps, plus a TMA producer warp with ``WS``."""
+    t = gl.program_id(0)
+    kvh = gl.program_id(1)
+    split = gl.program_id(2)
+    n_kvh = gl.num_programs(1)
+    KPB: gl.constexpr = 128 // KEYS
+    Q_L: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
+    Q_SL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
+    P_SL: gl.constexpr = gl.NVMMASharedLayout.get_default_for([KEYS, GP], gl.float16)
+    KV_SL: gl.constexpr = k_desc.layout
+
+    # Q [GP heads, 128] e4m3 (padded heads read as 0), the K-major B operand of Sᵀ = K·Qᵀ
+    offs_hq = gl.arange(0, GP, layout=gl.SliceLayout(1, Q_L))
+    offs_dq = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, Q_L))
+    q = gl.load(q_ptr + t.to(gl.int64) * stride_qt + (kvh * RATIO + offs_hq)[:, None] * stride_qh
+                + offs_dq[None, :], mask=(offs_hq < RATIO)[:, None], other=0.0)
+    q_smem = gl.allocate_shared_memory(gl.float8e4nv, [GP, HEAD_DIM], Q_SL, q)
+    k_ring = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, KEYS, HEAD_DIM], KV_SL)
+    v_ring = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, KEYS, HEAD_DIM], KV_SL)
+    p_smem = gl.allocate_shared_memory(gl.float16, [KEYS, GP], P_SL)
+    red_smem = gl.allocate_shared_memory(gl.float32, [4, GP], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    fence_async_shared()
+    gl.thread_barrier()
+
+    pos = gl.load(tok_pos_ptr + t)
+    limit = gl.load(tok_kvlen_ptr + t) - 1
+    if CAUSAL:
+        limit = gl.minimum(limit, pos)
+    ubase = (t.to(gl.int64) * n_kvh + kvh) * C
+    cnt = gl.load(u_cnt_ptr + t * n_kvh + kvh)
+    if NUM_SPLITS == 1:
+        e0 = 0
+        e1 = cnt
+    else:
+        chunk = (cnt + NUM_SPLITS - 1) // NUM_SPLITS
+        e0 = split * chunk
+        e1 = gl.minimum(cnt, e0 + chunk)
+    first = e0 * KPB
+    n_tiles = gl.maximum(e1 - e0, 0) * KPB
+
+    if WS:
+        gl.warp_specialize([
+            (_consume, (q_smem, k_ring, v_ring, p_smem, red_smem, ready, empty, k_desc, v_desc, u_page_ptr, u_blk_ptr,
+                        ubase, first, n_tiles, e0, e1, limit, t, kvh, n_kvh, split, o_ptr, stride_ot, stride_oh,
+                        lse_ptr, stride_lt, op_ptr, lp_ptr, total_q, HQ, RATIO, qk_scale, v_scale,
+                        GP, NUM_SPLITS, HEAD_MAJOR, KEYS, STAGES, WS)),
+            (_produce, (k_desc, v_desc, k_ring, v_ring, ready, empty, u_page_ptr, ubase, first, n_tiles, kvh, n_kvh,
+                        KEYS, KPB, HEAD_MAJOR, STAGES)),
+        ], [1], [PRODUCER_REGS])
+    else:
+        for j in gl.static_range(STAGES):  # prologue: STAGES tiles in flight
+            if j < n_tiles:
+                page = gl.load(u_page_ptr + ubase + (first + j) // KPB)
+                _issue_tile(k_desc, v_desc, k_ring, v_ring, ready, j, page, first + j, kvh, n_kvh, KEYS, KPB,
+                            HEAD_MAJOR)
+        _consume(q_smem, k_ring, v_ring, p_smem, red_smem, ready, empty, k_desc, v_desc, u_page_ptr, u_blk_ptr,
+                 ubase, first, n_tiles, e0, e1, limit, t, kvh, n_kvh, split, o_ptr, stride_ot, stride_oh,
+                 lse_ptr, stride_lt, op_ptr, lp_ptr, total_q, HQ, RATIO, qk_scale, v_scale,
+                 GP, NUM_SPLITS, HEAD_MAJOR, KEYS, STAGES, WS)
+
+
 def gluon_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ratio: int) -> bool:
     """A Hopper GPU, e4m3 q / K / V, contiguous 16-byte aligned caches, 128-wide heads and a
     group of at most 64 heads."""
@@ -225,7 +293,8 @@ def gluon_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ratio: in
 
 
 def msa_decode_gluon(q, k, v, layout, tok_pos, tok_kvlen, u_page, u_blk, u_cnt, out, lse, o_part, l_part,
-                     total_q, hq, hkv, ratio, qk_scale, v_scale, capacity, splits, causal, keys, stages, gp):
+                     total_q, hq, hkv, ratio, qk_scale, v_scale, capacity, splits, causal, keys, stages, gp,
+                     ws=False):
     """Launches :func:`msa_decode_gluon_kernel` (``gluon_supported`` must hold) with the
     arguments of the plain transposed kernel; the caller runs the split combine."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -242,11 +311,11 @@ def msa_decode_gluon(q, k, v, layout, tok_pos, tok_kvlen, u_page, u_blk, u_cnt, 
         o_part, l_part,
         total_q, hq, ratio, qk_scale, v_scale,
         GP=gp, C=capacity, NUM_SPLITS=splits, CAUSAL=causal, HEAD_MAJOR=layout == "HND", KEYS=keys,
-        STAGES=stages, V_L=v_load_layout(keys), num_warps=GLUON_WARPS,
+        STAGES=stages, WS=ws, num_warps=GLUON_WARPS, **({"maxnreg": WS_MAX_REGS} if ws else {}),
     )
 
 
-def compile_sm90(keys: int, stages: int, splits: int = 1, gp: int = 16, head_major: bool = False,
+def compile_sm90(keys: int, stages: int, splits: int = 1, gp: int = 16, head_major: bool = False, ws: bool = False,
                  out_dir: str | None = None):
     """Compiles the kernel for the H200 (sm_90) without a GPU (M3 tile, bf16 output, causal);
     returns :class:`mate.testing.sass.SassReport`."""
@@ -263,11 +332,14 @@ def compile_sm90(keys: int, stages: int, splits: int = 1, gp: int = 16, head_maj
            "stride_lt": "i32", "op_ptr": "*fp32", "lp_ptr": "*fp32", "total_q": "i32", "HQ": "i32",
            "RATIO": "i32", "qk_scale": "fp32", "v_scale": "fp32"}
     ce = dict(GP=gp, C=32, NUM_SPLITS=splits, CAUSAL=True, HEAD_MAJOR=head_major, KEYS=keys, STAGES=stages,
-              V_L=v_load_layout(keys))
+              WS=ws)
     sig.update({k: "constexpr" for k in ce})
     aligned = [n for n in sig if n.endswith("_ptr") or n.startswith("stride_")]
     src = GluonASTSource(fn=msa_decode_gluon_kernel, signature=sig, constexprs=ce,
                          attrs=divisibility_attrs(sig, aligned))
-    tag = f"msa_decode_gluon_k{keys}_s{stages}_sp{splits}_gp{gp}_hm{int(head_major)}"
-    return _compile(src, {"num_warps": GLUON_WARPS}, out_dir=out_dir, tag=tag, ptxas=True,
+    tag = f"msa_decode_gluon_k{keys}_s{stages}_sp{splits}_gp{gp}_hm{int(head_major)}_ws{int(ws)}"
+    opts = {"num_warps": GLUON_WARPS}
+    if ws:
+        opts["maxnreg"] = WS_MAX_REGS
+    return _compile(src, opts, out_dir=out_dir, tag=tag, ptxas=True,
                     keep_text=out_dir is not None)
