@@ -1,6 +1,13 @@
 """MSA sparse_topk_select threshold variants on the H200, each checked against the reference.
 
-    python benchmarks/bench_msa_topk_variants.py
+    python benchmarks/bench_msa_topk_variants.py          # every shape and variant
+    python benchmarks/bench_msa_topk_variants.py --bar    # the bar shape: default vs lanes
+
+``--bar``: 32768 x 4 x 256 (and the same with causal query positions), interval (default)
+against the ``lanes`` kernel (slack 0 and 2) and a streaming floor (one-warp programs that
+only load a row, reduce it and write W ids: what this grid shape costs without the
+selection), timed interleaved; then >= 200 random GPU cases with ties per lanes variant
+checked against the reference.
 
 Top-16 + 1 forced end block (not counted) of fp32 scores, 4 heads. For each shape and each
 variant (threshold method, rows per program) it prints the time (CUDA-graph replays,
@@ -12,20 +19,128 @@ no forced block, unsorted) is the peer.
 
 from __future__ import annotations
 
+import random
 import sys
 
 import torch
+import triton
+import triton.language as tl
 
 from mate.ops.msa import topk as tk
 from mate.ops.msa.reference_select import topk_select_reference
-from mate.testing.bench import time_fn
+from mate.testing.bench import time_fn, time_interleaved
 
 SHAPES = [(32768, 256, False), (32768, 256, True), (8192, 1024, False), (1024, 12287, False)]
 VARIANTS = [  # label, launcher keywords, tile counts it runs at (None: all)
     ("interval (default)", dict(), None),
     ("radix", dict(method="radix"), None),
     ("interval warps2", dict(method="interval", num_warps=2), (256,)),  # a row over 2 warps
+    ("lanes", dict(method="lanes"), (256,)),
+    ("lanes slack2", dict(method="lanes", lanes_slack=2), (256,)),
 ]
+BAR_VARIANTS = [("interval (default)", dict(method="interval")), ("lanes", dict(method="lanes")),
+                ("lanes slack2", dict(method="lanes", lanes_slack=2))]
+
+
+@triton.jit
+def _stream_floor_kernel(s_ptr, out_ptr, num_tiles, H, W, R: tl.constexpr):
+    """The lanes kernel's grid and loads without the selection: one row per one-warp
+    program, the row's max key written to its W output slots."""
+    row = tl.program_id(0).to(tl.int64) * H + tl.program_id(1)
+    idx = tl.arange(0, R)[:, None] * 32 + tl.arange(0, 32)[None, :]
+    s = tl.load(s_ptr + row * num_tiles + idx, mask=idx < num_tiles, other=0.0)
+    m = tl.max(tl.max(s, axis=1), axis=0).to(tl.int32, bitcast=True)
+    wc = tl.arange(0, 32)
+    tl.store(out_ptr + row * W + wc, m + wc, mask=wc < W)
+
+
+def stream_floor(s: torch.Tensor, out: torch.Tensor) -> None:
+    total_q, h, t = s.shape
+    _stream_floor_kernel[(total_q, h)](s, out, t, h, out.shape[2], R=triton.next_power_of_2(t) // 32, num_warps=1)
+
+
+def bar(ceiling: float) -> int:
+    """The bar shape (and its causal twin): times and exact checks; returns failures."""
+    bad = 0
+    total_q, tiles = 32768, 256
+    nbytes = total_q * H * tiles * 4
+    scores = [torch.randn(total_q, H, tiles, device="cuda") for _ in range(4)]
+    scores[0][:, :, ::7] = 0.5  # ties across the threshold in the checked set
+    out = torch.empty(total_q, H, K + 1, device="cuda", dtype=torch.int32)
+    outs = {label: torch.empty_like(out) for label, _ in BAR_VARIANTS}
+    for causal in (False, True):
+        qpos = None
+        if causal:
+            qpos = torch.arange(total_q, device="cuda", dtype=torch.int64) + (tiles * 128 - total_q)
+        kw = dict(query_positions=qpos, num_valid_pages=tiles, topk=K, force_begin_blocks=0, force_end_blocks=1,
+                  force_blocks_count_in_topk=False)
+        ref = topk_select_reference(scores[0], **kw)
+        shape = f"{total_q}x{H}x{tiles}" + (" causal" if causal else "")
+        cases = {}
+        exact = {}
+        for label, v in BAR_VARIANTS:
+            o = outs[label]
+            o.fill_(-7)
+            tk.sparse_topk_select_triton(scores[0], o, **kw, **v)
+            exact[label] = bool(torch.equal(o, ref))
+            bad += not exact[label]
+            cases[label] = [lambda s=s, o=o, a=kw, b=v: tk.sparse_topk_select_triton(s, o, **a, **b) for s in scores]
+        if not causal:
+            cases["stream floor (no selection)"] = [lambda s=s: stream_floor(s, out) for s in scores]
+        times = time_interleaved(cases, rounds=5, iters=100)
+        for label, t in times.items():
+            if isinstance(t, Exception):
+                bad += 1
+                print(f"{shape:22s} {label:28s} failed: {type(t).__name__}: {str(t)[:200]}", flush=True)
+                continue
+            gbps = nbytes / (t * 1e-6) / 1e9
+            chk = ("exact" if exact[label] else "MISMATCH") if label in exact else "-"
+            print(f"{shape:22s} {label:28s} {t:8.1f} {gbps:7.0f} {gbps / ceiling:7.1%}  {chk}", flush=True)
+    del scores
+    torch.cuda.empty_cache()
+    return bad
+
+
+def random_checks(cases: int = 220) -> int:
+    """Each lanes variant on ``cases`` random cases (ties, NaN/+-inf/-0.0, forced blocks,
+    short rows, query positions, lengths 17..300) against the reference; returns failures."""
+    bad = 0
+    for label, v in BAR_VARIANTS[1:]:
+        rng = random.Random(99)
+        gen = torch.Generator().manual_seed(99)
+        ok = 0
+        for i in range(cases):
+            T = rng.choice([17, 40, 100, 200, 256, 256])
+            tq, h = rng.randint(1, 48), rng.randint(1, 4)
+            levels = rng.choice([2, 3, 8, 64, None])
+            if levels:
+                s = torch.randint(0, levels, (tq, h, T), generator=gen).float() - levels // 2
+            else:
+                s = torch.randn(tq, h, T, generator=gen)
+            if i % 2 == 0:  # NaN, -inf, +inf, -0.0
+                u = torch.rand(tq, h, T, generator=gen)
+                s[u < 0.03] = float("nan")
+                s[(u >= 0.03) & (u < 0.08)] = float("-inf")
+                s[(u >= 0.08) & (u < 0.10)] = float("inf")
+                s[(u >= 0.10) & (u < 0.14)] = -0.0
+            s = s.cuda()
+            topk = rng.choice([4, 8, 16])
+            counted = rng.random() < 0.5
+            fb, fe = rng.randint(0, 2), rng.randint(0, 2)
+            if counted and fb + fe > topk:
+                fb = 0
+            nvp = rng.randint(1, T) if rng.random() < 0.3 else T
+            qpos = torch.randint(-300, T * 128 + 50, (tq,), generator=gen).cuda() if rng.random() < 0.4 else None
+            width = topk if counted else topk + fb + fe
+            args = dict(query_positions=qpos, num_valid_pages=nvp, topk=topk, force_begin_blocks=fb,
+                        force_end_blocks=fe, force_blocks_count_in_topk=counted)
+            ref = topk_select_reference(s, **args)
+            o = torch.full((tq, h, width), -7, dtype=torch.int32, device=s.device)
+            tk.sparse_topk_select_triton(s, o, **args, **v)
+            ok += bool(torch.equal(o, ref))
+        bad += cases - ok
+        print(f"random cases {label:16s} {ok}/{cases} exact", flush=True)
+    return bad
 H, K = 4, 16
 
 
@@ -80,6 +195,11 @@ def main() -> int:
     ceiling = copy_gbps()
     print(f"copy bandwidth {ceiling:.0f} GB/s")
     print(f"{'shape':26s} {'variant':28s} {'us':>8s} {'GB/s':>7s} {'of copy':>7s}  check")
+    if "--bar" in sys.argv:
+        bad = bar(ceiling)
+        bad += random_checks()
+        print("all exact" if bad == 0 else f"{bad} MISMATCH or failed")
+        return int(bad != 0)
     bad = 0
     for total_q, tiles, causal in SHAPES:
         todo = [(label, v) for label, v, at in VARIANTS if at is None or tiles in at]

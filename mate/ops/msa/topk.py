@@ -379,11 +379,13 @@ def _popc(x):
 
 
 @triton.jit
-def _lane_bisect(k, lo, clo, hm, K):
-    """:func:`_interval_threshold_row` on one key per lane (``k`` [32]): the largest ``lo``
-    with ``clo = count(k >= lo) >= K``, stopping early once ``clo == K``. Starts from a
-    ``lo`` with ``clo >= K`` and ``hm``, the largest key."""
-    while (clo != K) & (lo != hm):
+def _lane_bisect(k, lo, clo, hm, K, SLACK: tl.constexpr):
+    """:func:`_interval_threshold_row` on one key per lane (``k`` [32]): bisects ``lo``
+    (``clo = count(k >= lo) >= K``) towards the K-th largest key, stopping once ``clo <=
+    K + SLACK`` (with ``SLACK`` 0: ``lo`` is the K-th largest key, or the tie count at it
+    exceeds K). Starts from a ``lo`` with ``clo >= K`` and ``hm >= lo`` with ``count(k >
+    hm) < K``."""
+    while (clo > K + SLACK) & (lo != hm):
         mid = lo + ((hm - lo) >> 1) + 1  # lo < mid <= hm
         c = tl.sum((k >= mid).to(tl.int32), axis=0)
         if c >= K:
@@ -400,21 +402,39 @@ def _below_lane(b, lane):
     return _popc(b & ((tl.full(lane.shape, 1, tl.uint32) << lane.to(tl.uint32)) - 1))
 
 
+@triton.jit
+def _lane_keys(s, idx, n1, fb, fe):
+    """Unsigned keys of the ``lanes`` kernel: forced blocks (``idx < fb`` or
+    ``n1 - fe <= idx < n1``) 0xFFFFFFFF, every NaN 0xFFC00000 (above +inf), -0.0 as +0.0.
+    Blocks ``>= n1`` are loaded as -inf: they tie with -inf scores and lose every tie (they
+    have the largest ids), so with more than W valid blocks none of them is chosen."""
+    bits = (s + 0.0).to(tl.int32, bitcast=True)  # -0.0 -> +0.0
+    u = (bits ^ ((bits >> 31) | -2147483648)).to(tl.uint32, bitcast=True)
+    u = tl.where(s != s, 0xFFC00000, u)
+    forced = ((idx - (n1 - fe)).to(tl.uint32) < fe.to(tl.uint32)) | (idx < fb)
+    return tl.where(forced, 0xFFFFFFFF, u), forced
+
+
 @triton.jit(do_not_specialize=["num_tiles", "num_valid_pages", "H", "fb", "fe", "W", "has_qpos"])
 def _topk_lanes_kernel(
     s_ptr, out_ptr, qpos_ptr,
     num_tiles, num_valid_pages, H, fb, fe, W, has_qpos,
-    K: tl.constexpr, R: tl.constexpr, W_P2: tl.constexpr, G1: tl.constexpr, LANE_SEARCH: tl.constexpr,
+    R: tl.constexpr, W_P2: tl.constexpr, G1: tl.constexpr, SLACK: tl.constexpr,
 ):
     """One row per one-warp program ((token, head) grid), the row as [R, 32]: block
-    ``32 * j + l`` in lane ``l``, register ``j``. Keys as in :func:`_topk_interval_kernel`.
-    A lower bound ``tau0`` of the W-th largest key: with ``LANE_SEARCH`` the K-th largest of
-    the 32 lanes' largest candidate keys (found on one key per lane), else the 16-group
-    bound. The survivors (keys ``>= tau0``, ~22 of 256 on random rows) are compacted into
-    lanes in block order (lane ``L`` finds its register by prefix counts of the per-register
-    ballots and its source lane by a popcount binary search), their scores reloaded (L1),
-    and the exact selection (bisection, ties by lane prefix, output slots by ballot) runs
-    on one key per lane. Rows with more than 32 survivors take the full-row bisection."""
+    ``32 * j + l`` in lane ``l``, register ``j``; keys by :func:`_lane_keys` (W <= 32).
+
+    1. ``tau0``, a lower bound of the W-th largest key: a key per lane (the lane's largest)
+       and a bisection on those 32 keys to ``lo`` with ``W <= count(lane max >= lo) <= W +
+       SLACK`` (those lanes hold W distinct keys ``>= lo``);
+    2. the survivors (keys ``>= tau0``: ~22 of 256 on random rows at ``SLACK`` 0) are
+       compacted into lanes in block order: lane ``L`` finds the register of the L-th
+       survivor by prefix counts of the per-register ballots and its source lane by a
+       popcount binary search, and reloads its score (an L1 hit);
+    3. the exact selection on one key per lane: bisection from ``tau0`` to the largest
+       non-forced survivor, ties by ballot prefix, output slots by ballot prefix.
+    Rows with more than 32 survivors take the full-row bisection; rows with ``n <= W``
+    the identity."""
     tok = tl.program_id(0)
     n1 = num_valid_pages
     if has_qpos != 0:
@@ -428,22 +448,15 @@ def _topk_lanes_kernel(
     idx = jj * 32 + ll
     lane = tl.arange(0, 32)
     if n1 > W:
-        s = tl.load(s_row + idx, mask=idx < n1, other=0.0)
-        valid = idx < n1
-        lim = tl.maximum(n1 - fe, fb) - fb
-        cand = (idx - fb).to(tl.uint32) < lim.to(tl.uint32)
-        bits = (s + 0.0).to(tl.int32, bitcast=True)  # -0.0 -> +0.0
-        u = (bits ^ ((bits >> 31) | -2147483648)).to(tl.uint32, bitcast=True)
-        u = tl.where(s != s, 0xFFC00000, u)  # every NaN: one key above +inf
-        u = tl.where(cand, u, tl.where(valid, 0xFFFFFFFF, 0))
-        u_lo = tl.where(cand, u, 0)
-        all_forced = fb + fe >= W
-        # tau0 <= the K-th largest candidate key: count(u >= tau0) >= K + #forced >= W
-        if LANE_SEARCH:
-            m = tl.max(u_lo, axis=0)  # each lane's largest candidate key
-            tau0, _c0 = _lane_bisect(m, tl.min(m, axis=0), tl.full([], 32, tl.int32), tl.max(m, axis=0), K)
-        else:
-            tau0 = tl.min(tl.max(tl.reshape(u_lo, [R * 32 // G1, G1]), axis=0), axis=0)
+        s = tl.load(s_row + idx, mask=idx < n1, other=float("-inf"))
+        u, forced = _lane_keys(s, idx, n1, fb, fe)
+        all_forced = fb + fe >= W  # counted forced blocks fill the top-k: tau is their key
+        m = tl.max(u, axis=0)  # each lane's largest key
+        # upper end: the largest lane max below the forced key (at most W - 1 lanes hold a
+        # forced block unless all_forced)
+        hm0 = tl.max(tl.where(m == 0xFFFFFFFF, 0, m), axis=0)
+        tau0, _c0 = _lane_bisect(m, tl.min(m, axis=0), tl.full([], 32, tl.int32), tl.maximum(hm0, tl.min(m, axis=0)),
+                                 W, SLACK)
         tau0 = tl.where(all_forced, 0xFFFFFFFF, tau0)
         surv = u >= tau0
         # per-register ballots and counts, broadcast to [R, 32]: scans along registers
@@ -464,18 +477,14 @@ def _topk_lanes_kernel(
                 p = tl.where(_below_lane(b, t) <= r, t, p)
             src = jstar * 32 + p
             live = lane < S
-            sl = tl.load(s_row + src, mask=live, other=0.0)
-            cl = (src - fb).to(tl.uint32) < lim.to(tl.uint32)
-            bl = (sl + 0.0).to(tl.int32, bitcast=True)
-            kl = (bl ^ ((bl >> 31) | -2147483648)).to(tl.uint32, bitcast=True)
-            kl = tl.where(sl != sl, 0xFFC00000, kl)
-            kl = tl.where(cl, kl, tl.where(src < n1, 0xFFFFFFFF, 0))
+            sl = tl.load(s_row + src, mask=live & (src < n1), other=float("-inf"))
+            kl, fl = _lane_keys(sl, src, n1, fb, fe)
             kl = tl.where(live, kl, 0)
-            # the upper end from the candidates (forced keys would widen the interval);
-            # fewer than W keys (the forced ones) lie above it unless the forced fill W
-            hm = tl.maximum(tl.max(tl.where(cl & live, kl, 0), axis=0), tau0)
+            # the upper end from the non-forced survivors (forced keys would widen the
+            # interval); fewer than W keys (the forced ones) lie above it unless all_forced
+            hm = tl.maximum(tl.max(tl.where(fl | ~live, 0, kl), axis=0), tau0)
             hm = tl.where(all_forced, 0xFFFFFFFF, hm)
-            tau, clo = _lane_bisect(kl, tau0, S, hm, W)
+            tau, clo = _lane_bisect(kl, tau0, S, hm, W, 0)
             if clo > W:
                 # a tie straddles the W-th place: the first ties in block (= lane) order
                 eq = kl == tau
@@ -490,7 +499,8 @@ def _topk_lanes_kernel(
             tl.store(o_row + slot, src, mask=chosen)
         else:
             uf = tl.reshape(u, [1, R * 32])
-            tau1, cnt1 = _interval_threshold_row(uf, tl.reshape(u_lo, [1, R * 32]), all_forced, W, G1)
+            u_lo = tl.reshape(tl.where(forced, 0, u), [1, R * 32])
+            tau1, cnt1 = _interval_threshold_row(uf, u_lo, all_forced, W, G1)
             if cnt1 > W:
                 eqf = uf == tau1
                 take_f = W - cnt1 + tl.sum(tl.sum(eqf.to(tl.int32), axis=1), axis=0)
@@ -573,7 +583,7 @@ def sparse_topk_select_triton(
     method: str | None = None,
     rows_per_program: int | None = None,
     num_warps: int | None = None,
-    lane_search: bool = True,
+    lanes_slack: int = 0,
 ) -> None:
     """Launches the selection on validated tensors (contiguous fp32 scores, int32 output).
     ``max_chunk`` (a power of two >= 16; default :data:`INTERVAL_MAX_CHUNK` for ``interval``,
@@ -598,13 +608,13 @@ def sparse_topk_select_triton(
     grid = (triton.cdiv(n_rows, cfg["ROWS"]),)
     if method == "lanes":
         chunk = max(triton.next_power_of_2(max(T, 1)), 32)
-        if chunk <= LANES_MAX_CHUNK and total_q:
+        if chunk <= LANES_MAX_CHUNK and W <= 32 and total_q:
             _topk_lanes_kernel[(total_q, H)](
                 max_score, output,
                 query_positions if query_positions is not None else _dummy_positions(max_score.device),
                 T, num_valid_pages, H, force_begin_blocks, force_end_blocks, W, int(query_positions is not None),
-                K=topk, R=chunk // 32, W_P2=64, G1=max(16, triton.next_power_of_2(topk)),
-                LANE_SEARCH=lane_search, num_warps=1,
+                R=chunk // 32, W_P2=64, G1=max(16, triton.next_power_of_2(topk)), SLACK=lanes_slack,
+                num_warps=1,
             )
             return
         method = "interval"
