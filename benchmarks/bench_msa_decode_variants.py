@@ -42,6 +42,10 @@ FP8_CASES = {
     "gluon ws k64 s3": ({**G, "fp8_gluon_keys": 64, "fp8_gluon_stages": 3, "fp8_gluon_ws": True}, 1),
     "gluon ws k64 s4": ({**G, "fp8_gluon_keys": 64, "fp8_gluon_stages": 4, "fp8_gluon_ws": True}, 1),
     "gluon ws k64 s4 auto-split": ({**G, "fp8_gluon_keys": 64, "fp8_gluon_stages": 4, "fp8_gluon_ws": True}, -1),
+    "gluon overlap k64 s3": ({**G, "fp8_gluon_keys": 64, "fp8_gluon_stages": 3, "fp8_gluon_overlap": True}, 1),
+    "gluon overlap k64 s2": ({**G, "fp8_gluon_keys": 64, "fp8_gluon_stages": 2, "fp8_gluon_overlap": True}, 1),
+    "gluon overlap k64 s4 auto-split": ({**G, "fp8_gluon_keys": 64, "fp8_gluon_stages": 4,
+                                         "fp8_gluon_overlap": True}, -1),
 }
 BF16_CASES = {"default (triton transposed)": ({}, -1)}
 
@@ -109,7 +113,7 @@ def run_dtype(dtype: torch.dtype, cases: dict, copy: float, B: int, ctx: int) ->
     launch = sg.msa_decode_gluon
 
     def counted(*a, **kw):
-        launches.append(a[-4:])
+        launches.append(a[-5:])
         return launch(*a, **kw)
 
     sg.msa_decode_gluon = counted

@@ -14,19 +14,41 @@ FP8 = torch.float8_e4m3fn
 SCALES = dict(sm_scale=0.05, k_scale=2.0, v_scale=0.25)
 
 
-@pytest.mark.parametrize("ws", [False, True])
-def test_gluon_decode_compiles_for_sm90_without_byte_gathers(ws):
-    from mate.ops.msa import sparse_decode_gluon as sg
-    from mate.testing.sass import opcode_counts
-
-    rep = sg.compile_sm90(64, 3, ws=ws)
+_COMPILE = """
+import json
+from mate.ops.msa import sparse_decode_gluon as sg
+from mate.testing.sass import opcode_counts
+res = {}
+for ws, overlap in ((False, False), (True, False), (False, True)):
+    rep = sg.compile_sm90(64, 3, ws=ws, overlap=overlap)
     ops = opcode_counts(rep.sass)
-    regs, warps, shared = sd.GLUON_COMPILES[(64, 3, ws)]
-    assert (rep.registers, rep.kernel.metadata.num_warps, rep.shared) == (regs, warps, shared)
-    assert rep.spills == 0 and not rep.ptxas_warnings
-    # V is read with 32-bit loads (with ``ws`` one LDS.U8 reads the warp-specialization state)
-    assert ops["LDS.U8"] == int(ws) and not any(o.startswith("LDS.U16") for o in ops)
-    assert any(o.startswith("QGMMA") for o in ops) and any(o.startswith("HGMMA") for o in ops)
+    count = lambda pre: sum(v for o, v in ops.items() if o.startswith(pre))
+    res[f"{int(ws)}{int(overlap)}"] = [rep.registers, rep.kernel.metadata.num_warps, rep.shared, rep.spills,
+                                       rep.ptxas_warnings, ops["LDS.U8"], count("LDS.U16"), count("QGMMA"),
+                                       count("HGMMA")]
+print(json.dumps(res))
+"""
+
+
+def test_gluon_decode_compiles_for_sm90_without_byte_gathers():
+    """sm_90 compiles of the three schedules (in a child process without the interpreter, which
+    would otherwise have replaced Triton's reduction helpers): the compile table's registers,
+    warps and shared memory, no spills, V read without byte gathers, QGMMA and HGMMA."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, env=env, timeout=300,
+                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    assert out.returncode == 0, out.stderr[-2000:]
+    for key, (regs, warps, shared, spills, warns, u8, u16, qgmma, hgmma) in json.loads(out.stdout).items():
+        ws, overlap = bool(int(key[0])), bool(int(key[1]))
+        assert (regs, warps, shared) == sd.GLUON_COMPILES[(64, 3, ws, overlap)]
+        assert spills == 0 and not warns
+        # (with ``ws`` one LDS.U8 reads Triton's warp-specialization state, not V)
+        assert u8 == int(ws) and u16 == 0 and qgmma > 0 and hgmma > 0
 
 
 @pytest.fixture
@@ -40,7 +62,7 @@ def gluon_on(monkeypatch):
     launch = sg.msa_decode_gluon
 
     def counted(*a, **kw):
-        calls.append(a[-4:])
+        calls.append(a[-5:])
         return launch(*a, **kw)
 
     monkeypatch.setattr(sg, "msa_decode_gluon", counted)
@@ -48,23 +70,24 @@ def gluon_on(monkeypatch):
 
 
 # every configuration of the compile table, each layout and split mode at least once
-M3_CASES = [(64, 3, False, "NHD", 1), (64, 3, False, "HND", 3), (64, 2, False, "NHD", 3), (64, 4, False, "HND", 1),
-            (128, 2, False, "NHD", 1), (128, 2, False, "HND", 3), (64, 3, True, "NHD", 1), (64, 4, True, "HND", 3)]
+M3_CASES = [(64, 3, False, False, "NHD", 1), (64, 3, False, False, "HND", 3), (64, 2, False, False, "NHD", 3),
+            (64, 4, False, False, "HND", 1), (128, 2, False, False, "NHD", 1), (128, 2, False, False, "HND", 3),
+            (64, 3, True, False, "NHD", 1), (64, 4, True, False, "HND", 3), (64, 3, False, True, "NHD", 1),
+            (64, 2, False, True, "HND", 3)]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("keys,stages,ws,layout,splits", M3_CASES)
-def test_gluon_decode_matches_reference(gluon_on, monkeypatch, keys, stages, ws, layout, splits):
-    monkeypatch.setitem(sd.DECODE_VARIANT, "fp8_gluon_keys", keys)
-    monkeypatch.setitem(sd.DECODE_VARIANT, "fp8_gluon_stages", stages)
-    monkeypatch.setitem(sd.DECODE_VARIANT, "fp8_gluon_ws", ws)
+@pytest.mark.parametrize("keys,stages,ws,overlap,layout,splits", M3_CASES)
+def test_gluon_decode_matches_reference(gluon_on, monkeypatch, keys, stages, ws, overlap, layout, splits):
+    for name, val in (("keys", keys), ("stages", stages), ("ws", ws), ("overlap", overlap)):
+        monkeypatch.setitem(sd.DECODE_VARIANT, "fp8_gluon_" + name, val)
     g = torch.Generator().manual_seed(torch.seed() % 2**31)
     b = 7
     kv_lens = [1 + int(torch.randint(0, 6000, (1,), generator=g)) for _ in range(b)]
     pb = make_problem([1] * b, kv_lens, hq=64, hkv=4, width=17, dtype=FP8, device="cuda", layout=layout)
     o, l_, ro, rl = run_case("cuda", pb, decode=True, splits=splits, strided=True, **SCALES)
     _check(o, l_, ro, rl, FP8)
-    assert gluon_on and gluon_on[-1] == (keys, stages, 16, ws)
+    assert gluon_on and gluon_on[-1] == (keys, stages, 16, ws, overlap)
 
 
 @pytest.mark.gpu

@@ -26,7 +26,8 @@ __all__ = ["DECODE_VARIANT", "msa_decode_t_kernel", "decode_t_heads", "gluon_dec
 
 DECODE_VARIANT = {"kernel": "transposed", "keys": 64, "stages": 3, "maxnreg": None,
                   "fp8_keys": 64, "fp8_stages": 3, "fp8_maxnreg": None,
-                  "fp8_gluon": False, "fp8_gluon_keys": 64, "fp8_gluon_stages": 3, "fp8_gluon_ws": False}
+                  "fp8_gluon": False, "fp8_gluon_keys": 64, "fp8_gluon_stages": 3, "fp8_gluon_ws": False,
+                  "fp8_gluon_overlap": False}
 """Decode kernel of ``sparse_attention`` (module defaults; the benchmark times the others).
 
 ``kernel``: "heads" (``_msa_sparse_fwd_kernel`` with one-token 16-row tiles) or "transposed"
@@ -46,7 +47,9 @@ of the compiler's byte gathers) 108.7 (88.2 with 4D descriptors, 96.1 with 2 sta
 kernel of ``sparse_decode_gluon.py`` (V read with 32-bit shared loads into a permuted wgmma
 register operand instead of byte gathers), ``fp8_gluon_keys`` keys per TMA tile,
 ``fp8_gluon_stages`` ring slots (all in flight) and ``fp8_gluon_ws``: the TMA loads issued by a
-separate producer warp (warp specialization) instead of the compute warps."""
+separate producer warp (warp specialization) instead of the compute warps;
+``fp8_gluon_overlap``: Sᵀ of tile i + 1 issued before P·V of tile i (FlashAttention-3's
+intra-warpgroup overlap)."""
 
 T_COMPILES = {
     (False, 64, 2): (71, 71696), (False, 64, 3): (72, 104472), (False, 64, 4): (72, 137248),
@@ -59,13 +62,16 @@ T_COMPILES = {
 No spills; QGMMA (fp8 Sᵀ) and HGMMA in the SASS, no ptxas warning."""
 
 GLUON_COMPILES = {
-    (64, 2, False): (96, 4, 37152), (64, 3, False): (99, 4, 53560), (64, 4, False): (113, 4, 69952),
-    (128, 2, False): (152, 4, 71968), (64, 3, True): (64, 8, 53820), (64, 4, True): (64, 8, 70212),
+    (64, 2, False, False): (96, 4, 37152), (64, 3, False, False): (99, 4, 53560),
+    (64, 4, False, False): (113, 4, 69952), (128, 2, False, False): (152, 4, 71968),
+    (64, 3, True, False): (64, 8, 53820), (64, 4, True, False): (64, 8, 70212),
+    (64, 2, False, True): (119, 4, 37152), (64, 3, False, True): (120, 4, 53560), (64, 4, False, True): (120, 4, 69952),
 }
-"""(keys, stages, ws): (launch registers, warps, shared memory bytes) of the sm_90 compile of
-the Gluon fp8 kernel (M3 tile: 16 heads, unsplit); no spills, V read without LDS.U8. With
-``ws`` Triton launches two warpgroups (the TMA warp's is otherwise idle) under a 64-register
-cap and raises the compute warpgroup's registers with setmaxnreg."""
+"""(keys, stages, ws, overlap): (launch registers, warps, shared memory bytes) of the sm_90
+compile of the Gluon fp8 kernel (M3 tile: 16 heads, unsplit); no spills, V read without
+LDS.U8, no ptxas warning. With ``ws`` Triton launches two warpgroups (the TMA warp's is
+otherwise idle) under a 64-register cap and raises the compute warpgroup's registers with
+setmaxnreg. Not listed because they spill: ``ws`` with 128-key tiles or with ``overlap``."""
 
 _SM90_SHARED = 233472  # bytes per SM (228 KB); each resident program also reserves 1 KB
 _SM90_REGS = 65536
@@ -93,8 +99,8 @@ def t_programs_per_sm(is_fp8: bool) -> int:
     warps = 4
     if is_fp8 and DECODE_VARIANT["fp8_gluon"]:
         keys, stages, cap = int(DECODE_VARIANT["fp8_gluon_keys"]), int(DECODE_VARIANT["fp8_gluon_stages"]), None
-        regs, warps, smem = GLUON_COMPILES.get((keys, stages, bool(DECODE_VARIANT["fp8_gluon_ws"])),
-                                               (128, 4, 2 * keys * 128 * stages + 8192))
+        key = (keys, stages, bool(DECODE_VARIANT["fp8_gluon_ws"]), bool(DECODE_VARIANT["fp8_gluon_overlap"]))
+        regs, warps, smem = GLUON_COMPILES.get(key, (128, 4, 2 * keys * 128 * stages + 8192))
     if cap:
         regs = min(regs, cap)
     by_regs = _SM90_REGS // (-(-regs // 8) * 8 * 32 * warps)
@@ -113,7 +119,7 @@ def gluon_decode(q, k, v, layout: str, args: tuple) -> bool:
         return False
     sg.msa_decode_gluon(q, k, v, layout, *args, int(DECODE_VARIANT["fp8_gluon_keys"]),
                         int(DECODE_VARIANT["fp8_gluon_stages"]), decode_t_heads(ratio),
-                        bool(DECODE_VARIANT["fp8_gluon_ws"]))
+                        bool(DECODE_VARIANT["fp8_gluon_ws"]), bool(DECODE_VARIANT["fp8_gluon_overlap"]))
     return True
 
 

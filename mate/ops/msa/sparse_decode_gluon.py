@@ -128,12 +128,41 @@ def _produce(k_desc, v_desc, k_ring, v_ring, ready, empty, u_page_ptr, ubase, fi
 
 
 @gluon.jit
-def _consume(q_smem, k_ring, v_ring, p_smem, red_smem, ready, empty, k_desc, v_desc, u_page_ptr, u_blk_ptr, ubase,
-             first, n_tiles, e0, e1, limit, t, kvh, n_kvh, split,
-             o_ptr, stride_ot, stride_oh, lse_ptr, stride_lt, op_ptr, lp_ptr, total_q, HQ, RATIO, qk_scale, v_scale,
-             GP: gl.constexpr, NUM_SPLITS: gl.constexpr, HEAD_MAJOR: gl.constexpr, KEYS: gl.constexpr,
-             STAGES: gl.constexpr, WS: gl.constexpr):
-    """The 4 compute warps: per tile Sᵀ, online softmax and Oᵀ += Vᵀ·Pᵀ, then the output."""
+def _softmax_tile(s, ok, kpos, limit, qk_scale, m_i, l_acc, red_smem, KEYS: gl.constexpr, GP: gl.constexpr,
+                  RED_L: gl.constexpr, S_L: gl.constexpr):
+    """Online softmax of one Sᵀ tile (keys at ``kpos``; none if not ``ok``): P, the rescale
+    factor of the previous tiles, the new running maximum and per-element sums."""
+    s = gl.where(((kpos <= limit) & ok)[:, None], s * qk_scale, float("-inf"))
+    m_new = gl.maximum(m_i, _tile_max(s, red_smem, KEYS, GP, RED_L, S_L))
+    m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+    p = gl.exp2(s - m_use[None, :])
+    alpha = gl.exp2(m_i - m_use)
+    return p, alpha, m_new, l_acc * alpha[None, :] + p
+
+
+@gluon.jit
+def _release(k_desc, v_desc, k_ring, v_ring, ready, empty, slot, idx, n_tiles, first, u_page_ptr, ubase, kvh, n_kvh,
+             KEYS: gl.constexpr, KPB: gl.constexpr, HEAD_MAJOR: gl.constexpr, STAGES: gl.constexpr,
+             WS: gl.constexpr):
+    """Tile ``idx`` (of this program) is consumed: hand its slot to the producer warp, or refill
+    it with tile ``idx + STAGES``."""
+    if WS:
+        if idx < n_tiles:
+            mbarrier.arrive(empty.index(slot), count=1)
+    elif idx + STAGES < n_tiles:
+        page = gl.load(u_page_ptr + ubase + (first + idx + STAGES) // KPB)
+        _issue_tile(k_desc, v_desc, k_ring, v_ring, ready, slot, page, first + idx + STAGES, kvh, n_kvh,
+                    KEYS, KPB, HEAD_MAJOR)
+
+
+@gluon.jit
+def _consume_overlap(q_smem, k_ring, v_ring, p_smem, red_smem, ready, empty, k_desc, v_desc, u_page_ptr, u_blk_ptr,
+                     ubase, first, n_tiles, e0, e1, limit, kvh, n_kvh, qk_scale,
+                     GP: gl.constexpr, HEAD_MAJOR: gl.constexpr, KEYS: gl.constexpr, STAGES: gl.constexpr,
+                     WS: gl.constexpr):
+    """FlashAttention-3's intra-warpgroup overlap: Sᵀ of tile i + 1 is issued before Oᵀ +=
+    Vᵀ·Pᵀ of tile i, so the softmax of tile i + 1 runs while the tensor cores do tile i's
+    P·V. Returns (acc, m_i, l_acc)."""
     KPB: gl.constexpr = 128 // KEYS
     V_L: gl.constexpr = v_load_layout(KEYS)
     RED_L: gl.constexpr = red_layout(GP)
@@ -146,38 +175,105 @@ def _consume(q_smem, k_ring, v_ring, p_smem, red_smem, ready, empty, k_desc, v_d
     acc = gl.zeros([HEAD_DIM, GP], gl.float32, layout=O_L)
     s_zero = gl.zeros([KEYS, GP], gl.float32, layout=S_L)
     q_t = q_smem.permute((1, 0))
+    last = first + gl.maximum(n_tiles, 1) - 1
+    # tile 0 (with no tile, slot 0's stale contents are read and fully masked)
     blk = gl.load(u_blk_ptr + ubase + gl.minimum(e0, gl.maximum(e1 - 1, 0)))
+    if n_tiles > 0:
+        mbarrier.wait(ready.index(0), 0)
+    s = warpgroup_mma(k_ring.index(0), q_t, s_zero, use_acc=False, is_async=True)
+    vt = _vt_operand(v_ring.index(0), V_L, A_L, KEYS)
+    s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+    kpos = blk * 128 + (first % KPB) * KEYS + offs_n
+    p, alpha, m_i, l_acc = _softmax_tile(s, n_tiles > 0, kpos, limit, qk_scale, m_i, l_acc, red_smem, KEYS, GP,
+                                         RED_L, S_L)
+    p_smem.store(p.to(gl.float16))
+    fence_async_shared()
+    gl.thread_barrier()
+    _release(k_desc, v_desc, k_ring, v_ring, ready, empty, 0, 0, n_tiles, first, u_page_ptr, ubase, kvh, n_kvh,
+             KEYS, KPB, HEAD_MAJOR, STAGES, WS)
+    blk = gl.load(u_blk_ptr + ubase + gl.minimum(first + 1, last) // KPB)
     for i in range(n_tiles):
-        slot = i % STAGES
-        tile = first + i
-        last = first + n_tiles - 1
+        nxt = i + 1
+        slot = nxt % STAGES
+        tile = first + nxt
         blk_next = gl.load(u_blk_ptr + ubase + gl.minimum(tile + 1, last) // KPB)
-        if not WS:
-            page_r = gl.load(u_page_ptr + ubase + gl.minimum(tile + STAGES, last) // KPB)  # of the refill
-        mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(0, O_L))[None, :]
+        if nxt < n_tiles:
+            mbarrier.wait(ready.index(slot), (nxt // STAGES) & 1)
         s = warpgroup_mma(k_ring.index(slot), q_t, s_zero, use_acc=False, is_async=True)
-        vt = _vt_operand(v_ring.index(slot), V_L, A_L, KEYS)
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+        acc = warpgroup_mma(vt, p_smem, acc, is_async=True)
+        vt_next = _vt_operand(v_ring.index(slot), V_L, A_L, KEYS)  # stale past the last tile, never used
+        s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))  # Sᵀ of tile i + 1 done, P·V of tile i runs
         kpos = blk * 128 + (tile % KPB) * KEYS + offs_n
-        s = gl.where((kpos <= limit)[:, None], s * qk_scale, float("-inf"))
-        m_new = gl.maximum(m_i, _tile_max(s, red_smem, KEYS, GP, RED_L, S_L))
-        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-        p = gl.exp2(s - m_use[None, :])
-        alpha = gl.exp2(m_i - m_use)
-        l_acc = l_acc * alpha[None, :] + p
+        p, alpha, m_i, l_acc = _softmax_tile(s, nxt < n_tiles, kpos, limit, qk_scale, m_i, l_acc, red_smem, KEYS,
+                                             GP, RED_L, S_L)
+        acc, vt = warpgroup_mma_wait(num_outstanding=0, deps=(acc, vt))
         p_smem.store(p.to(gl.float16))
         fence_async_shared()
-        gl.thread_barrier()  # P complete; every warp is done with this slot
-        if WS:
-            mbarrier.arrive(empty.index(slot), count=1)
-        elif i + STAGES < n_tiles:
-            _issue_tile(k_desc, v_desc, k_ring, v_ring, ready, slot, page_r, tile + STAGES, kvh, n_kvh,
-                        KEYS, KPB, HEAD_MAJOR)
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(0, O_L))[None, :]
-        acc = warpgroup_mma(vt, p_smem, acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        m_i = m_new
+        gl.thread_barrier()
+        _release(k_desc, v_desc, k_ring, v_ring, ready, empty, slot, nxt, n_tiles, first, u_page_ptr, ubase, kvh,
+                 n_kvh, KEYS, KPB, HEAD_MAJOR, STAGES, WS)
+        vt = vt_next
         blk = blk_next
+    return acc, m_i, l_acc
+
+
+@gluon.jit
+def _consume(q_smem, k_ring, v_ring, p_smem, red_smem, ready, empty, k_desc, v_desc, u_page_ptr, u_blk_ptr, ubase,
+             first, n_tiles, e0, e1, limit, t, kvh, n_kvh, split,
+             o_ptr, stride_ot, stride_oh, lse_ptr, stride_lt, op_ptr, lp_ptr, total_q, HQ, RATIO, qk_scale, v_scale,
+             GP: gl.constexpr, NUM_SPLITS: gl.constexpr, HEAD_MAJOR: gl.constexpr, KEYS: gl.constexpr,
+             STAGES: gl.constexpr, WS: gl.constexpr, OVERLAP: gl.constexpr):
+    """The 4 compute warps: per tile Sᵀ, online softmax and Oᵀ += Vᵀ·Pᵀ, then the output."""
+    KPB: gl.constexpr = 128 // KEYS
+    V_L: gl.constexpr = v_load_layout(KEYS)
+    RED_L: gl.constexpr = red_layout(GP)
+    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, GP, 32])
+    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, GP, 16])
+    A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
+    if OVERLAP:
+        acc, m_i, l_acc = _consume_overlap(q_smem, k_ring, v_ring, p_smem, red_smem, ready, empty, k_desc, v_desc,
+                                           u_page_ptr, u_blk_ptr, ubase, first, n_tiles, e0, e1, limit, kvh, n_kvh,
+                                           qk_scale, GP, HEAD_MAJOR, KEYS, STAGES, WS)
+    else:
+        offs_n = gl.arange(0, KEYS, layout=gl.SliceLayout(1, S_L))
+        m_i = gl.full([GP], float("-inf"), gl.float32, layout=gl.SliceLayout(0, S_L))
+        l_acc = gl.zeros([KEYS, GP], gl.float32, layout=S_L)
+        acc = gl.zeros([HEAD_DIM, GP], gl.float32, layout=O_L)
+        s_zero = gl.zeros([KEYS, GP], gl.float32, layout=S_L)
+        q_t = q_smem.permute((1, 0))
+        blk = gl.load(u_blk_ptr + ubase + gl.minimum(e0, gl.maximum(e1 - 1, 0)))
+        for i in range(n_tiles):
+            slot = i % STAGES
+            tile = first + i
+            last = first + n_tiles - 1
+            blk_next = gl.load(u_blk_ptr + ubase + gl.minimum(tile + 1, last) // KPB)
+            if not WS:
+                page_r = gl.load(u_page_ptr + ubase + gl.minimum(tile + STAGES, last) // KPB)  # of the refill
+            mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
+            s = warpgroup_mma(k_ring.index(slot), q_t, s_zero, use_acc=False, is_async=True)
+            vt = _vt_operand(v_ring.index(slot), V_L, A_L, KEYS)
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+            kpos = blk * 128 + (tile % KPB) * KEYS + offs_n
+            s = gl.where((kpos <= limit)[:, None], s * qk_scale, float("-inf"))
+            m_new = gl.maximum(m_i, _tile_max(s, red_smem, KEYS, GP, RED_L, S_L))
+            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+            p = gl.exp2(s - m_use[None, :])
+            alpha = gl.exp2(m_i - m_use)
+            l_acc = l_acc * alpha[None, :] + p
+            p_smem.store(p.to(gl.float16))
+            fence_async_shared()
+            gl.thread_barrier()  # P complete; every warp is done with this slot
+            if WS:
+                mbarrier.arrive(empty.index(slot), count=1)
+            elif i + STAGES < n_tiles:
+                _issue_tile(k_desc, v_desc, k_ring, v_ring, ready, slot, page_r, tile + STAGES, kvh, n_kvh,
+                            KEYS, KPB, HEAD_MAJOR)
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(0, O_L))[None, :]
+            acc = warpgroup_mma(vt, p_smem, acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            m_i = m_new
+            blk = blk_next
 
     l_i = gl.sum(l_acc, axis=0)
     empty_row = l_i == 0.0
@@ -215,6 +311,7 @@ def msa_decode_gluon_kernel(
     total_q, HQ, RATIO, qk_scale, v_scale,
     GP: gl.constexpr, C: gl.constexpr, NUM_SPLITS: gl.constexpr, CAUSAL: gl.constexpr,
     HEAD_MAJOR: gl.constexpr, KEYS: gl.constexpr, STAGES: gl.constexpr, WS: gl.constexpr = False,
+    OVERLAP: gl.constexpr = False,
 ):
     """Grid (tokens, KV heads, splits); 4 warps, plus a TMA producer warp with ``WS``."""
     t = gl.program_id(0)
@@ -266,7 +363,7 @@ def msa_decode_gluon_kernel(
             (_consume, (q_smem, k_ring, v_ring, p_smem, red_smem, ready, empty, k_desc, v_desc, u_page_ptr, u_blk_ptr,
                         ubase, first, n_tiles, e0, e1, limit, t, kvh, n_kvh, split, o_ptr, stride_ot, stride_oh,
                         lse_ptr, stride_lt, op_ptr, lp_ptr, total_q, HQ, RATIO, qk_scale, v_scale,
-                        GP, NUM_SPLITS, HEAD_MAJOR, KEYS, STAGES, WS)),
+                        GP, NUM_SPLITS, HEAD_MAJOR, KEYS, STAGES, WS, OVERLAP)),
             (_produce, (k_desc, v_desc, k_ring, v_ring, ready, empty, u_page_ptr, ubase, first, n_tiles, kvh, n_kvh,
                         KEYS, KPB, HEAD_MAJOR, STAGES)),
         ], [1], [PRODUCER_REGS])
@@ -279,7 +376,7 @@ def msa_decode_gluon_kernel(
         _consume(q_smem, k_ring, v_ring, p_smem, red_smem, ready, empty, k_desc, v_desc, u_page_ptr, u_blk_ptr,
                  ubase, first, n_tiles, e0, e1, limit, t, kvh, n_kvh, split, o_ptr, stride_ot, stride_oh,
                  lse_ptr, stride_lt, op_ptr, lp_ptr, total_q, HQ, RATIO, qk_scale, v_scale,
-                 GP, NUM_SPLITS, HEAD_MAJOR, KEYS, STAGES, WS)
+                 GP, NUM_SPLITS, HEAD_MAJOR, KEYS, STAGES, WS, OVERLAP)
 
 
 def gluon_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ratio: int) -> bool:
@@ -294,7 +391,7 @@ def gluon_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ratio: in
 
 def msa_decode_gluon(q, k, v, layout, tok_pos, tok_kvlen, u_page, u_blk, u_cnt, out, lse, o_part, l_part,
                      total_q, hq, hkv, ratio, qk_scale, v_scale, capacity, splits, causal, keys, stages, gp,
-                     ws=False):
+                     ws=False, overlap=False):
     """Launches :func:`msa_decode_gluon_kernel` (``gluon_supported`` must hold) with the
     arguments of the plain transposed kernel; the caller runs the split combine."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -311,12 +408,12 @@ def msa_decode_gluon(q, k, v, layout, tok_pos, tok_kvlen, u_page, u_blk, u_cnt, 
         o_part, l_part,
         total_q, hq, ratio, qk_scale, v_scale,
         GP=gp, C=capacity, NUM_SPLITS=splits, CAUSAL=causal, HEAD_MAJOR=layout == "HND", KEYS=keys,
-        STAGES=stages, WS=ws, num_warps=GLUON_WARPS, **({"maxnreg": WS_MAX_REGS} if ws else {}),
+        STAGES=stages, WS=ws, OVERLAP=overlap, num_warps=GLUON_WARPS, **({"maxnreg": WS_MAX_REGS} if ws else {}),
     )
 
 
 def compile_sm90(keys: int, stages: int, splits: int = 1, gp: int = 16, head_major: bool = False, ws: bool = False,
-                 out_dir: str | None = None):
+                 overlap: bool = False, out_dir: str | None = None):
     """Compiles the kernel for the H200 (sm_90) without a GPU (M3 tile, bf16 output, causal);
     returns :class:`mate.testing.sass.SassReport`."""
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -332,12 +429,12 @@ def compile_sm90(keys: int, stages: int, splits: int = 1, gp: int = 16, head_maj
            "stride_lt": "i32", "op_ptr": "*fp32", "lp_ptr": "*fp32", "total_q": "i32", "HQ": "i32",
            "RATIO": "i32", "qk_scale": "fp32", "v_scale": "fp32"}
     ce = dict(GP=gp, C=32, NUM_SPLITS=splits, CAUSAL=True, HEAD_MAJOR=head_major, KEYS=keys, STAGES=stages,
-              WS=ws)
+              WS=ws, OVERLAP=overlap)
     sig.update({k: "constexpr" for k in ce})
     aligned = [n for n in sig if n.endswith("_ptr") or n.startswith("stride_")]
     src = GluonASTSource(fn=msa_decode_gluon_kernel, signature=sig, constexprs=ce,
                          attrs=divisibility_attrs(sig, aligned))
-    tag = f"msa_decode_gluon_k{keys}_s{stages}_sp{splits}_gp{gp}_hm{int(head_major)}_ws{int(ws)}"
+    tag = f"msa_decode_gluon_k{keys}_s{stages}_sp{splits}_gp{gp}_hm{int(head_major)}_ws{int(ws)}_ov{int(overlap)}"
     opts = {"num_warps": GLUON_WARPS}
     if ws:
         opts["maxnreg"] = WS_MAX_REGS
