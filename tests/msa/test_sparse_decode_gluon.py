@@ -102,8 +102,11 @@ def test_gluon_decode_group_sizes(gluon_on, ratio, layout, splits):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("splits", [1, 2])
-def test_gluon_decode_empty_and_invalid_selections(gluon_on, splits):
+@pytest.mark.parametrize("splits,ws,overlap", [(1, False, False), (2, False, False), (1, False, True),
+                                               (2, False, True), (2, True, False)])
+def test_gluon_decode_empty_and_invalid_selections(gluon_on, monkeypatch, splits, ws, overlap):
+    monkeypatch.setitem(sd.DECODE_VARIANT, "fp8_gluon_ws", ws)
+    monkeypatch.setitem(sd.DECODE_VARIANT, "fp8_gluon_overlap", overlap)
     pb = make_problem([1, 1, 1], [384, 384, 200], hq=16, hkv=1, width=4, dtype=FP8, device="cuda")
     idx = pb["kv_block_indexes"]
     idx.fill_(-1)  # token 0: nothing selected

@@ -175,7 +175,8 @@ def _consume_overlap(q_smem, k_ring, v_ring, p_smem, red_smem, ready, empty, k_d
     acc = gl.zeros([HEAD_DIM, GP], gl.float32, layout=O_L)
     s_zero = gl.zeros([KEYS, GP], gl.float32, layout=S_L)
     q_t = q_smem.permute((1, 0))
-    last = first + gl.maximum(n_tiles, 1) - 1
+    # a tile of the last entry (with none: of an entry < cnt, so every index read stays in the list)
+    last = gl.minimum(first + gl.maximum(n_tiles, 1) - 1, gl.maximum(e1 - 1, 0) * KPB)
     # tile 0 (with no tile, slot 0's stale contents are read and fully masked)
     blk = gl.load(u_blk_ptr + ubase + gl.minimum(e0, gl.maximum(e1 - 1, 0)))
     if n_tiles > 0:
