@@ -22,7 +22,7 @@ import torch
 
 from mate.ops.msa import sparse_decode as sd
 from mate.ops.msa import sparse_decode_gluon as sg
-from mate.ops.msa.sparse_attention import sparse_attention
+from mate.ops.msa.sparse_attention import resolve_num_splits, sparse_attention
 from mate.testing.bench import time_fn, time_interleaved
 
 HQ, HKV, D, BLK, SEL = 64, 4, 128, 128, 17
@@ -31,22 +31,18 @@ HQ, HKV, D, BLK, SEL = 64, 4, 128, 128, 17
 G = {"fp8_gluon": True}
 FP8_CASES = {
     "default (triton transposed)": ({}, -1),
-    "default splits=1": ({}, 1),
-    "gluon k64 s3": ({**G, "fp8_gluon_keys": 64, "fp8_gluon_stages": 3}, 1),
-    "gluon k64 s3 auto-split": ({**G, "fp8_gluon_keys": 64, "fp8_gluon_stages": 3}, -1),
-    "gluon k64 s2": ({**G, "fp8_gluon_keys": 64, "fp8_gluon_stages": 2}, 1),
-    "gluon k64 s4": ({**G, "fp8_gluon_keys": 64, "fp8_gluon_stages": 4}, 1),
-    "gluon k128 s2": ({**G, "fp8_gluon_keys": 128, "fp8_gluon_stages": 2}, 1),
+    "gluon k64 s3": ({**G, "fp8_gluon_keys": 64, "fp8_gluon_stages": 3}, -1),
+    "gluon k64 s2": ({**G, "fp8_gluon_keys": 64, "fp8_gluon_stages": 2}, -1),
     "gluon k128 s2 auto-split": ({**G, "fp8_gluon_keys": 128, "fp8_gluon_stages": 2}, -1),
-    "gluon k64 s2 splits=2": ({**G, "fp8_gluon_keys": 64, "fp8_gluon_stages": 2}, 2),
-    "gluon ws k64 s3": ({**G, "fp8_gluon_keys": 64, "fp8_gluon_stages": 3, "fp8_gluon_ws": True}, 1),
-    "gluon ws k64 s4": ({**G, "fp8_gluon_keys": 64, "fp8_gluon_stages": 4, "fp8_gluon_ws": True}, 1),
+    "gluon ws k64 s3": ({**G, "fp8_gluon_keys": 64, "fp8_gluon_stages": 3, "fp8_gluon_ws": True}, -1),
     "gluon ws k64 s4 auto-split": ({**G, "fp8_gluon_keys": 64, "fp8_gluon_stages": 4, "fp8_gluon_ws": True}, -1),
-    "gluon overlap k64 s3": ({**G, "fp8_gluon_keys": 64, "fp8_gluon_stages": 3, "fp8_gluon_overlap": True}, 1),
-    "gluon overlap k64 s2": ({**G, "fp8_gluon_keys": 64, "fp8_gluon_stages": 2, "fp8_gluon_overlap": True}, 1),
+    "gluon overlap k64 s3": ({**G, "fp8_gluon_keys": 64, "fp8_gluon_stages": 3, "fp8_gluon_overlap": True}, -1),
+    "gluon overlap k64 s2": ({**G, "fp8_gluon_keys": 64, "fp8_gluon_stages": 2, "fp8_gluon_overlap": True}, -1),
     "gluon overlap k64 s4 auto-split": ({**G, "fp8_gluon_keys": 64, "fp8_gluon_stages": 4,
                                          "fp8_gluon_overlap": True}, -1),
 }
+"""All with the automatic split (1 where 4 programs fit an SM: 512 programs, one wave; 3 for
+the configurations with 3 programs per SM)."""
 BF16_CASES = {"default (triton transposed)": ({}, -1)}
 
 
@@ -128,7 +124,13 @@ def run_dtype(dtype: torch.dtype, cases: dict, copy: float, B: int, ctx: int) ->
                 raise RuntimeError(f"gluon kernel launched {len(launches)} times")
             err = (out.float() - ref).abs()
             ok = bool((err <= 4e-3 * ref.abs().max() + 1e-2 * ref.abs()).all())  # NaN fails
-            errors[name] = f"{err.max().item():.2e} {'ok' if ok else 'FAIL'}"
+            sd.DECODE_VARIANT.update(over)
+            fp8 = dtype == torch.float8_e4m3fn
+            split_info = (f"splits {resolve_num_splits(splits, B, HQ, HKV, SEL, True, out.device, fp8)}, "
+                          f"{sd.t_programs_per_sm(fp8)}/SM")
+            sd.DECODE_VARIANT.clear()
+            sd.DECODE_VARIANT.update(base)
+            errors[name] = f"{err.max().item():.2e} {'ok' if ok else 'FAIL'} / {split_info}"
             fns[name] = fn
         except Exception as exc:
             errors[name] = f"failed: {type(exc).__name__}: {exc}"[:200]
@@ -136,7 +138,7 @@ def run_dtype(dtype: torch.dtype, cases: dict, copy: float, B: int, ctx: int) ->
     times = time_interleaved(fns, rounds=5, iters=50) if fns else {}
     tag = "fp8" if dtype == torch.float8_e4m3fn else "bf16"
     print(f"--- {tag}: B={B} ctx={ctx} Hq={HQ} Hkv={HKV} {SEL} blocks, {nbytes / 1e6:.1f} MB selected K/V")
-    print(f"{'case':32s} {'us':>8s} {'GB/s':>8s} {'%copy':>6s}  maxerr")
+    print(f"{'case':32s} {'us':>8s} {'GB/s':>8s} {'%copy':>6s}  maxerr / splits, programs per SM")
     for name in cases:
         t = times.get(name)
         if isinstance(t, float):
@@ -153,10 +155,6 @@ def main() -> None:
     B, ctx = (32, 65536) if args.quick else (128, 65536)
     copy = copy_gbps()
     print(f"copy bandwidth (read + write): {copy:.0f} GB/s; H200 {torch.cuda.get_device_name()}")
-    print("programs/SM (fp8 default, gluon k64 s3):", sd.t_programs_per_sm(True), end=" ")
-    sd.DECODE_VARIANT["fp8_gluon"] = True
-    print(sd.t_programs_per_sm(True))
-    sd.DECODE_VARIANT["fp8_gluon"] = False
     for dtype, cases in ((torch.float8_e4m3fn, FP8_CASES), (torch.bfloat16, BF16_CASES)):
         run_dtype(dtype, cases, copy, B, ctx)
         torch.cuda.empty_cache()
