@@ -134,6 +134,7 @@ def run_dtype(dtype: torch.dtype, cases: dict, copy: float, B: int, ctx: int) ->
             fns[name] = fn
         except Exception as exc:
             errors[name] = f"failed: {type(exc).__name__}: {exc}"[:200]
+        print(f"  checked {name}: {errors[name]}")  # before timing: survives a later hang
     sg.msa_decode_gluon = launch
     times = time_interleaved(fns, rounds=5, iters=50) if fns else {}
     tag = "fp8" if dtype == torch.float8_e4m3fn else "bf16"
