@@ -19,7 +19,13 @@ of the KV head on N), for e4m3 q / K / V in contiguous caches (2D TMA views):
   as soon as its tile is consumed, so ``STAGES`` tiles are in flight.
 * Online softmax over the keys (exp2 domain, ``k_scale`` folded into ``qk_scale``); the
   running sum is kept per element and reduced once at the end (one cross-warp reduction per
-  tile: the maximum).
+  tile: the maximum, partials exchanged once through shared memory).
+
+Schedules (constexprs, not measured yet): the compute warps issue the refills themselves
+(default), or ``WS``: a producer warp issues them (warp specialization; the refill's
+barriers leave the compute warps' loop); ``OVERLAP``: Sᵀ of tile i + 1 is issued before
+P·V of tile i, so tile i + 1's softmax runs while the tensor cores do tile i's P·V
+(FlashAttention-3's intra-warpgroup overlap).
 
 Gluon cannot run under Triton's interpreter: the CPU runs the plain kernel, this one is
 checked against the reference by the GPU tests of ``tests/msa/test_sparse_decode_gluon.py``.
