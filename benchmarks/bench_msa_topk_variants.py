@@ -4,7 +4,8 @@
     python benchmarks/bench_msa_topk_variants.py --bar    # the bar shape: default vs lanes
 
 ``--bar``: 32768 x 4 x 256 (and the same with causal query positions), interval (default)
-against the ``lanes`` kernel (slack 0 and 2) and a streaming floor (one-warp programs that
+against the ``lanes`` kernel (slack 0 and 2; ballots by ``vote.ballot`` or by lane sums)
+and a streaming floor (one-warp programs that
 only load a row, reduce it and write W ids: what this grid shape costs without the
 selection), timed interleaved; then >= 200 random GPU cases with ties per lanes variant
 checked against the reference.
@@ -39,7 +40,8 @@ VARIANTS = [  # label, launcher keywords, tile counts it runs at (None: all)
     ("lanes slack2", dict(method="lanes", lanes_slack=2), (256,)),
 ]
 BAR_VARIANTS = [("interval (default)", dict(method="interval")), ("lanes", dict(method="lanes")),
-                ("lanes slack2", dict(method="lanes", lanes_slack=2))]
+                ("lanes slack2", dict(method="lanes", lanes_slack=2)),
+                ("lanes slack2 no vote asm", dict(method="lanes", lanes_slack=2, lanes_vote=False))]
 
 
 @triton.jit

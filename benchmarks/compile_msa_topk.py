@@ -30,6 +30,7 @@ VARIANTS = {  # name: (method, rows per program[, warps])
     "interval_warps4": ("interval", 1, 4),
     "lanes": ("lanes", 1),
     "lanes_slack2": ("lanes_slack2", 1),
+    "lanes_novote": ("lanes_novote", 1),
 }
 
 
@@ -42,7 +43,7 @@ def compile_one(name: str, chunk: int, k: int, sass_dir: str | None) -> None:
         sig = {"s_ptr": "*fp32", "out_ptr": "*i32", "qpos_ptr": "*i64", "num_tiles": "i32",
                "num_valid_pages": "i32", "H": "i32", "fb": "i32", "fe": "i32", "W": "i32", "has_qpos": "i32"}
         constexprs = {"R": max(chunk, 32) // 32, "W_P2": 64, "G1": max(16, triton.next_power_of_2(k)),
-                      "SLACK": 2 if method == "lanes_slack2" else 0}
+                      "SLACK": 2 if method == "lanes_slack2" else 0, "VOTE": method != "lanes_novote"}
         sig.update({c: "constexpr" for c in constexprs})
         src = ASTSource(fn=tk._topk_lanes_kernel, signature=sig, constexprs=constexprs,
                         attrs=divisibility_attrs(sig, ["s_ptr", "out_ptr", "qpos_ptr"]))

@@ -27,6 +27,14 @@ bisecting a key interval that starts at a cheap group-max lower bound (~6 steps 
 several rows per warp was no faster (111.9 us at best against 112.9 at 32768 x 4 x 256), and
 the one-row programs as a persistent loop over rows (next row prefetched) were slower
 (128.9-276.7 us).
+
+``lanes`` (:func:`_topk_lanes_kernel`, experimental, rows of up to 256 tiles and W <= 32;
+not measured yet) cuts the per-row work of one-warp programs: a lower bound from the
+W-th largest of the 32 lanes' maxima leaves ~22 survivors of 256, which are compacted
+into one key per lane, so the exact bisection, the ties and the output slots run on 32
+keys (ballots) instead of 256; forced blocks take the first and last output slots
+directly. sm_90 SASS at 256 tiles: ~490 instructions per row on the common path (~460
+with ``lanes_slack=2``) against ~590 for ``interval``; 55 registers.
 """
 
 from __future__ import annotations
@@ -403,36 +411,49 @@ def _below_lane(b, lane):
 
 
 @triton.jit
-def _lane_keys(s, idx, n1, fb, fe):
-    """Unsigned keys of the ``lanes`` kernel: forced blocks (``idx < fb`` or
-    ``n1 - fe <= idx < n1``) 0xFFFFFFFF, every NaN 0xFFC00000 (above +inf), -0.0 as +0.0.
-    Blocks ``>= n1`` are loaded as -inf: they tie with -inf scores and lose every tie (they
-    have the largest ids), so with more than W valid blocks none of them is chosen."""
+def _lane_keys(s):
+    """Unsigned order-preserving keys of the ``lanes`` kernel: every NaN 0xFFC00000 (above
+    +inf), -0.0 as +0.0. Blocks past n are loaded as -inf: they tie with -inf scores and
+    lose every tie (they have the largest ids)."""
     bits = (s + 0.0).to(tl.int32, bitcast=True)  # -0.0 -> +0.0
     u = (bits ^ ((bits >> 31) | -2147483648)).to(tl.uint32, bitcast=True)
-    u = tl.where(s != s, 0xFFC00000, u)
-    forced = ((idx - (n1 - fe)).to(tl.uint32) < fe.to(tl.uint32)) | (idx < fb)
-    return tl.where(forced, 0xFFFFFFFF, u), forced
+    return tl.where(s != s, 0xFFC00000, u)
+
+
+@triton.jit
+def _ballot_ge(u, t, VOTE: tl.constexpr):
+    """Per register of the [R, 32] keys (block ``32 * j + l`` in lane ``l``): the bit mask
+    of the lanes with ``u >= t``, in every lane (``vote.ballot`` on the GPU)."""
+    if VOTE and not INTERPRET:
+        return tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ge.u32 p, $1, $2; vote.sync.ballot.b32 $0, p, -1; }", "=r,r,r",
+            [u, tl.zeros_like(u) + t], dtype=tl.uint32, is_pure=False, pack=1)
+    else:
+        lane = tl.arange(0, 32)[None, :].to(tl.uint32)
+        return tl.sum((u >= t).to(tl.uint32) << lane, axis=1)[:, None] + tl.zeros_like(u)
 
 
 @triton.jit(do_not_specialize=["num_tiles", "num_valid_pages", "H", "fb", "fe", "W", "has_qpos"])
 def _topk_lanes_kernel(
     s_ptr, out_ptr, qpos_ptr,
     num_tiles, num_valid_pages, H, fb, fe, W, has_qpos,
-    R: tl.constexpr, W_P2: tl.constexpr, G1: tl.constexpr, SLACK: tl.constexpr,
+    R: tl.constexpr, W_P2: tl.constexpr, G1: tl.constexpr, SLACK: tl.constexpr, VOTE: tl.constexpr,
 ):
     """One row per one-warp program ((token, head) grid), the row as [R, 32]: block
     ``32 * j + l`` in lane ``l``, register ``j``; keys by :func:`_lane_keys` (W <= 32).
+    A long row's output is its ``fb`` begin blocks, then the ``C = W - fb - fe`` best
+    candidates (``fb <= id < n - fe``) in id order, then its ``fe`` end blocks.
 
-    1. ``tau0``, a lower bound of the W-th largest key: a key per lane (the lane's largest)
-       and a bisection on those 32 keys to ``lo`` with ``W <= count(lane max >= lo) <= W +
-       SLACK`` (those lanes hold W distinct keys ``>= lo``);
+    1. ``tau0``, a lower bound of the C-th largest candidate key: the largest key of each
+       lane and a bisection on those 32 keys to ``lo`` with ``W <= count(lane max >= lo)
+       <= W + SLACK`` (those lanes hold W distinct blocks ``>= lo``, at most ``fb + fe`` of
+       them forced);
     2. the survivors (keys ``>= tau0``: ~22 of 256 on random rows at ``SLACK`` 0) are
        compacted into lanes in block order: lane ``L`` finds the register of the L-th
        survivor by prefix counts of the per-register ballots and its source lane by a
        popcount binary search, and reloads its score (an L1 hit);
-    3. the exact selection on one key per lane: bisection from ``tau0`` to the largest
-       non-forced survivor, ties by ballot prefix, output slots by ballot prefix.
+    3. the exact selection of C candidates on one key per lane: bisection from ``tau0``,
+       ties by ballot prefix, output slots by ballot prefix.
     Rows with more than 32 survivors take the full-row bisection; rows with ``n <= W``
     the identity."""
     tok = tl.program_id(0)
@@ -448,20 +469,12 @@ def _topk_lanes_kernel(
     idx = jj * 32 + ll
     lane = tl.arange(0, 32)
     if n1 > W:
-        s = tl.load(s_row + idx, mask=idx < n1, other=float("-inf"))
-        u, forced = _lane_keys(s, idx, n1, fb, fe)
-        all_forced = fb + fe >= W  # counted forced blocks fill the top-k: tau is their key
+        u = _lane_keys(tl.load(s_row + idx, mask=idx < n1, other=float("-inf")))
+        C = W - fb - fe  # candidates to choose (0: the forced blocks fill the top-k)
         m = tl.max(u, axis=0)  # each lane's largest key
-        # upper end: the largest lane max below the forced key (at most W - 1 lanes hold a
-        # forced block unless all_forced)
-        hm0 = tl.max(tl.where(m == 0xFFFFFFFF, 0, m), axis=0)
-        tau0, _c0 = _lane_bisect(m, tl.min(m, axis=0), tl.full([], 32, tl.int32), tl.maximum(hm0, tl.min(m, axis=0)),
-                                 W, SLACK)
-        tau0 = tl.where(all_forced, 0xFFFFFFFF, tau0)
-        surv = u >= tau0
-        # per-register ballots and counts, broadcast to [R, 32]: scans along registers
-        # stay inside each thread
-        ball = tl.sum(surv.to(tl.uint32) << ll.to(tl.uint32), axis=1)[:, None] + tl.zeros_like(u)
+        m_lo = tl.min(m, axis=0)
+        tau0, _c0 = _lane_bisect(m, m_lo, tl.full([], 32, tl.int32), tl.max(m, axis=0), W, SLACK)
+        ball = _ballot_ge(u, tau0, VOTE)  # [R, 32]: register j's ballot in every lane
         cnt = _popc(ball)
         S = tl.max(tl.sum(cnt, axis=0), axis=0)
         if S <= 32:
@@ -476,31 +489,31 @@ def _topk_lanes_kernel(
                 t = p + (16 >> step)
                 p = tl.where(_below_lane(b, t) <= r, t, p)
             src = jstar * 32 + p
-            live = lane < S
-            sl = tl.load(s_row + src, mask=live & (src < n1), other=float("-inf"))
-            kl, fl = _lane_keys(sl, src, n1, fb, fe)
-            kl = tl.where(live, kl, 0)
-            # the upper end from the non-forced survivors (forced keys would widen the
-            # interval); fewer than W keys (the forced ones) lie above it unless all_forced
-            hm = tl.maximum(tl.max(tl.where(fl | ~live, 0, kl), axis=0), tau0)
-            hm = tl.where(all_forced, 0xFFFFFFFF, hm)
-            tau, clo = _lane_bisect(kl, tau0, S, hm, W, 0)
-            if clo > W:
-                # a tie straddles the W-th place: the first ties in block (= lane) order
+            cand = (lane < S) & (src >= fb) & (src < n1 - fe)
+            kl = tl.where(cand, _lane_keys(tl.load(s_row + src, mask=cand, other=0.0)), 0)
+            clo = tl.sum(cand.to(tl.int32), axis=0)  # >= C candidates are >= tau0 (keys > 0)
+            tau, clo = _lane_bisect(kl, tau0, clo, tl.maximum(tl.max(kl, axis=0), tau0), C, 0)
+            if clo > C:
+                # a tie straddles the C-th place: the first ties in block (= lane) order
                 eq = kl == tau
                 eball = tl.sum(eq.to(tl.uint32) << lane.to(tl.uint32), axis=0)
-                take = W - clo + _popc(eball)
+                take = C - clo + _popc(eball)
                 chosen = (kl > tau) | (eq & (_below_lane(tl.zeros_like(lane).to(tl.uint32) + eball, lane) < take))
             else:
                 chosen = kl >= tau
-            chosen = chosen & live
+            chosen = chosen & cand & (C > 0)
             cball = tl.sum(chosen.to(tl.uint32) << lane.to(tl.uint32), axis=0)
-            slot = _below_lane(tl.zeros_like(lane).to(tl.uint32) + cball, lane)
+            slot = fb + _below_lane(tl.zeros_like(lane).to(tl.uint32) + cball, lane)
             tl.store(o_row + slot, src, mask=chosen)
+            # forced blocks: 0 .. fb-1 in the first slots, n-fe .. n-1 in the last
+            end = lane - fb
+            tl.store(o_row + tl.where(lane < fb, lane, W - fe + end), tl.where(lane < fb, lane, n1 - fe + end),
+                     mask=lane < fb + fe)
         else:
-            uf = tl.reshape(u, [1, R * 32])
+            forced = ((idx - (n1 - fe)).to(tl.uint32) < fe.to(tl.uint32)) | (idx < fb)
+            uf = tl.reshape(tl.where(forced, 0xFFFFFFFF, u), [1, R * 32])
             u_lo = tl.reshape(tl.where(forced, 0, u), [1, R * 32])
-            tau1, cnt1 = _interval_threshold_row(uf, u_lo, all_forced, W, G1)
+            tau1, cnt1 = _interval_threshold_row(uf, u_lo, C == 0, W, G1)
             if cnt1 > W:
                 eqf = uf == tau1
                 take_f = W - cnt1 + tl.sum(tl.sum(eqf.to(tl.int32), axis=1), axis=0)
@@ -519,8 +532,8 @@ def _topk_lanes_kernel(
 TOPK_METHODS = ("bitonic", "radix", "interval", "lanes")
 TOPK_METHOD = os.environ.get("MATE_MSA_TOPK_METHOD", "interval")
 """Threshold method of the public path (see :func:`sparse_topk_select_triton`); the
-environment variable ``MATE_MSA_TOPK_METHOD`` (``bitonic`` / ``radix`` / ``interval``)
-overrides it. H200, top-16 + 1 forced end block, 4 heads (copy 4,164 GB/s;
+environment variable ``MATE_MSA_TOPK_METHOD`` (``bitonic`` / ``radix`` / ``interval`` /
+``lanes``) overrides it. H200, top-16 + 1 forced end block, 4 heads (copy 4,164 GB/s;
 benchmarks/bench_msa_topk_variants.py): 32768 x 256 tiles interval 113.8 us (28% of copy),
 radix 251.5, bitonic 360.5, torch.topk 1,657; with causal query positions interval 123.2,
 radix 239.0; 8192 x 1024 interval (2 warps) 124.3, radix 328.8; 1024 x 12287 interval
@@ -584,6 +597,7 @@ def sparse_topk_select_triton(
     rows_per_program: int | None = None,
     num_warps: int | None = None,
     lanes_slack: int = 0,
+    lanes_vote: bool = True,
 ) -> None:
     """Launches the selection on validated tensors (contiguous fp32 scores, int32 output).
     ``max_chunk`` (a power of two >= 16; default :data:`INTERVAL_MAX_CHUNK` for ``interval``,
@@ -593,6 +607,10 @@ def sparse_topk_select_triton(
     (``tl.topk``), ``"radix"`` (bitwise binary search, :func:`_radix_threshold`) or
     ``"interval"`` (:func:`_topk_interval_kernel`); default :data:`TOPK_METHOD`. All give
     identical results; long rows (the chunked path) always use the tournament.
+    ``"lanes"`` (:func:`_topk_lanes_kernel`, rows of up to :data:`LANES_MAX_CHUNK` tiles
+    and W <= 32, ``interval`` beyond) is experimental: ``lanes_slack`` stops its lane-max
+    bound search early (more survivors, fewer steps), ``lanes_vote=False`` builds its
+    ballots from lane sums instead of ``vote.ballot``.
     ``rows_per_program`` and ``num_warps`` override :func:`topk_config` (experiments)."""
     method = TOPK_METHOD if method is None else method
     if method not in TOPK_METHODS:
@@ -614,7 +632,7 @@ def sparse_topk_select_triton(
                 query_positions if query_positions is not None else _dummy_positions(max_score.device),
                 T, num_valid_pages, H, force_begin_blocks, force_end_blocks, W, int(query_positions is not None),
                 R=chunk // 32, W_P2=64, G1=max(16, triton.next_power_of_2(topk)), SLACK=lanes_slack,
-                num_warps=1,
+                VOTE=lanes_vote, num_warps=1,
             )
             return
         method = "interval"
