@@ -11,6 +11,10 @@ import pytest
 import torch
 from test_topk import _check_kernel, _random_case, random_config, random_scores
 
+from mate.ops.msa.reference_select import topk_select_reference
+from mate.ops.msa.topk import sparse_topk_select_triton
+from mate.testing import assert_equal, poisoned
+
 
 @pytest.mark.parametrize("levels", [None, 2, 3, 40])
 def test_lanes_random_cases_exact(levels, device, triton_backend):
@@ -35,6 +39,21 @@ def test_lanes_fallback_and_tie_rows(counted, device, triton_backend):
     _check_kernel(s.to(device), 16, kw, None, method="lanes")
     qpos = torch.tensor([25000, 3000, 128 * 40, 128 * 17, -1, 2100], device=device)
     _check_kernel(s.to(device), 8, dict(kw, num_valid_pages=150), qpos, method="lanes")
+
+
+@pytest.mark.parametrize("levels", [None, 3])
+def test_lanes_slack_and_lane_sum_ballots(levels, device, triton_backend):
+    """An early-stopped bound search (more survivors) and ballots from lane sums give the
+    same exact result."""
+    s, topk, kw, qpos = _random_case([40, 256], 8, levels, device)
+    T = s.shape[2]
+    args = dict(query_positions=qpos, topk=topk, num_valid_pages=kw["num_valid_pages"] or T,
+                force_begin_blocks=kw["force_begin_blocks"], force_end_blocks=kw["force_end_blocks"],
+                force_blocks_count_in_topk=kw["force_blocks_count_in_topk"])
+    ref = topk_select_reference(s, **args)
+    out = poisoned(ref.shape, torch.int32, s.device)
+    sparse_topk_select_triton(s, out, **args, method="lanes", lanes_slack=2, lanes_vote=False)
+    assert_equal(out, ref)
 
 
 # ----------------------------------------------------------------------------- GPU
