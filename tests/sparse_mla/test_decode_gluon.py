@@ -15,7 +15,7 @@ import math
 import pytest
 import torch
 
-from mate.ops.sparse_mla.metadata import GLUON_STAGES, plan_decode
+from mate.ops.sparse_mla.metadata import GLUON_SMALL_H_STAGES, GLUON_STAGES, plan_decode
 from mate.sparse_mla_interface import sparse_mla_fp8_decode
 from mate.testing import assert_equal, poisoned
 from mate.testing.graphs import capture_graph
@@ -201,14 +201,18 @@ def test_gpu_gluon_repeated_decodes_bit_identical(gluon_ok):
 
 
 @gpu
-@pytest.mark.parametrize("B,q_len,H,want", [(64, 1, 128, "gluon"), (128, 2, 128, "gluon"), (128, 1, 16, "gluon"),
-                                            (128, 1, 32, "gluon"), (8, 1, 128, "plain"), (32, 2, 16, "plain")])
+@pytest.mark.parametrize("B,q_len,H,want", [(64, 1, 128, "gluon"), (128, 2, 128, "gluon"), (128, 1, 16, "small_h"),
+                                            (128, 1, 32, "small_h"), (64, 1, 16, "small_h split"),
+                                            (8, 1, 128, "plain"), (32, 2, 16, "small_h split")])
 def test_gpu_default_plans(gluon_ok, B, q_len, H, want):
-    """Hopper defaults: unsplit plans run the Gluon kernel (small H padded to 64),
-    split plans the plain kernels with prefetched indices."""
+    """Hopper defaults: H > 32 runs the 64-head Gluon kernel without a split and the plain
+    kernels with prefetched indices with one; H <= 32 the small-H Gluon kernel."""
     md = plan_decode(B, q_len, H, 2048, "cuda")
     if want == "gluon":
         assert md.gluon and md.block_h == 64 and md.num_splits == 1
         assert md.num_stages == GLUON_STAGES
+    elif want.startswith("small_h"):
+        assert md.gluon and md.transposed and md.block_h == max(16, H) and md.num_stages == GLUON_SMALL_H_STAGES
+        assert (md.num_splits > 1) == want.endswith("split")
     else:
         assert not md.gluon and md.prefetch_idx and md.num_splits > 1

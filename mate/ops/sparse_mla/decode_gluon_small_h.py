@@ -55,9 +55,11 @@ SMALL_H_BLOCK_N = 64  # gathered rows per step (the wgmma M of Sᵀ)
 SMALL_H_NUM_WARPS = 8  # two warpgroups
 # Ring stages by V_REGS (H200 compile, shared memory per program: see the plan).
 SMALL_H_STAGES = {True: 5, False: 3}
-# How plans (sparse_mla_fp8_decode) feed Vᵀ: from registers, loaded early or not. To be set
-# from the H200 measurement of benchmarks/bench_sparse_mla_small_h.py.
-SMALL_H_V_EARLY = False
+# How plans (sparse_mla_fp8_decode) feed Vᵀ: from registers, the next block's loaded while
+# P·V runs (H200, benchmarks/bench_sparse_mla_small_h.py, 5 stages: 1-1.5% faster than
+# loading it after P·V at B=128 H=32, B=64 H=16 q1/q2; equal at B=128 H=16; the fp16
+# shared-memory tile, 3 stages: 75.7 us against 67.9 at B=128 H=16).
+SMALL_H_V_EARLY = True
 
 
 @gluon.jit

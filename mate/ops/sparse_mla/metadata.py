@@ -33,8 +33,6 @@ GLUON_STAGES = 3
 # tiles of 36 KB + Q + two P tiles = 193 KB at 16 heads, 207 KB at 32 (H200 compile: 173 /
 # 209 registers, no spills).
 GLUON_SMALL_H_STAGES = 5
-# Whether Hopper plans for H <= 32 default to that kernel (off until measured on the H200).
-GLUON_SMALL_H_DEFAULT = False
 
 # SM count assumed when planning for a device that is not a GPU (the interpreter): small,
 # so that CPU tests exercise the split + combine path with a handful of programs.
@@ -88,7 +86,8 @@ class DecodeMetadata:
         interpreter cannot run Gluon and the plan falls back to the plain kernel (False).
         With ``transposed=True`` (``block_h`` 16 or 32), ``gluon=True`` selects the small-H
         Gluon kernel instead (``decode_gluon_small_h.py``: Sᵀ = K·Qᵀ, rows on M, Vᵀ from
-        registers; ``num_stages`` 2-5, default ``GLUON_SMALL_H_STAGES``); not a default yet.
+        registers; ``num_stages`` 2-5, default ``GLUON_SMALL_H_STAGES``), the Hopper default
+        for H <= 32 (split plans included).
     partial_o : torch.Tensor
         [B * q_len, num_splits, H, 512] partial outputs, each normalised by its own softmax
         sum, so a convex combination of e4m3 values (|o| <= 448): fp16 by default (half the
@@ -203,24 +202,20 @@ def plan_decode(
 
     Defaults measured on the H200 (2026-11-29, top-k 2048, CUDA-graph replay): on Hopper,
     plans without a split run the Gluon kernel at 3 stages on 64-head tiles,
-    small H padded to 64 (B=64 q1 H=128: 102.6 us against 117.8 for the serial Gluon
-    schedule and 140 for the plain kernel; B=128 q2 H=128: 383 against 437; B=128 H=64:
-    105 against 118; B=128 H=16: 96.6 against 102.6 for the transposed small-H kernel);
-    split plans run the plain kernels with prefetched indices (B=8 H=128 split 8: 28.9
-    us, where the Gluon kernels took 32.2-32.6)."""
+    H > 32 padded to 64-head tiles (B=64 q1 H=128: 102.6 us against 117.8 for the serial
+    Gluon schedule and 140 for the plain kernel; B=128 q2 H=128: 383 against 437; B=128
+    H=64: 105 against 118); split plans of H > 32 run the plain kernels with prefetched
+    indices (B=8 H=128 split 8: 28.9 us, where the Gluon kernels took 32.2-32.6). H <= 32
+    runs the small-H Gluon kernel, split or not (B=128 q1 H=16: 67.9 us against 87.1 for
+    the 64-head kernel on padded heads and 102.4 for the plain transposed kernel; H=32:
+    79.2 against 87.9; B=64 q1 H=16, 2 splits: 43.2 against 57.8; B=64 q2 H=16: 65.8
+    against 85.4)."""
     explicit_launch = block_n is not None or num_warps is not None or max_regs is not None
     if (gluon is None and block_h is None and transposed is None and prefetch_idx is None
             and num_stages is None and not explicit_launch and num_heads <= 32 and _is_hopper(device)):
-        # small H: the padded Gluon kernel when it needs no split, else the
-        # transposed small-H kernel (which splits more finely)
+        # small H: the transposed small-H Gluon kernel, split or not
         common = dict(num_sms=num_sms, num_splits=num_splits, partial_dtype=partial_dtype)
-        if GLUON_SMALL_H_DEFAULT:
-            return plan_decode(batch_size, q_len, num_heads, top_k, device, gluon=True, transposed=True, **common)
-        small = plan_decode(batch_size, q_len, num_heads, top_k, device, gluon=False, **common)
-        if small.num_splits > 1:
-            return small
-        padded = plan_decode(batch_size, q_len, num_heads, top_k, device, block_h=64, gluon=True, **common)
-        return padded if padded.num_splits == 1 else small
+        return plan_decode(batch_size, q_len, num_heads, top_k, device, gluon=True, transposed=True, **common)
     auto_gluon = gluon is None
     if auto_gluon:
         gluon = (prefetch_idx is not True and not explicit_launch and _is_hopper(device)
