@@ -9,7 +9,7 @@ us, TFLOP/s, GB/s (operand bytes once), the ratio DeepGEMM time / time (bar: >= 
 max relative error against the fp32 reference (max |out - ref| / max |ref|, NaN-poisoned
 output) and whether two runs are bitwise equal. Compiles (Triton candidates, DeepGEMM JIT)
 are warmed up in parallel worker processes first, which fill the on-disk caches.
-Candidate names: ``BMxBN sSPLIT_K stSTAGES wWARPS``, F: ``FAST_REDUCE``, L: ``REDUCE="launch"``.
+Candidate names: ``BMxBN sSPLIT_K stSTAGES wWARPS``, L: ``REDUCE="launch"``.
 """
 
 from __future__ import annotations
@@ -32,60 +32,56 @@ SHAPES = ((64, 2112, 7168), (64, 4096, 7168), (128, 2112, 7168), (128, 4096, 716
           (64, 24576, 1536), (128, 24576, 1536))
 
 
-def _c(bm, bn, split, stages, warps=4, fast=False, launch=False):
-    name = f"{bm}x{bn} s{split} st{stages} w{warps}" + (" F" if fast else "") + (" L" if launch else "")
+def _c(bm, bn, split, stages, warps=4, launch=False):
+    name = f"{bm}x{bn} s{split} st{stages} w{warps}" + (" L" if launch else "")
     cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "SPLIT_K": split, "num_stages": stages, "num_warps": warps, "GROUP_M": 8}
-    if fast:
-        cfg["FAST_REDUCE"] = True
     if launch:
         cfg["REDUCE"] = "launch"
     return name, cfg
 
 
-# grid sizes in the comments: programs (CTAs per SM that fit in shared memory); the first
-# candidate of each split-K shape is the auto config with FAST_REDUCE
+# grid sizes in the comments: programs (CTAs per SM that fit in shared memory)
 CANDIDATES = {
     (64, 2112, 7168): dict([
-        _c(64, 64, 4, 5, fast=True),  # 132 (2)
-        _c(64, 64, 4, 8, fast=True),  # 132 (1)
-        _c(64, 32, 2, 8, fast=True),  # 132 (2)
-        _c(64, 32, 2, 12, fast=True),  # 132 (1)
+        _c(64, 64, 4, 8),  # 132 (1), auto: 5 stages
+        _c(64, 32, 2, 8),  # 132 (2)
+        _c(64, 32, 2, 12),  # 132 (1)
         _c(64, 16, 1, 12),  # 132, no reduce
-        _c(64, 128, 8, 4, fast=True),  # 136 (2)
-        _c(64, 128, 7, 8, fast=True),  # 119 (1)
-        _c(64, 64, 8, 4, fast=True),  # 264 (3)
+        _c(64, 128, 8, 4),  # 136 (2)
+        _c(64, 128, 7, 8),  # 119 (1)
+        _c(64, 64, 8, 4),  # 264 (3)
     ]),
     (64, 4096, 7168): dict([
-        _c(64, 64, 2, 6, fast=True),  # 128 (2)
-        _c(64, 64, 2, 10, fast=True),  # 128 (1)
+        _c(64, 64, 2, 6),  # 128 (2)
+        _c(64, 64, 2, 10),  # 128 (1)
         _c(64, 32, 1, 8),  # 128, no reduce
         _c(64, 32, 1, 12),
-        _c(64, 128, 4, 6, fast=True),  # 128 (1)
-        _c(64, 128, 4, 8, fast=True),
-        _c(64, 64, 4, 6, fast=True),  # 256 (2)
-        _c(64, 128, 8, 4, fast=True),  # 256 (2)
-        _c(64, 64, 6, 4, fast=True),  # 384 (3)
-        _c(64, 256, 8, 4, 8, fast=True),  # 128 (1)
+        _c(64, 128, 4, 6),  # 128 (1)
+        _c(64, 128, 4, 8),
+        _c(64, 64, 4, 6),  # 256 (2)
+        _c(64, 128, 8, 4),  # 256 (2)
+        _c(64, 64, 6, 4),  # 384 (3)
+        _c(64, 256, 8, 4, 8),  # 128 (1)
     ]),
     (128, 2112, 7168): dict([
-        _c(64, 64, 4, 6, fast=True),  # 264 (2)
-        _c(128, 64, 4, 6, fast=True),  # 132 (1)
-        _c(128, 64, 4, 8, fast=True),
-        _c(128, 32, 2, 8, fast=True),  # 132 (1)
+        _c(64, 64, 4, 6),  # 264 (2)
+        _c(128, 64, 4, 6),  # 132 (1)
+        _c(128, 64, 4, 8),
+        _c(128, 32, 2, 8),  # 132 (1)
         _c(128, 16, 1, 10),  # 132, no reduce
-        _c(128, 128, 7, 6, 8, fast=True),  # 119 (1)
-        _c(64, 32, 2, 6, fast=True),  # 264 (2)
-        _c(128, 64, 8, 4, fast=True),  # 264 (2)
+        _c(128, 128, 7, 6, 8),  # 119 (1)
+        _c(64, 32, 2, 6),  # 264 (2)
+        _c(128, 64, 8, 4),  # 264 (2)
     ]),
     (128, 4096, 7168): dict([
-        _c(64, 64, 2, 6, fast=True),  # 256 (2)
-        _c(128, 64, 2, 6, fast=True),  # 128 (1)
-        _c(128, 64, 2, 8, fast=True),
+        _c(64, 64, 2, 6),  # 256 (2)
+        _c(128, 64, 2, 6),  # 128 (1)
+        _c(128, 64, 2, 8),
         _c(128, 32, 1, 8),  # 128, no reduce
         _c(128, 32, 1, 10),
-        _c(128, 128, 4, 6, 8, fast=True),  # 128 (1)
-        _c(128, 64, 4, 4, fast=True),  # 256 (2)
-        _c(64, 64, 4, 4, fast=True),  # 512 (3)
+        _c(128, 128, 4, 6, 8),  # 128 (1)
+        _c(128, 64, 4, 4),  # 256 (2)
+        _c(64, 64, 4, 4),  # 512 (3)
     ]),
     (64, 24576, 1536): dict([
         _c(64, 64, 1, 6),  # 384 (2)

@@ -36,8 +36,7 @@ def compile_one(cfg: dict):
            "stride_bsn": "i32", "stride_bsk": "i32", "stride_cg": "i32", "stride_cm": "i32", "stride_csm": "i32"}
     cx = dict(LAYOUT=gw.PLAIN, SPLIT_K=sk, FUSED_REDUCE=sk > 1, OUT_FP8=False, OUT_DTYPE=tl.bfloat16,
               BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=128, GROUP_M=cfg.get("GROUP_M", 8), NUM_STAGES=st,
-              MMA_LAG=cfg.get("MMA_LAG", False),
-              FAST_REDUCE=gw._reduce_rows(bm, bn, sk, cfg["num_warps"]) if cfg.get("FAST_REDUCE") else 0)
+              MMA_LAG=cfg.get("MMA_LAG", False))
     sig.update({k: "constexpr" for k in cx})
     aligned = ("as_ptr", "bs_ptr", "c_ptr", "ws_ptr", "cnt_ptr", "M", "N", "K", "stride_ask", "stride_cm")
     src = ASTSource(fn=gw.fp8_groupwise_tma_kernel, signature=sig, constexprs=cx,

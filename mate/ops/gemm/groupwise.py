@@ -160,7 +160,6 @@ def fp8_groupwise_tma_kernel(
     LAYOUT: tl.constexpr, SPLIT_K: tl.constexpr, FUSED_REDUCE: tl.constexpr, OUT_FP8: tl.constexpr,
     OUT_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, NUM_STAGES: tl.constexpr, MMA_LAG: tl.constexpr = False,
-    FAST_REDUCE: tl.constexpr = 0,
 ):
     """Same math as ``fp8_groupwise_gemm_kernel`` with A and B tiles loaded by TMA.
 
@@ -170,9 +169,6 @@ def fp8_groupwise_tma_kernel(
     Split-K partials go to an fp32 workspace; with ``FUSED_REDUCE`` the last program of a
     tile to arrive (counted with an atomic) sums them in split order and runs the epilogue,
     then resets the tile's counter to 0 for the next call, so the sum is deterministic.
-    ``FAST_REDUCE`` > 0 (PLAIN only): that sum runs over sub-tiles of ``FAST_REDUCE`` rows,
-    each with its split loads unrolled (in flight together, in a blocked layout), in the
-    same order, so the result is bitwise the same.
     """
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -258,22 +254,11 @@ def fp8_groupwise_tma_kernel(
             tl.debug_barrier()  # every thread's partial is stored before the arrival is counted
             arrived = tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel", scope="gpu")
             if arrived == SPLIT_K - 1:
-                if FAST_REDUCE > 0:
-                    for r in tl.static_range(BLOCK_M // FAST_REDUCE):
-                        offs_r = pid_m * BLOCK_M + r * FAST_REDUCE + tl.arange(0, FAST_REDUCE)
-                        mask_r = (offs_r < M)[:, None] & col_ok[None, :]
-                        p_r = ws_ptr + offs_r.to(tl.int64)[:, None] * N + offs_n[None, :]
-                        acc_r = tl.zeros((FAST_REDUCE, BLOCK_N), dtype=tl.float32)
-                        for s in tl.static_range(SPLIT_K):
-                            acc_r += tl.load(p_r + s * MN, mask=mask_r, other=0.0, cache_modifier=".cg")
-                        _epilogue(acc_r, c_ptr, cs_ptr, offs_r, offs_n, offs_r < M, M, N, stride_cm, stride_csm,
-                                  pid_n, OUT_FP8, OUT_DTYPE)
-                else:
-                    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                    for s in range(SPLIT_K):
-                        acc += tl.load(w_ptrs + s * MN, mask=mask, other=0.0, cache_modifier=".cg")
-                    _epilogue(acc, c_ptr, cs_ptr, offs_m, offs_n, row_ok, M, N, stride_cm, stride_csm, pid_n,
-                              OUT_FP8, OUT_DTYPE)
+                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                for s in range(SPLIT_K):
+                    acc += tl.load(w_ptrs + s * MN, mask=mask, other=0.0, cache_modifier=".cg")
+                _epilogue(acc, c_ptr, cs_ptr, offs_m, offs_n, row_ok, M, N, stride_cm, stride_csm, pid_n,
+                          OUT_FP8, OUT_DTYPE)
                 tl.atomic_xchg(cnt_ptr + pid, 0, sem="relaxed", scope="gpu")
     else:
         _epilogue(acc, c_ptr, cs_ptr, offs_m, offs_n, row_ok, M, N, stride_cm, stride_csm, pid_n,
@@ -325,13 +310,6 @@ def _tile_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
     return buf
 
 
-def _reduce_rows(bm: int, bn: int, split_k: int, num_warps: int) -> int:
-    """Rows per sub-tile of the fast fused reduce: its ``split_k`` partial loads fill about
-    64 registers per thread."""
-    rows = max(1, 64 * 32 * num_warps // (split_k * bn))
-    return min(bm, 1 << (rows.bit_length() - 1))
-
-
 def _tma_ok(t: torch.Tensor) -> bool:
     """A [.., rows, k] operand TMA can read as one 2-D [rows_total, k] tensor."""
     if t.stride(-1) != 1 or t.data_ptr() % 16 or (t.stride(-2) * t.element_size()) % 16:
@@ -370,9 +348,7 @@ def groupwise_gemm_triton(
     True: TMA loads when both operands allow them, else pointer loads, whose BLOCK_N is
     capped at 128), REDUCE (``"fused"``, the default: the last split of a tile reduces;
     ``"launch"``: a second kernel reduces), MMA_LAG (TMA kernel: scale each step's
-    product during the next step, so a wgmma overlaps the scaling; default False),
-    FAST_REDUCE (TMA kernel, fused reduce, PLAIN: sum the partials in row sub-tiles with
-    all split loads in flight; default False) and
+    product during the next step, so a wgmma overlaps the scaling; default False) and
     GLUON (PLAIN/CONTIGUOUS layouts, bf16/fp16 output, on a Hopper GPU: the persistent
     warp-specialized kernel of ``groupwise_gluon.py`` with BLOCK_M, BLOCK_N, num_stages,
     GROUP_M and SPLIT_N; SPLIT_K is ignored; elsewhere the option is ignored).
@@ -421,9 +397,7 @@ def groupwise_gemm_triton(
             M, N, K, G,
             *a_scale_strides, *b_scale_strides,
             stride_cg, out.stride(-2), stride_csm,
-            FUSED_REDUCE=cnt is not None, MMA_LAG=config.get("MMA_LAG", False),
-            FAST_REDUCE=_reduce_rows(bm, bn, split_k, common["num_warps"]) if config.get("FAST_REDUCE") else 0,
-            **common,
+            FUSED_REDUCE=cnt is not None, MMA_LAG=config.get("MMA_LAG", False), **common,
         )
     else:
         fp8_groupwise_gemm_kernel[grid](

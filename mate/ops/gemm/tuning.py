@@ -19,6 +19,23 @@ candidate; the bucket default is the one that wins most shapes. M <= 16: 64x128 
 run (cuBLAS 112-280 us vs Triton 195-485 us at M=4096; buckets 256-2048 were not measured and
 go to cuBLAS). ``backend="cublas"`` through mate re-lays out one scale tensor (~2 us measured).
 Regenerate with ``python benchmarks/tune_gemm.py --write`` on the GPU.
+
+Small-M sweep (H200 2026-11-29, ``benchmarks/bench_gemm_smallm.py``: interleaved graph replays,
+rotated inputs; us, ``BMxBN sSPLIT stSTAGES``; every candidate within 3.4e-3 and deterministic;
+the split-K candidates beside auto ran the FAST_REDUCE reduce, bitwise the same sum):
+
+    (M, N, K)          auto                 DeepGEMM  DG/auto  best other candidates
+    64, 2112, 7168     64x64 s4 st5   10.9   9.9     0.90     s4 st8 11.0; 64x32 s2 st8 12.4; 64x16 s1 16.5
+    64, 4096, 7168     64x64 s2 st5   15.3  12.0     0.78     s2 st6 14.5; 64x64 s4 st6 15.4; 64x128 s4 15.9
+    128, 2112, 7168    64x64 s4 st5   13.0  10.8     0.83     s4 st6 13.1; 128x32 s2 14.1; 128x64 s4 14.2
+    128, 4096, 7168    64x64 s2 st5   16.8  13.1     0.78     s2 st6 16.6; 128x64 s2 18.0; 128x32 s1 20.1
+    64, 24576, 1536    64x64 s1 st4   14.1  14.8     1.05     64x128 s1 st4 14.4
+    128, 24576, 1536   64x128 s1 st3  15.8  15.8     1.00     64x64 s1 19.3; 128x128 w8 24.5
+
+No tile, split-K or stage choice of the Triton kernel reaches 0.95x DeepGEMM at K = 7168 (the
+best candidate of each shape: 0.79-0.91), and a split-K reduce with all partial loads in flight
+(a FAST_REDUCE option, since removed) gained nothing. The remaining lever is sharing the
+activation tiles between SMs (clusters with multicast TMA): a Gluon kernel of its own.
 """
 
 from __future__ import annotations
@@ -104,24 +121,19 @@ def groupwise_config(m: int, n: int, k: int, fp8_out: bool) -> dict:
     """Triton config for the plain groupwise kernel (BLOCK_N 128 for FP8 output).
 
     Keys: BLOCK_M, BLOCK_N, num_warps, num_stages, SPLIT_K, GROUP_M and, when the table
-    holds them, REDUCE (``"fused"``/``"launch"``), TMA and FAST_REDUCE (see
-    ``groupwise_gemm_triton``). The table's num_stages is a cap, lowered for short K loops
-    (``_stages``), and a grid of >= NUM_SMS tiles drops split-K, unless the entry has
-    ``"EXACT": True`` (a measured (bucket, n, k) config: its stages and split are kept).
+    holds them, REDUCE (``"fused"``/``"launch"``) and TMA (see ``groupwise_gemm_triton``).
+    The table's num_stages is a cap, lowered for short K loops (``_stages``).
     """
     e = dict(_entry(m, n, k))
     e.pop("backend", None)
-    exact = e.pop("EXACT", False)
-    if fp8_out:  # another tile than the one measured: the generic rules apply
-        exact = exact and e["BLOCK_N"] == 128
+    if fp8_out:
         e["BLOCK_N"] = 128
     tiles = -(-m // e["BLOCK_M"]) * -(-n // e["BLOCK_N"])
     # a measured split count is kept (capped by the K blocks); else the one-wave rule
     e["SPLIT_K"] = max(1, min(e["SPLIT_K"], k // 128)) if "SPLIT_K" in e else _split_k(tiles, k)
-    if tiles >= NUM_SMS and not exact:
+    if tiles >= NUM_SMS:
         e["SPLIT_K"] = 1
-    if not exact:
-        e["num_stages"] = _stages(e["num_stages"], -(-(k // 128) // e["SPLIT_K"]))
+    e["num_stages"] = _stages(e["num_stages"], -(-(k // 128) // e["SPLIT_K"]))
     e["GROUP_M"] = 8
     return e
 
