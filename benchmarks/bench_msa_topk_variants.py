@@ -34,14 +34,14 @@ from mate.testing.bench import time_fn, time_interleaved
 
 SHAPES = [(32768, 256, False), (32768, 256, True), (8192, 1024, False), (1024, 12287, False)]
 VARIANTS = [  # label, launcher keywords, tile counts it runs at (None: all)
-    ("interval (default)", dict(), None),
+    ("default (lanes slack2; interval > 256 tiles)", dict(), None),
+    ("interval", dict(method="interval"), None),
     ("radix", dict(method="radix"), None),
     ("interval warps2", dict(method="interval", num_warps=2), (256,)),  # a row over 2 warps
-    ("lanes", dict(method="lanes"), (256,)),
-    ("lanes slack2", dict(method="lanes", lanes_slack=2), (256,)),
+    ("lanes slack0", dict(method="lanes", lanes_slack=0), (256,)),
 ]
-BAR_VARIANTS = [("interval (default)", dict(method="interval")), ("lanes", dict(method="lanes")),
-                ("lanes slack2", dict(method="lanes", lanes_slack=2)),
+BAR_VARIANTS = [("interval", dict(method="interval")), ("lanes slack0", dict(method="lanes", lanes_slack=0)),
+                ("lanes slack2 (default)", dict(method="lanes", lanes_slack=2)),
                 ("lanes slack2 no vote asm", dict(method="lanes", lanes_slack=2, lanes_vote=False))]
 
 

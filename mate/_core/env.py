@@ -17,7 +17,8 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "MATE_DUMP_MAX_COUNT": ("1000", "stop dumping after this many calls"),
     "MATE_DUMP_INCLUDE": ("", "comma-separated fnmatch patterns: dump only matching function names"),
     "MATE_DUMP_EXCLUDE": ("", "comma-separated fnmatch patterns: never dump matching function names"),
-    "MATE_MSA_TOPK_METHOD": ("interval", "threshold step of MSA top-k selection: interval (default: a "
+    "MATE_MSA_TOPK_METHOD": ("lanes", "threshold step of MSA top-k selection: lanes (default: survivors of "
+                             "a lane-max bound, one key per lane; interval beyond 256 tiles), interval (a "
                              "bisection over key values), radix or bitonic; read at import"),
 }
 

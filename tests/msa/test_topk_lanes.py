@@ -1,4 +1,4 @@
-"""The ``lanes`` top-k kernel (survivors of a lane-max bound compacted into lanes) against
+"""The ``lanes`` top-k kernel (the default; survivors of a lane-max bound compacted into lanes) against
 the sort-based reference: ties, NaN, +-inf, -0.0, forced blocks, short rows, query
 positions, row lengths that are not powers of two, and rows with more than 32 survivors
 (the full-row fallback)."""
@@ -42,9 +42,9 @@ def test_lanes_fallback_and_tie_rows(counted, device, triton_backend):
 
 
 @pytest.mark.parametrize("levels", [None, 3])
-def test_lanes_slack_and_lane_sum_ballots(levels, device, triton_backend):
-    """An early-stopped bound search (more survivors) and ballots from lane sums give the
-    same exact result."""
+def test_lanes_slack0_and_lane_sum_ballots(levels, device, triton_backend):
+    """The bound search run to the end (slack 0: fewer survivors than the default slack 2)
+    and ballots from lane sums give the same exact result."""
     s, topk, kw, qpos = _random_case([40, 256], 8, levels, device)
     T = s.shape[2]
     args = dict(query_positions=qpos, topk=topk, num_valid_pages=kw["num_valid_pages"] or T,
@@ -52,7 +52,7 @@ def test_lanes_slack_and_lane_sum_ballots(levels, device, triton_backend):
                 force_blocks_count_in_topk=kw["force_blocks_count_in_topk"])
     ref = topk_select_reference(s, **args)
     out = poisoned(ref.shape, torch.int32, s.device)
-    sparse_topk_select_triton(s, out, **args, method="lanes", lanes_slack=2, lanes_vote=False)
+    sparse_topk_select_triton(s, out, **args, method="lanes", lanes_slack=0, lanes_vote=False)
     assert_equal(out, ref)
 
 

@@ -18,23 +18,24 @@ Selection then runs in two steps per row:
    are -1. Rows with ``n <= W`` take every valid block (the identity fast path; a block
    of rows where all are short skips step 1 entirely).
 
-``interval`` (:func:`_topk_interval_kernel`, the default: rows of up to 16,384 tiles held
-in registers, one warp per 1,024 tiles, two at 1,024) gives every forced block the largest
+``lanes`` (:func:`_topk_lanes_kernel`, the default for rows of up to 256 tiles and W <=
+32) cuts the per-row work of one-warp programs: a lower bound from the W-th largest of the
+32 lanes' maxima leaves ~22 survivors of 256 (a few more with the default ``lanes_slack``
+= 2, which stops that bound search early), which are compacted into one key per lane, so the exact bisection, the
+ties and the output slots run on 32 keys (ballots) instead of 256; forced blocks take the
+first and last output slots directly. sm_90 SASS at 256 tiles: ~460 instructions per row
+on the common path against ~590 for ``interval``; 55 registers.
+
+``interval`` (:func:`_topk_interval_kernel`: the other rows of up to 16,384 tiles held in
+registers, one warp per 1,024 tiles, two at 1,024) gives every forced block the largest
 key, so a long row's output is exactly its W largest keys, finds that W-th largest key by
 bisecting a key interval that starts at a cheap group-max lower bound (~6 steps against
-13-15 for the bitwise search), and takes prefix sums by warp ballots. H200 figures:
-:data:`TOPK_METHOD`. Tried and removed (H200, 2026-11-29): the same algorithm in Gluon with
-several rows per warp was no faster (111.9 us at best against 112.9 at 32768 x 4 x 256), and
-the one-row programs as a persistent loop over rows (next row prefetched) were slower
-(128.9-276.7 us).
+13-15 for the bitwise search), and takes prefix sums by warp ballots.
 
-``lanes`` (:func:`_topk_lanes_kernel`, experimental, rows of up to 256 tiles and W <= 32;
-not measured yet) cuts the per-row work of one-warp programs: a lower bound from the
-W-th largest of the 32 lanes' maxima leaves ~22 survivors of 256, which are compacted
-into one key per lane, so the exact bisection, the ties and the output slots run on 32
-keys (ballots) instead of 256; forced blocks take the first and last output slots
-directly. sm_90 SASS at 256 tiles: ~490 instructions per row on the common path (~460
-with ``lanes_slack=2``) against ~590 for ``interval``; 55 registers.
+H200 figures: :data:`TOPK_METHOD`. Tried and removed (H200, 2026-11-29): the interval
+algorithm in Gluon with several rows per warp was no faster (111.9 us at best against 112.9
+at 32768 x 4 x 256), and the one-row interval programs as a persistent loop over rows (next
+row prefetched) were slower (128.9-276.7 us).
 """
 
 from __future__ import annotations
@@ -530,14 +531,19 @@ def _topk_lanes_kernel(
 
 
 TOPK_METHODS = ("bitonic", "radix", "interval", "lanes")
-TOPK_METHOD = os.environ.get("MATE_MSA_TOPK_METHOD", "interval")
+TOPK_METHOD = os.environ.get("MATE_MSA_TOPK_METHOD", "lanes")
 """Threshold method of the public path (see :func:`sparse_topk_select_triton`); the
-environment variable ``MATE_MSA_TOPK_METHOD`` (``bitonic`` / ``radix`` / ``interval`` /
-``lanes``) overrides it. H200, top-16 + 1 forced end block, 4 heads (copy 4,164 GB/s;
-benchmarks/bench_msa_topk_variants.py): 32768 x 256 tiles interval 113.8 us (28% of copy),
-radix 251.5, bitonic 360.5, torch.topk 1,657; with causal query positions interval 123.2,
-radix 239.0; 8192 x 1024 interval (2 warps) 124.3, radix 328.8; 1024 x 12287 interval
-(rows in registers, max_chunk 16384) 525.8, radix (tournament) 1,234, torch.topk 673."""
+environment variable ``MATE_MSA_TOPK_METHOD`` (``lanes`` / ``interval`` / ``radix`` /
+``bitonic``) overrides it. H200, top-16 + 1 forced end block, 4 heads
+(benchmarks/bench_msa_topk_variants.py; CUDA-graph replays, variants interleaved):
+32768 x 256 tiles (copy 4,040 GB/s) lanes slack 2 86.7 us (38.3% of copy), lanes slack 0
+90.4, slack 2 with lane-sum ballots 89.3, interval 113.2 (29.3%), a streaming floor (the
+same one-warp-per-row grid: loads, one reduction, the W ids written, no selection) 81.4
+(40.8%); with causal query positions lanes slack 2 92.3, interval 121.3. Earlier run
+(copy 4,164 GB/s): 32768 x 256 interval 113.8, radix 251.5, bitonic 360.5, torch.topk
+1,657; causal interval 123.2, radix 239.0; 8192 x 1024 interval (2 warps) 124.3, radix
+328.8; 1024 x 12287 interval (rows in registers, max_chunk 16384) 525.8, radix
+(tournament) 1,234, torch.topk 673."""
 
 LANES_MAX_CHUNK = 256
 """Longest row (tiles, rounded up to a power of two) of the ``lanes`` kernel (one warp;
@@ -596,21 +602,22 @@ def sparse_topk_select_triton(
     method: str | None = None,
     rows_per_program: int | None = None,
     num_warps: int | None = None,
-    lanes_slack: int = 0,
+    lanes_slack: int = 2,
     lanes_vote: bool = True,
 ) -> None:
     """Launches the selection on validated tensors (contiguous fp32 scores, int32 output).
     ``max_chunk`` (a power of two >= 16; default :data:`INTERVAL_MAX_CHUNK` for ``interval``,
     4,096 otherwise) is the longest row held in registers; tests lower it to reach the
     long-row path.
-    ``method`` picks the threshold step of rows held in registers: ``"bitonic"``
-    (``tl.topk``), ``"radix"`` (bitwise binary search, :func:`_radix_threshold`) or
-    ``"interval"`` (:func:`_topk_interval_kernel`); default :data:`TOPK_METHOD`. All give
-    identical results; long rows (the chunked path) always use the tournament.
-    ``"lanes"`` (:func:`_topk_lanes_kernel`, rows of up to :data:`LANES_MAX_CHUNK` tiles
-    and W <= 32, ``interval`` beyond) is experimental: ``lanes_slack`` stops its lane-max
-    bound search early (more survivors, fewer steps), ``lanes_vote=False`` builds its
-    ballots from lane sums instead of ``vote.ballot``.
+    ``method`` picks the threshold step of rows held in registers: ``"lanes"``
+    (:func:`_topk_lanes_kernel`, rows of up to :data:`LANES_MAX_CHUNK` tiles (and at most
+    ``max_chunk``) and W <= 32, ``interval`` for the others), ``"interval"``
+    (:func:`_topk_interval_kernel`), ``"radix"`` (bitwise binary search,
+    :func:`_radix_threshold`) or ``"bitonic"`` (``tl.topk``); default :data:`TOPK_METHOD`.
+    All give identical results; long rows (the chunked path) always use the tournament.
+    ``lanes_slack`` stops the lanes kernel's lane-max bound search early (more survivors,
+    fewer steps), ``lanes_vote=False`` builds its ballots from lane sums instead of
+    ``vote.ballot``.
     ``rows_per_program`` and ``num_warps`` override :func:`topk_config` (experiments)."""
     method = TOPK_METHOD if method is None else method
     if method not in TOPK_METHODS:
@@ -626,7 +633,7 @@ def sparse_topk_select_triton(
     grid = (triton.cdiv(n_rows, cfg["ROWS"]),)
     if method == "lanes":
         chunk = max(triton.next_power_of_2(max(T, 1)), 32)
-        if chunk <= LANES_MAX_CHUNK and W <= 32 and total_q:
+        if chunk <= min(LANES_MAX_CHUNK, max_chunk) and W <= 32 and total_q:
             _topk_lanes_kernel[(total_q, H)](
                 max_score, output,
                 query_positions if query_positions is not None else _dummy_positions(max_score.device),
