@@ -465,11 +465,6 @@ def sparse_attention_triton(
             k_desc = TensorDescriptor(k, list(k.shape), list(k.stride()), block_shape)
             v_desc = TensorDescriptor(v, list(v.shape), list(v.stride()), block_shape)
         extra = {"maxnreg": cap} if cap and not INTERPRET else {}
-        if is_fp8 and _sd.DECODE_VARIANT["fp8_gluon"] and not INTERPRET and _sd.gluon_decode(q, k, v, layout, (
-                tok_pos, tok_kvlen, u_page, u_blk, u_cnt, out, lse, o_part, l_part, total_q, hq, hkv, ratio,
-                sm_scale * k_scale * LOG2E, v_scale, til.capacity, splits, causal)):
-            _combine(o_part, l_part, out, lse, total_q, hq, d, v_scale, splits)
-            return
         _sd.msa_decode_t_kernel[(total_q, hkv, splits)](
             q, q.stride(0), q.stride(1),
             k_desc, v_desc,

@@ -21,13 +21,10 @@ import triton.language as tl
 from mate._core.triton_helpers import INTERPRET, dot_operand, to_out_dtype
 from mate.ops.msa.softmax_helpers import finish_softmax, split_entries, visible_limit
 
-__all__ = ["DECODE_VARIANT", "msa_decode_t_kernel", "decode_t_heads", "gluon_decode", "t_config",
-           "t_programs_per_sm"]
+__all__ = ["DECODE_VARIANT", "msa_decode_t_kernel", "decode_t_heads", "t_config", "t_programs_per_sm"]
 
 DECODE_VARIANT = {"kernel": "transposed", "keys": 64, "stages": 3, "maxnreg": None,
-                  "fp8_keys": 64, "fp8_stages": 3, "fp8_maxnreg": None,
-                  "fp8_gluon": False, "fp8_gluon_keys": 64, "fp8_gluon_stages": 3, "fp8_gluon_ws": False,
-                  "fp8_gluon_overlap": False}
+                  "fp8_keys": 64, "fp8_stages": 3, "fp8_maxnreg": None}
 """Decode kernel of ``sparse_attention`` (module defaults; the benchmark times the others).
 
 ``kernel``: "heads" (``_msa_sparse_fwd_kernel`` with one-token 16-row tiles) or "transposed"
@@ -43,13 +40,12 @@ warps 86.5, the e4m3 V tile widened through shared memory into a shared wgmma op
 of the compiler's byte gathers) 108.7 (88.2 with 4D descriptors, 96.1 with 2 stages); a
 96-register cap (5 programs per SM) gave 82.1-82.6.
 
-``fp8_gluon`` (not measured yet, off): e4m3 caches in contiguous memory on Hopper run the Gluon
-kernel of ``sparse_decode_gluon.py`` (V read with 32-bit shared loads into a permuted wgmma
-register operand instead of byte gathers), ``fp8_gluon_keys`` keys per TMA tile,
-``fp8_gluon_stages`` ring slots (all in flight) and ``fp8_gluon_ws``: the TMA loads issued by a
-separate producer warp (warp specialization) instead of the compute warps;
-``fp8_gluon_overlap``: Sᵀ of tile i + 1 issued before P·V of tile i (FlashAttention-3's
-intra-warpgroup overlap)."""
+Tried for fp8 in Gluon and removed (H200, same shape, 285 MB, interleaved replays; default 85.7 us,
+80.5% of copy; bf16 161.8, 85.3%): d rows permuted so V is read with 32-bit shared loads into a
+register fp16 wgmma operand (no byte gathers), a TMA ring, a one-barrier max exchange; 64-key tiles
+87.5 us (3 stages) / 86.8 (2), 128-key 101.3 (3 splits); warp-specialized TMA producer 87.8 (3
+stages) / 104.8 (4, split); Sᵀ(i + 1) issued before P·V(i) 90.3 (3) / 89.0 (2) / 104.6 (4, split).
+The byte-gathered V was not the limit at this shape."""
 
 T_COMPILES = {
     (False, 64, 2): (71, 71696), (False, 64, 3): (72, 104472), (False, 64, 4): (72, 137248),
@@ -60,18 +56,6 @@ T_COMPILES = {
 """(fp8, keys, stages): (registers, shared memory bytes) of the sm_90 compile of the M3 tile
 (16 heads, 4 warps, unsplit, token-major cache; bf16 and fp16 alike), read with cuobjdump.
 No spills; QGMMA (fp8 Sᵀ) and HGMMA in the SASS, no ptxas warning."""
-
-GLUON_COMPILES = {
-    (64, 2, False, False): (96, 4, 37152), (64, 3, False, False): (99, 4, 53560),
-    (64, 4, False, False): (113, 4, 69952), (128, 2, False, False): (152, 4, 71968),
-    (64, 3, True, False): (64, 8, 53820), (64, 4, True, False): (64, 8, 70212),
-    (64, 2, False, True): (119, 4, 37152), (64, 3, False, True): (120, 4, 53560), (64, 4, False, True): (120, 4, 69952),
-}
-"""(keys, stages, ws, overlap): (launch registers, warps, shared memory bytes) of the sm_90
-compile of the Gluon fp8 kernel (M3 tile: 16 heads, unsplit); no spills, V read without
-LDS.U8, no ptxas warning. With ``ws`` Triton launches two warpgroups (the TMA warp's is
-otherwise idle) under a 64-register cap and raises the compute warpgroup's registers with
-setmaxnreg. Not listed because they spill: ``ws`` with 128-key tiles or with ``overlap``."""
 
 _SM90_SHARED = 233472  # bytes per SM (228 KB); each resident program also reserves 1 KB
 _SM90_REGS = 65536
@@ -96,31 +80,11 @@ def t_programs_per_sm(is_fp8: bool) -> int:
     keys, stages, cap = t_config(is_fp8)
     tile = keys * 128 * (1 if is_fp8 else 2)
     regs, smem = T_COMPILES.get((is_fp8, keys, stages), (128, 2 * tile * stages + 16384))
-    warps = 4
-    if is_fp8 and DECODE_VARIANT["fp8_gluon"]:
-        keys, stages, cap = int(DECODE_VARIANT["fp8_gluon_keys"]), int(DECODE_VARIANT["fp8_gluon_stages"]), None
-        key = (keys, stages, bool(DECODE_VARIANT["fp8_gluon_ws"]), bool(DECODE_VARIANT["fp8_gluon_overlap"]))
-        regs, warps, smem = GLUON_COMPILES.get(key, (128, 4, 2 * keys * 128 * stages + 8192))
     if cap:
         regs = min(regs, cap)
-    by_regs = _SM90_REGS // (-(-regs // 8) * 8 * 32 * warps)
+    by_regs = _SM90_REGS // (-(-regs // 8) * 8 * 128)
     by_smem = _SM90_SHARED // (smem + 1024)
     return max(1, min(5, by_regs, by_smem))
-
-
-def gluon_decode(q, k, v, layout: str, args: tuple) -> bool:
-    """Runs the Gluon fp8 decode kernel when it supports the inputs (see
-    ``sparse_decode_gluon.gluon_supported``); ``args`` are the launcher's after the caches
-    and layout. False: not run, the caller takes the plain kernel."""
-    from mate.ops.msa import sparse_decode_gluon as sg
-
-    ratio = args[12]
-    if not sg.gluon_supported(q, k, v, ratio):
-        return False
-    sg.msa_decode_gluon(q, k, v, layout, *args, int(DECODE_VARIANT["fp8_gluon_keys"]),
-                        int(DECODE_VARIANT["fp8_gluon_stages"]), decode_t_heads(ratio),
-                        bool(DECODE_VARIANT["fp8_gluon_ws"]), bool(DECODE_VARIANT["fp8_gluon_overlap"]))
-    return True
 
 
 @triton.jit
