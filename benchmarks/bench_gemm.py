@@ -15,7 +15,7 @@ import traceback
 import torch
 
 from mate import gemm
-from mate.testing.bench import record, rotation_count, time_fn
+from mate.testing.bench import record, rotation_count, time_interleaved
 
 FAMILY = "gemm"
 CEIL = "cublas_fp8_TFLOPs"
@@ -45,72 +45,69 @@ def _operands(m, n, k, sets):
     return out
 
 
-def _time(fns):
-    try:
-        return time_fn(fns), ""
-    except Exception as exc:
-        return None, f"{type(exc).__name__}: {exc}"[:200]
+def _case(impl: str, fns, *, op: str, dtype: str = "e4m3->bf16", note: str = "", ceiling: str = CEIL) -> dict:
+    """One implementation of a benchmark shape: its calls (one per rotated input set; None
+    when it cannot run, with the reason in ``note``) and the fields of its row."""
+    return {"impl": impl, "fns": fns, "op": op, "dtype": dtype, "note": note, "ceiling": ceiling}
+
+
+def _timed_rows(ceilings: dict, shape: str, flops: float, cases: list[dict]) -> list[dict]:
+    """Times the runnable cases interleaved (``time_interleaved``: mate and its peers under
+    the same clocks and L2 state) and returns one row per case, in order."""
+    times = time_interleaved({str(i): c["fns"] for i, c in enumerate(cases) if c["fns"]})
+    rows = []
+    for i, c in enumerate(cases):
+        t, note = times.get(str(i)), c["note"]
+        if isinstance(t, Exception):
+            t, note = None, f"{type(t).__name__}: {t}"[:200]
+        rows.append(record(ceilings, family=FAMILY, op=c["op"], shape=shape, impl=c["impl"], time_us=t,
+                           flops=flops, dtype=c["dtype"], ceiling=c["ceiling"], note=note))
+    return rows
 
 
 def _groupwise_rows(ceilings, m, n, k, dg, dg_note):
-    rows = []
     flops = 2.0 * m * n * k
     per_set = m * k + n * k + 2 * m * n
     sets = _operands(m, n, k, rotation_count(per_set, max_sets=16))
     shape = f"M={m} N={n} K={k}"
+    op = "gemm_fp8_nt_groupwise"
     outs = [torch.empty(m, n, dtype=torch.bfloat16, device="cuda") for _ in sets]
     # MN-major scales: the activation scale is what cuBLAS wants in place
     mn = [(a, b, sa.t().contiguous(), sb.t().contiguous()) for a, b, sa, sb in sets]
-    impls = {
-        "mate-auto": "auto",
-        "mate-triton": "triton",
-        "mate-cublas": "cublas",
-    }
-    for impl, backend in impls.items():
+    from mate.ops.gemm import tuning
+
+    cases = []
+    for impl, backend in (("mate-auto", "auto"), ("mate-triton", "triton"), ("mate-cublas", "cublas")):
         fns = [lambda x=x, o=o, be=backend: gemm.gemm_fp8_nt_groupwise(*x, scale_major_mode="MN", out=o, backend=be)
                for x, o in zip(mn, outs)]
-        t, note = _time(fns)
-        if impl == "mate-auto":
-            from mate.ops.gemm import tuning
-
-            note = (note + " " if note else "") + f"auto->{tuning.groupwise_backend(m, n, k)}"
-        rows.append(record(ceilings, family=FAMILY, op="gemm_fp8_nt_groupwise", shape=shape, impl=impl,
-                           time_us=t, flops=flops, dtype="e4m3->bf16", ceiling=CEIL, note=note))
+        note = f"auto->{tuning.groupwise_backend(m, n, k)}" if impl == "mate-auto" else ""
+        cases.append(_case(impl, fns, op=op, note=note))
     # K-major scales through the Triton kernel (read in place)
-    fns = [lambda x=x, o=o: gemm.gemm_fp8_nt_groupwise(*x, scale_major_mode="K", out=o, backend="triton")
-           for x, o in zip(sets, outs)]
-    t, note = _time(fns)
-    rows.append(record(ceilings, family=FAMILY, op="gemm_fp8_nt_groupwise", shape=shape, impl="mate-triton-Kmajor",
-                       time_us=t, flops=flops, dtype="e4m3->bf16", ceiling=CEIL, note=note))
+    cases.append(_case("mate-triton-Kmajor", [
+        lambda x=x, o=o: gemm.gemm_fp8_nt_groupwise(*x, scale_major_mode="K", out=o, backend="triton")
+        for x, o in zip(sets, outs)], op=op))
     # FP8 output with fused quantization
     o8 = [torch.empty(m, n, dtype=torch.float8_e4m3fn, device="cuda") for _ in sets]
     os_ = [torch.empty(m, -(-n // 128), device="cuda") for _ in sets]
-    fns = [lambda x=x, o=o, s=s: gemm.gemm_fp8_nt_groupwise(*x, scale_major_mode="K", out=o, output_scale=s)
-           for x, o, s in zip(sets, o8, os_)]
-    t, note = _time(fns)
-    rows.append(record(ceilings, family=FAMILY, op="gemm_fp8_nt_groupwise(fp8 out)", shape=shape, impl="mate-auto",
-                       time_us=t, flops=flops, dtype="e4m3->e4m3", ceiling=CEIL, note=note))
+    cases.append(_case("mate-auto", [
+        lambda x=x, o=o, s=s: gemm.gemm_fp8_nt_groupwise(*x, scale_major_mode="K", out=o, output_scale=s)
+        for x, o, s in zip(sets, o8, os_)], op=f"{op}(fp8 out)", dtype="e4m3->e4m3"))
     # cuBLAS blockwise with scales pre-laid out (outside the timed region)
     cb = [(a, b.t(), sa.t().contiguous().t(), sb.t()) for a, b, sa, sb in sets]
-    fns = [lambda x=x, o=o: torch._scaled_mm(x[0], x[1], scale_a=x[2], scale_b=x[3], out_dtype=torch.bfloat16, out=o)
-           for x, o in zip(cb, outs)]
-    t, note = _time(fns)
-    rows.append(record(ceilings, family=FAMILY, op="gemm_fp8_nt_groupwise", shape=shape, impl="cublas-blockwise",
-                       time_us=t, flops=flops, dtype="e4m3->bf16", ceiling=CEIL, note=note))
+    cases.append(_case("cublas-blockwise", [
+        lambda x=x, o=o: torch._scaled_mm(x[0], x[1], scale_a=x[2], scale_b=x[3], out_dtype=torch.bfloat16, out=o)
+        for x, o in zip(cb, outs)], op=op))
     # DeepGEMM with its scale layout prepared outside the timed region
     if dg is None or m > 128:  # DeepGEMM JIT-compiles per shape (~6 s): measured where its bar applies
-        rows.append(record(ceilings, family=FAMILY, op="gemm_fp8_nt_groupwise", shape=shape, impl="deepgemm",
-                           time_us=None, note=dg_note or "not run at M > 128 (JIT time)"))
+        cases.append(_case("deepgemm", None, op=op, note=dg_note or "not run at M > 128 (JIT time)"))
     else:
         try:
             prepared = [(a, dg.get_mn_major_tma_aligned_tensor(sa), b, sb) for a, b, sa, sb in sets]
-            fns = [lambda x=x, o=o: dg.fp8_gemm_nt((x[0], x[1]), (x[2], x[3]), o) for x, o in zip(prepared, outs)]
-            t, note = _time(fns)
+            cases.append(_case("deepgemm", [lambda x=x, o=o: dg.fp8_gemm_nt((x[0], x[1]), (x[2], x[3]), o)
+                                            for x, o in zip(prepared, outs)], op=op))
         except Exception:
-            t, note = None, traceback.format_exc()[-200:]
-        rows.append(record(ceilings, family=FAMILY, op="gemm_fp8_nt_groupwise", shape=shape, impl="deepgemm",
-                           time_us=t, flops=flops, dtype="e4m3->bf16", ceiling=CEIL, note=note))
-    return rows
+            cases.append(_case("deepgemm", None, op=op, note=traceback.format_exc()[-200:]))
+    return _timed_rows(ceilings, shape, flops, cases)
 
 
 def _grouped_rows(ceilings, G, rows_per_group, n, k, dg, dg_note):
@@ -121,24 +118,18 @@ def _grouped_rows(ceilings, G, rows_per_group, n, k, dg, dg_note):
     sb = torch.rand(G, n // 128, k // 128, device="cuda") * 0.01 + 0.001
     idx = torch.arange(G, device="cuda", dtype=torch.int32).repeat_interleave(rows_per_group)
     out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
-    flops = 2.0 * m * n * k
-    shape = f"G={G} x {rows_per_group} rows N={n} K={k}"
-    res = []
-    t, note = _time(lambda: gemm.group_deepgemm_fp8_nt_groupwise(a, b, sa, sb, idx, out=out))
-    res.append(record(ceilings, family=FAMILY, op="group_deepgemm (contiguous)", shape=shape, impl="mate",
-                      time_us=t, flops=flops, dtype="e4m3->bf16", ceiling=CEIL, note=note))
+    op = "group_deepgemm (contiguous)"
+    cases = [_case("mate", lambda: gemm.group_deepgemm_fp8_nt_groupwise(a, b, sa, sb, idx, out=out), op=op)]
     if dg is None:
-        res.append(record(ceilings, family=FAMILY, op="group_deepgemm (contiguous)", shape=shape, impl="deepgemm",
-                          time_us=None, note=dg_note))
+        cases.append(_case("deepgemm", None, op=op, note=dg_note))
     else:
         try:
             sa_dg = dg.get_mn_major_tma_aligned_tensor(sa)
-            t, note = _time(lambda: dg.m_grouped_fp8_gemm_nt_contiguous((a, sa_dg), (b, sb), out, idx))
+            cases.append(_case("deepgemm", lambda: dg.m_grouped_fp8_gemm_nt_contiguous((a, sa_dg), (b, sb), out, idx),
+                               op=op))
         except Exception:
-            t, note = None, traceback.format_exc()[-200:]
-        res.append(record(ceilings, family=FAMILY, op="group_deepgemm (contiguous)", shape=shape, impl="deepgemm",
-                          time_us=t, flops=flops, dtype="e4m3->bf16", ceiling=CEIL, note=note))
-    return res
+            cases.append(_case("deepgemm", None, op=op, note=traceback.format_exc()[-200:]))
+    return _timed_rows(ceilings, f"G={G} x {rows_per_group} rows N={n} K={k}", 2.0 * m * n * k, cases)
 
 
 def _masked_rows(ceilings, G, max_m, expected_m, n, k, dg, dg_note):
@@ -151,27 +142,22 @@ def _masked_rows(ceilings, G, max_m, expected_m, n, k, dg, dg_note):
     masked_m = counts.to(torch.int32).cuda()
     out = torch.empty(G, max_m, n, dtype=torch.bfloat16, device="cuda")
     flops = 2.0 * int(counts.sum()) * n * k  # valid rows only
-    shape = f"G={G} max_m={max_m} expected_m={expected_m} N={n} K={k}"
-    res = []
-    t, note = _time(lambda: gemm.batch_deepgemm_fp8_nt_groupwise(a, b, sa, sb, masked_m, expected_m, out=out))
-    res.append(record(ceilings, family=FAMILY, op="batch_deepgemm (masked)", shape=shape, impl="mate",
-                      time_us=t, flops=flops, dtype="e4m3->bf16", ceiling=CEIL, note=note))
+    op = "batch_deepgemm (masked)"
+    cases = [_case("mate", lambda: gemm.batch_deepgemm_fp8_nt_groupwise(a, b, sa, sb, masked_m, expected_m, out=out),
+                   op=op)]
     if dg is None:
-        res.append(record(ceilings, family=FAMILY, op="batch_deepgemm (masked)", shape=shape, impl="deepgemm",
-                          time_us=None, note=dg_note))
+        cases.append(_case("deepgemm", None, op=op, note=dg_note))
     else:
         try:
             sa_dg = dg.get_mn_major_tma_aligned_tensor(sa)
-            t, note = _time(lambda: dg.m_grouped_fp8_gemm_nt_masked((a, sa_dg), (b, sb), out, masked_m, expected_m))
+            cases.append(_case("deepgemm", lambda: dg.m_grouped_fp8_gemm_nt_masked((a, sa_dg), (b, sb), out, masked_m,
+                                                                                  expected_m), op=op))
         except Exception:
-            t, note = None, traceback.format_exc()[-200:]
-        res.append(record(ceilings, family=FAMILY, op="batch_deepgemm (masked)", shape=shape, impl="deepgemm",
-                          time_us=t, flops=flops, dtype="e4m3->bf16", ceiling=CEIL, note=note))
-    return res
+            cases.append(_case("deepgemm", None, op=op, note=traceback.format_exc()[-200:]))
+    return _timed_rows(ceilings, f"G={G} max_m={max_m} expected_m={expected_m} N={n} K={k}", flops, cases)
 
 
 def _bmm_rows(ceilings, b, m, n, k):
-    res = []
     # rotated input sets as in the other rows: one set of b=8 512x512x4096 (67 MB) is about
     # the L2 size, so with a single set each row's time depended on what ran before it
     sets = []
@@ -179,34 +165,33 @@ def _bmm_rows(ceilings, b, m, n, k):
         At = torch.randn(b, m, k, device="cuda", dtype=torch.bfloat16)
         Btt = torch.randn(b, n, k, device="cuda", dtype=torch.bfloat16)
         sets.append((At, Btt.transpose(1, 2), torch.empty(b, m, n, device="cuda", dtype=torch.bfloat16)))
-    A, B, out = sets[0]
-    Bt = B.transpose(1, 2)
     flops = 2.0 * b * m * n * k
     shape = f"b={b} m={m} n={n} k={k}"
-    for impl, fn in (("cublas", lambda A, B, o: torch.bmm(A, B, out=o)),
-                     ("mate-auto", lambda A, B, o: gemm.bmm_bf16(A, B, out=o)),
-                     ("mate-triton", lambda A, B, o: gemm.bmm_bf16(A, B, out=o, backend="triton"))):
-        t, note = _time([lambda s=s, fn=fn: fn(*s) for s in sets])
-        res.append(record(ceilings, family=FAMILY, op="bmm_bf16", shape=shape, impl=impl, time_us=t, flops=flops,
-                          dtype="bf16", ceiling="cublas_bf16_TFLOPs", note=note))
-    A8, B8 = A.to(torch.float8_e4m3fn), Bt.to(torch.float8_e4m3fn).transpose(1, 2)
+    bf = "cublas_bf16_TFLOPs"
+    cases = [_case(impl, [lambda s=s, fn=fn: fn(*s) for s in sets], op="bmm_bf16", dtype="bf16", ceiling=bf)
+             for impl, fn in (("cublas", lambda A, B, o: torch.bmm(A, B, out=o)),
+                              ("mate-auto", lambda A, B, o: gemm.bmm_bf16(A, B, out=o)),
+                              ("mate-triton", lambda A, B, o: gemm.bmm_bf16(A, B, out=o, backend="triton")))]
+    rows = _timed_rows(ceilings, shape, flops, cases)
+    # FP8: the same rotated sets in e4m3 (B column-major per batch, as cuBLAS takes it)
+    sets8 = [(A.to(torch.float8_e4m3fn), B.transpose(1, 2).to(torch.float8_e4m3fn).transpose(1, 2), o)
+             for A, B, o in sets]
+    del sets
     sa, sb = torch.ones(1, device="cuda"), torch.ones(1, device="cuda")
     sa0, sb0 = sa.reshape(()), sb.reshape(())
+    sac = torch.ones(b, m, 1, device="cuda")
+    sbc = torch.ones(b, 1, n, device="cuda")
 
-    def cublas_loop():
+    def cublas_loop(A8, B8, out):
         for i in range(b):
             torch._scaled_mm(A8[i], B8[i], scale_a=sa0, scale_b=sb0, out_dtype=torch.bfloat16, out=out[i])
 
-    sac = torch.ones(b, m, 1, device="cuda")
-    sbc = torch.ones(b, 1, n, device="cuda")
-    for impl, fn in (("mate-auto", lambda: gemm.bmm_fp8(A8, B8, sa, sb, torch.bfloat16, out=out)),
-                     ("mate-triton", lambda: gemm.bmm_fp8(A8, B8, sa, sb, torch.bfloat16, out=out, backend="triton")),
-                     ("mate-channelwise", lambda: gemm.bmm_fp8(A8, B8, sac, sbc, torch.bfloat16, out=out)),
-                     ("cublas", cublas_loop)):
-        t, note = _time(fn)
-        res.append(record(ceilings, family=FAMILY, op="bmm_fp8", shape=shape, impl=impl, time_us=t, flops=flops,
-                          dtype="e4m3->bf16", ceiling=CEIL, note=note))
-    return res
+    impls = (("mate-auto", lambda A8, B8, o: gemm.bmm_fp8(A8, B8, sa, sb, torch.bfloat16, out=o)),
+             ("mate-triton", lambda A8, B8, o: gemm.bmm_fp8(A8, B8, sa, sb, torch.bfloat16, out=o, backend="triton")),
+             ("mate-channelwise", lambda A8, B8, o: gemm.bmm_fp8(A8, B8, sac, sbc, torch.bfloat16, out=o)),
+             ("cublas", cublas_loop))
+    cases = [_case(impl, [lambda s=s, fn=fn: fn(*s) for s in sets8], op="bmm_fp8") for impl, fn in impls]
+    return rows + _timed_rows(ceilings, shape, flops, cases)
 
 
 def run(ceilings: dict, quick: bool = False) -> list[dict]:

@@ -30,7 +30,10 @@ os.environ.pop("TRITON_INTERPRET", None)
 
 
 def _families() -> list[str]:
-    return sorted(p.stem.removeprefix("bench_") for p in (ROOT / "benchmarks").glob("bench_*.py"))
+    """The benchmark modules with a ``run(ceilings, quick)`` entry point (the others, e.g.
+    variant sweeps, are scripts of their own)."""
+    return sorted(p.stem.removeprefix("bench_") for p in (ROOT / "benchmarks").glob("bench_*.py")
+                  if "\ndef run(ceilings" in p.read_text())
 
 
 def _env_with_root() -> dict:

@@ -78,7 +78,7 @@ def time_interleaved(
     warmup: int = 5,
 ) -> dict[str, float | Exception]:
     """Median time in microseconds of one call of each case, the cases' CUDA-graph replays
-    interleaved: ``rounds`` rounds, each replaying every case ``iters / rounds`` times in
+    interleaved: ``rounds`` rounds, each replaying every case ``iters / rounds`` times (at least twice) in
     an order rotated by one case per round.
 
     A case timed alone right after another (or first, from idle clocks) is measured in a
@@ -106,7 +106,7 @@ def time_interleaved(
         for name in order:
             graph, calls = graphs[name]
             graph.replay()  # one untimed replay after switching cases
-            for _ in range(max(1, per_round // calls)):
+            for _ in range(max(2, per_round // calls)):
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
                 graph.replay()
