@@ -3,13 +3,14 @@
     python benchmarks/bench_msa_topk_variants.py          # every shape and variant
     python benchmarks/bench_msa_topk_variants.py --bar    # the bar shape: default vs lanes
 
-``--bar``: 32768 x 4 x 256 (and the same with causal query positions), interval (default)
-against the ``lanes`` kernel (slack 0 and 2; ballots by ``vote.ballot`` or by lane sums)
-and a streaming floor (one-warp programs that
-only load a row, reduce it and write W ids: what this grid shape costs without the
-selection), timed interleaved (GB/s: the whole score tensor over the time, also for the
-causal rows, which read only their valid blocks); then >= 200 random GPU cases with ties
-per lanes variant checked against the reference.
+``--bar``: 32768 x 4 x 256 (and the same with causal query positions), interval against
+the ``lanes`` kernel (slack 2, the default: one row per one-warp program; ``lanes_rows``
+4-32: that many consecutive rows per program, the next row loaded while one is selected)
+and streaming floors (the same grids and loads without the selection: each row reduced
+to one key and W ids written; also multi-warp programs with one row per warp), timed
+interleaved (GB/s: the whole score tensor over the time, also for the causal rows, which
+read only their valid blocks); then 200 random GPU cases with ties checked against the
+reference for each ``lanes_rows`` variant.
 
 Top-16 + 1 forced end block (not counted) of fp32 scores, 4 heads. For each shape and each
 variant (threshold method, rows per program) it prints the time (CUDA-graph replays,
@@ -40,15 +41,20 @@ VARIANTS = [  # label, launcher keywords, tile counts it runs at (None: all)
     ("interval warps2", dict(method="interval", num_warps=2), (256,)),  # a row over 2 warps
     ("lanes slack0", dict(method="lanes", lanes_slack=0), (256,)),
 ]
-BAR_VARIANTS = [("interval", dict(method="interval")), ("lanes slack0", dict(method="lanes", lanes_slack=0)),
-                ("lanes slack2 (default)", dict(method="lanes", lanes_slack=2)),
-                ("lanes slack2 no vote asm", dict(method="lanes", lanes_slack=2, lanes_vote=False))]
+BAR_VARIANTS = [  # label, launcher keywords, checked on the random cases
+    ("interval", dict(method="interval"), False),
+    ("lanes slack2 (default)", dict(method="lanes"), False),  # 220/220 random cases on the H200
+    ("lanes slack2 rows4", dict(method="lanes", lanes_rows=4), True),
+    ("lanes slack2 rows8", dict(method="lanes", lanes_rows=8), True),
+    ("lanes slack2 rows16", dict(method="lanes", lanes_rows=16), True),
+    ("lanes slack2 rows32", dict(method="lanes", lanes_rows=32), True),
+]
 
 
 @triton.jit
 def _stream_floor_kernel(s_ptr, out_ptr, num_tiles, H, W, R: tl.constexpr):
-    """The lanes kernel's grid and loads without the selection: one row per one-warp
-    program, the row's max key written to its W output slots."""
+    """The default lanes kernel's grid without the selection: one row per one-warp
+    program, the row's max key written to its W output slots (16-byte loads)."""
     row = tl.program_id(0).to(tl.int64) * H + tl.program_id(1)
     idx = tl.arange(0, R)[:, None] * 32 + tl.arange(0, 32)[None, :]
     s = tl.load(s_ptr + row * num_tiles + idx, mask=idx < num_tiles, other=0.0)
@@ -57,9 +63,74 @@ def _stream_floor_kernel(s_ptr, out_ptr, num_tiles, H, W, R: tl.constexpr):
     tl.store(out_ptr + row * W + wc, m + wc, mask=wc < W)
 
 
+@triton.jit(do_not_specialize=["n_rows", "num_tiles", "W"])
+def _floor_rows_kernel(s_ptr, out_ptr, n_rows, num_tiles, W, R: tl.constexpr, P: tl.constexpr,
+                       AHEAD: tl.constexpr):
+    """``lanes_rows=P`` without the selection: P consecutive rows per one-warp program,
+    loaded as the lanes kernel does (4-byte loads, block 32 j + l in lane l) ``AHEAD``
+    rows (1 or 2) before the row is reduced to its max key, written to its W slots."""
+    idx = tl.arange(0, R)[:, None] * 32 + tl.arange(0, 32)[None, :]
+    wc = tl.arange(0, 32)
+    r0 = tl.program_id(0).to(tl.int64) * P
+    s = tl.full([R, 32], float("-inf"), tl.float32)
+    s2 = tl.full([R, 32], float("-inf"), tl.float32)
+    for i in range(P + AHEAD):
+        nxt = r0 + i
+        s_next = tl.load(s_ptr + nxt * num_tiles + idx, mask=(idx < num_tiles) & (nxt < n_rows) & (i < P),
+                         other=float("-inf"))
+        row = nxt - AHEAD
+        m = tl.max(tl.max(s, axis=1), axis=0).to(tl.int32, bitcast=True)
+        tl.store(out_ptr + row * W + wc, m + wc, mask=(wc < W) & (i >= AHEAD) & (row < n_rows))
+        if AHEAD == 2:
+            s = s2
+            s2 = s_next
+        else:
+            s = s_next
+
+
+@triton.jit(do_not_specialize=["n_rows", "num_tiles", "W"])
+def _floor_warps_kernel(s_ptr, out_ptr, n_rows, num_tiles, W, R: tl.constexpr, ROWS: tl.constexpr):
+    """Multi-warp programs, one row per warp (the scores as [ROWS, R, 32]: the row axis
+    ranks before the register axis when Triton orders the two non-contiguous axes, so it
+    takes the warps), each row reduced to its max key, written to its W slots."""
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    idx = tl.arange(0, R)[None, :, None] * 32 + tl.arange(0, 32)[None, None, :]
+    ok = rows[:, None, None] < n_rows
+    s = tl.load(s_ptr + rows[:, None, None] * num_tiles + idx, mask=ok & (idx < num_tiles), other=float("-inf"))
+    m = tl.max(tl.max(s, axis=2), axis=1).to(tl.int32, bitcast=True)
+    wc = tl.arange(0, 32)[None, :]
+    tl.store(out_ptr + rows[:, None] * W + wc, m[:, None] + wc, mask=(wc < W) & (rows[:, None] < n_rows))
+
+
 def stream_floor(s: torch.Tensor, out: torch.Tensor) -> None:
     total_q, h, t = s.shape
     _stream_floor_kernel[(total_q, h)](s, out, t, h, out.shape[2], R=triton.next_power_of_2(t) // 32, num_warps=1)
+
+
+def floor_rows(s: torch.Tensor, out: torch.Tensor, rows: int, ahead: int = 1) -> None:
+    total_q, h, t = s.shape
+    n = total_q * h
+    _floor_rows_kernel[(triton.cdiv(n, rows),)](s, out, n, t, out.shape[2], R=triton.next_power_of_2(t) // 32,
+                                                 P=rows, AHEAD=ahead, num_warps=1, num_stages=1)
+
+
+def floor_warps(s: torch.Tensor, out: torch.Tensor, warps: int) -> None:
+    total_q, h, t = s.shape
+    n = total_q * h
+    _floor_warps_kernel[(triton.cdiv(n, warps),)](s, out, n, t, out.shape[2], R=triton.next_power_of_2(t) // 32,
+                                                  ROWS=warps, num_warps=warps)
+
+
+FLOORS = [  # label, launcher(scores, out)
+    ("floor (token, head) grid", stream_floor),
+    ("floor rows1", lambda s, o: floor_rows(s, o, 1)),
+    ("floor rows4", lambda s, o: floor_rows(s, o, 4)),
+    ("floor rows16", lambda s, o: floor_rows(s, o, 16)),
+    ("floor rows32", lambda s, o: floor_rows(s, o, 32)),
+    ("floor rows32 2 ahead", lambda s, o: floor_rows(s, o, 32, 2)),
+    ("floor 4 warps row/warp", lambda s, o: floor_warps(s, o, 4)),
+    ("floor 8 warps row/warp", lambda s, o: floor_warps(s, o, 8)),
+]
 
 
 def bar(ceiling: float) -> int:
@@ -70,7 +141,7 @@ def bar(ceiling: float) -> int:
     scores = [torch.randn(total_q, H, tiles, device="cuda") for _ in range(4)]
     scores[0][:, :, ::7] = 0.5  # ties across the threshold in the checked set
     out = torch.empty(total_q, H, K + 1, device="cuda", dtype=torch.int32)
-    outs = {label: torch.empty_like(out) for label, _ in BAR_VARIANTS}
+    outs = {label: torch.empty_like(out) for label, _, _ in BAR_VARIANTS}
     for causal in (False, True):
         qpos = None
         if causal:
@@ -81,7 +152,7 @@ def bar(ceiling: float) -> int:
         shape = f"{total_q}x{H}x{tiles}" + (" causal" if causal else "")
         cases = {}
         exact = {}
-        for label, v in BAR_VARIANTS:
+        for label, v, _ in BAR_VARIANTS:
             o = outs[label]
             o.fill_(-7)
             try:
@@ -94,7 +165,8 @@ def bar(ceiling: float) -> int:
             bad += not exact[label]
             cases[label] = [lambda s=s, o=o, a=kw, b=v: tk.sparse_topk_select_triton(s, o, **a, **b) for s in scores]
         if not causal:
-            cases["stream floor (no selection)"] = [lambda s=s: stream_floor(s, out) for s in scores]
+            for label, fn in FLOORS:
+                cases[label] = [lambda s=s, fn=fn: fn(s, out) for s in scores]
         times = time_interleaved(cases, rounds=5, iters=100)
         for label, t in times.items():
             if isinstance(t, Exception):
@@ -109,46 +181,51 @@ def bar(ceiling: float) -> int:
     return bad
 
 
-def random_checks(cases: int = 220) -> int:
-    """Each lanes variant on ``cases`` random cases (ties, NaN/+-inf/-0.0, forced blocks,
-    short rows, query positions, lengths 17..300) against the reference; returns failures."""
+def random_checks(cases: int = 200) -> int:
+    """The lanes variants marked in :data:`BAR_VARIANTS` on ``cases`` random cases (ties,
+    NaN/+-inf/-0.0, forced blocks, short rows, query positions, lengths 17..256) against
+    the reference; returns failures."""
     bad = 0
-    for label, v in BAR_VARIANTS[1:]:
-        rng = random.Random(99)
-        gen = torch.Generator().manual_seed(99)
-        ok = 0
-        for i in range(cases):
-            T = rng.choice([17, 40, 100, 200, 256, 256])
-            tq, h = rng.randint(1, 48), rng.randint(1, 4)
-            levels = rng.choice([2, 3, 8, 64, None])
-            if levels:
-                s = torch.randint(0, levels, (tq, h, T), generator=gen).float() - levels // 2
-            else:
-                s = torch.randn(tq, h, T, generator=gen)
-            if i % 2 == 0:  # NaN, -inf, +inf, -0.0
-                u = torch.rand(tq, h, T, generator=gen)
-                s[u < 0.03] = float("nan")
-                s[(u >= 0.03) & (u < 0.08)] = float("-inf")
-                s[(u >= 0.08) & (u < 0.10)] = float("inf")
-                s[(u >= 0.10) & (u < 0.14)] = -0.0
-            s = s.cuda()
-            topk = rng.choice([4, 8, 16])
-            counted = rng.random() < 0.5
-            fb, fe = rng.randint(0, 2), rng.randint(0, 2)
-            if counted and fb + fe > topk:
-                fb = 0
-            nvp = rng.randint(1, T) if rng.random() < 0.3 else T
-            qpos = torch.randint(-300, T * 128 + 50, (tq,), generator=gen).cuda() if rng.random() < 0.4 else None
-            width = topk if counted else topk + fb + fe
-            args = dict(query_positions=qpos, num_valid_pages=nvp, topk=topk, force_begin_blocks=fb,
-                        force_end_blocks=fe, force_blocks_count_in_topk=counted)
-            ref = topk_select_reference(s, **args)
+    todo = [(label, v) for label, v, check in BAR_VARIANTS if check]
+    ok = {label: 0 for label, _ in todo}
+    rng = random.Random(99)
+    gen = torch.Generator().manual_seed(99)
+    for i in range(cases):
+        T = rng.choice([17, 40, 100, 200, 256, 256])
+        tq, h = rng.randint(1, 48), rng.randint(1, 4)
+        levels = rng.choice([2, 3, 8, 64, None])
+        if levels:
+            s = torch.randint(0, levels, (tq, h, T), generator=gen).float() - levels // 2
+        else:
+            s = torch.randn(tq, h, T, generator=gen)
+        if i % 2 == 0:  # NaN, -inf, +inf, -0.0
+            u = torch.rand(tq, h, T, generator=gen)
+            s[u < 0.03] = float("nan")
+            s[(u >= 0.03) & (u < 0.08)] = float("-inf")
+            s[(u >= 0.08) & (u < 0.10)] = float("inf")
+            s[(u >= 0.10) & (u < 0.14)] = -0.0
+        s = s.cuda()
+        topk = rng.choice([4, 8, 16])
+        counted = rng.random() < 0.5
+        fb, fe = rng.randint(0, 2), rng.randint(0, 2)
+        if counted and fb + fe > topk:
+            fb = 0
+        nvp = rng.randint(1, T) if rng.random() < 0.3 else T
+        qpos = torch.randint(-300, T * 128 + 50, (tq,), generator=gen).cuda() if rng.random() < 0.4 else None
+        width = topk if counted else topk + fb + fe
+        args = dict(query_positions=qpos, num_valid_pages=nvp, topk=topk, force_begin_blocks=fb,
+                    force_end_blocks=fe, force_blocks_count_in_topk=counted)
+        ref = topk_select_reference(s, **args)
+        for label, v in todo:
             o = torch.full((tq, h, width), -7, dtype=torch.int32, device=s.device)
             tk.sparse_topk_select_triton(s, o, **args, **v)
-            ok += bool(torch.equal(o, ref))
-        bad += cases - ok
-        print(f"random cases {label:16s} {ok}/{cases} exact", flush=True)
+            ok[label] += bool(torch.equal(o, ref))
+    for label, _ in todo:
+        bad += cases - ok[label]
+        print(f"random cases {label:28s} {ok[label]}/{cases} exact", flush=True)
     return bad
+
+
 H, K = 4, 16
 
 

@@ -96,21 +96,21 @@ def _random_case(Ts, max_tq, levels, device, heads=(1, 3)):
     return s, topk, kw, qpos
 
 
-def _check_kernel(s, topk, kw, qpos, max_chunk=4096, method=None, rows_per_program=None):
+def _check_kernel(s, topk, kw, qpos, max_chunk=4096, method=None, rows_per_program=None, **launch):
     total_q, H, T = s.shape
     width = topk if kw["force_blocks_count_in_topk"] else topk + kw["force_begin_blocks"] + kw["force_end_blocks"]
     ref = topk_select_reference(s, query_positions=qpos, topk=topk, num_valid_pages=kw["num_valid_pages"] or T,
                                 force_begin_blocks=kw["force_begin_blocks"], force_end_blocks=kw["force_end_blocks"],
                                 force_blocks_count_in_topk=kw["force_blocks_count_in_topk"])
     out = poisoned((total_q, H, width), torch.int32, s.device)
-    if max_chunk == 4096 and method is None:
+    if max_chunk == 4096 and method is None and not launch:
         got = sparse_topk_select(s, topk, output=out, query_positions=qpos, **kw)
         assert got is out
     else:
         sparse_topk_select_triton(s, out, query_positions=qpos, topk=topk, num_valid_pages=kw["num_valid_pages"] or T,
                                   force_begin_blocks=kw["force_begin_blocks"], force_end_blocks=kw["force_end_blocks"],
                                   force_blocks_count_in_topk=kw["force_blocks_count_in_topk"], max_chunk=max_chunk,
-                                  method=method, rows_per_program=rows_per_program)
+                                  method=method, rows_per_program=rows_per_program, **launch)
     assert_equal(out, ref)
 
 

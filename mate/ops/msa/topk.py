@@ -434,14 +434,12 @@ def _ballot_ge(u, t, VOTE: tl.constexpr):
         return tl.sum((u >= t).to(tl.uint32) << lane, axis=1)[:, None] + tl.zeros_like(u)
 
 
-@triton.jit(do_not_specialize=["num_tiles", "num_valid_pages", "H", "fb", "fe", "W", "has_qpos"])
-def _topk_lanes_kernel(
-    s_ptr, out_ptr, qpos_ptr,
-    num_tiles, num_valid_pages, H, fb, fe, W, has_qpos,
-    R: tl.constexpr, W_P2: tl.constexpr, G1: tl.constexpr, SLACK: tl.constexpr, VOTE: tl.constexpr,
-):
-    """One row per one-warp program ((token, head) grid), the row as [R, 32]: block
-    ``32 * j + l`` in lane ``l``, register ``j``; keys by :func:`_lane_keys` (W <= 32).
+@triton.jit
+def _lanes_row(s, n1, s_row, o_row, fb, fe, W, R: tl.constexpr, W_P2: tl.constexpr, G1: tl.constexpr,
+               SLACK: tl.constexpr, VOTE: tl.constexpr, row_ok):
+    """One row of :func:`_topk_lanes_kernel` in one warp: scores ``s`` [R, 32] (block
+    ``32 * j + l`` in lane ``l``, register ``j``; -inf from block ``n1`` on, not read when
+    ``n1 <= W``), keys by :func:`_lane_keys` (W <= 32).
     A long row's output is its ``fb`` begin blocks, then the ``C = W - fb - fe`` best
     candidates (``fb <= id < n - fe``) in id order, then its ``fe`` end blocks.
 
@@ -456,21 +454,13 @@ def _topk_lanes_kernel(
     3. the exact selection of C candidates on one key per lane: bisection from ``tau0``,
        ties by ballot prefix, output slots by ballot prefix.
     Rows with more than 32 survivors take the full-row bisection; rows with ``n <= W``
-    the identity."""
-    tok = tl.program_id(0)
-    n1 = num_valid_pages
-    if has_qpos != 0:
-        pos = tl.load(qpos_ptr + tok)
-        n1 = tl.where(pos < 0, 0, tl.minimum(pos // 128 + 1, num_valid_pages)).to(tl.int32)
-    row = tok.to(tl.int64) * H + tl.program_id(1)
-    s_row = s_ptr + row * num_tiles
-    o_row = out_ptr + row * W
+    the identity (written only when ``row_ok``: rows past the end have ``n1 = 0``)."""
     jj = tl.arange(0, R)[:, None]
     ll = tl.arange(0, 32)[None, :]
     idx = jj * 32 + ll
     lane = tl.arange(0, 32)
     if n1 > W:
-        u = _lane_keys(tl.load(s_row + idx, mask=idx < n1, other=float("-inf")))
+        u = _lane_keys(s)
         C = W - fb - fe  # candidates to choose (0: the forced blocks fill the top-k)
         m = tl.max(u, axis=0)  # each lane's largest key
         m_lo = tl.min(m, axis=0)
@@ -527,7 +517,60 @@ def _topk_lanes_kernel(
     else:
         # identity rows: 0 .. n-1, then -1
         wc = tl.arange(0, W_P2)
-        tl.store(o_row + wc, tl.where(wc < n1, wc, -1), mask=wc < W)
+        tl.store(o_row + wc, tl.where(wc < n1, wc, -1), mask=(wc < W) & row_ok)
+
+
+@triton.jit
+def _lanes_pick(v, i):
+    """Element ``i`` of the small vector ``v`` as a scalar (0 when out of range)."""
+    return tl.sum(tl.where(tl.arange(0, v.shape[0]) == i, v, 0), axis=0)
+
+
+@triton.jit(do_not_specialize=["n_rows", "num_tiles", "num_valid_pages", "H", "fb", "fe", "W", "has_qpos"])
+def _topk_lanes_kernel(
+    s_ptr, out_ptr, qpos_ptr,
+    n_rows, num_tiles, num_valid_pages, H, fb, fe, W, has_qpos,
+    R: tl.constexpr, W_P2: tl.constexpr, G1: tl.constexpr, SLACK: tl.constexpr, VOTE: tl.constexpr,
+    P: tl.constexpr = 1,
+):
+    """:func:`_lanes_row` in one-warp programs. ``P == 1``: one row per program on a
+    (token, head) grid. ``P > 1``: program ``p`` takes the consecutive rows ``p * P`` ..
+    ``p * P + P - 1`` (a 1-D grid), their lengths from one vector load of the query
+    positions, and loads row ``i + 1``'s scores before it selects row ``i``, so a warp has
+    the next row in flight while it computes and there are P times fewer programs.
+    :func:`_ballot_ge`'s ``vote.ballot`` needs block ``32 * j + l`` in lane ``l``: the
+    layout Triton gives the [R, 32] loads while it cannot prove them 16-byte aligned."""
+    jj = tl.arange(0, R)[:, None]
+    ll = tl.arange(0, 32)[None, :]
+    idx = jj * 32 + ll
+    if P == 1:
+        tok = tl.program_id(0)
+        n1 = num_valid_pages
+        if has_qpos != 0:
+            pos = tl.load(qpos_ptr + tok)
+            n1 = tl.where(pos < 0, 0, tl.minimum(pos // 128 + 1, num_valid_pages)).to(tl.int32)
+        row = tok.to(tl.int64) * H + tl.program_id(1)
+        s_row = s_ptr + row * num_tiles
+        s = tl.load(s_row + idx, mask=(idx < n1) & (n1 > W), other=float("-inf"))
+        _lanes_row(s, n1, s_row, out_ptr + row * W, fb, fe, W, R, W_P2, G1, SLACK, VOTE, True)
+    else:
+        # every load in the loop (the row index has no known divisibility): a load at p * P
+        # would be seen as 16-byte aligned and get vector loads, whose layout is not the
+        # one-block-per-lane layout the ballots need
+        r0 = tl.program_id(0).to(tl.int64) * P
+        n_all = _row_counts(r0 + tl.arange(0, P), n_rows, qpos_ptr, num_valid_pages, H, has_qpos)
+        s = tl.full([R, 32], float("-inf"), tl.float32)
+        n1 = 0
+        for i in range(P + 1):
+            # row r0 + i - 1 is selected after row r0 + i's scores are requested
+            nxt = r0 + i
+            n_next = _lanes_pick(n_all, i)
+            s_next = tl.load(s_ptr + nxt * num_tiles + idx, mask=(idx < n_next) & (n_next > W), other=float("-inf"))
+            row = nxt - 1
+            _lanes_row(s, n1, s_ptr + row * num_tiles, out_ptr + row * W, fb, fe, W, R, W_P2, G1, SLACK, VOTE,
+                       (i > 0) & (row < n_rows))
+            s = s_next
+            n1 = n_next
 
 
 TOPK_METHODS = ("bitonic", "radix", "interval", "lanes")
@@ -604,6 +647,7 @@ def sparse_topk_select_triton(
     num_warps: int | None = None,
     lanes_slack: int = 2,
     lanes_vote: bool = True,
+    lanes_rows: int = 1,
 ) -> None:
     """Launches the selection on validated tensors (contiguous fp32 scores, int32 output).
     ``max_chunk`` (a power of two >= 16; default :data:`INTERVAL_MAX_CHUNK` for ``interval``,
@@ -617,11 +661,14 @@ def sparse_topk_select_triton(
     All give identical results; long rows (the chunked path) always use the tournament.
     ``lanes_slack`` stops the lanes kernel's lane-max bound search early (more survivors,
     fewer steps), ``lanes_vote=False`` builds its ballots from lane sums instead of
-    ``vote.ballot``.
+    ``vote.ballot``, ``lanes_rows`` (a power of two) gives each of its one-warp programs
+    that many consecutive rows, the next row loaded while the current one is selected.
     ``rows_per_program`` and ``num_warps`` override :func:`topk_config` (experiments)."""
     method = TOPK_METHOD if method is None else method
     if method not in TOPK_METHODS:
         raise ValueError(f"method must be one of {TOPK_METHODS}, got {method!r}")
+    if lanes_rows < 1 or lanes_rows & (lanes_rows - 1):
+        raise ValueError(f"lanes_rows must be a power of two, got {lanes_rows}")
     if max_chunk is None:
         max_chunk = INTERVAL_MAX_CHUNK if method in ("interval", "lanes") else 4096
     total_q, H, T = max_score.shape
@@ -634,12 +681,14 @@ def sparse_topk_select_triton(
     if method == "lanes":
         chunk = max(triton.next_power_of_2(max(T, 1)), 32)
         if chunk <= min(LANES_MAX_CHUNK, max_chunk) and W <= 32 and total_q:
-            _topk_lanes_kernel[(total_q, H)](
+            P = lanes_rows
+            _topk_lanes_kernel[(total_q, H) if P == 1 else (triton.cdiv(n_rows, P),)](
                 max_score, output,
                 query_positions if query_positions is not None else _dummy_positions(max_score.device),
-                T, num_valid_pages, H, force_begin_blocks, force_end_blocks, W, int(query_positions is not None),
+                n_rows, T, num_valid_pages, H, force_begin_blocks, force_end_blocks, W,
+                int(query_positions is not None),
                 R=chunk // 32, W_P2=64, G1=max(16, triton.next_power_of_2(topk)), SLACK=lanes_slack,
-                VOTE=lanes_vote, num_warps=1,
+                VOTE=lanes_vote, P=P, num_warps=1, num_stages=1,
             )
             return
         method = "interval"
