@@ -23,27 +23,60 @@ from mate.ops.sparse_mla import decode_gluon_small_h as dg
 from mate.ops.sparse_mla.metadata import HEAD_DIM_ROPE, HEAD_DIM_V
 from mate.testing.sass import SMEM_LIMIT, compile_sm90, divisibility_attrs
 
+# Lean-schedule candidates: (fence, qk_ahead, v_early, stages).
+LEAN = ((2, 1, True, 5), (1, 1, True, 5), (0, 1, True, 5), (0, 2, True, 5), (1, 2, True, 5), (0, 1, True, 4),
+        (0, 1, False, 5), (1, 1, False, 5), (0, 2, False, 5))
 POINTERS = ("q_ptr", "kv_ptr", "idx_ptr", "seq_lens_ptr", "out_ptr", "lse_ptr", "po_ptr", "plse_ptr")
 PATTERN = re.compile(r"\b(QGMMA\.\S+|HGMMA\.\S+|LDGSTS\S*|BAR\.SYNC\S*|WARPGROUP\.DEPBAR\S*|STL\S*|LDL\S*|"
                      r"SHFL\S*|LDS\S*|STS\S*|F2FP\S*|PRMT|LDSM\S*)")
 
 
-def compile_one(block_h: int, split: bool, v_regs: bool, stages: int, out_dir: str, v_early: bool = False) -> bool:
+def loop_summary(sass: str) -> str:
+    """Instructions, CTA barriers, memory fences, wgmma waits and shared-memory accesses of the
+    longest loop (the main loop: from the target of its backward branch to the branch)."""
+    ins = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    best = None
+    for i, (addr, text) in enumerate(ins):
+        m = re.search(r"\bBRA (0x[0-9a-f]+)", text)
+        if m and int(m.group(1), 16) < addr:
+            start = next(j for j, (a, _) in enumerate(ins) if a == int(m.group(1), 16))
+            if best is None or i - start > best[1] - best[0]:
+                best = (start, i)
+    if best is None:
+        return "no loop"
+    body = [t for _, t in ins[best[0]:best[1] + 1]]
+    n = lambda pat: sum(1 for t in body if re.search(pat, t))
+    lds, sts = n(r"\bLD(S|SM)\b|\bLDS\.|\bLDSM\."), n(r"\bST(S|SM)\b|\bSTS\.|\bSTSM\.")
+    return (f"{len(body)} instructions, {n(r'BAR.SYNC')} BAR.SYNC, {n(r'MEMBAR')} MEMBAR, "
+            f"{n(r'WARPGROUP.DEPBAR')} wgmma waits, {n(r'LDGSTS')} LDGSTS, {lds} shared loads, "
+            f"{sts} shared stores")
+
+
+def compile_one(block_h: int, split: bool, v_regs: bool, stages: int, out_dir: str, v_early: bool = False,
+                lean: tuple[int, int] | None = None) -> bool:
+    """``lean``: (fence, qk_ahead) of the lean-schedule kernel (``v_regs`` unused)."""
     sig = {"q_ptr": "*fp8e4nv", "kv_ptr": "*fp8e4nv", "idx_ptr": "*i32", "seq_lens_ptr": "*i32",
            "out_ptr": "*bf16", "lse_ptr": "*fp32", "po_ptr": "*fp16" if split else "*bf16", "plse_ptr": "*fp32",
            "num_tokens": "i32", "qk_scale_log2": "fp32", "out_scale": "fp32", "H": "i32", "q_len": "i32",
            "top_k": "i32", "split_blocks": "i32", "num_splits": "i32"}
-    constexprs = {"SPLIT": split, "HAS_SEQ_LENS": True, "STAGES": stages, "V_REGS": v_regs, "V_EARLY": v_early,
-                  "BLOCK_H": block_h,
-                  "BLOCK_N": dg.SMALL_H_BLOCK_N, "D_V": HEAD_DIM_V, "D_R": HEAD_DIM_ROPE}
+    if lean is None:
+        constexprs = {"SPLIT": split, "HAS_SEQ_LENS": True, "STAGES": stages, "V_REGS": v_regs, "V_EARLY": v_early,
+                      "BLOCK_H": block_h}
+        fn = dg.sparse_mla_decode_small_h_kernel
+        tag = f"small_h{block_h}_split{int(split)}_vregs{int(v_regs)}{'_early' if v_early else ''}_stages{stages}"
+    else:
+        constexprs = {"SPLIT": split, "HAS_SEQ_LENS": True, "STAGES": stages, "FENCE": lean[0], "QK_AHEAD": lean[1],
+                      "V_EARLY": v_early, "BLOCK_H": block_h}
+        fn = dg.sparse_mla_decode_small_h_lean_kernel
+        tag = (f"lean_h{block_h}_split{int(split)}_fence{lean[0]}_ahead{lean[1]}{'_early' if v_early else ''}"
+               f"_stages{stages}")
+    constexprs.update({"BLOCK_N": dg.SMALL_H_BLOCK_N, "D_V": HEAD_DIM_V, "D_R": HEAD_DIM_ROPE})
     sig.update({k: "constexpr" for k in constexprs})
-    src = GluonASTSource(fn=dg.sparse_mla_decode_small_h_kernel, signature=sig, constexprs=constexprs,
-                         attrs=divisibility_attrs(sig, POINTERS))
-    tag = f"small_h{block_h}_split{int(split)}_vregs{int(v_regs)}{'_early' if v_early else ''}_stages{stages}"
+    src = GluonASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=divisibility_attrs(sig, POINTERS))
     rep = compile_sm90(src, {"num_warps": dg.SMALL_H_NUM_WARPS}, pattern=PATTERN, out_dir=out_dir, tag=tag,
                        keep_text=True)
     print(f"{tag}: {rep.registers} registers, stack {rep.stack} B, local {rep.local} B, {rep.spills} spill "
-          f"instructions, shared {rep.shared} B ({rep.shared / 1024:.1f} KB)")
+          f"instructions, shared {rep.shared} B ({rep.shared / 1024:.1f} KB); main loop: {loop_summary(rep.sass)}")
     for name, n in sorted(rep.counts.items()):
         print(f"    {name}: {n}")
     has_mma = any(k.startswith("QGMMA") for k in rep.counts) and any(k.startswith("HGMMA") for k in rep.counts)
@@ -65,6 +98,12 @@ def main() -> int:
                     continue
                 ok &= compile_one(block_h, split, v_regs, dg.SMALL_H_STAGES[v_regs], out_dir)
     ok &= compile_one(16, False, True, dg.SMALL_H_STAGES[True], out_dir, v_early=True)
+    for block_h in (16, 32):
+        for split in (False, True):
+            for fence, ahead, early, stages in LEAN:
+                if (args.quick and (split or block_h == 32)) or (block_h == 32 and early and ahead == 2):
+                    continue  # (32 heads, Vᵀ early and Sᵀ two blocks ahead: 255 registers and spills)
+                ok &= compile_one(block_h, split, True, stages, out_dir, v_early=early, lean=(fence, ahead))
     print("cubins in", out_dir)
     return 0 if ok else 1
 
