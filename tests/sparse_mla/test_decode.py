@@ -405,15 +405,14 @@ def test_gpu_plan_variants(H, kw):
     _check(out, lse, q, kv, idx, sl, s1, 1.25, gpu=True)
 
 
-@gpu
-@pytest.mark.parametrize("H", [16, 128])
-def test_gpu_cuda_graph_replay_and_no_allocation(H):
-    B, q_len, top_k = 4, 2, 2048
+def check_graph_replay(B, q_len, H, top_k, md, *, bmm1_scale=0.05):
+    """A decode with prepared metadata allocates nothing after its first call; captured in
+    a CUDA graph and replayed on new contents of the captured buffers, it matches the
+    reference and, bit for bit, an eager call with the same metadata."""
     q, kv, idx, sl = _make(B, q_len, H, top_k, pages=64, page_size=64, device="cuda")
-    md = get_batch_decode_metadata_mla(q, sl, top_k)
     out = torch.empty(B, q_len, H, 512, dtype=torch.bfloat16, device="cuda")
     lse = torch.empty(B, q_len, H, device="cuda")
-    run = lambda: _call(q, kv, idx, sl, top_k, out=out, lse=lse, bmm1_scale=0.05, metadata=md)
+    run = lambda: _call(q, kv, idx, sl, top_k, out=out, lse=lse, bmm1_scale=bmm1_scale, metadata=md)
     run()
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
@@ -422,31 +421,44 @@ def test_gpu_cuda_graph_replay_and_no_allocation(H):
     assert torch.cuda.memory_allocated() == before
     graph = capture_graph(run)
     for _ in range(2):  # new contents in the captured buffers
-        q2, kv2, idx2, sl2 = _make(B, q_len, H, top_k, pages=64, page_size=64, device="cuda")
-        q.copy_(q2)
-        kv.copy_(kv2)
-        idx.copy_(idx2)
-        sl.copy_(sl2)
+        for dst, src in zip((q, kv, idx, sl), _make(B, q_len, H, top_k, pages=64, page_size=64, device="cuda")):
+            dst.copy_(src)
         out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
-        eager_out, eager_lse = _call(q, kv, idx, sl, top_k, bmm1_scale=0.05, return_lse=True)
+        _check(out, lse, q, kv, idx, sl, bmm1_scale, 1.0, gpu=True)
+        eager_out = poisoned(out.shape, torch.bfloat16, "cuda")
+        eager_lse = poisoned(lse.shape, torch.float32, "cuda")
+        _call(q, kv, idx, sl, top_k, out=eager_out, lse=eager_lse, bmm1_scale=bmm1_scale, metadata=md)
         assert_equal(out, eager_out)
         assert_equal(lse, eager_lse)
 
 
-@gpu
-def test_gpu_repeated_decodes_bit_identical():
-    B, q_len, H, top_k = 8, 1, 128, 2048
+def count_unequal_repeats(B, q_len, H, top_k, md, repeats):
+    """How many of ``repeats`` decodes with the same inputs and metadata differ (in any bit
+    of out or lse) from the first one."""
     q, kv, idx, sl = _make(B, q_len, H, top_k, pages=64, page_size=64, device="cuda")
-    md = get_batch_decode_metadata_mla(q, sl, top_k)
-    assert md.num_splits > 1  # exercises the combine step too
     first, first_lse = _call(q, kv, idx, sl, top_k, bmm1_scale=0.05, return_lse=True, metadata=md)
-    out = torch.empty_like(first)
-    lse = torch.empty_like(first_lse)
+    out, lse = torch.empty_like(first), torch.empty_like(first_lse)
     mismatches = 0
-    for _ in range(1000):
+    for _ in range(repeats):
         out.fill_(float("nan"))
         _call(q, kv, idx, sl, top_k, out=out, lse=lse, bmm1_scale=0.05, metadata=md)
         mismatches += not (torch.equal(out, first) and torch.equal(lse, first_lse))
-    assert mismatches == 0
+    return mismatches
+
+
+@gpu
+@pytest.mark.parametrize("H", [16, 128])
+def test_gpu_cuda_graph_replay_and_no_allocation(H):
+    B, q_len, top_k = 4, 2, 2048
+    q, _, _, sl = _make(B, q_len, H, top_k, pages=1, device="cuda")
+    check_graph_replay(B, q_len, H, top_k, get_batch_decode_metadata_mla(q, sl, top_k))
+
+
+@gpu
+def test_gpu_repeated_decodes_bit_identical():
+    q, _, _, sl = _make(8, 1, 128, 2048, pages=1, device="cuda")
+    md = get_batch_decode_metadata_mla(q, sl, 2048)
+    assert md.num_splits > 1  # exercises the combine step too
+    assert count_unequal_repeats(8, 1, 128, 2048, md, 1000) == 0

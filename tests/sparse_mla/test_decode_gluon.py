@@ -16,10 +16,8 @@ import pytest
 import torch
 
 from mate.ops.sparse_mla.metadata import GLUON_SMALL_H_STAGES, GLUON_STAGES, plan_decode
-from mate.sparse_mla_interface import sparse_mla_fp8_decode
 from mate.testing import assert_equal, poisoned
-from mate.testing.graphs import capture_graph
-from tests.sparse_mla.test_decode import _call, _check, _make
+from tests.sparse_mla.test_decode import _call, _check, _make, check_graph_replay, count_unequal_repeats
 
 
 def test_gluon_module_imports():
@@ -151,53 +149,16 @@ def test_gpu_gluon_unaligned_cache_takes_plain_kernel(gluon_ok):
 
 @gpu
 def test_gpu_gluon_cuda_graph_replay_and_no_allocation(gluon_ok):
-    B, q_len, H, top_k = 4, 2, 128, 2048
-    q, kv, idx, sl = _make(B, q_len, H, top_k, pages=64, page_size=64, device="cuda")
-    md = _gluon_plan(B, q_len, H, top_k)
+    md = _gluon_plan(4, 2, 128, 2048)
     assert md.num_splits > 1
-    out = torch.empty(B, q_len, H, 512, dtype=torch.bfloat16, device="cuda")
-    lse = torch.empty(B, q_len, H, device="cuda")
-    run = lambda: sparse_mla_fp8_decode(q, kv, None, 128, 512, 64, idx, sl, 0, top_k, out=out, lse=lse,
-                                        bmm1_scale=0.05, metadata=md)
-    run()
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_allocated()
-    run()
-    torch.cuda.synchronize()
-    assert torch.cuda.memory_allocated() == before
-    graph = capture_graph(run)
-    for _ in range(2):  # new contents in the captured buffers
-        q2, kv2, idx2, sl2 = _make(B, q_len, H, top_k, pages=64, page_size=64, device="cuda")
-        q.copy_(q2)
-        kv.copy_(kv2)
-        idx.copy_(idx2)
-        sl.copy_(sl2)
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        _check(out, lse, q, kv, idx, sl, 0.05, 1.0, gpu=True)
-        eager_out = poisoned(out.shape, torch.bfloat16, "cuda")
-        eager_lse = poisoned(lse.shape, torch.float32, "cuda")
-        sparse_mla_fp8_decode(q, kv, None, 128, 512, 64, idx, sl, 0, top_k, out=eager_out, lse=eager_lse,
-                              bmm1_scale=0.05, metadata=md)
-        assert_equal(out, eager_out)
-        assert_equal(lse, eager_lse)
+    check_graph_replay(4, 2, 128, 2048, md)
 
 
 @gpu
 def test_gpu_gluon_repeated_decodes_bit_identical(gluon_ok):
-    B, q_len, H, top_k = 8, 1, 128, 2048
-    q, kv, idx, sl = _make(B, q_len, H, top_k, pages=64, page_size=64, device="cuda")
-    md = _gluon_plan(B, q_len, H, top_k)
+    md = _gluon_plan(8, 1, 128, 2048)
     assert md.num_stages == GLUON_STAGES
-    first, first_lse = _run(q, kv, idx, sl, top_k, md)
-    out, lse = torch.empty_like(first), torch.empty_like(first_lse)
-    mismatches = 0
-    for _ in range(200):
-        out.fill_(float("nan"))
-        _call(q, kv, idx, sl, top_k, out=out, lse=lse, bmm1_scale=S1, bmm2_scale=1.25, metadata=md)
-        mismatches += not (torch.equal(out, first) and torch.equal(lse, first_lse))
-    assert mismatches == 0
+    assert count_unequal_repeats(8, 1, 128, 2048, md, 200) == 0
 
 
 @gpu
