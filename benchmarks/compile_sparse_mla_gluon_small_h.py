@@ -25,7 +25,7 @@ from mate.testing.sass import SMEM_LIMIT, compile_sm90, divisibility_attrs
 
 # Lean-schedule candidates: (fence, qk_ahead, v_early, stages).
 LEAN = ((2, 1, True, 5), (1, 1, True, 5), (0, 1, True, 5), (0, 2, True, 5), (1, 2, True, 5), (0, 1, True, 4),
-        (0, 1, False, 5), (1, 1, False, 5), (0, 2, False, 5))
+        (0, 1, False, 5), (1, 1, False, 5), (0, 2, False, 5), (1, 2, False, 5), (3, 1, True, 5))
 POINTERS = ("q_ptr", "kv_ptr", "idx_ptr", "seq_lens_ptr", "out_ptr", "lse_ptr", "po_ptr", "plse_ptr")
 PATTERN = re.compile(r"\b(QGMMA\.\S+|HGMMA\.\S+|LDGSTS\S*|BAR\.SYNC\S*|WARPGROUP\.DEPBAR\S*|STL\S*|LDL\S*|"
                      r"SHFL\S*|LDS\S*|STS\S*|F2FP\S*|PRMT|LDSM\S*)")

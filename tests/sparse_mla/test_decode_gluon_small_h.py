@@ -180,7 +180,7 @@ def test_small_h_lean_options_are_checked():
     kv = torch.zeros(64, 576, dtype=torch.float8_e4m3fn)
     idx = torch.zeros(1, 1, 64, dtype=torch.int32)
     out, lse = torch.empty(1, 1, 16, 512, dtype=torch.bfloat16), torch.empty(16)
-    for kw, match in ((dict(schedule="fast"), "schedule"), (dict(schedule="lean", fence=3), "fence"),
+    for kw, match in ((dict(schedule="fast"), "schedule"), (dict(schedule="lean", fence=4), "fence"),
                       (dict(schedule="lean", qk_ahead=2, num_stages=2), "num_stages")):
         args = dict(num_stages=5) | kw
         stages = args.pop("num_stages")

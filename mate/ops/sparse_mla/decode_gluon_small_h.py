@@ -330,11 +330,12 @@ def sparse_mla_decode_small_h_kernel(
 @gluon.jit
 def _wait_ring(N: gl.constexpr, FENCE: gl.constexpr, NUM_WARPS: gl.constexpr):
     """Waits until at most ``N`` cp.async groups are in flight and makes the landed rows
-    visible to every warp (one CTA barrier). ``FENCE``: 0 no proxy fence (Triton's own
-    cp.async -> wgmma pipelines); 1 each thread fences its landed copies for the async
-    proxy (wgmma) before the barrier (wait and fence in one inline-asm block, as the
-    compiler would otherwise add a second barrier between them); 2 wait, barrier, fence,
-    barrier (the ``schedule="v1"`` kernel's sequence)."""
+    (and the P tile stored before) visible to every warp (one CTA barrier). ``FENCE``: 0 and
+    3 no proxy fence here (0: as Triton's own cp.async -> wgmma pipelines, P fenced where it
+    is stored; 3: no fence at all, not a valid schedule, only to measure the fence's cost);
+    1 each thread fences its landed copies and P for the async proxy (wgmma) before the
+    barrier (wait and fence in one inline-asm block, as the compiler would otherwise add a
+    second barrier between them); 2 wait, barrier, fence, barrier (``schedule="v1"``)."""
     if FENCE == 1:
         one: gl.constexpr = gl.BlockedLayout([1], [32], [NUM_WARPS], [0])
         dummy = gl.full([32 * NUM_WARPS], 0, gl.int32, layout=one)
@@ -515,6 +516,8 @@ def sparse_mla_decode_small_h_lean_kernel(
     gl.thread_barrier()
     p, alpha, m_s, m_o, l_acc = _finish_softmax(s, m_s, m_o, l_acc, red_smem, S_L, O_L)
     p_smem.index(0).store(gl.permute(p.to(gl.float16), (1, 0)))
+    if FENCE != 3:  # (with FENCE 1 the in-loop wait fences too; once here is cheap)
+        fence_async_shared()
     _issue_gather(kv_ptr, tok_g, tok_r, num_tokens, k_ring.index((STAGES - 1) % STAGES),
                   r_ring.index((STAGES - 1) % STAGES), D_V, D_R, G_L, R_L)
     tok_g, tok_r = _gather_tokens(idx_row, lo + STAGES * BLOCK_N, hi, BLOCK_N, G_L, R_L)
@@ -546,6 +549,8 @@ def sparse_mla_decode_small_h_lean_kernel(
         gl.thread_barrier()
         p, alpha, m_s, m_o, l_acc = _finish_softmax(s_cur, m_s, m_o, l_acc, red_smem, S_L, O_L)
         p_smem.index((it + 1) % 2).store(gl.permute(p.to(gl.float16), (1, 0)))
+        if FENCE == 0:  # P's generic stores, then the wgmma (async proxy) reads them
+            fence_async_shared()
         _issue_gather(kv_ptr, tok_g, tok_r, num_tokens, k_ring.index(it % STAGES), r_ring.index(it % STAGES),
                       D_V, D_R, G_L, R_L)
         tok_g, tok_r = _gather_tokens(idx_row, lo + (it + STAGES + 1) * BLOCK_N, hi, BLOCK_N, G_L, R_L)
@@ -590,7 +595,8 @@ def sparse_mla_decode_gluon_small_h(
     ``v_regs``: Vᵀ from registers (else an fp16 shared tile); ``v_early`` (with ``v_regs``,
     default ``SMALL_H_V_EARLY``): Vᵀ of the next block is loaded while the current P·V runs.
     ``schedule="lean"``: ``sparse_mla_decode_small_h_lean_kernel`` (Vᵀ from registers,
-    ``v_regs`` ignored, ``v_early`` as above) with ``fence`` (0-2, see ``_wait_ring``) and
+    ``v_regs`` ignored, ``v_early`` as above) with ``fence`` (0-3, see ``_wait_ring``; 3 is a
+    measurement probe, not a valid schedule) and
     ``qk_ahead`` (1 or 2; 2 needs ``num_stages`` >= 3). No allocation, no host sync."""
     from mate.ops.sparse_mla.decode import sparse_mla_decode_combine_kernel, sparse_mla_decode_triton
 
@@ -605,8 +611,8 @@ def sparse_mla_decode_gluon_small_h(
         raise ValueError("v_early needs v_regs")
     if schedule not in ("v1", "lean"):
         raise ValueError(f"schedule must be 'v1' or 'lean', got {schedule!r}")
-    if schedule == "lean" and (fence not in (0, 1, 2) or qk_ahead not in (1, 2) or num_stages < 1 + qk_ahead):
-        raise ValueError(f"the lean schedule needs fence 0-2, qk_ahead 1 or 2 and num_stages > qk_ahead, got "
+    if schedule == "lean" and (fence not in (0, 1, 2, 3) or qk_ahead not in (1, 2) or num_stages < 1 + qk_ahead):
+        raise ValueError(f"the lean schedule needs fence 0-3, qk_ahead 1 or 2 and num_stages > qk_ahead, got "
                          f"fence={fence}, qk_ahead={qk_ahead}, num_stages={num_stages}")
     if block_h < H or block_h not in (16, 32):
         raise ValueError(f"the small-H Gluon kernel needs block_h 16 or 32 and H <= block_h, got H={H}, "
