@@ -5,12 +5,13 @@
 
 ``--bar``: 32768 x 4 x 256 (and the same with causal query positions), interval against
 the ``lanes`` kernel (slack 2, the default: one row per one-warp program; ``lanes_rows``
-4-32: that many consecutive rows per program, the next row loaded while one is selected)
+4-32: that many consecutive rows per program, the next row (or two) loaded while one is
+selected)
 and streaming floors (the same grids and loads without the selection: each row reduced
 to one key and W ids written; also multi-warp programs with one row per warp), timed
 interleaved (GB/s: the whole score tensor over the time, also for the causal rows, which
 read only their valid blocks); then 200 random GPU cases with ties checked against the
-reference for each ``lanes_rows`` variant.
+reference for each ``lanes_rows`` variant marked in :data:`BAR_VARIANTS`.
 
 Top-16 + 1 forced end block (not counted) of fp32 scores, 4 heads. For each shape and each
 variant (threshold method, rows per program) it prints the time (CUDA-graph replays,
@@ -48,6 +49,8 @@ BAR_VARIANTS = [  # label, launcher keywords, checked on the random cases
     ("lanes slack2 rows8", dict(method="lanes", lanes_rows=8), True),
     ("lanes slack2 rows16", dict(method="lanes", lanes_rows=16), True),
     ("lanes slack2 rows32", dict(method="lanes", lanes_rows=32), True),
+    ("lanes slack2 rows16 2 ahead", dict(method="lanes", lanes_rows=16, lanes_ahead=2), True),
+    ("lanes slack2 rows32 2 ahead", dict(method="lanes", lanes_rows=32, lanes_ahead=2), False),
 ]
 
 
@@ -133,10 +136,10 @@ FLOORS = [  # label, launcher(scores, out)
 ]
 
 
-def bar(ceiling: float) -> int:
+def bar(ceiling: float, total_q: int = 32768) -> int:
     """The bar shape (and its causal twin): times and exact checks; returns failures."""
     bad = 0
-    total_q, tiles = 32768, 256
+    tiles = 256
     nbytes = total_q * H * tiles * 4
     scores = [torch.randn(total_q, H, tiles, device="cuda") for _ in range(4)]
     scores[0][:, :, ::7] = 0.5  # ties across the threshold in the checked set

@@ -531,13 +531,14 @@ def _topk_lanes_kernel(
     s_ptr, out_ptr, qpos_ptr,
     n_rows, num_tiles, num_valid_pages, H, fb, fe, W, has_qpos,
     R: tl.constexpr, W_P2: tl.constexpr, G1: tl.constexpr, SLACK: tl.constexpr, VOTE: tl.constexpr,
-    P: tl.constexpr = 1,
+    P: tl.constexpr = 1, AHEAD: tl.constexpr = 1,
 ):
     """:func:`_lanes_row` in one-warp programs. ``P == 1``: one row per program on a
     (token, head) grid. ``P > 1``: program ``p`` takes the consecutive rows ``p * P`` ..
     ``p * P + P - 1`` (a 1-D grid), their lengths from one vector load of the query
-    positions, and loads row ``i + 1``'s scores before it selects row ``i``, so a warp has
-    the next row in flight while it computes and there are P times fewer programs.
+    positions, and loads row ``i + AHEAD``'s scores (``AHEAD`` 1 or 2) before it selects row
+    ``i``, so a warp has the next rows in flight while it computes and there are P times
+    fewer programs.
     :func:`_ballot_ge`'s ``vote.ballot`` needs block ``32 * j + l`` in lane ``l``: the
     layout Triton gives the [R, 32] loads while it cannot prove them 16-byte aligned."""
     jj = tl.arange(0, R)[:, None]
@@ -560,17 +561,25 @@ def _topk_lanes_kernel(
         r0 = tl.program_id(0).to(tl.int64) * P
         n_all = _row_counts(r0 + tl.arange(0, P), n_rows, qpos_ptr, num_valid_pages, H, has_qpos)
         s = tl.full([R, 32], float("-inf"), tl.float32)
+        s2 = tl.full([R, 32], float("-inf"), tl.float32)
         n1 = 0
-        for i in range(P + 1):
-            # row r0 + i - 1 is selected after row r0 + i's scores are requested
+        n2 = 0
+        for i in range(P + AHEAD):
+            # row r0 + i - AHEAD is selected after row r0 + i's scores are requested
             nxt = r0 + i
             n_next = _lanes_pick(n_all, i)
             s_next = tl.load(s_ptr + nxt * num_tiles + idx, mask=(idx < n_next) & (n_next > W), other=float("-inf"))
-            row = nxt - 1
+            row = nxt - AHEAD
             _lanes_row(s, n1, s_ptr + row * num_tiles, out_ptr + row * W, fb, fe, W, R, W_P2, G1, SLACK, VOTE,
-                       (i > 0) & (row < n_rows))
-            s = s_next
-            n1 = n_next
+                       (i >= AHEAD) & (row < n_rows))
+            if AHEAD == 2:
+                s = s2
+                n1 = n2
+                s2 = s_next
+                n2 = n_next
+            else:
+                s = s_next
+                n1 = n_next
 
 
 TOPK_METHODS = ("bitonic", "radix", "interval", "lanes")
@@ -648,6 +657,7 @@ def sparse_topk_select_triton(
     lanes_slack: int = 2,
     lanes_vote: bool = True,
     lanes_rows: int = 1,
+    lanes_ahead: int = 1,
 ) -> None:
     """Launches the selection on validated tensors (contiguous fp32 scores, int32 output).
     ``max_chunk`` (a power of two >= 16; default :data:`INTERVAL_MAX_CHUNK` for ``interval``,
@@ -662,13 +672,16 @@ def sparse_topk_select_triton(
     ``lanes_slack`` stops the lanes kernel's lane-max bound search early (more survivors,
     fewer steps), ``lanes_vote=False`` builds its ballots from lane sums instead of
     ``vote.ballot``, ``lanes_rows`` (a power of two) gives each of its one-warp programs
-    that many consecutive rows, the next row loaded while the current one is selected.
+    that many consecutive rows, the next ``lanes_ahead`` (1 or 2) rows loaded while the
+    current one is selected.
     ``rows_per_program`` and ``num_warps`` override :func:`topk_config` (experiments)."""
     method = TOPK_METHOD if method is None else method
     if method not in TOPK_METHODS:
         raise ValueError(f"method must be one of {TOPK_METHODS}, got {method!r}")
     if lanes_rows < 1 or lanes_rows & (lanes_rows - 1):
         raise ValueError(f"lanes_rows must be a power of two, got {lanes_rows}")
+    if lanes_ahead not in (1, 2):
+        raise ValueError(f"lanes_ahead must be 1 or 2, got {lanes_ahead}")
     if max_chunk is None:
         max_chunk = INTERVAL_MAX_CHUNK if method in ("interval", "lanes") else 4096
     total_q, H, T = max_score.shape
@@ -688,7 +701,7 @@ def sparse_topk_select_triton(
                 n_rows, T, num_valid_pages, H, force_begin_blocks, force_end_blocks, W,
                 int(query_positions is not None),
                 R=chunk // 32, W_P2=64, G1=max(16, triton.next_power_of_2(topk)), SLACK=lanes_slack,
-                VOTE=lanes_vote, P=P, num_warps=1, num_stages=1,
+                VOTE=lanes_vote, P=P, AHEAD=lanes_ahead, num_warps=1, num_stages=1,
             )
             return
         method = "interval"
