@@ -27,6 +27,14 @@ formulation of ``sparse_mla_decode_split_kernel_t``), so no tensor-core row is p
     operand (allowed for 16-bit wgmma): 128 KB more shared-memory traffic per block (the
     fp16 tile written and read), room for 3 stages (4 at 16 heads) instead of 5.
 
+``schedule="lean"`` (``sparse_mla_decode_small_h_lean_kernel``, a launch option until
+measured) runs the same math with two CTA barriers per block instead of seven: the row max
+crosses the warps once (each warp's partial max through a [4, BLOCK_H] tile, read back in
+both the Sᵀ and the Oᵀ layouts, so alpha needs no second exchange), and the gather of a new
+block is issued after that exchange, where the compiler's shared-memory analysis needs no
+barrier between it and the wgmmas reading the ring. Options: where the async-proxy fence
+goes, Sᵀ one or two blocks ahead, Vᵀ early or not.
+
 The split over the top-k list and its combine kernel are those of ``decode.py`` (same
 scratch buffers from the plan). Gluon does not run under the interpreter: the kernel is
 checked against the reference by the GPU tests of ``tests/sparse_mla/test_decode_gluon_small_h.py``.
@@ -533,12 +541,9 @@ def sparse_mla_decode_small_h_lean_kernel(
             s_cur = warpgroup_mma_wait(num_outstanding=1, deps=(s_new,))  # Sᵀ of block it + 1 done
         else:
             s_cur = s_ahead
-        tok_cur = tok_s
-        slots_next = lo + (it + 2) * BLOCK_N + offs_ns
-        tok_s = gl.load(idx_row + slots_next, mask=slots_next < hi, other=-1)
         # (past the last block every slot is masked: p = 0, alpha = 1 or, for a head
         # without any valid slot so far, 0 on a zero accumulator)
-        s_cur = _store_row_max(s_cur, tok_cur, num_tokens, qk_scale_log2, red_smem)
+        s_cur = _store_row_max(s_cur, tok_s, num_tokens, qk_scale_log2, red_smem)
         if not V_EARLY:  # P·V of block it done, then Vᵀ of block it + 1 (before the barrier:
             # the ring is only written after it)
             if QK_AHEAD == 1:
@@ -551,6 +556,9 @@ def sparse_mla_decode_small_h_lean_kernel(
         p_smem.index((it + 1) % 2).store(gl.permute(p.to(gl.float16), (1, 0)))
         if FENCE == 0:  # P's generic stores, then the wgmma (async proxy) reads them
             fence_async_shared()
+        # the next top-k loads after the fence (a memory fence may wait for loads in flight)
+        slots_next = lo + (it + 2) * BLOCK_N + offs_ns
+        tok_s = gl.load(idx_row + slots_next, mask=slots_next < hi, other=-1)
         _issue_gather(kv_ptr, tok_g, tok_r, num_tokens, k_ring.index(it % STAGES), r_ring.index(it % STAGES),
                       D_V, D_R, G_L, R_L)
         tok_g, tok_r = _gather_tokens(idx_row, lo + (it + STAGES + 1) * BLOCK_N, hi, BLOCK_N, G_L, R_L)
