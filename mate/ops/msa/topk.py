@@ -24,7 +24,15 @@ Selection then runs in two steps per row:
 = 2, which stops that bound search early), which are compacted into one key per lane, so the exact bisection, the
 ties and the output slots run on 32 keys (ballots) instead of 256; forced blocks take the
 first and last output slots directly. sm_90 SASS at 256 tiles: ~460 instructions per row
-on the common path against ~590 for ``interval``; 55 registers.
+on the common path against ~590 for ``interval``; 54 registers. Its one-row one-warp
+programs stream at most ~41% of copy even without the selection (H200 floor below), so
+``lanes_rows`` (experimental, not measured yet) gives each one-warp program P consecutive
+rows, the next one (``lanes_ahead=2``: two) requested before the current one is selected:
+P times fewer programs and a row in flight per warp while it computes (64 registers at
+P >= 4, 72-80 two ahead). Simulated on randn rows of 256 (top-16 + 1 end block): the
+lane-max bisection takes ~4.6 steps at slack 2 (6.8 at slack 0), ~25 blocks survive, 3.2%
+of rows exceed 32 survivors (the full-row fallback; 0.5% at slack 0), the exact bisection
+on the survivors ~5.1 steps.
 
 ``interval`` (:func:`_topk_interval_kernel`: the other rows of up to 16,384 tiles held in
 registers, one warp per 1,024 tiles, two at 1,024) gives every forced block the largest
