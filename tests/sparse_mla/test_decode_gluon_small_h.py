@@ -148,7 +148,7 @@ def test_gpu_small_h_launch_variants(small_h_ok, H, stages, splits, v):
 
 LEAN = [  # (H, stages, splits, fence, qk_ahead, v_early)
     (16, 5, 1, 0, 1, True), (16, 5, 3, 1, 1, True), (16, 5, 1, 0, 2, True), (16, 3, 2, 1, 2, True),
-    (16, 4, 1, 2, 1, False), (32, 5, 1, 0, 1, True), (32, 5, 3, 1, 2, False), (20, 5, 2, 0, 1, True),
+    (16, 4, 1, 2, 1, False), (32, 4, 1, 0, 1, True), (32, 5, 3, 1, 2, False), (20, 5, 2, 0, 1, True),
 ]
 
 

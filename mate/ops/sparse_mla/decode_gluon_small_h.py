@@ -541,9 +541,13 @@ def sparse_mla_decode_small_h_lean_kernel(
             s_cur = warpgroup_mma_wait(num_outstanding=1, deps=(s_new,))  # Sᵀ of block it + 1 done
         else:
             s_cur = s_ahead
+        tok_cur = tok_s
+        slots_next = lo + (it + 2) * BLOCK_N + offs_ns
+        if FENCE != 0:
+            tok_s = gl.load(idx_row + slots_next, mask=slots_next < hi, other=-1)
         # (past the last block every slot is masked: p = 0, alpha = 1 or, for a head
         # without any valid slot so far, 0 on a zero accumulator)
-        s_cur = _store_row_max(s_cur, tok_s, num_tokens, qk_scale_log2, red_smem)
+        s_cur = _store_row_max(s_cur, tok_cur, num_tokens, qk_scale_log2, red_smem)
         if not V_EARLY:  # P·V of block it done, then Vᵀ of block it + 1 (before the barrier:
             # the ring is only written after it)
             if QK_AHEAD == 1:
@@ -556,9 +560,8 @@ def sparse_mla_decode_small_h_lean_kernel(
         p_smem.index((it + 1) % 2).store(gl.permute(p.to(gl.float16), (1, 0)))
         if FENCE == 0:  # P's generic stores, then the wgmma (async proxy) reads them
             fence_async_shared()
-        # the next top-k loads after the fence (a memory fence may wait for loads in flight)
-        slots_next = lo + (it + 2) * BLOCK_N + offs_ns
-        tok_s = gl.load(idx_row + slots_next, mask=slots_next < hi, other=-1)
+            # the next top-k loads after the fence (a memory fence may wait for loads in flight)
+            tok_s = gl.load(idx_row + slots_next, mask=slots_next < hi, other=-1)
         _issue_gather(kv_ptr, tok_g, tok_r, num_tokens, k_ring.index(it % STAGES), r_ring.index(it % STAGES),
                       D_V, D_R, G_L, R_L)
         tok_g, tok_r = _gather_tokens(idx_row, lo + (it + STAGES + 1) * BLOCK_N, hi, BLOCK_N, G_L, R_L)
