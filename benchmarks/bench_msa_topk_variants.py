@@ -11,7 +11,8 @@ and streaming floors (the same grids and loads without the selection: each row r
 to one key and W ids written; also multi-warp programs with one row per warp), timed
 interleaved (GB/s: the whole score tensor over the time, also for the causal rows, which
 read only their valid blocks); then 200 random GPU cases with ties checked against the
-reference for each ``lanes_rows`` variant marked in :data:`BAR_VARIANTS`.
+reference for each ``lanes_rows`` variant marked in :data:`BAR_VARIANTS`. Between them,
+the same kernels on 4096 tokens whose scores stay in the L2 (the compute cost alone).
 
 Top-16 + 1 forced end block (not counted) of fp32 scores, 4 heads. For each shape and each
 variant (threshold method, rows per program) it prints the time (CUDA-graph replays,
@@ -184,6 +185,27 @@ def bar(ceiling: float, total_q: int = 32768) -> int:
     return bad
 
 
+def l2_resident(total_q: int = 4096) -> None:
+    """The bar's rows from one 16 MB score set that stays in the L2 (no rotation): the
+    selection's compute cost with DRAM out of the way, printed per 32768 tokens to set
+    beside the bar rows (fewer programs than at the bar: rows32 would fill 1/8 of it)."""
+    tiles = 256
+    s = torch.randn(total_q, H, tiles, device="cuda")
+    out = torch.empty(total_q, H, K + 1, device="cuda", dtype=torch.int32)
+    kw = dict(query_positions=None, num_valid_pages=tiles, topk=K, force_begin_blocks=0, force_end_blocks=1,
+              force_blocks_count_in_topk=False)
+    cases = {label: (lambda v=v: tk.sparse_topk_select_triton(s, out, **kw, **v))
+             for label, v, _ in BAR_VARIANTS if v.get("lanes_rows", 1) <= 8}
+    for label, fn in FLOORS[:3]:
+        cases[label] = lambda fn=fn: fn(s, out)
+    scale = 32768 / total_q
+    for label, t in time_interleaved(cases, rounds=5, iters=100).items():
+        if isinstance(t, Exception):
+            print(f"L2 {total_q}x{H}x{tiles:<9d} {label:28s} failed: {type(t).__name__}: {str(t)[:200]}", flush=True)
+            continue
+        print(f"L2 {total_q}x{H}x{tiles:<9d} {label:28s} {t:8.1f} us, x{scale:.0f} = {t * scale:7.1f} us", flush=True)
+
+
 def random_checks(cases: int = 200) -> int:
     """The lanes variants marked in :data:`BAR_VARIANTS` on ``cases`` random cases (ties,
     NaN/+-inf/-0.0, forced blocks, short rows, query positions, lengths 17..256) against
@@ -285,6 +307,7 @@ def main() -> int:
     print(f"{'shape':26s} {'variant':28s} {'us':>8s} {'GB/s':>7s} {'of copy':>7s}  check")
     if "--bar" in sys.argv:
         bad = bar(ceiling)
+        l2_resident()
         bad += random_checks()
         print("all exact" if bad == 0 else f"{bad} MISMATCH or failed")
         return int(bad != 0)
