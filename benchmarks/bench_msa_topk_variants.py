@@ -4,15 +4,13 @@
     python benchmarks/bench_msa_topk_variants.py --bar    # the bar shape: default vs lanes
 
 ``--bar``: 32768 x 4 x 256 (and the same with causal query positions), interval against
-the ``lanes`` kernel (slack 2, the default: one row per one-warp program; ``lanes_rows``
-4-32: that many consecutive rows per program, the next row (or two) loaded while one is
-selected)
-and streaming floors (the same grids and loads without the selection: each row reduced
-to one key and W ids written; also multi-warp programs with one row per warp), timed
-interleaved (GB/s: the whole score tensor over the time, also for the causal rows, which
-read only their valid blocks); then 200 random GPU cases with ties checked against the
-reference for each ``lanes_rows`` variant marked in :data:`BAR_VARIANTS`. Between them,
-the same kernels on 4096 tokens whose scores stay in the L2 (the compute cost alone).
+the ``lanes`` kernel (slack 2, the default: one row per one-warp program) and two
+streaming floors (loads without the selection: each row reduced to one key and W ids
+written; the lanes grid, and 4 rows per one-warp program, which streams at ~80% of copy
+against ~40%), timed interleaved (GB/s: the whole score tensor over the time, also for the
+causal rows, which read only their valid blocks); then 200 random GPU cases with ties
+checked against the reference for each variant marked in :data:`BAR_VARIANTS`. Between
+them, the same kernels on 4096 tokens whose scores stay in the L2 (the compute cost alone).
 
 Top-16 + 1 forced end block (not counted) of fp32 scores, 4 heads. For each shape and each
 variant (threshold method, rows per program) it prints the time (CUDA-graph replays,
@@ -45,13 +43,7 @@ VARIANTS = [  # label, launcher keywords, tile counts it runs at (None: all)
 ]
 BAR_VARIANTS = [  # label, launcher keywords, checked on the random cases
     ("interval", dict(method="interval"), False),
-    ("lanes slack2 (default)", dict(method="lanes"), False),  # 220/220 random cases on the H200
-    ("lanes slack2 rows4", dict(method="lanes", lanes_rows=4), True),
-    ("lanes slack2 rows8", dict(method="lanes", lanes_rows=8), True),
-    ("lanes slack2 rows16", dict(method="lanes", lanes_rows=16), True),
-    ("lanes slack2 rows32", dict(method="lanes", lanes_rows=32), True),
-    ("lanes slack2 rows16 2 ahead", dict(method="lanes", lanes_rows=16, lanes_ahead=2), True),
-    ("lanes slack2 rows32 2 ahead", dict(method="lanes", lanes_rows=32, lanes_ahead=2), False),
+    ("lanes slack2 (default)", dict(method="lanes"), True),
 ]
 
 
@@ -68,42 +60,22 @@ def _stream_floor_kernel(s_ptr, out_ptr, num_tiles, H, W, R: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["n_rows", "num_tiles", "W"])
-def _floor_rows_kernel(s_ptr, out_ptr, n_rows, num_tiles, W, R: tl.constexpr, P: tl.constexpr,
-                       AHEAD: tl.constexpr):
-    """``lanes_rows=P`` without the selection: P consecutive rows per one-warp program,
-    loaded as the lanes kernel does (4-byte loads, block 32 j + l in lane l) ``AHEAD``
-    rows (1 or 2) before the row is reduced to its max key, written to its W slots."""
+def _floor_rows_kernel(s_ptr, out_ptr, n_rows, num_tiles, W, R: tl.constexpr, P: tl.constexpr):
+    """P consecutive rows per one-warp program without the selection, loaded as the lanes
+    kernel does (4-byte loads, block 32 j + l in lane l) one row before the row is reduced
+    to its max key, written to its W slots."""
     idx = tl.arange(0, R)[:, None] * 32 + tl.arange(0, 32)[None, :]
     wc = tl.arange(0, 32)
     r0 = tl.program_id(0).to(tl.int64) * P
     s = tl.full([R, 32], float("-inf"), tl.float32)
-    s2 = tl.full([R, 32], float("-inf"), tl.float32)
-    for i in range(P + AHEAD):
+    for i in range(P + 1):
         nxt = r0 + i
         s_next = tl.load(s_ptr + nxt * num_tiles + idx, mask=(idx < num_tiles) & (nxt < n_rows) & (i < P),
                          other=float("-inf"))
-        row = nxt - AHEAD
+        row = nxt - 1
         m = tl.max(tl.max(s, axis=1), axis=0).to(tl.int32, bitcast=True)
-        tl.store(out_ptr + row * W + wc, m + wc, mask=(wc < W) & (i >= AHEAD) & (row < n_rows))
-        if AHEAD == 2:
-            s = s2
-            s2 = s_next
-        else:
-            s = s_next
-
-
-@triton.jit(do_not_specialize=["n_rows", "num_tiles", "W"])
-def _floor_warps_kernel(s_ptr, out_ptr, n_rows, num_tiles, W, R: tl.constexpr, ROWS: tl.constexpr):
-    """Multi-warp programs, one row per warp (the scores as [ROWS, R, 32]: the row axis
-    ranks before the register axis when Triton orders the two non-contiguous axes, so it
-    takes the warps), each row reduced to its max key, written to its W slots."""
-    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    idx = tl.arange(0, R)[None, :, None] * 32 + tl.arange(0, 32)[None, None, :]
-    ok = rows[:, None, None] < n_rows
-    s = tl.load(s_ptr + rows[:, None, None] * num_tiles + idx, mask=ok & (idx < num_tiles), other=float("-inf"))
-    m = tl.max(tl.max(s, axis=2), axis=1).to(tl.int32, bitcast=True)
-    wc = tl.arange(0, 32)[None, :]
-    tl.store(out_ptr + rows[:, None] * W + wc, m[:, None] + wc, mask=(wc < W) & (rows[:, None] < n_rows))
+        tl.store(out_ptr + row * W + wc, m + wc, mask=(wc < W) & (i >= 1) & (row < n_rows))
+        s = s_next
 
 
 def stream_floor(s: torch.Tensor, out: torch.Tensor) -> None:
@@ -111,29 +83,16 @@ def stream_floor(s: torch.Tensor, out: torch.Tensor) -> None:
     _stream_floor_kernel[(total_q, h)](s, out, t, h, out.shape[2], R=triton.next_power_of_2(t) // 32, num_warps=1)
 
 
-def floor_rows(s: torch.Tensor, out: torch.Tensor, rows: int, ahead: int = 1) -> None:
+def floor_rows(s: torch.Tensor, out: torch.Tensor, rows: int) -> None:
     total_q, h, t = s.shape
     n = total_q * h
     _floor_rows_kernel[(triton.cdiv(n, rows),)](s, out, n, t, out.shape[2], R=triton.next_power_of_2(t) // 32,
-                                                 P=rows, AHEAD=ahead, num_warps=1, num_stages=1)
-
-
-def floor_warps(s: torch.Tensor, out: torch.Tensor, warps: int) -> None:
-    total_q, h, t = s.shape
-    n = total_q * h
-    _floor_warps_kernel[(triton.cdiv(n, warps),)](s, out, n, t, out.shape[2], R=triton.next_power_of_2(t) // 32,
-                                                  ROWS=warps, num_warps=warps)
+                                                 P=rows, num_warps=1, num_stages=1)
 
 
 FLOORS = [  # label, launcher(scores, out)
     ("floor (token, head) grid", stream_floor),
-    ("floor rows1", lambda s, o: floor_rows(s, o, 1)),
     ("floor rows4", lambda s, o: floor_rows(s, o, 4)),
-    ("floor rows16", lambda s, o: floor_rows(s, o, 16)),
-    ("floor rows32", lambda s, o: floor_rows(s, o, 32)),
-    ("floor rows32 2 ahead", lambda s, o: floor_rows(s, o, 32, 2)),
-    ("floor 4 warps row/warp", lambda s, o: floor_warps(s, o, 4)),
-    ("floor 8 warps row/warp", lambda s, o: floor_warps(s, o, 8)),
 ]
 
 
@@ -188,15 +147,14 @@ def bar(ceiling: float, total_q: int = 32768) -> int:
 def l2_resident(total_q: int = 4096) -> None:
     """The bar's rows from one 16 MB score set that stays in the L2 (no rotation): the
     selection's compute cost with DRAM out of the way, printed per 32768 tokens to set
-    beside the bar rows (fewer programs than at the bar: rows32 would fill 1/8 of it)."""
+    beside the bar rows."""
     tiles = 256
     s = torch.randn(total_q, H, tiles, device="cuda")
     out = torch.empty(total_q, H, K + 1, device="cuda", dtype=torch.int32)
     kw = dict(query_positions=None, num_valid_pages=tiles, topk=K, force_begin_blocks=0, force_end_blocks=1,
               force_blocks_count_in_topk=False)
-    cases = {label: (lambda v=v: tk.sparse_topk_select_triton(s, out, **kw, **v))
-             for label, v, _ in BAR_VARIANTS if v.get("lanes_rows", 1) <= 8}
-    for label, fn in FLOORS[:3]:
+    cases = {label: (lambda v=v: tk.sparse_topk_select_triton(s, out, **kw, **v)) for label, v, _ in BAR_VARIANTS}
+    for label, fn in FLOORS:
         cases[label] = lambda fn=fn: fn(s, out)
     scale = 32768 / total_q
     for label, t in time_interleaved(cases, rounds=5, iters=100).items():
@@ -207,7 +165,7 @@ def l2_resident(total_q: int = 4096) -> None:
 
 
 def random_checks(cases: int = 200) -> int:
-    """The lanes variants marked in :data:`BAR_VARIANTS` on ``cases`` random cases (ties,
+    """The variants marked in :data:`BAR_VARIANTS` on ``cases`` random cases (ties,
     NaN/+-inf/-0.0, forced blocks, short rows, query positions, lengths 17..256) against
     the reference; returns failures."""
     bad = 0

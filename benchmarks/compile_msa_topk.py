@@ -19,7 +19,7 @@ from triton.compiler import ASTSource
 from mate.ops.msa import topk as tk
 from mate.testing.sass import compile_sm90, divisibility_attrs
 
-VARIANTS = {  # name: (method, rows per program[, warps]); lanes: (method, rows per program[, rows ahead])
+VARIANTS = {  # name: (method, rows per program[, warps])
     "bitonic": ("bitonic", None),
     "radix": ("radix", 1),
     "interval": ("interval", 1),
@@ -31,13 +31,6 @@ VARIANTS = {  # name: (method, rows per program[, warps]); lanes: (method, rows 
     "lanes": ("lanes", 1),
     "lanes_slack2": ("lanes_slack2", 1),
     "lanes_novote": ("lanes_novote", 1),
-    "lanes_slack2_rows2": ("lanes_slack2", 2),
-    "lanes_slack2_rows4": ("lanes_slack2", 4),
-    "lanes_slack2_rows8": ("lanes_slack2", 8),
-    "lanes_slack2_rows16": ("lanes_slack2", 16),
-    "lanes_slack2_rows32": ("lanes_slack2", 32),
-    "lanes_slack2_rows16_ahead2": ("lanes_slack2", 16, 2),
-    "lanes_slack2_rows32_ahead2": ("lanes_slack2", 32, 2),
 }
 
 
@@ -47,16 +40,15 @@ def compile_one(name: str, chunk: int, k: int, sass_dir: str | None) -> None:
            "num_valid_pages": "i32", "H": "i32", "fb": "i32", "fe": "i32", "counted": "i32", "W": "i32",
            "has_qpos": "i32"}
     if method.startswith("lanes"):
-        sig = {"s_ptr": "*fp32", "out_ptr": "*i32", "qpos_ptr": "*i64", "n_rows": "i32", "num_tiles": "i32",
+        sig = {"s_ptr": "*fp32", "out_ptr": "*i32", "qpos_ptr": "*i64", "num_tiles": "i32",
                "num_valid_pages": "i32", "H": "i32", "fb": "i32", "fe": "i32", "W": "i32", "has_qpos": "i32"}
         constexprs = {"R": max(chunk, 32) // 32, "W_P2": 64, "G1": max(16, triton.next_power_of_2(k)),
-                      "SLACK": 2 if method == "lanes_slack2" else 0, "VOTE": method != "lanes_novote", "P": rows,
-                      "AHEAD": warps[0] if warps else 1}
+                      "SLACK": 2 if method == "lanes_slack2" else 0, "VOTE": method != "lanes_novote"}
         sig.update({c: "constexpr" for c in constexprs})
         src = ASTSource(fn=tk._topk_lanes_kernel, signature=sig, constexprs=constexprs,
                         attrs=divisibility_attrs(sig, ["s_ptr", "out_ptr", "qpos_ptr"]))
-        report(name, chunk, rows, 1, compile_sm90(src, {"num_warps": 1, "num_stages": 1}, out_dir=sass_dir,
-                                                   tag=f"topk_{name}_{chunk}", keep_text=True))
+        report(name, chunk, 1, 1, compile_sm90(src, {"num_warps": 1}, out_dir=sass_dir, tag=f"topk_{name}_{chunk}",
+                                                keep_text=True))
         return
     cfg = tk.topk_config(chunk, k, max(4096, chunk), method=method, rows_per_program=rows)
     if warps:

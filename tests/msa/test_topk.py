@@ -5,12 +5,17 @@ rows and the max-score -> top-k pipeline under CUDA-graph capture."""
 from __future__ import annotations
 
 import math
+import os
 import random
+import re
+from pathlib import Path
 
 import pytest
 import torch
 
+from mate._core.env import ENV_VARS
 from mate.msa_interface import MsaRuntimeMetadata, _msa_plan_from_lengths, msa, msa_plan, sparse_topk_select
+from mate.ops.msa import topk as topk_mod
 from mate.ops.msa.reference_select import topk_select_reference
 from mate.ops.msa.topk import sparse_topk_select_triton
 from mate.testing import assert_equal, poisoned
@@ -96,21 +101,21 @@ def _random_case(Ts, max_tq, levels, device, heads=(1, 3)):
     return s, topk, kw, qpos
 
 
-def _check_kernel(s, topk, kw, qpos, max_chunk=4096, method=None, rows_per_program=None, **launch):
+def _check_kernel(s, topk, kw, qpos, max_chunk=4096, method=None, rows_per_program=None):
     total_q, H, T = s.shape
     width = topk if kw["force_blocks_count_in_topk"] else topk + kw["force_begin_blocks"] + kw["force_end_blocks"]
     ref = topk_select_reference(s, query_positions=qpos, topk=topk, num_valid_pages=kw["num_valid_pages"] or T,
                                 force_begin_blocks=kw["force_begin_blocks"], force_end_blocks=kw["force_end_blocks"],
                                 force_blocks_count_in_topk=kw["force_blocks_count_in_topk"])
     out = poisoned((total_q, H, width), torch.int32, s.device)
-    if max_chunk == 4096 and method is None and not launch:
+    if max_chunk == 4096 and method is None:
         got = sparse_topk_select(s, topk, output=out, query_positions=qpos, **kw)
         assert got is out
     else:
         sparse_topk_select_triton(s, out, query_positions=qpos, topk=topk, num_valid_pages=kw["num_valid_pages"] or T,
                                   force_begin_blocks=kw["force_begin_blocks"], force_end_blocks=kw["force_end_blocks"],
                                   force_blocks_count_in_topk=kw["force_blocks_count_in_topk"], max_chunk=max_chunk,
-                                  method=method, rows_per_program=rows_per_program, **launch)
+                                  method=method, rows_per_program=rows_per_program)
     assert_equal(out, ref)
 
 
@@ -180,6 +185,17 @@ def test_method_is_checked():
     with pytest.raises(ValueError, match="method"):
         sparse_topk_select_triton(s, out, query_positions=None, num_valid_pages=8, topk=4, force_begin_blocks=0,
                                   force_end_blocks=0, force_blocks_count_in_topk=True, method="heap")
+
+
+def test_method_default_matches_environment_docs():
+    """``MATE_MSA_TOPK_METHOD``'s default (the code's, from ENV_VARS) is a method and the
+    one docs/guides/environment.md gives."""
+    default = ENV_VARS["MATE_MSA_TOPK_METHOD"][0]
+    assert default in topk_mod.TOPK_METHODS
+    if "MATE_MSA_TOPK_METHOD" not in os.environ:
+        assert default == topk_mod.TOPK_METHOD
+    page = (Path(__file__).parents[2] / "docs" / "guides" / "environment.md").read_text()
+    assert re.search(rf"^\| `MATE_MSA_TOPK_METHOD` \| `{default}` \|", page, re.M)
 
 
 @pytest.mark.parametrize("counted", [True, False])

@@ -19,7 +19,7 @@ from mate.testing import assert_equal, poisoned
 @pytest.mark.parametrize("levels", [None, 2, 3, 40])
 def test_lanes_random_cases_exact(levels, device, triton_backend):
     s, topk, kw, qpos = _random_case([33, 64, 100, 256], 8, levels, device)
-    _check_kernel(s, topk, kw, qpos, method="lanes", lanes_rows=random.choice([1, 4]))
+    _check_kernel(s, topk, kw, qpos, method="lanes")
 
 
 @pytest.mark.parametrize("counted", [True, False])
@@ -56,34 +56,6 @@ def test_lanes_slack0_and_lane_sum_ballots(levels, device, triton_backend):
     assert_equal(out, ref)
 
 
-@pytest.mark.parametrize(("rows", "ahead"), [(2, 1), (4, 2)])
-def test_lanes_rows_per_program(rows, ahead, device, triton_backend):
-    """Several rows per program (the next rows loaded ahead): row counts that are not a
-    multiple of the rows per program, identity, fallback and causal rows in one launch."""
-    g = torch.Generator().manual_seed(random.randrange(2**31))
-    s = torch.randn(7, 3, 100, generator=g)  # 21 rows
-    s[1, 1] = torch.randint(0, 2, (100,), generator=g).float()  # fallback row
-    s[2, :, ::4] = 0.25  # ties
-    s[3, 0, ::5] = float("nan")
-    for counted, qpos in ((False, None), (True, torch.tensor([9000, 5, 128 * 50, -1, 128 * 99, 2000, 640]))):
-        qpos = None if qpos is None else qpos.to(device)
-        args = dict(query_positions=qpos, topk=8, num_valid_pages=90, force_begin_blocks=1, force_end_blocks=1,
-                    force_blocks_count_in_topk=counted)
-        ref = topk_select_reference(s.to(device), **args)
-        out = poisoned(ref.shape, torch.int32, device)
-        sparse_topk_select_triton(s.to(device), out, **args, method="lanes", lanes_rows=rows, lanes_ahead=ahead)
-        assert_equal(out, ref)
-
-
-@pytest.mark.parametrize(("option", "value"), [("lanes_rows", 3), ("lanes_ahead", 3)])
-def test_lanes_options_are_checked(option, value):
-    s = torch.zeros(1, 1, 64)
-    with pytest.raises(ValueError, match=option):
-        sparse_topk_select_triton(s, torch.zeros(1, 1, 8, dtype=torch.int32), query_positions=None,
-                                  num_valid_pages=64, topk=8, force_begin_blocks=0, force_end_blocks=0,
-                                  force_blocks_count_in_topk=True, **{option: value})
-
-
 # ----------------------------------------------------------------------------- GPU
 
 
@@ -99,7 +71,4 @@ def test_gpu_lanes_thousand_random_cases_with_ties():
         topk, kw = random_config(rng, T)
         qpos = torch.randint(-300, T * 128 + 50, (tq,), generator=gen).cuda() if rng.random() < 0.4 else None
         _check_kernel(s, topk, kw, qpos, method="lanes")
-        if i % 4 == 0:
-            _check_kernel(s, topk, kw, qpos, method="lanes", lanes_rows=rng.choice([2, 4, 8, 16, 32]),
-                          lanes_ahead=rng.choice([1, 2]))
 

@@ -24,15 +24,10 @@ Selection then runs in two steps per row:
 = 2, which stops that bound search early), which are compacted into one key per lane, so the exact bisection, the
 ties and the output slots run on 32 keys (ballots) instead of 256; forced blocks take the
 first and last output slots directly. sm_90 SASS at 256 tiles: ~460 instructions per row
-on the common path against ~590 for ``interval``; 54 registers. Its one-row one-warp
-programs stream at most ~41% of copy even without the selection (H200 floor below), so
-``lanes_rows`` (experimental, not measured yet) gives each one-warp program P consecutive
-rows, the next one (``lanes_ahead=2``: two) requested before the current one is selected:
-P times fewer programs and a row in flight per warp while it computes (64 registers at
-P >= 4, 72-80 two ahead). Simulated on randn rows of 256 (top-16 + 1 end block): the
-lane-max bisection takes ~4.6 steps at slack 2 (6.8 at slack 0), ~25 blocks survive, 3.2%
-of rows exceed 32 survivors (the full-row fallback; 0.5% at slack 0), the exact bisection
-on the survivors ~5.1 steps.
+on the common path against ~590 for ``interval``; 55 registers. Simulated on randn rows of
+256 (top-16 + 1 end block): the lane-max bisection takes ~4.6 steps at slack 2 (6.8 at
+slack 0), ~25 blocks survive, 3.2% of rows exceed 32 survivors (the full-row fallback; 0.5%
+at slack 0), the exact bisection on the survivors ~5.1 steps.
 
 ``interval`` (:func:`_topk_interval_kernel`: the other rows of up to 16,384 tiles held in
 registers, one warp per 1,024 tiles, two at 1,024) gives every forced block the largest
@@ -43,7 +38,16 @@ bisecting a key interval that starts at a cheap group-max lower bound (~6 steps 
 H200 figures: :data:`TOPK_METHOD`. Tried and removed (H200, 2026-11-29): the interval
 algorithm in Gluon with several rows per warp was no faster (111.9 us at best against 112.9
 at 32768 x 4 x 256), and the one-row interval programs as a persistent loop over rows (next
-row prefetched) were slower (128.9-276.7 us).
+row prefetched) were slower (128.9-276.7 us). ``lanes`` with P consecutive rows per one-warp
+program, the next row (or two) loaded while one is selected (32768 x 4 x 256, copy 4,178
+GB/s, all exact): P = 4 / 8 / 16 / 32 92.3 / 92.2 / 96.8 / 103.5 us, 16 / 32 two ahead 105.2
+/ 117.7, against one row 87.1 (36.9% of copy) and interval 113.4 (28.3%); causal 96.0 / 95.4
+/ 100.5 / 112.4, 109.4 / 123.5 against 93.1 and 121.3. Floors (loads, no selection): 81.5 us
+on the (token, head) grid (39.4%), 81.9 one row per looping program, 40.9 at P = 4 (78.6%),
+39.4 / 39.9 / 40.3 at 16 / 32 / 32 two ahead, 37.2 / 37.4 with 4 / 8 warps of a row each
+(86.3%). Scores in the L2 (4096 tokens): interval 20.0 us, lanes 16.7, P = 4 / 8 19.9 / 21.3,
+floors 15.0 (grid) / 15.6 (one row) / 10.4 (P = 4). More rows per program lift the memory
+floor from ~39% to ~80% of copy, but the selection (~500 instructions per row) is the bound.
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from mate._core.env import ENV_VARS
 from mate._core.triton_helpers import INTERPRET
 
 __all__ = ["sparse_topk_select_triton", "topk_config", "_topk_select_kernel", "_topk_interval_kernel"]
@@ -442,12 +447,14 @@ def _ballot_ge(u, t, VOTE: tl.constexpr):
         return tl.sum((u >= t).to(tl.uint32) << lane, axis=1)[:, None] + tl.zeros_like(u)
 
 
-@triton.jit
-def _lanes_row(s, n1, s_row, o_row, fb, fe, W, R: tl.constexpr, W_P2: tl.constexpr, G1: tl.constexpr,
-               SLACK: tl.constexpr, VOTE: tl.constexpr, row_ok):
-    """One row of :func:`_topk_lanes_kernel` in one warp: scores ``s`` [R, 32] (block
-    ``32 * j + l`` in lane ``l``, register ``j``; -inf from block ``n1`` on, not read when
-    ``n1 <= W``), keys by :func:`_lane_keys` (W <= 32).
+@triton.jit(do_not_specialize=["num_tiles", "num_valid_pages", "H", "fb", "fe", "W", "has_qpos"])
+def _topk_lanes_kernel(
+    s_ptr, out_ptr, qpos_ptr,
+    num_tiles, num_valid_pages, H, fb, fe, W, has_qpos,
+    R: tl.constexpr, W_P2: tl.constexpr, G1: tl.constexpr, SLACK: tl.constexpr, VOTE: tl.constexpr,
+):
+    """One row per one-warp program ((token, head) grid), the row as [R, 32]: block
+    ``32 * j + l`` in lane ``l``, register ``j``; keys by :func:`_lane_keys` (W <= 32).
     A long row's output is its ``fb`` begin blocks, then the ``C = W - fb - fe`` best
     candidates (``fb <= id < n - fe``) in id order, then its ``fe`` end blocks.
 
@@ -462,13 +469,21 @@ def _lanes_row(s, n1, s_row, o_row, fb, fe, W, R: tl.constexpr, W_P2: tl.constex
     3. the exact selection of C candidates on one key per lane: bisection from ``tau0``,
        ties by ballot prefix, output slots by ballot prefix.
     Rows with more than 32 survivors take the full-row bisection; rows with ``n <= W``
-    the identity (written only when ``row_ok``: rows past the end have ``n1 = 0``)."""
+    the identity."""
+    tok = tl.program_id(0)
+    n1 = num_valid_pages
+    if has_qpos != 0:
+        pos = tl.load(qpos_ptr + tok)
+        n1 = tl.where(pos < 0, 0, tl.minimum(pos // 128 + 1, num_valid_pages)).to(tl.int32)
+    row = tok.to(tl.int64) * H + tl.program_id(1)
+    s_row = s_ptr + row * num_tiles
+    o_row = out_ptr + row * W
     jj = tl.arange(0, R)[:, None]
     ll = tl.arange(0, 32)[None, :]
     idx = jj * 32 + ll
     lane = tl.arange(0, 32)
     if n1 > W:
-        u = _lane_keys(s)
+        u = _lane_keys(tl.load(s_row + idx, mask=idx < n1, other=float("-inf")))
         C = W - fb - fe  # candidates to choose (0: the forced blocks fill the top-k)
         m = tl.max(u, axis=0)  # each lane's largest key
         m_lo = tl.min(m, axis=0)
@@ -525,73 +540,11 @@ def _lanes_row(s, n1, s_row, o_row, fb, fe, W, R: tl.constexpr, W_P2: tl.constex
     else:
         # identity rows: 0 .. n-1, then -1
         wc = tl.arange(0, W_P2)
-        tl.store(o_row + wc, tl.where(wc < n1, wc, -1), mask=(wc < W) & row_ok)
-
-
-@triton.jit
-def _lanes_pick(v, i):
-    """Element ``i`` of the small vector ``v`` as a scalar (0 when out of range)."""
-    return tl.sum(tl.where(tl.arange(0, v.shape[0]) == i, v, 0), axis=0)
-
-
-@triton.jit(do_not_specialize=["n_rows", "num_tiles", "num_valid_pages", "H", "fb", "fe", "W", "has_qpos"])
-def _topk_lanes_kernel(
-    s_ptr, out_ptr, qpos_ptr,
-    n_rows, num_tiles, num_valid_pages, H, fb, fe, W, has_qpos,
-    R: tl.constexpr, W_P2: tl.constexpr, G1: tl.constexpr, SLACK: tl.constexpr, VOTE: tl.constexpr,
-    P: tl.constexpr = 1, AHEAD: tl.constexpr = 1,
-):
-    """:func:`_lanes_row` in one-warp programs. ``P == 1``: one row per program on a
-    (token, head) grid. ``P > 1``: program ``p`` takes the consecutive rows ``p * P`` ..
-    ``p * P + P - 1`` (a 1-D grid), their lengths from one vector load of the query
-    positions, and loads row ``i + AHEAD``'s scores (``AHEAD`` 1 or 2) before it selects row
-    ``i``, so a warp has the next rows in flight while it computes and there are P times
-    fewer programs.
-    :func:`_ballot_ge`'s ``vote.ballot`` needs block ``32 * j + l`` in lane ``l``: the
-    layout Triton gives the [R, 32] loads while it cannot prove them 16-byte aligned."""
-    jj = tl.arange(0, R)[:, None]
-    ll = tl.arange(0, 32)[None, :]
-    idx = jj * 32 + ll
-    if P == 1:
-        tok = tl.program_id(0)
-        n1 = num_valid_pages
-        if has_qpos != 0:
-            pos = tl.load(qpos_ptr + tok)
-            n1 = tl.where(pos < 0, 0, tl.minimum(pos // 128 + 1, num_valid_pages)).to(tl.int32)
-        row = tok.to(tl.int64) * H + tl.program_id(1)
-        s_row = s_ptr + row * num_tiles
-        s = tl.load(s_row + idx, mask=(idx < n1) & (n1 > W), other=float("-inf"))
-        _lanes_row(s, n1, s_row, out_ptr + row * W, fb, fe, W, R, W_P2, G1, SLACK, VOTE, True)
-    else:
-        # every load in the loop (the row index has no known divisibility): a load at p * P
-        # would be seen as 16-byte aligned and get vector loads, whose layout is not the
-        # one-block-per-lane layout the ballots need
-        r0 = tl.program_id(0).to(tl.int64) * P
-        n_all = _row_counts(r0 + tl.arange(0, P), n_rows, qpos_ptr, num_valid_pages, H, has_qpos)
-        s = tl.full([R, 32], float("-inf"), tl.float32)
-        s2 = tl.full([R, 32], float("-inf"), tl.float32)
-        n1 = 0
-        n2 = 0
-        for i in range(P + AHEAD):
-            # row r0 + i - AHEAD is selected after row r0 + i's scores are requested
-            nxt = r0 + i
-            n_next = _lanes_pick(n_all, i)
-            s_next = tl.load(s_ptr + nxt * num_tiles + idx, mask=(idx < n_next) & (n_next > W), other=float("-inf"))
-            row = nxt - AHEAD
-            _lanes_row(s, n1, s_ptr + row * num_tiles, out_ptr + row * W, fb, fe, W, R, W_P2, G1, SLACK, VOTE,
-                       (i >= AHEAD) & (row < n_rows))
-            if AHEAD == 2:
-                s = s2
-                n1 = n2
-                s2 = s_next
-                n2 = n_next
-            else:
-                s = s_next
-                n1 = n_next
+        tl.store(o_row + wc, tl.where(wc < n1, wc, -1), mask=wc < W)
 
 
 TOPK_METHODS = ("bitonic", "radix", "interval", "lanes")
-TOPK_METHOD = os.environ.get("MATE_MSA_TOPK_METHOD", "lanes")
+TOPK_METHOD = os.environ.get("MATE_MSA_TOPK_METHOD", ENV_VARS["MATE_MSA_TOPK_METHOD"][0])
 """Threshold method of the public path (see :func:`sparse_topk_select_triton`); the
 environment variable ``MATE_MSA_TOPK_METHOD`` (``lanes`` / ``interval`` / ``radix`` /
 ``bitonic``) overrides it. H200, top-16 + 1 forced end block, 4 heads
@@ -664,8 +617,6 @@ def sparse_topk_select_triton(
     num_warps: int | None = None,
     lanes_slack: int = 2,
     lanes_vote: bool = True,
-    lanes_rows: int = 1,
-    lanes_ahead: int = 1,
 ) -> None:
     """Launches the selection on validated tensors (contiguous fp32 scores, int32 output).
     ``max_chunk`` (a power of two >= 16; default :data:`INTERVAL_MAX_CHUNK` for ``interval``,
@@ -679,17 +630,11 @@ def sparse_topk_select_triton(
     All give identical results; long rows (the chunked path) always use the tournament.
     ``lanes_slack`` stops the lanes kernel's lane-max bound search early (more survivors,
     fewer steps), ``lanes_vote=False`` builds its ballots from lane sums instead of
-    ``vote.ballot``, ``lanes_rows`` (a power of two) gives each of its one-warp programs
-    that many consecutive rows, the next ``lanes_ahead`` (1 or 2) rows loaded while the
-    current one is selected.
+    ``vote.ballot``.
     ``rows_per_program`` and ``num_warps`` override :func:`topk_config` (experiments)."""
     method = TOPK_METHOD if method is None else method
     if method not in TOPK_METHODS:
         raise ValueError(f"method must be one of {TOPK_METHODS}, got {method!r}")
-    if lanes_rows < 1 or lanes_rows & (lanes_rows - 1):
-        raise ValueError(f"lanes_rows must be a power of two, got {lanes_rows}")
-    if lanes_ahead not in (1, 2):
-        raise ValueError(f"lanes_ahead must be 1 or 2, got {lanes_ahead}")
     if max_chunk is None:
         max_chunk = INTERVAL_MAX_CHUNK if method in ("interval", "lanes") else 4096
     total_q, H, T = max_score.shape
@@ -702,14 +647,12 @@ def sparse_topk_select_triton(
     if method == "lanes":
         chunk = max(triton.next_power_of_2(max(T, 1)), 32)
         if chunk <= min(LANES_MAX_CHUNK, max_chunk) and W <= 32 and total_q:
-            P = lanes_rows
-            _topk_lanes_kernel[(total_q, H) if P == 1 else (triton.cdiv(n_rows, P),)](
+            _topk_lanes_kernel[(total_q, H)](
                 max_score, output,
                 query_positions if query_positions is not None else _dummy_positions(max_score.device),
-                n_rows, T, num_valid_pages, H, force_begin_blocks, force_end_blocks, W,
-                int(query_positions is not None),
+                T, num_valid_pages, H, force_begin_blocks, force_end_blocks, W, int(query_positions is not None),
                 R=chunk // 32, W_P2=64, G1=max(16, triton.next_power_of_2(topk)), SLACK=lanes_slack,
-                VOTE=lanes_vote, P=P, AHEAD=lanes_ahead, num_warps=1, num_stages=1,
+                VOTE=lanes_vote, num_warps=1,
             )
             return
         method = "interval"
