@@ -1,16 +1,12 @@
 """Small-H sparse MLA decode on the H200: the default plan against small-H Gluon kernel variants.
 
-    python benchmarks/bench_sparse_mla_small_h.py [--set lean|v1] [--budget SECONDS] [--no-probe]
+    python benchmarks/bench_sparse_mla_small_h.py [--budget SECONDS] [--no-probe]
 
-Shapes (top-k 2048, page 64): B=128 q1 H=16, B=128 q1 H=32, B=64 q1 H=16 (and B=64 q2 H=16
-with ``--set v1``). Candidates per shape: the current default plan and the small-H Gluon kernel
-(``decode_gluon_small_h.py``) with launch options: ``v1`` schedule with Vᵀ from registers
-(``vregs``; ``vearly``: the next block's Vᵀ loaded while P·V runs) or from an fp16 shared tile
-(``vsmem``); ``lean`` schedule (two CTA barriers per block) with ``f`` the proxy fence mode
-(0 ring unfenced, P fenced at its store; 1 fused into the wait; 2 as v1; 3 none at all: a
-probe of the fence's cost, not a valid schedule), ``a`` how many blocks ahead Sᵀ is computed, ``e`` /
-``n`` Vᵀ early or not; at several ring stages and split counts. Each row: median time
-(CUDA-graph replays, all candidates of a shape interleaved), GB/s of the gathered rows
+Shapes (top-k 2048, page 64): B=128 q1 H=16, B=128 q1 H=32, B=64 q1 H=16, B=64 q2 H=16.
+Candidates per shape: the current default plan and the small-H Gluon kernel
+(``decode_gluon_small_h.py``) with Vᵀ loaded after P·V (``vlate``) or while it runs
+(``vearly``), at several ring stages and split counts. Each row: median time (CUDA-graph
+replays, all candidates of a shape interleaved), GB/s of the gathered rows
 (B * q_len * top-k * 576 bytes), that rate as a fraction of the measured copy bandwidth
 (read + write of 1 GiB), the max abs error of out / lse against ``sparse_mla_decode_reference``
 (bf16 out is ~1, lse ~10) and ``ok`` when every element is within the GPU tolerances of the
@@ -33,32 +29,14 @@ from mate.testing.bench import rotation_count, time_fn, time_interleaved
 TOP_K = 2048
 PAGE = 64
 SCALE = 1 / math.sqrt(576)
-V1 = dict(schedule="v1")
-
-
-def _lean(fence: int, ahead: int, early: bool) -> tuple[str, dict]:
-    return (f"lean f{fence} a{ahead} {'e' if early else 'n'}",
-            dict(schedule="lean", fence=fence, qk_ahead=ahead, v_early=early))
-
+LATE, EARLY = dict(v_early=False), dict(v_early=True)
 
 # (B, q_len, H) -> candidates (label, launch options, stages, splits; None: the plan's split)
-SETS = {
-    "v1": {
-        (128, 1, 16): [("vregs", dict(V1, v_early=False), 5, 1), ("vearly", dict(V1, v_early=True), 5, 1),
-                       ("vregs", dict(V1, v_early=False), 4, 1), ("vsmem", dict(V1, v_regs=False), 3, 1)],
-        (128, 1, 32): [("vregs", dict(V1, v_early=False), 5, 1), ("vearly", dict(V1, v_early=True), 5, 1)],
-        (64, 1, 16): [("vearly", dict(V1, v_early=True), 5, None), ("vearly", dict(V1, v_early=True), 5, 1)],
-        (64, 2, 16): [("vearly", dict(V1, v_early=True), 5, None)],
-    },
-    "lean": {
-        (128, 1, 16): [(*_lean(2, 1, True), 5, 1), (*_lean(1, 1, True), 5, 1), (*_lean(0, 1, True), 5, 1),
-                       (*_lean(0, 2, True), 5, 1), (*_lean(1, 2, True), 5, 1), (*_lean(0, 1, False), 5, 1),
-                       (*_lean(0, 1, True), 4, 1), (*_lean(3, 1, True), 5, 1)],
-        (128, 1, 32): [(*_lean(2, 1, True), 5, 1), (*_lean(1, 1, True), 5, 1), (*_lean(0, 1, True), 4, 1),
-                       (*_lean(0, 1, False), 5, 1), (*_lean(0, 2, False), 5, 1), (*_lean(1, 2, False), 5, 1)],
-        (64, 1, 16): [(*_lean(1, 1, True), 5, None), (*_lean(0, 1, True), 5, None), (*_lean(0, 2, True), 5, None),
-                      (*_lean(1, 2, True), 5, None)],
-    },
+CANDIDATES = {
+    (128, 1, 16): [("vlate", LATE, 5, 1), ("vearly", EARLY, 5, 1), ("vlate", LATE, 4, 1)],
+    (128, 1, 32): [("vlate", LATE, 5, 1), ("vearly", EARLY, 5, 1)],
+    (64, 1, 16): [("vearly", EARLY, 5, None), ("vearly", EARLY, 5, 1)],
+    (64, 2, 16): [("vearly", EARLY, 5, None)],
 }
 
 
@@ -104,7 +82,6 @@ def _within(x: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) -> boo
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--set", default="lean", choices=sorted(SETS), help="candidate set")
     ap.add_argument("--budget", type=float, default=100.0, help="seconds; later shapes are skipped past it")
     ap.add_argument("--no-probe", action="store_true", help="skip the self-check in a child process")
     args = ap.parse_args()
@@ -121,7 +98,7 @@ def main() -> int:
     ceiling = copy_gbps()
     print(f"copy bandwidth {ceiling:.0f} GB/s (read + write)", flush=True)
     print(f"{'shape':<18} {'candidate':<34} {'us':>7} {'GB/s':>6} {'%copy':>6} {'out err':>8} {'lse err':>8} ok  plan")
-    for (B, q_len, H), news in SETS[args.set].items():
+    for (B, q_len, H), news in CANDIDATES.items():
         if time.time() - t0 > args.budget:
             print(f"B={B} q{q_len} H={H}: skipped (budget)", flush=True)
             continue

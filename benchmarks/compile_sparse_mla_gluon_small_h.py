@@ -2,11 +2,11 @@
 
     python benchmarks/compile_sparse_mla_gluon_small_h.py [--out DIR]
 
-For each specialization (16 / 32 heads, split or not, V from registers or from an fp16
-shared tile, stages) it prints registers, stack, local memory, dynamic shared memory and
-counts of the SASS instructions that matter (QGMMA / HGMMA, cp.async LDGSTS, barriers,
-shuffles, shared loads and stores). Exits non-zero when a specialization spills, needs more
-than the 227 KB of shared memory an SM offers, or lacks the wgmma instructions.
+For each specialization (16 / 32 heads, split or not, Vᵀ loaded early or not) it prints
+registers, stack, local memory, dynamic shared memory and counts of the SASS instructions that
+matter (QGMMA / HGMMA, cp.async LDGSTS, barriers, shuffles, shared loads and stores). Exits
+non-zero when a specialization spills, needs more than the 227 KB of shared memory an SM
+offers, or lacks the wgmma instructions.
 """
 
 from __future__ import annotations
@@ -20,12 +20,9 @@ import tempfile
 from triton.experimental.gluon._runtime import GluonASTSource
 
 from mate.ops.sparse_mla import decode_gluon_small_h as dg
-from mate.ops.sparse_mla.metadata import HEAD_DIM_ROPE, HEAD_DIM_V
+from mate.ops.sparse_mla.metadata import GLUON_SMALL_H_STAGES, HEAD_DIM_ROPE, HEAD_DIM_V
 from mate.testing.sass import SMEM_LIMIT, compile_sm90, divisibility_attrs
 
-# Lean-schedule candidates: (fence, qk_ahead, v_early, stages).
-LEAN = ((2, 1, True, 5), (1, 1, True, 5), (0, 1, True, 5), (0, 2, True, 5), (1, 2, True, 5), (0, 1, True, 4),
-        (0, 1, False, 5), (1, 1, False, 5), (0, 2, False, 5), (1, 2, False, 5), (3, 1, True, 5))
 POINTERS = ("q_ptr", "kv_ptr", "idx_ptr", "seq_lens_ptr", "out_ptr", "lse_ptr", "po_ptr", "plse_ptr")
 PATTERN = re.compile(r"\b(QGMMA\.\S+|HGMMA\.\S+|LDGSTS\S*|BAR\.SYNC\S*|WARPGROUP\.DEPBAR\S*|STL\S*|LDL\S*|"
                      r"SHFL\S*|LDS\S*|STS\S*|F2FP\S*|PRMT|LDSM\S*)")
@@ -52,24 +49,14 @@ def loop_summary(sass: str) -> str:
             f"{sts} shared stores")
 
 
-def compile_one(block_h: int, split: bool, v_regs: bool, stages: int, out_dir: str, v_early: bool = False,
-                lean: tuple[int, int] | None = None) -> bool:
-    """``lean``: (fence, qk_ahead) of the lean-schedule kernel (``v_regs`` unused)."""
+def compile_one(block_h: int, split: bool, stages: int, out_dir: str, v_early: bool = False) -> bool:
     sig = {"q_ptr": "*fp8e4nv", "kv_ptr": "*fp8e4nv", "idx_ptr": "*i32", "seq_lens_ptr": "*i32",
            "out_ptr": "*bf16", "lse_ptr": "*fp32", "po_ptr": "*fp16" if split else "*bf16", "plse_ptr": "*fp32",
            "num_tokens": "i32", "qk_scale_log2": "fp32", "out_scale": "fp32", "H": "i32", "q_len": "i32",
            "top_k": "i32", "split_blocks": "i32", "num_splits": "i32"}
-    if lean is None:
-        constexprs = {"SPLIT": split, "HAS_SEQ_LENS": True, "STAGES": stages, "V_REGS": v_regs, "V_EARLY": v_early,
-                      "BLOCK_H": block_h}
-        fn = dg.sparse_mla_decode_small_h_kernel
-        tag = f"small_h{block_h}_split{int(split)}_vregs{int(v_regs)}{'_early' if v_early else ''}_stages{stages}"
-    else:
-        constexprs = {"SPLIT": split, "HAS_SEQ_LENS": True, "STAGES": stages, "FENCE": lean[0], "QK_AHEAD": lean[1],
-                      "V_EARLY": v_early, "BLOCK_H": block_h}
-        fn = dg.sparse_mla_decode_small_h_lean_kernel
-        tag = (f"lean_h{block_h}_split{int(split)}_fence{lean[0]}_ahead{lean[1]}{'_early' if v_early else ''}"
-               f"_stages{stages}")
+    constexprs = {"SPLIT": split, "HAS_SEQ_LENS": True, "STAGES": stages, "V_EARLY": v_early, "BLOCK_H": block_h}
+    fn = dg.sparse_mla_decode_small_h_kernel
+    tag = f"small_h{block_h}_split{int(split)}{'_early' if v_early else ''}_stages{stages}"
     constexprs.update({"BLOCK_N": dg.SMALL_H_BLOCK_N, "D_V": HEAD_DIM_V, "D_R": HEAD_DIM_ROPE})
     sig.update({k: "constexpr" for k in constexprs})
     src = GluonASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=divisibility_attrs(sig, POINTERS))
@@ -91,21 +78,12 @@ def main() -> int:
     out_dir = args.out or tempfile.mkdtemp(prefix="mate_gluon_small_h_")
     os.makedirs(out_dir, exist_ok=True)
     ok = True
-    for v_regs in (True, False):
+    for v_early in (True, False):
         for block_h in (16, 32):
             for split in (False, True):
-                if args.quick and split:
+                if args.quick and (split or not v_early):
                     continue
-                ok &= compile_one(block_h, split, v_regs, dg.SMALL_H_STAGES[v_regs], out_dir)
-    ok &= compile_one(16, False, True, dg.SMALL_H_STAGES[True], out_dir, v_early=True)
-    for block_h in (16, 32):
-        for split in (False, True):
-            for fence, ahead, early, stages in LEAN:
-                if args.quick and (split or block_h == 32):
-                    continue
-                if block_h == 32 and early and (ahead == 2 or (fence == 0 and stages == 5 and not split)):
-                    continue  # 255 registers and spills (Sᵀ two blocks ahead: in the loop; fence 0: one outside)
-                ok &= compile_one(block_h, split, True, stages, out_dir, v_early=early, lean=(fence, ahead))
+                ok &= compile_one(block_h, split, GLUON_SMALL_H_STAGES, out_dir, v_early=v_early)
     print("cubins in", out_dir)
     return 0 if ok else 1
 

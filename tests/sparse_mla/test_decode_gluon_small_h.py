@@ -127,12 +127,10 @@ def test_gpu_small_h_plan_variants(small_h_ok, H, kw):
 
 
 @gpu
-@pytest.mark.parametrize("H,stages,splits,v", [(16, 3, 1, "smem"), (16, 4, 3, "smem"), (32, 3, 1, "smem"),
-                                               (32, 2, 4, "smem"), (16, 5, 1, "early"), (32, 3, 2, "early"),
-                                               (16, 2, 1, "early")])
-def test_gpu_small_h_launch_variants(small_h_ok, H, stages, splits, v):
-    """The variants only the launcher selects: V widened into an fp16 shared tile
-    (``v_regs=False``), and the next block's Vᵀ loaded during P·V (``v_early``)."""
+@pytest.mark.parametrize("H,stages,splits,early", [(16, 5, 1, False), (32, 3, 2, False), (16, 2, 1, False),
+                                                   (32, 4, 3, True)])
+def test_gpu_small_h_launch_variants(small_h_ok, H, stages, splits, early):
+    """Vᵀ loaded after P·V (``v_early=False``, only the launcher selects it) or early."""
     from mate.ops.sparse_mla.decode_gluon_small_h import sparse_mla_decode_gluon_small_h
 
     B, q_len, top_k = 3, 2, 2048
@@ -141,49 +139,8 @@ def test_gpu_small_h_launch_variants(small_h_ok, H, stages, splits, v):
     out = poisoned((B, q_len, H, 512), torch.bfloat16, "cuda")
     lse = poisoned((B, q_len, H), torch.float32, "cuda")
     sparse_mla_decode_gluon_small_h(q, kv.view(-1, 576), idx, sl, out, lse, md.partial_o, md.partial_lse, S1, 1.25,
-                                    md.block_h, md.num_splits, md.split_blocks, md.num_stages, v_regs=v != "smem",
-                                    v_early=v == "early")
+                                    md.block_h, md.num_splits, md.split_blocks, md.num_stages, v_early=early)
     _check(out, lse, q, kv, idx, sl, S1, 1.25, gpu=True)
-
-
-LEAN = [  # (H, stages, splits, fence, qk_ahead, v_early)
-    (16, 5, 1, 0, 1, True), (16, 5, 3, 1, 1, True), (16, 5, 1, 0, 2, True), (16, 3, 2, 1, 2, True),
-    (16, 4, 1, 2, 1, False), (32, 4, 1, 0, 1, True), (32, 5, 3, 1, 2, False), (20, 5, 2, 0, 1, True),
-]
-
-
-@gpu
-@pytest.mark.parametrize("q_len", [1, 2])
-@pytest.mark.parametrize("H,stages,splits,fence,ahead,early", LEAN)
-def test_gpu_small_h_lean_schedule(small_h_ok, H, stages, splits, fence, ahead, early, q_len):
-    """``schedule="lean"`` (two CTA barriers per block; proxy fence, Sᵀ lookahead and early
-    Vᵀ as options): invalid slots, partial seq_lens and an empty batch element."""
-    from mate.ops.sparse_mla.decode_gluon_small_h import sparse_mla_decode_gluon_small_h
-
-    B, top_k = 3, 2112
-    q, kv, idx, sl = _make(B, q_len, H, top_k, pages=64, page_size=64, device="cuda")
-    md = _plan(B, q_len, H, top_k, num_splits=splits, num_stages=stages)
-    out = poisoned((B, q_len, H, 512), torch.bfloat16, "cuda")
-    lse = poisoned((B, q_len, H), torch.float32, "cuda")
-    sparse_mla_decode_gluon_small_h(q, kv.view(-1, 576), idx, sl, out, lse, md.partial_o, md.partial_lse, S1, 1.25,
-                                    md.block_h, md.num_splits, md.split_blocks, md.num_stages, v_early=early,
-                                    schedule="lean", fence=fence, qk_ahead=ahead)
-    _check(out, lse, q, kv, idx, sl, S1, 1.25, gpu=True)
-
-
-def test_small_h_lean_options_are_checked():
-    from mate.ops.sparse_mla.decode_gluon_small_h import sparse_mla_decode_gluon_small_h
-
-    q = torch.zeros(1, 1, 16, 576, dtype=torch.float8_e4m3fn)
-    kv = torch.zeros(64, 576, dtype=torch.float8_e4m3fn)
-    idx = torch.zeros(1, 1, 64, dtype=torch.int32)
-    out, lse = torch.empty(1, 1, 16, 512, dtype=torch.bfloat16), torch.empty(16)
-    for kw, match in ((dict(schedule="fast"), "schedule"), (dict(schedule="lean", fence=4), "fence"),
-                      (dict(schedule="lean", qk_ahead=2, num_stages=2), "num_stages")):
-        args = dict(num_stages=5) | kw
-        stages = args.pop("num_stages")
-        with pytest.raises(ValueError, match=match):
-            sparse_mla_decode_gluon_small_h(q, kv, idx, None, out, lse, out, lse, 1.0, 1.0, 16, 1, 1, stages, **args)
 
 
 @gpu
@@ -201,17 +158,6 @@ def test_gpu_small_h_empty_rows_and_all_invalid(small_h_ok, splits):
     _check(out, lse, q, kv, idx, sl, S1, 1.25, gpu=True)
     assert_equal(out[1:3], torch.zeros_like(out[1:3]))
     assert_equal(lse[1:3], torch.full_like(lse[1:3], float("inf")))
-    from mate.ops.sparse_mla.decode_gluon_small_h import sparse_mla_decode_gluon_small_h
-
-    for fence, ahead in ((0, 1), (1, 2)):  # the lean schedule
-        out = poisoned((B, q_len, H, 512), torch.bfloat16, "cuda")
-        lse = poisoned((B, q_len, H), torch.float32, "cuda")
-        sparse_mla_decode_gluon_small_h(q, kv.view(-1, 576), idx, sl, out, lse, md.partial_o, md.partial_lse, S1,
-                                        1.25, md.block_h, md.num_splits, md.split_blocks, md.num_stages,
-                                        schedule="lean", fence=fence, qk_ahead=ahead)
-        _check(out, lse, q, kv, idx, sl, S1, 1.25, gpu=True)
-        assert_equal(out[1:3], torch.zeros_like(out[1:3]))
-        assert_equal(lse[1:3], torch.full_like(lse[1:3], float("inf")))
 
 
 @gpu

@@ -14,26 +14,23 @@ formulation of ``sparse_mla_decode_split_kernel_t``), so no tensor-core row is p
 * Online softmax over the rows (axis 0): the running max is reduced every block, the sum
   is kept per element and reduced once at the end.
 * Oᵀ [512, BLOCK_H] += Vᵀ·Pᵀ in fp16 (HGMMA), each warpgroup half of the 512 value rows;
-  Pᵀ from a shared tile. Two ways to feed Vᵀ, chosen by ``V_REGS``:
+  Pᵀ from a shared tile, Vᵀ from registers: each thread reads 8 contiguous values of each of
+  its rows from the ring (vector loads), widens them e4m3 -> fp16 (exact) and the tensor is
+  relabelled (reshape + permute, a register-only renaming) into the wgmma A-operand layout.
+  This permutes the value dimension: output row m holds value ``_perm_d(m)``, undone when O
+  is written. With ``V_EARLY`` the next block's Vᵀ is loaded into other registers while P·V
+  runs (sm_90: 200 / 239 registers at 16 / 32 heads instead of 173 / 209, no spills).
 
-  - ``V_REGS=True``: Vᵀ from registers. Each thread reads 8 contiguous values of each of
-    its rows from the ring (vector loads), widens them e4m3 -> fp16 (exact) and the tensor
-    is relabelled (reshape + permute, a register-only renaming) into the wgmma A-operand
-    layout. This permutes the value dimension: output row m holds value ``_perm_d(m)``,
-    undone when O is written. No fp16 copy of V goes through shared memory.
-    With ``V_EARLY`` the next block's Vᵀ is loaded into other registers while P·V runs
-    (sm_90: 200 / 239 registers at 16 / 32 heads instead of 173 / 209, no spills).
-  - ``V_REGS=False``: V widened to an fp16 shared tile [64, 512] and fed as an MN-major A
-    operand (allowed for 16-bit wgmma): 128 KB more shared-memory traffic per block (the
-    fp16 tile written and read), room for 3 stages (4 at 16 heads) instead of 5.
-
-``schedule="lean"`` (``sparse_mla_decode_small_h_lean_kernel``, a launch option until
-measured) runs the same math with two CTA barriers per block instead of seven: the row max
-crosses the warps once (each warp's partial max through a [4, BLOCK_H] tile, read back in
-both the Sᵀ and the Oᵀ layouts, so alpha needs no second exchange), and the gather of a new
-block is issued after that exchange, where the compiler's shared-memory analysis needs no
-barrier between it and the wgmmas reading the ring. Options: where the async-proxy fence
-goes, Sᵀ one or two blocks ahead, Vᵀ early or not.
+Measured and removed (H200, top-k 2048, interleaved, copy 4136 GB/s; us):
+* V widened into an fp16 shared tile (MN-major A operand, 3 stages): 75.7 against 67.9.
+* A "lean" schedule (2 CTA barriers per block instead of 7: row max exchanged once, gather
+  issued after it; proxy-fence placement, Sᵀ one or two blocks ahead, Vᵀ early or not) lost
+  everywhere: B=128 q1 H=16 66.6 (this kernel, 54.8% of copy) against 68.7-80.4, even with no
+  fence at all (73.2); H=32 81.0 against 85.2-97.8; B=64 q1 H=16 (2 splits) 43.4 against 46.2-50.4.
+* A gather-only probe (same cp.async pieces, 8 warps per row, B=128) reaches 46.7 us = 77.5%
+  of copy at 3 or 5 stages (TMA, one box per 576-byte row: 18.7%): the kernel is bound by its
+  per-block compute chain (~2.1 us per 64-row block against 1.46 us of gather), not by
+  barriers or the fence.
 
 The split over the top-k list and its combine kernel are those of ``decode.py`` (same
 scratch buffers from the plan). Gluon does not run under the interpreter: the kernel is
@@ -55,18 +52,15 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from mate.ops.sparse_mla.metadata import HEAD_DIM_ROPE, HEAD_DIM_V
 
-__all__ = ["sparse_mla_decode_small_h_kernel", "sparse_mla_decode_small_h_lean_kernel", "sparse_mla_decode_gluon_small_h", "SMALL_H_NUM_WARPS",
-           "SMALL_H_STAGES", "SMALL_H_V_EARLY"]
+__all__ = ["sparse_mla_decode_small_h_kernel", "sparse_mla_decode_gluon_small_h", "SMALL_H_NUM_WARPS",
+           "SMALL_H_V_EARLY"]
 
 LOG2E = 1.4426950408889634
 SMALL_H_BLOCK_N = 64  # gathered rows per step (the wgmma M of Sᵀ)
 SMALL_H_NUM_WARPS = 8  # two warpgroups
-# Ring stages by V_REGS (H200 compile, shared memory per program: see the plan).
-SMALL_H_STAGES = {True: 5, False: 3}
 # How plans (sparse_mla_fp8_decode) feed Vᵀ: from registers, the next block's loaded while
 # P·V runs (H200, benchmarks/bench_sparse_mla_small_h.py, 5 stages: 1-1.5% faster than
-# loading it after P·V at B=128 H=32, B=64 H=16 q1/q2; equal at B=128 H=16; the fp16
-# shared-memory tile, 3 stages: 75.7 us against 67.9 at B=128 H=16).
+# loading it after P·V at B=128 H=32, B=64 H=16 q1/q2; equal at B=128 H=16).
 SMALL_H_V_EARLY = True
 
 
@@ -123,7 +117,7 @@ def _online_softmax(s, tok, num_tokens, qk_scale_log2, m_i, l_acc):
 
 @gluon.jit
 def _perm_d(m):
-    """Value index held by row ``m`` of Oᵀ with ``V_REGS`` (bits of m, high to low:
+    """Value index held by row ``m`` of Oᵀ (bits of m, high to low:
     d2 d1 | d8 d7 d6 | d0 | d5 d4 d3)."""
     return ((m & 7) << 3) | ((m >> 3) & 1) | (((m >> 4) & 7) << 6) | (((m >> 7) & 1) << 1) | (((m >> 8) & 1) << 2)
 
@@ -142,7 +136,7 @@ def _load_vt(k_slot, VL_L: gl.constexpr, A_L: gl.constexpr, D_V: gl.constexpr, B
 
 @gluon.jit
 def _write_result(acc, m_i, l_acc, out_ptr, lse_ptr, po_ptr, plse_ptr, out_scale, H, bt, pid_s, num_splits,
-                  SPLIT: gl.constexpr, V_REGS: gl.constexpr, BLOCK_H: gl.constexpr, D_V: gl.constexpr,
+                  SPLIT: gl.constexpr, BLOCK_H: gl.constexpr, D_V: gl.constexpr,
                   S_L: gl.constexpr, O_L: gl.constexpr):
     """Normalises Oᵀ, writes it (bf16, or the split's partial rows) and the natural-log
     LSE (+inf for a head without a valid slot; -inf in a split's partial LSE)."""
@@ -152,7 +146,7 @@ def _write_result(acc, m_i, l_acc, out_ptr, lse_ptr, po_ptr, plse_ptr, out_scale
     lse = gl.where(empty, float("inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)
     o = acc / gl.convert_layout(l_safe, gl.SliceLayout(0, O_L))[None, :]
     offs_m = gl.arange(0, D_V, layout=gl.SliceLayout(1, O_L))
-    offs_d = _perm_d(offs_m) if V_REGS else offs_m
+    offs_d = _perm_d(offs_m)
     offs_ho = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, O_L))
     h_mask_o = (offs_ho < H)[None, :]
     offs_hl = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, S_L))
@@ -188,7 +182,6 @@ def sparse_mla_decode_small_h_kernel(
     SPLIT: gl.constexpr,
     HAS_SEQ_LENS: gl.constexpr,
     STAGES: gl.constexpr,
-    V_REGS: gl.constexpr,
     V_EARLY: gl.constexpr,
     BLOCK_H: gl.constexpr,
     BLOCK_N: gl.constexpr,
@@ -200,7 +193,6 @@ def sparse_mla_decode_small_h_kernel(
     gl.static_assert(BLOCK_N == 64)
     gl.static_assert(D_V == 512)
     gl.static_assert((BLOCK_H == 16) or (BLOCK_H == 32))
-    gl.static_assert(V_REGS or not V_EARLY)
     D_ROW: gl.constexpr = D_V + D_R
 
     # Copy layouts (8 warps): 16 contiguous bytes per thread.
@@ -213,7 +205,7 @@ def sparse_mla_decode_small_h_kernel(
     O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
                                                   instr_shape=[16, BLOCK_H, 16])
     A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
-    # Vᵀ loads for V_REGS, on the ring tile [rows, values]: registers = 8 contiguous values
+    # Vᵀ loads, on the ring tile [rows, values]: registers = 8 contiguous values
     # (d0-d2) and the rows of the A operand's k pairs and repeats (+1, +8, +16, +32); lanes
     # = rows +2, +4 and values +8, +16, +32; warps = values +64, +128, +256. After the
     # renaming in _load_vt this is the A operand layout up to the order of registers.
@@ -224,9 +216,6 @@ def sparse_mla_decode_small_h_kernel(
         block_bases=[],
         shape=[BLOCK_N, D_V],
     )
-    # V widening for not V_REGS: a warp covers 8 rows x 64 values (one swizzle atom of the
-    # fp16 tile: stores free of bank conflicts).
-    VC_L: gl.constexpr = R_L
     K_SL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
     R_SL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2)
     F16_SL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
@@ -251,8 +240,6 @@ def sparse_mla_decode_small_h_kernel(
     # Pᵀ as [heads, rows] (K-major B operand), double-buffered so that one warpgroup's
     # P·V of block it may still read it while the P of block it + 1 is written.
     p_smem = gl.allocate_shared_memory(gl.float16, [2, BLOCK_H, BLOCK_N], F16_SL)
-    if not V_REGS:
-        v_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_N, D_V], F16_SL)
 
     lo = pid_s * (split_blocks * BLOCK_N)
     hi = gl.minimum(lo + split_blocks * BLOCK_N, top_k)
@@ -289,10 +276,7 @@ def sparse_mla_decode_small_h_kernel(
     tok_s = gl.load(idx_row + slots_next, mask=slots_next < hi, other=-1)
     p, alpha, m_i, l_acc = _online_softmax(s, tok, num_tokens, qk_scale_log2, m_i, l_acc)
     p_smem.index(0).store(gl.permute(p.to(gl.float16), (1, 0)))
-    if V_REGS:
-        vt = _load_vt(k_ring.index(0), VL_L, A_L, D_V, BLOCK_N)
-    else:
-        v_smem.store(k_ring.index(0).load(VC_L).to(gl.float16))
+    vt = _load_vt(k_ring.index(0), VL_L, A_L, D_V, BLOCK_N)
     for it in range(n_iter):
         # block it + 1 landed; P (and V) of block it staged; every thread is done with
         # block it's ring slot, refilled next
@@ -304,11 +288,7 @@ def sparse_mla_decode_small_h_kernel(
         tok_g, tok_r = _gather_tokens(idx_row, lo + (it + STAGES + 1) * BLOCK_N, hi, BLOCK_N, G_L, R_L)
         nxt = (it + 1) % STAGES
         s = _issue_qk(k_ring, r_ring, nxt, q_smem, qr_smem, s_zero)
-        pb = p_smem.index(it % 2).permute((1, 0))
-        if V_REGS:
-            acc = warpgroup_mma(vt, pb, acc, is_async=True)
-        else:
-            acc = warpgroup_mma(v_smem.permute((1, 0)), pb, acc, is_async=True)
+        acc = warpgroup_mma(vt, p_smem.index(it % 2).permute((1, 0)), acc, is_async=True)
         if V_EARLY:  # Vᵀ of block it + 1 into other registers while the wgmmas run
             vt_next = _load_vt(k_ring.index(nxt), VL_L, A_L, D_V, BLOCK_N)
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))  # Sᵀ of block it + 1 done
@@ -323,260 +303,13 @@ def sparse_mla_decode_small_h_kernel(
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(0, O_L))[None, :]
         if V_EARLY:
             vt = vt_next
-        elif V_REGS:
-            vt = _load_vt(k_ring.index(nxt), VL_L, A_L, D_V, BLOCK_N)
         else:
-            gl.thread_barrier()  # both warpgroups' P·V of block it read v_smem
-            v_smem.store(k_ring.index(nxt).load(VC_L).to(gl.float16))
+            vt = _load_vt(k_ring.index(nxt), VL_L, A_L, D_V, BLOCK_N)
 
     async_copy.wait_group(0)
     gl.thread_barrier()
     _write_result(acc, m_i, l_acc, out_ptr, lse_ptr, po_ptr, plse_ptr, out_scale, H, bt, pid_s, num_splits,
-                  SPLIT, V_REGS, BLOCK_H, D_V, S_L, O_L)
-
-
-@gluon.jit
-def _wait_ring(N: gl.constexpr, FENCE: gl.constexpr, NUM_WARPS: gl.constexpr):
-    """Waits until at most ``N`` cp.async groups are in flight and makes the landed rows
-    (and the P tile stored before) visible to every warp (one CTA barrier). ``FENCE``: 0 and
-    3 no proxy fence here (0: as Triton's own cp.async -> wgmma pipelines, P fenced where it
-    is stored; 3: no fence at all, not a valid schedule, only to measure the fence's cost);
-    1 each thread fences its landed copies and P for the async proxy (wgmma) before the
-    barrier (wait and fence in one inline-asm block, as the compiler would otherwise add a
-    second barrier between them); 2 wait, barrier, fence, barrier (``schedule="v1"``)."""
-    if FENCE == 1:
-        one: gl.constexpr = gl.BlockedLayout([1], [32], [NUM_WARPS], [0])
-        dummy = gl.full([32 * NUM_WARPS], 0, gl.int32, layout=one)
-        if N == 0:
-            gl.inline_asm_elementwise("cp.async.wait_group 0;\n\tfence.proxy.async.shared::cta;\n\tmov.b32 $0, $1;",
-                                      "=r,r", [dummy], dtype=gl.int32, is_pure=False, pack=1)
-        elif N == 1:
-            gl.inline_asm_elementwise("cp.async.wait_group 1;\n\tfence.proxy.async.shared::cta;\n\tmov.b32 $0, $1;",
-                                      "=r,r", [dummy], dtype=gl.int32, is_pure=False, pack=1)
-        elif N == 2:
-            gl.inline_asm_elementwise("cp.async.wait_group 2;\n\tfence.proxy.async.shared::cta;\n\tmov.b32 $0, $1;",
-                                      "=r,r", [dummy], dtype=gl.int32, is_pure=False, pack=1)
-        else:
-            gl.static_assert(N == 3)
-            gl.inline_asm_elementwise("cp.async.wait_group 3;\n\tfence.proxy.async.shared::cta;\n\tmov.b32 $0, $1;",
-                                      "=r,r", [dummy], dtype=gl.int32, is_pure=False, pack=1)
-        gl.thread_barrier()
-    elif FENCE == 2:
-        async_copy.wait_group(N)
-        fence_async_shared()
-        gl.thread_barrier()
-    else:
-        async_copy.wait_group(N)
-        gl.thread_barrier()
-
-
-@gluon.jit
-def _max_of_rows(red_smem, L: gl.constexpr):
-    """Max over the four rows of ``red_smem`` [4, n], in ``SliceLayout(0, L)`` (each row read
-    as [1, n] in ``L``: no shuffles)."""
-    m01 = gl.maximum(red_smem.slice(0, 1, dim=0).load(L), red_smem.slice(1, 1, dim=0).load(L))
-    m23 = gl.maximum(red_smem.slice(2, 1, dim=0).load(L), red_smem.slice(3, 1, dim=0).load(L))
-    return gl.max(gl.maximum(m01, m23), 0)
-
-
-@gluon.jit
-def _store_row_max(s, tok, num_tokens, qk_scale_log2, red_smem):
-    """First half of the one-barrier online softmax: masks invalid slots (log2 domain) and
-    stores each warp's max over its 16 rows (shuffles only) into ``red_smem`` [4, BLOCK_H];
-    returns the masked, scaled Sᵀ."""
-    BLOCK_N: gl.constexpr = s.shape[0]
-    BLOCK_H: gl.constexpr = s.shape[1]
-    valid = (tok >= 0) & (tok < num_tokens)
-    s = gl.where(valid[:, None], s * qk_scale_log2, float("-inf"))
-    red_smem.store(gl.max(gl.reshape(s, [4, BLOCK_N // 4, BLOCK_H]), 1))  # rows 16w..16w+15: warp w
-    return s
-
-
-@gluon.jit
-def _finish_softmax(s, m_s, m_o, l_acc, red_smem, S_L: gl.constexpr, O_L: gl.constexpr):
-    """Second half, after the one CTA barrier: every thread reads the four partial maxima in
-    both the Sᵀ and the Oᵀ layouts, so the running max is kept twice (``m_s``, ``m_o``: equal
-    values) and the rescale factor of Oᵀ needs no second exchange. Returns P, alpha in the
-    Oᵀ layout, the two maxima and the per-element sums."""
-    m_new_s = gl.maximum(m_s, _max_of_rows(red_smem, S_L))
-    m_use_s = gl.where(m_new_s == float("-inf"), 0.0, m_new_s)  # all-invalid so far: no NaN
-    p = gl.exp2(s - m_use_s[None, :])
-    l_acc = l_acc * gl.exp2(m_s - m_use_s)[None, :] + p
-    m_new_o = gl.maximum(m_o, _max_of_rows(red_smem, O_L))
-    alpha_o = gl.exp2(m_o - gl.where(m_new_o == float("-inf"), 0.0, m_new_o))
-    return p, alpha_o, m_new_s, m_new_o, l_acc
-
-
-@gluon.jit
-def sparse_mla_decode_small_h_lean_kernel(
-    q_ptr,
-    kv_ptr,
-    idx_ptr,
-    seq_lens_ptr,
-    out_ptr,
-    lse_ptr,
-    po_ptr,
-    plse_ptr,
-    num_tokens,
-    qk_scale_log2,
-    out_scale,
-    H,
-    q_len,
-    top_k,
-    split_blocks,
-    num_splits,
-    SPLIT: gl.constexpr,
-    HAS_SEQ_LENS: gl.constexpr,
-    STAGES: gl.constexpr,
-    FENCE: gl.constexpr,
-    QK_AHEAD: gl.constexpr,
-    V_EARLY: gl.constexpr,
-    BLOCK_H: gl.constexpr,
-    BLOCK_N: gl.constexpr,
-    D_V: gl.constexpr,
-    D_R: gl.constexpr,
-):
-    """``sparse_mla_decode_small_h_kernel`` (Vᵀ from registers, loaded early) with a loop of
-    two CTA barriers (``schedule="lean"``): (A) the ring block landed, (B) the row max
-    exchanged once (``_softmax_one_barrier``). The gather of a new block is issued after B,
-    where no warp reads the ring any more, so the compiler adds no barrier between it and
-    the wgmmas that read the ring. ``QK_AHEAD`` 2: Sᵀ of block it + 2 is computed during
-    iteration it (the softmax of block it + 1 finds its Sᵀ finished), at the cost of one ring
-    stage of prefetch (needs ``STAGES`` >= 3). ``FENCE``: see ``_wait_ring``. ``V_EARLY``: Vᵀ of
-    block it + 1 loaded while P·V of block it runs (64 more registers); else P·V is waited for
-    before barrier B and Vᵀ loaded then."""
-    gl.static_assert(BLOCK_N == 64)
-    gl.static_assert(D_V == 512)
-    gl.static_assert((BLOCK_H == 16) or (BLOCK_H == 32))
-    gl.static_assert((QK_AHEAD == 1) or ((QK_AHEAD == 2) and (STAGES >= 3)))
-    NUM_WARPS: gl.constexpr = 8
-    D_ROW: gl.constexpr = D_V + D_R
-
-    G_L: gl.constexpr = gl.BlockedLayout([1, 16], [1, 32], [8, 1], [1, 0])
-    R_L: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [8, 1], [1, 0])
-    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
-                                                  instr_shape=[16, BLOCK_H // 2, 32])
-    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
-                                                  instr_shape=[16, BLOCK_H, 16])
-    A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
-    VL_L: gl.constexpr = gl.DistributedLinearLayout(
-        reg_bases=[[0, 1], [0, 2], [0, 4], [1, 0], [8, 0], [16, 0], [32, 0]],
-        lane_bases=[[2, 0], [4, 0], [0, 8], [0, 16], [0, 32]],
-        warp_bases=[[0, 64], [0, 128], [0, 256]],
-        block_bases=[],
-        shape=[BLOCK_N, D_V],
-    )
-    K_SL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
-    R_SL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2)
-    F16_SL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-
-    pid_s = gl.program_id(0)
-    bt = gl.program_id(1).to(gl.int64)
-
-    offs_hg = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, G_L))
-    q_rows = (bt * H + offs_hg.to(gl.int64)) * D_ROW
-    offs_vg = gl.arange(0, D_V, layout=gl.SliceLayout(0, G_L))
-    q_nope = gl.load(q_ptr + (q_rows[:, None] + offs_vg[None, :]), mask=(offs_hg < H)[:, None], other=0.0)
-    offs_hr = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, R_L))
-    qr_rows = (bt * H + offs_hr.to(gl.int64)) * D_ROW + D_V
-    offs_r = gl.arange(0, D_R, layout=gl.SliceLayout(0, R_L))
-    q_rope = gl.load(q_ptr + (qr_rows[:, None] + offs_r[None, :]), mask=(offs_hr < H)[:, None], other=0.0)
-    q_smem = gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_H, D_V], K_SL, q_nope)
-    qr_smem = gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_H, D_R], R_SL, q_rope)
-
-    k_ring = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, D_V], K_SL)
-    r_ring = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, D_R], R_SL)
-    p_smem = gl.allocate_shared_memory(gl.float16, [2, BLOCK_H, BLOCK_N], F16_SL)
-    red_smem = gl.allocate_shared_memory(gl.float32, [4, BLOCK_H], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
-
-    lo = pid_s * (split_blocks * BLOCK_N)
-    hi = gl.minimum(lo + split_blocks * BLOCK_N, top_k)
-    if HAS_SEQ_LENS:
-        seq_len = gl.load(seq_lens_ptr + bt // q_len)
-        seq_len = gl.minimum(gl.maximum(seq_len, 0), top_k)
-        hi = gl.minimum(hi, seq_len)
-    n_iter = gl.maximum(hi - lo + (BLOCK_N - 1), 0) // BLOCK_N
-    idx_row = idx_ptr + bt * top_k
-
-    for j in gl.static_range(STAGES - 1):  # prologue: STAGES - 1 blocks in flight
-        tok_g, tok_r = _gather_tokens(idx_row, lo + j * BLOCK_N, hi, BLOCK_N, G_L, R_L)
-        _issue_gather(kv_ptr, tok_g, tok_r, num_tokens, k_ring.index(j), r_ring.index(j), D_V, D_R, G_L, R_L)
-    tok_g, tok_r = _gather_tokens(idx_row, lo + (STAGES - 1) * BLOCK_N, hi, BLOCK_N, G_L, R_L)
-
-    m_s = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(0, S_L))
-    m_o = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(0, O_L))
-    l_acc = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=S_L)
-    acc = gl.zeros([D_V, BLOCK_H], gl.float32, layout=O_L)
-    s_zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=S_L)
-    offs_ns = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, S_L))
-    tok = gl.load(idx_row + lo + offs_ns, mask=lo + offs_ns < hi, other=-1)
-    tok_s = gl.load(idx_row + lo + BLOCK_N + offs_ns, mask=lo + BLOCK_N + offs_ns < hi, other=-1)
-
-    # Block 0 (and with QK_AHEAD 2 the Sᵀ of block 1), then per iteration it: Sᵀ of block
-    # it + QK_AHEAD and Oᵀ += Vᵀ·Pᵀ of block it issued, Vᵀ of block it + 1 loaded, softmax of
-    # block it + 1, the gather of block it + STAGES.
-    _wait_ring(STAGES - 1 - QK_AHEAD, FENCE, NUM_WARPS)  # block 0 (and 1) landed
-    s = warpgroup_mma_wait(num_outstanding=0, deps=(_issue_qk(k_ring, r_ring, 0, q_smem, qr_smem, s_zero),))
-    if QK_AHEAD == 2:
-        s_ahead = _issue_qk(k_ring, r_ring, 1, q_smem, qr_smem, s_zero)
-    vt = _load_vt(k_ring.index(0), VL_L, A_L, D_V, BLOCK_N)
-    s = _store_row_max(s, tok, num_tokens, qk_scale_log2, red_smem)
-    gl.thread_barrier()
-    p, alpha, m_s, m_o, l_acc = _finish_softmax(s, m_s, m_o, l_acc, red_smem, S_L, O_L)
-    p_smem.index(0).store(gl.permute(p.to(gl.float16), (1, 0)))
-    if FENCE != 3:  # (with FENCE 1 the in-loop wait fences too; once here is cheap)
-        fence_async_shared()
-    _issue_gather(kv_ptr, tok_g, tok_r, num_tokens, k_ring.index((STAGES - 1) % STAGES),
-                  r_ring.index((STAGES - 1) % STAGES), D_V, D_R, G_L, R_L)
-    tok_g, tok_r = _gather_tokens(idx_row, lo + STAGES * BLOCK_N, hi, BLOCK_N, G_L, R_L)
-    if QK_AHEAD == 2:
-        s_ahead = warpgroup_mma_wait(num_outstanding=0, deps=(s_ahead,))
-    for it in range(n_iter):
-        _wait_ring(STAGES - 1 - QK_AHEAD, FENCE, NUM_WARPS)  # block it + QK_AHEAD landed, P of block it staged
-        s_new = _issue_qk(k_ring, r_ring, (it + QK_AHEAD) % STAGES, q_smem, qr_smem, s_zero)
-        acc = warpgroup_mma(vt, p_smem.index(it % 2).permute((1, 0)), acc, is_async=True)
-        if V_EARLY:  # Vᵀ of block it + 1 into other registers while the wgmmas run
-            vt_next = _load_vt(k_ring.index((it + 1) % STAGES), VL_L, A_L, D_V, BLOCK_N)
-        if QK_AHEAD == 1:
-            s_cur = warpgroup_mma_wait(num_outstanding=1, deps=(s_new,))  # Sᵀ of block it + 1 done
-        else:
-            s_cur = s_ahead
-        tok_cur = tok_s
-        slots_next = lo + (it + 2) * BLOCK_N + offs_ns
-        if FENCE != 0:
-            tok_s = gl.load(idx_row + slots_next, mask=slots_next < hi, other=-1)
-        # (past the last block every slot is masked: p = 0, alpha = 1 or, for a head
-        # without any valid slot so far, 0 on a zero accumulator)
-        s_cur = _store_row_max(s_cur, tok_cur, num_tokens, qk_scale_log2, red_smem)
-        if not V_EARLY:  # P·V of block it done, then Vᵀ of block it + 1 (before the barrier:
-            # the ring is only written after it)
-            if QK_AHEAD == 1:
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            else:
-                acc, s_ahead = warpgroup_mma_wait(num_outstanding=0, deps=(acc, s_new))
-            vt = _load_vt(k_ring.index((it + 1) % STAGES), VL_L, A_L, D_V, BLOCK_N)
-        gl.thread_barrier()
-        p, alpha, m_s, m_o, l_acc = _finish_softmax(s_cur, m_s, m_o, l_acc, red_smem, S_L, O_L)
-        p_smem.index((it + 1) % 2).store(gl.permute(p.to(gl.float16), (1, 0)))
-        if FENCE == 0:  # P's generic stores, then the wgmma (async proxy) reads them
-            fence_async_shared()
-            # the next top-k loads after the fence (a memory fence may wait for loads in flight)
-            tok_s = gl.load(idx_row + slots_next, mask=slots_next < hi, other=-1)
-        _issue_gather(kv_ptr, tok_g, tok_r, num_tokens, k_ring.index(it % STAGES), r_ring.index(it % STAGES),
-                      D_V, D_R, G_L, R_L)
-        tok_g, tok_r = _gather_tokens(idx_row, lo + (it + STAGES + 1) * BLOCK_N, hi, BLOCK_N, G_L, R_L)
-        if V_EARLY:
-            if QK_AHEAD == 1:
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))  # P·V of block it done
-            else:
-                acc, s_ahead = warpgroup_mma_wait(num_outstanding=0, deps=(acc, s_new))
-            vt = vt_next
-        acc = acc * alpha[None, :]
-
-    async_copy.wait_group(0)
-    gl.thread_barrier()
-    _write_result(acc, m_s, l_acc, out_ptr, lse_ptr, po_ptr, plse_ptr, out_scale, H, bt, pid_s, num_splits,
-                  SPLIT, True, BLOCK_H, D_V, S_L, O_L)
+                  SPLIT, BLOCK_H, D_V, S_L, O_L)
 
 
 def sparse_mla_decode_gluon_small_h(
@@ -594,21 +327,13 @@ def sparse_mla_decode_gluon_small_h(
     num_splits: int,
     split_blocks: int,
     num_stages: int,
-    v_regs: bool = True,
-    v_early: bool | None = None,
-    schedule: str = "v1",
-    fence: int = 2,
-    qk_ahead: int = 1,
+    v_early: bool = SMALL_H_V_EARLY,
 ) -> None:
     """Launches the small-H Gluon decode on validated CUDA tensors (contract of
     ``sparse_mla_decode_gluon``; ``block_h`` 16 or 32, >= H). A cache view that is not
     16-byte aligned (cp.async) takes the plain transposed kernel with the same plan.
-    ``v_regs``: Vᵀ from registers (else an fp16 shared tile); ``v_early`` (with ``v_regs``,
-    default ``SMALL_H_V_EARLY``): Vᵀ of the next block is loaded while the current P·V runs.
-    ``schedule="lean"``: ``sparse_mla_decode_small_h_lean_kernel`` (Vᵀ from registers,
-    ``v_regs`` ignored, ``v_early`` as above) with ``fence`` (0-3, see ``_wait_ring``; 3 is a
-    measurement probe, not a valid schedule) and
-    ``qk_ahead`` (1 or 2; 2 needs ``num_stages`` >= 3). No allocation, no host sync."""
+    ``v_early``: Vᵀ of the next block is loaded while the current P·V runs. No allocation,
+    no host sync."""
     from mate.ops.sparse_mla.decode import sparse_mla_decode_combine_kernel, sparse_mla_decode_triton
 
     B, q_len, H, _ = query.shape
@@ -616,15 +341,6 @@ def sparse_mla_decode_gluon_small_h(
     rows = B * q_len
     if rows == 0 or H == 0:
         return
-    if v_early is None:
-        v_early = SMALL_H_V_EARLY and (v_regs or schedule == "lean")
-    if v_early and not v_regs and schedule != "lean":
-        raise ValueError("v_early needs v_regs")
-    if schedule not in ("v1", "lean"):
-        raise ValueError(f"schedule must be 'v1' or 'lean', got {schedule!r}")
-    if schedule == "lean" and (fence not in (0, 1, 2, 3) or qk_ahead not in (1, 2) or num_stages < 1 + qk_ahead):
-        raise ValueError(f"the lean schedule needs fence 0-3, qk_ahead 1 or 2 and num_stages > qk_ahead, got "
-                         f"fence={fence}, qk_ahead={qk_ahead}, num_stages={num_stages}")
     if block_h < H or block_h not in (16, 32):
         raise ValueError(f"the small-H Gluon kernel needs block_h 16 or 32 and H <= block_h, got H={H}, "
                          f"block_h={block_h}")
@@ -634,42 +350,33 @@ def sparse_mla_decode_gluon_small_h(
                                  bmm1_scale, bmm2_scale, block_h, num_splits, split_blocks, 8, 6, 64, True, 0, False)
         return
     split = num_splits > 1
-    if schedule == "lean":
-        sparse_mla_decode_small_h_lean_kernel[(num_splits, rows)](
-            query, kv_arg, block_tables, seq_lens if seq_lens is not None else block_tables, out, lse,
-            partial_o if split else out, partial_lse if split else lse, kv_rows.shape[0], bmm1_scale * LOG2E,
-            bmm2_scale, H, q_len, top_k, split_blocks, num_splits, SPLIT=split, HAS_SEQ_LENS=seq_lens is not None,
-            STAGES=num_stages, FENCE=fence, QK_AHEAD=qk_ahead, V_EARLY=v_early, BLOCK_H=block_h, BLOCK_N=SMALL_H_BLOCK_N,
-            D_V=HEAD_DIM_V, D_R=HEAD_DIM_ROPE, num_warps=SMALL_H_NUM_WARPS)
-    else:
-        sparse_mla_decode_small_h_kernel[(num_splits, rows)](
-            query,
-            kv_arg,
-            block_tables,
-            seq_lens if seq_lens is not None else block_tables,
-            out,
-            lse,
-            partial_o if split else out,
-            partial_lse if split else lse,
-            kv_rows.shape[0],
-            bmm1_scale * LOG2E,
-            bmm2_scale,
-            H,
-            q_len,
-            top_k,
-            split_blocks,
-            num_splits,
-            SPLIT=split,
-            HAS_SEQ_LENS=seq_lens is not None,
-            STAGES=num_stages,
-            V_REGS=v_regs,
-            V_EARLY=v_early,
-            BLOCK_H=block_h,
-            BLOCK_N=SMALL_H_BLOCK_N,
-            D_V=HEAD_DIM_V,
-            D_R=HEAD_DIM_ROPE,
-            num_warps=SMALL_H_NUM_WARPS,
-        )
+    sparse_mla_decode_small_h_kernel[(num_splits, rows)](
+        query,
+        kv_arg,
+        block_tables,
+        seq_lens if seq_lens is not None else block_tables,
+        out,
+        lse,
+        partial_o if split else out,
+        partial_lse if split else lse,
+        kv_rows.shape[0],
+        bmm1_scale * LOG2E,
+        bmm2_scale,
+        H,
+        q_len,
+        top_k,
+        split_blocks,
+        num_splits,
+        SPLIT=split,
+        HAS_SEQ_LENS=seq_lens is not None,
+        STAGES=num_stages,
+        V_EARLY=v_early,
+        BLOCK_H=block_h,
+        BLOCK_N=SMALL_H_BLOCK_N,
+        D_V=HEAD_DIM_V,
+        D_R=HEAD_DIM_ROPE,
+        num_warps=SMALL_H_NUM_WARPS,
+    )
     if split:
         block_hc = min(16, triton.next_power_of_2(H))
         sparse_mla_decode_combine_kernel[(triton.cdiv(H, block_hc), rows)](
@@ -687,10 +394,10 @@ def sparse_mla_decode_gluon_small_h(
 
 
 def _self_check() -> None:
-    """Decodes small random problems (16 / 32 / 20 heads, split and unsplit plans, V from
-    registers, early, and from shared memory, the lean schedule, invalid slots, an empty row) with the small-H Gluon
-    kernel on the current GPU against the reference; raises on a mismatch. Run in a child
-    process by :func:`probe_in_subprocess`."""
+    """Decodes small random problems (16 / 32 / 20 heads, split and unsplit plans, Vᵀ loaded
+    early or after P·V, invalid slots, an empty row) with the small-H Gluon kernel on the
+    current GPU against the reference; raises on a mismatch. Run in a child process by
+    :func:`probe_in_subprocess`."""
     from mate.ops.sparse_mla.metadata import plan_decode
     from mate.ops.sparse_mla.reference import sparse_mla_decode_reference
     from mate.testing import assert_close
@@ -698,12 +405,9 @@ def _self_check() -> None:
     fp8 = torch.float8_e4m3fn
     tokens = 4096
     scale = 576**-0.5
-    for B, q_len, H, top_k, splits, v in ((3, 2, 16, 2112, None, "regs"), (2, 1, 32, 2048, 1, "regs"),
-                                          (2, 1, 20, 2048, 3, "regs"), (3, 1, 16, 2048, 1, "smem"),
-                                          (2, 2, 32, 2048, 2, "smem"), (3, 1, 16, 2048, 1, "early"),
-                                          (2, 2, 32, 2048, 3, "early"), (3, 2, 16, 2112, 1, "lean"),
-                                          (2, 1, 32, 2048, 2, "lean")):
-        v_regs = v != "smem"
+    for B, q_len, H, top_k, splits, early in ((3, 2, 16, 2112, None, False), (2, 1, 32, 2048, 1, False),
+                                              (2, 1, 20, 2048, 3, False), (3, 1, 16, 2048, 1, True),
+                                              (2, 2, 32, 2048, 3, True)):
         q = torch.randn(B, q_len, H, 576).to(fp8)
         kv = torch.randn(tokens // 64, 64, 576).to(fp8)
         idx = torch.randint(0, tokens, (B, q_len, top_k), dtype=torch.int32)
@@ -711,21 +415,19 @@ def _self_check() -> None:
         idx = torch.where(r < 0.1, -1, torch.where(r < 0.15, tokens + 7, idx))
         sl = torch.randint(1, top_k + 1, (B,), dtype=torch.int32)
         sl[-1] = 0
-        md = plan_decode(B, q_len, H, top_k, "cuda", gluon=True, transposed=True, num_splits=splits,
-                         num_stages=None if v_regs else 3)
+        md = plan_decode(B, q_len, H, top_k, "cuda", gluon=True, transposed=True, num_splits=splits)
         assert md.gluon and md.transposed
         qc, kvc, idxc, slc = q.cuda(), kv.cuda(), idx.cuda(), sl.cuda()
         out = torch.full((B, q_len, H, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
         lse = torch.full((B * q_len * H,), float("nan"), device="cuda")
         sparse_mla_decode_gluon_small_h(qc, kvc.view(-1, 576), idxc, slc, out, lse, md.partial_o, md.partial_lse,
                                         scale, 1.25, md.block_h, md.num_splits, md.split_blocks, md.num_stages,
-                                        v_regs=v_regs, v_early=v in ("early", "lean"),
-                                        schedule="lean" if v == "lean" else "v1", fence=0 if v == "lean" else 2)
+                                        v_early=early)
         torch.cuda.synchronize()
         ro, rl = sparse_mla_decode_reference(q, kv, idx, sl, scale, 1.25)
         # GPU tolerances of tests/sparse_mla/test_decode.py (FP8 tensor-core accumulation).
-        assert_close(out.cpu(), ro, atol=3e-3, rtol=3e-2, name=f"out (H={H}, V {v})")
-        assert_close(lse.cpu().view(rl.shape), rl, atol=1.5e-2, rtol=2e-3, name=f"lse (H={H}, V {v})")
+        assert_close(out.cpu(), ro, atol=3e-3, rtol=3e-2, name=f"out (H={H}, early {early})")
+        assert_close(lse.cpu().view(rl.shape), rl, atol=1.5e-2, rtol=2e-3, name=f"lse (H={H}, early {early})")
 
 
 def probe_in_subprocess(timeout_s: float = 240.0) -> str | None:
