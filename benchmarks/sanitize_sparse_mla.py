@@ -5,8 +5,8 @@
 Small caches sized exactly (so any read past a row would leave the allocation), indices
 at every boundary (-1, INT32_MIN, INT32_MAX, tokens, tokens - 1), seq_lens below 0 and
 above top-k, an empty cache, every kernel variant (small-H transposed, H >= 64, with and
-without the split + combine step, seq_lens None; the experimental Gluon kernel too for
-H >= 64 on a Hopper GPU). Each result is checked against the
+without the split + combine step, seq_lens None; on a Hopper GPU the Gluon kernels too:
+64 heads for H >= 64, small-H for H <= 32). Each result is checked against the
 reference; the script exits non-zero on a mismatch.
 """
 
@@ -56,8 +56,14 @@ def main() -> int:
         qc, kvc, idxc = q.cuda(), kv.cuda().clone(), idx.cuda()
         slc = None if sl is None else sl.cuda()
         hopper = torch.cuda.get_device_capability()[0] == 9
-        for gluon in (False, True) if H >= 64 and hopper else (False,):
-            md = plan_decode(B, q_len, H, top_k, "cuda", num_splits=splits, gluon=gluon)
+        # plain kernels everywhere; on Hopper the 64-head Gluon kernel (H >= 64) or the
+        # small-H Gluon kernel (H <= 32, transposed)
+        variants = [dict(gluon=False)]
+        if hopper:
+            variants.append(dict(gluon=True) if H >= 64 else dict(gluon=True, transposed=True))
+        for kw in variants:
+            gluon = kw["gluon"]
+            md = plan_decode(B, q_len, H, top_k, "cuda", num_splits=splits, **kw)
             out, lse = sparse_mla_fp8_decode(qc, kvc, None, 128, 512, 64, idxc, slc, 0, top_k, bmm1_scale=0.05,
                                              return_lse=True, metadata=md)
             torch.cuda.synchronize()
