@@ -52,45 +52,23 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from mate.ops.sparse_mla.metadata import GLUON_STAGES, HEAD_DIM_ROPE, HEAD_DIM_V
+from mate.ops.sparse_mla.gluon_common import (
+    _gather_next,
+    _gather_prologue,
+    _load_query,
+    _split_slots,
+    assert_matches_reference,
+    launch_decode,
+    self_check_problem,
+)
+from mate.ops.sparse_mla.gluon_common import probe_in_subprocess as _probe
+from mate.ops.sparse_mla.metadata import GLUON_STAGES
 
 __all__ = ["sparse_mla_decode_gluon_kernel", "sparse_mla_decode_gluon", "GLUON_BLOCK_H", "GLUON_NUM_WARPS"]
 
-LOG2E = 1.4426950408889634
 GLUON_BLOCK_H = 64  # heads per program (the wgmma M)
 GLUON_BLOCK_N = 64  # gathered rows per step
 GLUON_NUM_WARPS = 8  # two warpgroups
-
-
-@gluon.jit
-def _gather_tokens(idx_row, start, hi, BLOCK_N: gl.constexpr, G_L: gl.constexpr, R_L: gl.constexpr):
-    """The top-k entries of slots [start, start + BLOCK_N) in the two copy layouts (-1 for
-    slots >= hi, which are never read)."""
-    offs_n = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, G_L))
-    offs_nr = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, R_L))
-    tok = gl.load(idx_row + offs_n, mask=offs_n < hi, other=-1)
-    tok_r = gl.load(idx_row + offs_nr, mask=offs_nr < hi, other=-1)
-    return tok, tok_r
-
-
-@gluon.jit
-def _issue_gather(kv_ptr, tok, tok_r, num_tokens, k_buf, r_buf,
-                  D_V: gl.constexpr, D_R: gl.constexpr, G_L: gl.constexpr, R_L: gl.constexpr):
-    """cp.async of the rows ``tok`` / ``tok_r`` (one block, in the two copy layouts) into one
-    ring slot; invalid entries are masked (zero-filled, never read); commits one group."""
-    D_ROW: gl.constexpr = D_V + D_R
-    # value part [BLOCK_N, 512]
-    valid = (tok >= 0) & (tok < num_tokens)
-    row = gl.where(valid, tok, 0).to(gl.int64) * D_ROW
-    offs_v = gl.arange(0, D_V, layout=gl.SliceLayout(0, G_L))
-    async_copy.async_copy_global_to_shared(k_buf, kv_ptr + (row[:, None] + offs_v[None, :]), mask=valid[:, None])
-    # rotary part [BLOCK_N, 64]
-    valid_r = (tok_r >= 0) & (tok_r < num_tokens)
-    row_r = gl.where(valid_r, tok_r, 0).to(gl.int64) * D_ROW + D_V
-    offs_r = gl.arange(0, D_R, layout=gl.SliceLayout(0, R_L))
-    async_copy.async_copy_global_to_shared(r_buf, kv_ptr + (row_r[:, None] + offs_r[None, :]),
-                                           mask=valid_r[:, None])
-    async_copy.commit_group()
 
 
 @gluon.jit
@@ -199,7 +177,6 @@ def sparse_mla_decode_gluon_kernel(
     blocks of ``BLOCK_N`` (64) top-k slots; grid (head tiles, splits, B * q_len)."""
     gl.static_assert(BLOCK_H == 64)
     gl.static_assert(BLOCK_N == 64)
-    D_ROW: gl.constexpr = D_V + D_R
 
     # Register layouts (8 warps). G_L / R_L: 16 contiguous bytes per thread for the loads
     # and cp.async of 512- and 64-byte row pieces.
@@ -232,39 +209,17 @@ def sparse_mla_decode_gluon_kernel(
     pid_s = gl.program_id(1)
     bt = gl.program_id(2).to(gl.int64)  # query position b * q_len + t
 
-    # Query tile (e4m3, padded heads read as 0) into shared memory for the whole loop.
-    offs_hg = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, G_L))
-    q_rows = (bt * H + offs_hg.to(gl.int64)) * D_ROW
-    offs_vg = gl.arange(0, D_V, layout=gl.SliceLayout(0, G_L))
-    q_nope = gl.load(q_ptr + (q_rows[:, None] + offs_vg[None, :]), mask=(offs_hg < H)[:, None], other=0.0)
-    offs_hr = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, R_L))
-    qr_rows = (bt * H + offs_hr.to(gl.int64)) * D_ROW + D_V
-    offs_r = gl.arange(0, D_R, layout=gl.SliceLayout(0, R_L))
-    q_rope = gl.load(q_ptr + (qr_rows[:, None] + offs_r[None, :]), mask=(offs_hr < H)[:, None], other=0.0)
-    q_smem = gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_H, D_V], K_SL, q_nope)
-    qr_smem = gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_H, D_R], R_SL, q_rope)
+    q_smem, qr_smem = _load_query(q_ptr, bt, H, pid_h * BLOCK_H, BLOCK_H, D_V, D_R, G_L, R_L, K_SL, R_SL)
 
     k_ring = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, D_V], K_SL)
     r_ring = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, D_R], R_SL)
     v_lo = gl.allocate_shared_memory(gl.float16, [BLOCK_N // 2, D_V], V_SL)
     v_hi = gl.allocate_shared_memory(gl.float16, [BLOCK_N // 2, D_V], V_SL)
 
-    # This split's slots, cut at seq_lens[b]: blocks wholly past it are not visited.
-    lo = pid_s * (split_blocks * BLOCK_N)
-    hi = gl.minimum(lo + split_blocks * BLOCK_N, top_k)
-    if HAS_SEQ_LENS:
-        seq_len = gl.load(seq_lens_ptr + bt // q_len)
-        seq_len = gl.minimum(gl.maximum(seq_len, 0), top_k)
-        hi = gl.minimum(hi, seq_len)
-    n_iter = gl.maximum(hi - lo + (BLOCK_N - 1), 0) // BLOCK_N
-    idx_row = idx_ptr + bt * top_k
-
-    for j in gl.static_range(STAGES - 1):  # prologue: STAGES - 1 blocks in flight
-        tok_g, tok_r = _gather_tokens(idx_row, lo + j * BLOCK_N, hi, BLOCK_N, G_L, R_L)
-        _issue_gather(kv_ptr, tok_g, tok_r, num_tokens, k_ring.index(j), r_ring.index(j), D_V, D_R, G_L, R_L)
-    # Top-k entries are loaded one step before they are used (the gather of block
-    # it + STAGES - 1 and the mask of block it), so their latency is off the critical path.
-    tok_g, tok_r = _gather_tokens(idx_row, lo + (STAGES - 1) * BLOCK_N, hi, BLOCK_N, G_L, R_L)
+    lo, hi, n_iter, idx_row = _split_slots(idx_ptr, seq_lens_ptr, bt, pid_s, q_len, top_k, split_blocks,
+                                           HAS_SEQ_LENS, BLOCK_N)
+    tok_g, tok_r = _gather_prologue(kv_ptr, idx_row, lo, hi, num_tokens, k_ring, r_ring, STAGES, BLOCK_N, D_V, D_R,
+                                    G_L, R_L)
 
     # running max [64] and per-warpgroup sums [64, 2] in the layouts of the softmax's
     # [64 heads, 2 warpgroups, 32 keys] view of S (see _online_softmax)
@@ -288,9 +243,8 @@ def sparse_mla_decode_gluon_kernel(
     async_copy.wait_group(STAGES - 2)  # block 0 landed
     fence_async_shared()
     gl.thread_barrier()
-    _issue_gather(kv_ptr, tok_g, tok_r, num_tokens, k_ring.index((STAGES - 1) % STAGES),
-                  r_ring.index((STAGES - 1) % STAGES), D_V, D_R, G_L, R_L)
-    tok_g, tok_r = _gather_tokens(idx_row, lo + STAGES * BLOCK_N, hi, BLOCK_N, G_L, R_L)
+    tok_g, tok_r = _gather_next(kv_ptr, idx_row, tok_g, tok_r, STAGES - 1, hi, num_tokens, k_ring, r_ring, lo, STAGES,
+                                BLOCK_N, D_V, D_R, G_L, R_L)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(_issue_qk(q_smem, qr_smem, k_ring, r_ring, 0, s_zero),))
     tok = tok_s
     slots_next = lo + BLOCK_N + offs_ns
@@ -308,9 +262,8 @@ def sparse_mla_decode_gluon_kernel(
         nxt = (it + 1) % STAGES
         s = _issue_qk(q_smem, qr_smem, k_ring, r_ring, nxt, s_zero)
         acc = _issue_pv(p_smem.index(it % 2), v_lo, v_hi, acc)
-        _issue_gather(kv_ptr, tok_g, tok_r, num_tokens, k_ring.index((it + STAGES) % STAGES),
-                      r_ring.index((it + STAGES) % STAGES), D_V, D_R, G_L, R_L)
-        tok_g, tok_r = _gather_tokens(idx_row, lo + (it + STAGES + 1) * BLOCK_N, hi, BLOCK_N, G_L, R_L)
+        tok_g, tok_r = _gather_next(kv_ptr, idx_row, tok_g, tok_r, it + STAGES, hi, num_tokens, k_ring, r_ring, lo,
+                                    STAGES, BLOCK_N, D_V, D_R, G_L, R_L)
         s = warpgroup_mma_wait(num_outstanding=2, deps=(s,))  # Q·Kᵀ of block it + 1 done
         tok = tok_s
         slots_next = lo + (it + 2) * BLOCK_N + offs_ns
@@ -356,63 +309,10 @@ def sparse_mla_decode_gluon(
     contiguous; ``partial_o`` / ``partial_lse`` the plan's split scratch (used when
     ``num_splits > 1``, merged by the plain-Triton combine kernel). No allocation, no host
     sync."""
-    from mate.ops.sparse_mla.decode import sparse_mla_decode_combine_kernel, sparse_mla_decode_triton
-
-    B, q_len, H, _ = query.shape
-    top_k = block_tables.shape[-1]
-    rows = B * q_len
-    if rows == 0 or H == 0:
-        return
-    kv_arg = kv_rows if kv_rows.numel() > 0 else query  # an empty cache is never read
-    if kv_arg.data_ptr() % 16:
-        # cp.async moves 16-byte pieces: a cache view that is not 16-byte aligned (rows are
-        # 576 bytes, so only the base matters) takes the plain kernel, same plan.
-        sparse_mla_decode_triton(query, kv_rows, block_tables, seq_lens, out, lse, partial_o, partial_lse,
-                                 bmm1_scale, bmm2_scale, GLUON_BLOCK_H, num_splits, split_blocks, GLUON_NUM_WARPS,
-                                 5, GLUON_BLOCK_N, False, 0, False)
-        return
-    split = num_splits > 1
-    grid = (triton.cdiv(H, GLUON_BLOCK_H), num_splits, rows)
-    sparse_mla_decode_gluon_kernel[grid](
-        query,
-        kv_arg,
-        block_tables,
-        seq_lens if seq_lens is not None else block_tables,
-        out,
-        lse,
-        partial_o if split else out,
-        partial_lse if split else lse,
-        kv_rows.shape[0],
-        bmm1_scale * LOG2E,
-        bmm2_scale,
-        H,
-        q_len,
-        top_k,
-        split_blocks,
-        num_splits,
-        SPLIT=split,
-        HAS_SEQ_LENS=seq_lens is not None,
-        STAGES=num_stages,
-        BLOCK_H=GLUON_BLOCK_H,
-        BLOCK_N=GLUON_BLOCK_N,
-        D_V=HEAD_DIM_V,
-        D_R=HEAD_DIM_ROPE,
-        num_warps=GLUON_NUM_WARPS,
-    )
-    if split:
-        block_hc = min(16, triton.next_power_of_2(H))
-        sparse_mla_decode_combine_kernel[(triton.cdiv(H, block_hc), rows)](
-            partial_o,
-            partial_lse,
-            out,
-            lse,
-            bmm2_scale,
-            H,
-            num_splits,
-            BLOCK_HC=block_hc,
-            D_V=HEAD_DIM_V,
-            num_warps=4,
-        )
+    launch_decode(sparse_mla_decode_gluon_kernel, (triton.cdiv(query.shape[2], GLUON_BLOCK_H),), query, kv_rows,
+                  block_tables, seq_lens, out, lse, partial_o, partial_lse, bmm1_scale, bmm2_scale, num_splits,
+                  split_blocks, (GLUON_BLOCK_H, GLUON_NUM_WARPS, 5, GLUON_BLOCK_N, False), GLUON_NUM_WARPS,
+                  STAGES=num_stages, BLOCK_H=GLUON_BLOCK_H, BLOCK_N=GLUON_BLOCK_N)
 
 
 def _self_check() -> None:
@@ -420,47 +320,24 @@ def _self_check() -> None:
     row) with the Gluon kernel on the current GPU and compares them with the reference;
     raises on a mismatch. Run in a child process by :func:`probe_in_subprocess`."""
     from mate.ops.sparse_mla.metadata import plan_decode
-    from mate.ops.sparse_mla.reference import sparse_mla_decode_reference
     from mate.sparse_mla_interface import sparse_mla_fp8_decode
-    from mate.testing import assert_close
 
-    fp8 = torch.float8_e4m3fn
-    tokens = 4096
     for B, q_len, H, top_k, splits in ((3, 2, 128, 2112, None), (2, 1, 64, 2048, 1), (2, 1, 128, 2048, 1)):
-        q = torch.randn(B, q_len, H, 576).to(fp8)
-        kv = torch.randn(tokens // 64, 64, 576).to(fp8)
-        idx = torch.randint(0, tokens, (B, q_len, top_k), dtype=torch.int32)
-        r = torch.rand(idx.shape)
-        idx = torch.where(r < 0.1, -1, torch.where(r < 0.15, tokens + 7, idx))
-        sl = torch.randint(1, top_k + 1, (B,), dtype=torch.int32)
-        sl[-1] = 0
+        q, kv, idx, sl = self_check_problem(B, q_len, H, top_k)
         md = plan_decode(B, q_len, H, top_k, "cuda", gluon=True, num_splits=splits)
         assert md.gluon
         scale = 576**-0.5
         out, lse = sparse_mla_fp8_decode(q.cuda(), kv.cuda(), None, 128, 512, 64, idx.cuda(), sl.cuda(), 0, top_k,
                                          bmm1_scale=scale, bmm2_scale=1.25, return_lse=True, metadata=md)
         torch.cuda.synchronize()
-        ro, rl = sparse_mla_decode_reference(q, kv, idx, sl, scale, 1.25)
-        # GPU tolerances of tests/sparse_mla/test_decode.py (FP8 tensor-core accumulation).
-        assert_close(out.cpu(), ro, atol=3e-3, rtol=3e-2, name="out")
-        assert_close(lse.cpu().view(rl.shape), rl, atol=1.5e-2, rtol=2e-3, name="lse")
+        assert_matches_reference(out, lse, q, kv, idx, sl, scale, 1.25)
 
 
 def probe_in_subprocess(timeout_s: float = 240.0) -> str | None:
     """Runs :func:`_self_check` in a child process (``python -m
     mate.ops.sparse_mla.decode_gluon``), so that a kernel that faults cannot poison the
     caller's CUDA context; returns None when it passed, else the reason."""
-    import subprocess
-    import sys
-
-    try:
-        res = subprocess.run([sys.executable, "-m", "mate.ops.sparse_mla.decode_gluon"], capture_output=True,
-                             text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        return f"Gluon decode self-check timed out after {timeout_s:.0f} s"
-    if res.returncode == 0:
-        return None
-    return f"Gluon decode self-check failed (exit {res.returncode}): {(res.stdout + res.stderr)[-600:]}"
+    return _probe("mate.ops.sparse_mla.decode_gluon", "Gluon decode", timeout_s)
 
 
 if __name__ == "__main__":

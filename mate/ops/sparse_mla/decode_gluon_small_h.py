@@ -40,7 +40,6 @@ checked against the reference by the GPU tests of ``tests/sparse_mla/test_decode
 from __future__ import annotations
 
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -50,47 +49,26 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from mate.ops.sparse_mla.metadata import HEAD_DIM_ROPE, HEAD_DIM_V
+from mate.ops.sparse_mla.gluon_common import (
+    _gather_next,
+    _gather_prologue,
+    _load_query,
+    _split_slots,
+    assert_matches_reference,
+    launch_decode,
+    self_check_problem,
+)
+from mate.ops.sparse_mla.gluon_common import probe_in_subprocess as _probe
 
 __all__ = ["sparse_mla_decode_small_h_kernel", "sparse_mla_decode_gluon_small_h", "SMALL_H_NUM_WARPS",
            "SMALL_H_V_EARLY"]
 
-LOG2E = 1.4426950408889634
 SMALL_H_BLOCK_N = 64  # gathered rows per step (the wgmma M of Sᵀ)
 SMALL_H_NUM_WARPS = 8  # two warpgroups
 # How plans (sparse_mla_fp8_decode) feed Vᵀ: from registers, the next block's loaded while
 # P·V runs (H200, benchmarks/bench_sparse_mla_small_h.py, 5 stages: 1-1.5% faster than
 # loading it after P·V at B=128 H=32, B=64 H=16 q1/q2; equal at B=128 H=16).
 SMALL_H_V_EARLY = True
-
-
-@gluon.jit
-def _gather_tokens(idx_row, start, hi, BLOCK_N: gl.constexpr, G_L: gl.constexpr, R_L: gl.constexpr):
-    """The top-k entries of slots [start, start + BLOCK_N) in the two copy layouts (-1 for
-    slots >= hi, which are never read)."""
-    offs_n = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, G_L))
-    offs_nr = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, R_L))
-    tok = gl.load(idx_row + offs_n, mask=offs_n < hi, other=-1)
-    tok_r = gl.load(idx_row + offs_nr, mask=offs_nr < hi, other=-1)
-    return tok, tok_r
-
-
-@gluon.jit
-def _issue_gather(kv_ptr, tok, tok_r, num_tokens, k_buf, r_buf,
-                  D_V: gl.constexpr, D_R: gl.constexpr, G_L: gl.constexpr, R_L: gl.constexpr):
-    """cp.async of the rows ``tok`` / ``tok_r`` into one ring slot (invalid entries masked:
-    zero-filled, never read); commits one group."""
-    D_ROW: gl.constexpr = D_V + D_R
-    valid = (tok >= 0) & (tok < num_tokens)
-    row = gl.where(valid, tok, 0).to(gl.int64) * D_ROW
-    offs_v = gl.arange(0, D_V, layout=gl.SliceLayout(0, G_L))
-    async_copy.async_copy_global_to_shared(k_buf, kv_ptr + (row[:, None] + offs_v[None, :]), mask=valid[:, None])
-    valid_r = (tok_r >= 0) & (tok_r < num_tokens)
-    row_r = gl.where(valid_r, tok_r, 0).to(gl.int64) * D_ROW + D_V
-    offs_r = gl.arange(0, D_R, layout=gl.SliceLayout(0, R_L))
-    async_copy.async_copy_global_to_shared(r_buf, kv_ptr + (row_r[:, None] + offs_r[None, :]),
-                                           mask=valid_r[:, None])
-    async_copy.commit_group()
 
 
 @gluon.jit
@@ -193,7 +171,6 @@ def sparse_mla_decode_small_h_kernel(
     gl.static_assert(BLOCK_N == 64)
     gl.static_assert(D_V == 512)
     gl.static_assert((BLOCK_H == 16) or (BLOCK_H == 32))
-    D_ROW: gl.constexpr = D_V + D_R
 
     # Copy layouts (8 warps): 16 contiguous bytes per thread.
     G_L: gl.constexpr = gl.BlockedLayout([1, 16], [1, 32], [8, 1], [1, 0])
@@ -223,17 +200,7 @@ def sparse_mla_decode_small_h_kernel(
     pid_s = gl.program_id(0)
     bt = gl.program_id(1).to(gl.int64)  # query position b * q_len + t
 
-    # Query (e4m3, padded heads read as 0) into shared memory for the whole loop.
-    offs_hg = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, G_L))
-    q_rows = (bt * H + offs_hg.to(gl.int64)) * D_ROW
-    offs_vg = gl.arange(0, D_V, layout=gl.SliceLayout(0, G_L))
-    q_nope = gl.load(q_ptr + (q_rows[:, None] + offs_vg[None, :]), mask=(offs_hg < H)[:, None], other=0.0)
-    offs_hr = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, R_L))
-    qr_rows = (bt * H + offs_hr.to(gl.int64)) * D_ROW + D_V
-    offs_r = gl.arange(0, D_R, layout=gl.SliceLayout(0, R_L))
-    q_rope = gl.load(q_ptr + (qr_rows[:, None] + offs_r[None, :]), mask=(offs_hr < H)[:, None], other=0.0)
-    q_smem = gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_H, D_V], K_SL, q_nope)
-    qr_smem = gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_H, D_R], R_SL, q_rope)
+    q_smem, qr_smem = _load_query(q_ptr, bt, H, 0, BLOCK_H, D_V, D_R, G_L, R_L, K_SL, R_SL)
 
     k_ring = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, D_V], K_SL)
     r_ring = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, D_R], R_SL)
@@ -241,19 +208,10 @@ def sparse_mla_decode_small_h_kernel(
     # P·V of block it may still read it while the P of block it + 1 is written.
     p_smem = gl.allocate_shared_memory(gl.float16, [2, BLOCK_H, BLOCK_N], F16_SL)
 
-    lo = pid_s * (split_blocks * BLOCK_N)
-    hi = gl.minimum(lo + split_blocks * BLOCK_N, top_k)
-    if HAS_SEQ_LENS:
-        seq_len = gl.load(seq_lens_ptr + bt // q_len)
-        seq_len = gl.minimum(gl.maximum(seq_len, 0), top_k)
-        hi = gl.minimum(hi, seq_len)
-    n_iter = gl.maximum(hi - lo + (BLOCK_N - 1), 0) // BLOCK_N
-    idx_row = idx_ptr + bt * top_k
-
-    for j in gl.static_range(STAGES - 1):  # prologue: STAGES - 1 blocks in flight
-        tok_g, tok_r = _gather_tokens(idx_row, lo + j * BLOCK_N, hi, BLOCK_N, G_L, R_L)
-        _issue_gather(kv_ptr, tok_g, tok_r, num_tokens, k_ring.index(j), r_ring.index(j), D_V, D_R, G_L, R_L)
-    tok_g, tok_r = _gather_tokens(idx_row, lo + (STAGES - 1) * BLOCK_N, hi, BLOCK_N, G_L, R_L)
+    lo, hi, n_iter, idx_row = _split_slots(idx_ptr, seq_lens_ptr, bt, pid_s, q_len, top_k, split_blocks,
+                                           HAS_SEQ_LENS, BLOCK_N)
+    tok_g, tok_r = _gather_prologue(kv_ptr, idx_row, lo, hi, num_tokens, k_ring, r_ring, STAGES, BLOCK_N, D_V, D_R,
+                                    G_L, R_L)
 
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(0, S_L))
     l_acc = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=S_L)
@@ -267,9 +225,8 @@ def sparse_mla_decode_small_h_kernel(
     async_copy.wait_group(STAGES - 2)  # block 0 landed
     fence_async_shared()
     gl.thread_barrier()
-    _issue_gather(kv_ptr, tok_g, tok_r, num_tokens, k_ring.index((STAGES - 1) % STAGES),
-                  r_ring.index((STAGES - 1) % STAGES), D_V, D_R, G_L, R_L)
-    tok_g, tok_r = _gather_tokens(idx_row, lo + STAGES * BLOCK_N, hi, BLOCK_N, G_L, R_L)
+    tok_g, tok_r = _gather_next(kv_ptr, idx_row, tok_g, tok_r, STAGES - 1, hi, num_tokens, k_ring, r_ring, lo, STAGES,
+                                BLOCK_N, D_V, D_R, G_L, R_L)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(_issue_qk(k_ring, r_ring, 0, q_smem, qr_smem, s_zero),))
     tok = tok_s
     slots_next = lo + BLOCK_N + offs_ns
@@ -283,9 +240,8 @@ def sparse_mla_decode_small_h_kernel(
         async_copy.wait_group(STAGES - 2)
         fence_async_shared()
         gl.thread_barrier()
-        _issue_gather(kv_ptr, tok_g, tok_r, num_tokens, k_ring.index((it + STAGES) % STAGES),
-                      r_ring.index((it + STAGES) % STAGES), D_V, D_R, G_L, R_L)
-        tok_g, tok_r = _gather_tokens(idx_row, lo + (it + STAGES + 1) * BLOCK_N, hi, BLOCK_N, G_L, R_L)
+        tok_g, tok_r = _gather_next(kv_ptr, idx_row, tok_g, tok_r, it + STAGES, hi, num_tokens, k_ring, r_ring, lo,
+                                    STAGES, BLOCK_N, D_V, D_R, G_L, R_L)
         nxt = (it + 1) % STAGES
         s = _issue_qk(k_ring, r_ring, nxt, q_smem, qr_smem, s_zero)
         acc = warpgroup_mma(vt, p_smem.index(it % 2).permute((1, 0)), acc, is_async=True)
@@ -334,63 +290,13 @@ def sparse_mla_decode_gluon_small_h(
     16-byte aligned (cp.async) takes the plain transposed kernel with the same plan.
     ``v_early``: Vᵀ of the next block is loaded while the current P·V runs. No allocation,
     no host sync."""
-    from mate.ops.sparse_mla.decode import sparse_mla_decode_combine_kernel, sparse_mla_decode_triton
-
-    B, q_len, H, _ = query.shape
-    top_k = block_tables.shape[-1]
-    rows = B * q_len
-    if rows == 0 or H == 0:
-        return
+    H = query.shape[2]
     if block_h < H or block_h not in (16, 32):
         raise ValueError(f"the small-H Gluon kernel needs block_h 16 or 32 and H <= block_h, got H={H}, "
                          f"block_h={block_h}")
-    kv_arg = kv_rows if kv_rows.numel() > 0 else query  # an empty cache is never read
-    if kv_arg.data_ptr() % 16:
-        sparse_mla_decode_triton(query, kv_rows, block_tables, seq_lens, out, lse, partial_o, partial_lse,
-                                 bmm1_scale, bmm2_scale, block_h, num_splits, split_blocks, 8, 6, 64, True, 0, False)
-        return
-    split = num_splits > 1
-    sparse_mla_decode_small_h_kernel[(num_splits, rows)](
-        query,
-        kv_arg,
-        block_tables,
-        seq_lens if seq_lens is not None else block_tables,
-        out,
-        lse,
-        partial_o if split else out,
-        partial_lse if split else lse,
-        kv_rows.shape[0],
-        bmm1_scale * LOG2E,
-        bmm2_scale,
-        H,
-        q_len,
-        top_k,
-        split_blocks,
-        num_splits,
-        SPLIT=split,
-        HAS_SEQ_LENS=seq_lens is not None,
-        STAGES=num_stages,
-        V_EARLY=v_early,
-        BLOCK_H=block_h,
-        BLOCK_N=SMALL_H_BLOCK_N,
-        D_V=HEAD_DIM_V,
-        D_R=HEAD_DIM_ROPE,
-        num_warps=SMALL_H_NUM_WARPS,
-    )
-    if split:
-        block_hc = min(16, triton.next_power_of_2(H))
-        sparse_mla_decode_combine_kernel[(triton.cdiv(H, block_hc), rows)](
-            partial_o,
-            partial_lse,
-            out,
-            lse,
-            bmm2_scale,
-            H,
-            num_splits,
-            BLOCK_HC=block_hc,
-            D_V=HEAD_DIM_V,
-            num_warps=4,
-        )
+    launch_decode(sparse_mla_decode_small_h_kernel, (), query, kv_rows, block_tables, seq_lens, out, lse, partial_o,
+                  partial_lse, bmm1_scale, bmm2_scale, num_splits, split_blocks, (block_h, 8, 6, 64, True),
+                  SMALL_H_NUM_WARPS, STAGES=num_stages, V_EARLY=v_early, BLOCK_H=block_h, BLOCK_N=SMALL_H_BLOCK_N)
 
 
 def _self_check() -> None:
@@ -399,52 +305,28 @@ def _self_check() -> None:
     current GPU against the reference; raises on a mismatch. Run in a child process by
     :func:`probe_in_subprocess`."""
     from mate.ops.sparse_mla.metadata import plan_decode
-    from mate.ops.sparse_mla.reference import sparse_mla_decode_reference
-    from mate.testing import assert_close
 
-    fp8 = torch.float8_e4m3fn
-    tokens = 4096
     scale = 576**-0.5
     for B, q_len, H, top_k, splits, early in ((3, 2, 16, 2112, None, False), (2, 1, 32, 2048, 1, False),
                                               (2, 1, 20, 2048, 3, False), (3, 1, 16, 2048, 1, True),
                                               (2, 2, 32, 2048, 3, True)):
-        q = torch.randn(B, q_len, H, 576).to(fp8)
-        kv = torch.randn(tokens // 64, 64, 576).to(fp8)
-        idx = torch.randint(0, tokens, (B, q_len, top_k), dtype=torch.int32)
-        r = torch.rand(idx.shape)
-        idx = torch.where(r < 0.1, -1, torch.where(r < 0.15, tokens + 7, idx))
-        sl = torch.randint(1, top_k + 1, (B,), dtype=torch.int32)
-        sl[-1] = 0
+        q, kv, idx, sl = self_check_problem(B, q_len, H, top_k)
         md = plan_decode(B, q_len, H, top_k, "cuda", gluon=True, transposed=True, num_splits=splits)
         assert md.gluon and md.transposed
-        qc, kvc, idxc, slc = q.cuda(), kv.cuda(), idx.cuda(), sl.cuda()
         out = torch.full((B, q_len, H, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
         lse = torch.full((B * q_len * H,), float("nan"), device="cuda")
-        sparse_mla_decode_gluon_small_h(qc, kvc.view(-1, 576), idxc, slc, out, lse, md.partial_o, md.partial_lse,
-                                        scale, 1.25, md.block_h, md.num_splits, md.split_blocks, md.num_stages,
-                                        v_early=early)
+        sparse_mla_decode_gluon_small_h(q.cuda(), kv.cuda().view(-1, 576), idx.cuda(), sl.cuda(), out, lse,
+                                        md.partial_o, md.partial_lse, scale, 1.25, md.block_h, md.num_splits,
+                                        md.split_blocks, md.num_stages, v_early=early)
         torch.cuda.synchronize()
-        ro, rl = sparse_mla_decode_reference(q, kv, idx, sl, scale, 1.25)
-        # GPU tolerances of tests/sparse_mla/test_decode.py (FP8 tensor-core accumulation).
-        assert_close(out.cpu(), ro, atol=3e-3, rtol=3e-2, name=f"out (H={H}, early {early})")
-        assert_close(lse.cpu().view(rl.shape), rl, atol=1.5e-2, rtol=2e-3, name=f"lse (H={H}, early {early})")
+        assert_matches_reference(out, lse, q, kv, idx, sl, scale, 1.25, f" (H={H}, early {early})")
 
 
 def probe_in_subprocess(timeout_s: float = 240.0) -> str | None:
     """Runs :func:`_self_check` in a child process (``python -m
     mate.ops.sparse_mla.decode_gluon_small_h``), so that a kernel that faults cannot poison
     the caller's CUDA context; returns None when it passed, else the reason."""
-    import subprocess
-    import sys
-
-    try:
-        res = subprocess.run([sys.executable, "-m", "mate.ops.sparse_mla.decode_gluon_small_h"], capture_output=True,
-                             text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        return f"small-H Gluon decode self-check timed out after {timeout_s:.0f} s"
-    if res.returncode == 0:
-        return None
-    return f"small-H Gluon decode self-check failed (exit {res.returncode}): {(res.stdout + res.stderr)[-600:]}"
+    return _probe("mate.ops.sparse_mla.decode_gluon_small_h", "small-H Gluon decode", timeout_s)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,214 @@
+"""Pieces shared by the two Gluon kernels of the FP8 sparse MLA decode on Hopper
+(``decode_gluon.py``: 64 heads per program; ``decode_gluon_small_h.py``: H <= 32, Sᵀ = K·Qᵀ).
+
+Kernel side: the query tile into shared memory, the top-k slots of one split, and the
+``cp.async`` gather of top-k rows into the shared-memory ring (16-byte pieces of each
+576-byte row; invalid slots masked, zero-filled and never read). Host side: the launch
+(unaligned-cache fallback, kernel, split combine) and the self-check run in a child process.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import async_copy
+
+from mate.ops.sparse_mla.metadata import HEAD_DIM_ROPE, HEAD_DIM_V
+
+LOG2E = 1.4426950408889634
+
+
+@gluon.jit
+def _load_query(q_ptr, bt, H, h0, BLOCK_H: gl.constexpr, D_V: gl.constexpr, D_R: gl.constexpr,
+                G_L: gl.constexpr, R_L: gl.constexpr, K_SL: gl.constexpr, R_SL: gl.constexpr):
+    """Heads [h0, h0 + BLOCK_H) of query position ``bt`` (e4m3, padded heads read as 0) into
+    two shared tiles (value and rotary parts) kept for the whole loop."""
+    D_ROW: gl.constexpr = D_V + D_R
+    offs_hg = h0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, G_L))
+    q_rows = (bt * H + offs_hg.to(gl.int64)) * D_ROW
+    offs_vg = gl.arange(0, D_V, layout=gl.SliceLayout(0, G_L))
+    q_nope = gl.load(q_ptr + (q_rows[:, None] + offs_vg[None, :]), mask=(offs_hg < H)[:, None], other=0.0)
+    offs_hr = h0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, R_L))
+    qr_rows = (bt * H + offs_hr.to(gl.int64)) * D_ROW + D_V
+    offs_r = gl.arange(0, D_R, layout=gl.SliceLayout(0, R_L))
+    q_rope = gl.load(q_ptr + (qr_rows[:, None] + offs_r[None, :]), mask=(offs_hr < H)[:, None], other=0.0)
+    q_smem = gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_H, D_V], K_SL, q_nope)
+    qr_smem = gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_H, D_R], R_SL, q_rope)
+    return q_smem, qr_smem
+
+
+@gluon.jit
+def _split_slots(idx_ptr, seq_lens_ptr, bt, pid_s, q_len, top_k, split_blocks, HAS_SEQ_LENS: gl.constexpr,
+                 BLOCK_N: gl.constexpr):
+    """Slots [lo, hi) of split ``pid_s``, cut at seq_lens[b] (blocks wholly past it are not
+    visited), its number of blocks and the top-k row of query position ``bt``."""
+    lo = pid_s * (split_blocks * BLOCK_N)
+    hi = gl.minimum(lo + split_blocks * BLOCK_N, top_k)
+    if HAS_SEQ_LENS:
+        seq_len = gl.load(seq_lens_ptr + bt // q_len)
+        seq_len = gl.minimum(gl.maximum(seq_len, 0), top_k)
+        hi = gl.minimum(hi, seq_len)
+    n_iter = gl.maximum(hi - lo + (BLOCK_N - 1), 0) // BLOCK_N
+    return lo, hi, n_iter, idx_ptr + bt * top_k
+
+
+@gluon.jit
+def _gather_tokens(idx_row, start, hi, BLOCK_N: gl.constexpr, G_L: gl.constexpr, R_L: gl.constexpr):
+    """The top-k entries of slots [start, start + BLOCK_N) in the two copy layouts (-1 for
+    slots >= hi, which are never read)."""
+    offs_n = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, G_L))
+    offs_nr = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, R_L))
+    tok = gl.load(idx_row + offs_n, mask=offs_n < hi, other=-1)
+    tok_r = gl.load(idx_row + offs_nr, mask=offs_nr < hi, other=-1)
+    return tok, tok_r
+
+
+@gluon.jit
+def _issue_gather(kv_ptr, tok, tok_r, num_tokens, k_buf, r_buf,
+                  D_V: gl.constexpr, D_R: gl.constexpr, G_L: gl.constexpr, R_L: gl.constexpr):
+    """cp.async of the rows ``tok`` / ``tok_r`` (one block, in the two copy layouts) into one
+    ring slot; invalid entries are masked (zero-filled, never read); commits one group."""
+    D_ROW: gl.constexpr = D_V + D_R
+    # value part [BLOCK_N, 512]
+    valid = (tok >= 0) & (tok < num_tokens)
+    row = gl.where(valid, tok, 0).to(gl.int64) * D_ROW
+    offs_v = gl.arange(0, D_V, layout=gl.SliceLayout(0, G_L))
+    async_copy.async_copy_global_to_shared(k_buf, kv_ptr + (row[:, None] + offs_v[None, :]), mask=valid[:, None])
+    # rotary part [BLOCK_N, 64]
+    valid_r = (tok_r >= 0) & (tok_r < num_tokens)
+    row_r = gl.where(valid_r, tok_r, 0).to(gl.int64) * D_ROW + D_V
+    offs_r = gl.arange(0, D_R, layout=gl.SliceLayout(0, R_L))
+    async_copy.async_copy_global_to_shared(r_buf, kv_ptr + (row_r[:, None] + offs_r[None, :]),
+                                           mask=valid_r[:, None])
+    async_copy.commit_group()
+
+
+@gluon.jit
+def _gather_prologue(kv_ptr, idx_row, lo, hi, num_tokens, k_ring, r_ring, STAGES: gl.constexpr,
+                     BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_R: gl.constexpr, G_L: gl.constexpr,
+                     R_L: gl.constexpr):
+    """Issues the gathers of the first ``STAGES - 1`` blocks and returns the top-k entries of
+    the next one: entries are loaded one step before they are used (the gather of block
+    it + STAGES - 1 and the mask of block it), so their latency is off the critical path."""
+    for j in gl.static_range(STAGES - 1):
+        tok_g, tok_r = _gather_tokens(idx_row, lo + j * BLOCK_N, hi, BLOCK_N, G_L, R_L)
+        _issue_gather(kv_ptr, tok_g, tok_r, num_tokens, k_ring.index(j), r_ring.index(j), D_V, D_R, G_L, R_L)
+    return _gather_tokens(idx_row, lo + (STAGES - 1) * BLOCK_N, hi, BLOCK_N, G_L, R_L)
+
+
+@gluon.jit
+def _gather_next(kv_ptr, idx_row, tok_g, tok_r, block, hi, num_tokens, k_ring, r_ring, lo, STAGES: gl.constexpr,
+                 BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_R: gl.constexpr, G_L: gl.constexpr, R_L: gl.constexpr):
+    """Issues the gather of block ``block`` (top-k entries ``tok_g`` / ``tok_r``, loaded a step
+    before) into ring slot ``block % STAGES`` and returns the entries of block ``block + 1``."""
+    _issue_gather(kv_ptr, tok_g, tok_r, num_tokens, k_ring.index(block % STAGES), r_ring.index(block % STAGES),
+                  D_V, D_R, G_L, R_L)
+    return _gather_tokens(idx_row, lo + (block + 1) * BLOCK_N, hi, BLOCK_N, G_L, R_L)
+
+
+def launch_decode(kernel, head_tiles: tuple, query: torch.Tensor, kv_rows: torch.Tensor, block_tables: torch.Tensor,
+                  seq_lens: torch.Tensor | None, out: torch.Tensor, lse: torch.Tensor, partial_o: torch.Tensor,
+                  partial_lse: torch.Tensor, bmm1_scale: float, bmm2_scale: float, num_splits: int,
+                  split_blocks: int, plain_config: tuple, num_warps: int, **constexprs) -> None:
+    """Launches a Gluon decode ``kernel`` (the argument list both kernels share) on grid
+    ``(*head_tiles, num_splits, B * q_len)``, then the combine kernel of a split plan;
+    nothing for an empty batch.
+    cp.async moves 16-byte pieces: a cache view that is not 16-byte aligned (rows are 576
+    bytes, so only the base matters) takes ``sparse_mla_decode_triton`` with the same plan
+    and ``plain_config`` = (block_h, num_warps, num_stages, block_n, transposed)."""
+    from mate.ops.sparse_mla.decode import sparse_mla_decode_combine_kernel, sparse_mla_decode_triton
+
+    B, q_len, H, _ = query.shape
+    rows = B * q_len
+    if rows == 0 or H == 0:
+        return
+    kv_arg = kv_rows if kv_rows.numel() > 0 else query  # an empty cache is never read
+    if kv_arg.data_ptr() % 16:
+        block_h, warps, stages, block_n, transposed = plain_config
+        sparse_mla_decode_triton(query, kv_rows, block_tables, seq_lens, out, lse, partial_o, partial_lse,
+                                 bmm1_scale, bmm2_scale, block_h, num_splits, split_blocks, warps, stages, block_n,
+                                 transposed, 0, False)
+        return
+    split = num_splits > 1
+    kernel[(*head_tiles, num_splits, rows)](
+        query,
+        kv_arg,
+        block_tables,
+        seq_lens if seq_lens is not None else block_tables,
+        out,
+        lse,
+        partial_o if split else out,
+        partial_lse if split else lse,
+        kv_rows.shape[0],
+        bmm1_scale * LOG2E,
+        bmm2_scale,
+        H,
+        q_len,
+        block_tables.shape[-1],
+        split_blocks,
+        num_splits,
+        SPLIT=split,
+        HAS_SEQ_LENS=seq_lens is not None,
+        D_V=HEAD_DIM_V,
+        D_R=HEAD_DIM_ROPE,
+        num_warps=num_warps,
+        **constexprs,
+    )
+    if split:
+        block_hc = min(16, triton.next_power_of_2(H))
+        sparse_mla_decode_combine_kernel[(triton.cdiv(H, block_hc), rows)](
+            partial_o,
+            partial_lse,
+            out,
+            lse,
+            bmm2_scale,
+            H,
+            num_splits,
+            BLOCK_HC=block_hc,
+            D_V=HEAD_DIM_V,
+            num_warps=4,
+        )
+
+
+def self_check_problem(B: int, q_len: int, H: int, top_k: int, tokens: int = 4096):
+    """A random decode problem on the CPU for the self-checks: query, cache [tokens / 64, 64,
+    576], top-k entries with 10% -1 and 5% out of range, random seq_lens with the last one 0."""
+    fp8 = torch.float8_e4m3fn
+    q = torch.randn(B, q_len, H, 576).to(fp8)
+    kv = torch.randn(tokens // 64, 64, 576).to(fp8)
+    idx = torch.randint(0, tokens, (B, q_len, top_k), dtype=torch.int32)
+    r = torch.rand(idx.shape)
+    idx = torch.where(r < 0.1, -1, torch.where(r < 0.15, tokens + 7, idx))
+    sl = torch.randint(1, top_k + 1, (B,), dtype=torch.int32)
+    sl[-1] = 0
+    return q, kv, idx, sl
+
+
+def assert_matches_reference(out: torch.Tensor, lse: torch.Tensor, q: torch.Tensor, kv: torch.Tensor,
+                             idx: torch.Tensor, sl: torch.Tensor, scale: float, s2: float, what: str = "") -> None:
+    """``out`` / ``lse`` (GPU) against ``sparse_mla_decode_reference`` of the CPU problem, with
+    the GPU tolerances of tests/sparse_mla/test_decode.py (FP8 tensor-core accumulation)."""
+    from mate.ops.sparse_mla.reference import sparse_mla_decode_reference
+    from mate.testing import assert_close
+
+    ro, rl = sparse_mla_decode_reference(q, kv, idx, sl, scale, s2)
+    assert_close(out.cpu(), ro, atol=3e-3, rtol=3e-2, name=f"out{what}")
+    assert_close(lse.cpu().view(rl.shape), rl, atol=1.5e-2, rtol=2e-3, name=f"lse{what}")
+
+
+def probe_in_subprocess(module: str, label: str, timeout_s: float) -> str | None:
+    """Runs ``python -m module`` (a kernel's self-check) in a child process, so that a kernel
+    that faults cannot poison the caller's CUDA context; returns None when it passed, else
+    the reason."""
+    import subprocess
+    import sys
+
+    try:
+        res = subprocess.run([sys.executable, "-m", module], capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return f"{label} self-check timed out after {timeout_s:.0f} s"
+    if res.returncode == 0:
+        return None
+    return f"{label} self-check failed (exit {res.returncode}): {(res.stdout + res.stderr)[-600:]}"
