@@ -61,6 +61,29 @@ def test_gluon_plan_defaults_off():
     assert md.block_h == 64 and md.gluon is False
 
 
+@pytest.mark.parametrize("H,small_h", [(16, True), (40, False)])
+def test_gluon_launchers_unaligned_cache_and_split_on_cpu(triton_backend, H, small_h):
+    """The launchers' Python path (``gluon_common.launch_decode``) runs under the
+    interpreter when the cache view is not 16-byte aligned: the plain-kernel fallback with
+    the launcher's configuration, a split plan's scratch and combine."""
+    from mate.ops.sparse_mla.decode_gluon import sparse_mla_decode_gluon
+    from mate.ops.sparse_mla.decode_gluon_small_h import sparse_mla_decode_gluon_small_h
+
+    B, q_len, top_k = 2, 1, 128
+    q, kv, idx, sl = _make(B, q_len, H, top_k, device="cpu")
+    kv8 = torch.empty(kv.numel() + 8, dtype=torch.uint8)[8:].view(torch.float8_e4m3fn).view(kv.shape)
+    kv8.copy_(kv)
+    md = plan_decode(B, q_len, H, top_k, "cpu", transposed=small_h, block_h=16 if small_h else 64, num_splits=2)
+    out = poisoned((B, q_len, H, 512), torch.bfloat16, "cpu")
+    lse = poisoned((B, q_len, H), torch.float32, "cpu")
+    args = (q, kv8.view(-1, 576), idx, sl, out, lse, md.partial_o, md.partial_lse, 0.05, 1.5)
+    if small_h:
+        sparse_mla_decode_gluon_small_h(*args, md.block_h, md.num_splits, md.split_blocks, 5)
+    else:
+        sparse_mla_decode_gluon(*args, md.num_splits, md.split_blocks)
+    _check(out, lse, q, kv, idx, sl, 0.05, 1.5)
+
+
 # ------------------------------------------------------------------ GPU
 
 gpu = pytest.mark.gpu
@@ -117,34 +140,43 @@ def test_gpu_gluon_plan_variants(gluon_ok, kw):
     _check(out, lse, q, kv, idx, sl, S1, 1.25, gpu=True)
 
 
-@gpu
-def test_gpu_gluon_empty_rows_and_all_invalid(gluon_ok):
-    """seq_lens 0, a query whose slots are all invalid, and a split whose slots all are:
-    out 0 and lse +inf for empty rows, no NaN anywhere."""
-    B, q_len, H, top_k = 4, 1, 128, 2048
+def check_empty_rows_and_all_invalid(plan, H, splits):
+    """seq_lens 0, a query whose slots are all invalid, and splits whose slots all are:
+    out 0 and lse +inf for empty rows, no NaN anywhere. ``plan(B, q_len, H, top_k, **kw)``."""
+    B, q_len, top_k = 4, 1, 2048
     q, kv, idx, _ = _make(B, q_len, H, top_k, pages=64, page_size=64, device="cuda")
     sl = torch.tensor([top_k, 0, top_k, 100], dtype=torch.int32, device="cuda")
     idx[2] = -1  # every slot invalid
     idx[0, :, 64:1024] = -1  # whole blocks invalid inside a valid row
-    md = _gluon_plan(B, q_len, H, top_k, num_splits=4)
+    md = plan(B, q_len, H, top_k, num_splits=splits)
     out, lse = _run(q, kv, idx, sl, top_k, md)
     _check(out, lse, q, kv, idx, sl, S1, 1.25, gpu=True)
     assert_equal(out[1:3], torch.zeros_like(out[1:3]))
     assert_equal(lse[1:3], torch.full_like(lse[1:3], float("inf")))
 
 
-@gpu
-def test_gpu_gluon_unaligned_cache_takes_plain_kernel(gluon_ok):
-    """A cache view whose base is not 16-byte aligned (cp.async needs it) still decodes."""
-    B, q_len, H, top_k = 2, 1, 64, 2048
+def check_unaligned_cache(plan, H):
+    """A cache view whose base is not 16-byte aligned (cp.async needs it) still decodes (the
+    launcher takes the plain kernel)."""
+    B, q_len, top_k = 2, 1, 2048
     q, kv, idx, sl = _make(B, q_len, H, top_k, pages=64, page_size=64, device="cuda")
     storage = torch.empty(kv.numel() + 8, dtype=torch.uint8, device="cuda")
     kv8 = storage[8:].view(torch.float8_e4m3fn).view(kv.shape)
     kv8.copy_(kv)
     assert kv8.data_ptr() % 16 == 8
-    md = _gluon_plan(B, q_len, H, top_k)
+    md = plan(B, q_len, H, top_k)
     out, lse = _run(q, kv8, idx, sl, top_k, md)
     _check(out, lse, q, kv, idx, sl, S1, 1.25, gpu=True)
+
+
+@gpu
+def test_gpu_gluon_empty_rows_and_all_invalid(gluon_ok):
+    check_empty_rows_and_all_invalid(_gluon_plan, 128, 4)
+
+
+@gpu
+def test_gpu_gluon_unaligned_cache_takes_plain_kernel(gluon_ok):
+    check_unaligned_cache(_gluon_plan, 64)
 
 
 @gpu

@@ -9,16 +9,13 @@ imports, that the plan option is validated and falls back to the plain transpose
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
 from mate.ops.sparse_mla.metadata import GLUON_SMALL_H_STAGES, plan_decode
-from mate.sparse_mla_interface import sparse_mla_fp8_decode
 from mate.testing import assert_equal, poisoned
-from mate.testing.graphs import capture_graph
-from tests.sparse_mla.test_decode import _call, _check, _make
+from tests.sparse_mla.test_decode import _call, _check, _make, check_graph_replay, count_unequal_repeats
+from tests.sparse_mla.test_decode_gluon import S1, _run, check_empty_rows_and_all_invalid, check_unaligned_cache
 
 
 def test_small_h_module_imports():
@@ -72,7 +69,6 @@ def test_small_h_plan_only_when_asked():
 # ------------------------------------------------------------------ GPU
 
 gpu = pytest.mark.gpu
-S1 = 1 / math.sqrt(576)
 
 
 @pytest.fixture(scope="module")
@@ -90,14 +86,6 @@ def _plan(B, q_len, H, top_k, **kw):
     md = plan_decode(B, q_len, H, top_k, "cuda", gluon=True, transposed=True, **kw)
     assert md.gluon and md.transposed and md.block_h in (16, 32) and md.num_warps == 8
     return md
-
-
-def _run(q, kv, idx, sl, top_k, md, s2=1.25):
-    B, q_len, H = q.shape[:3]
-    out = poisoned((B, q_len, H, 512), torch.bfloat16, "cuda")
-    lse = poisoned((B, q_len, H), torch.float32, "cuda")
-    _call(q, kv, idx, sl, top_k, out=out, lse=lse, bmm1_scale=S1, bmm2_scale=s2, metadata=md)
-    return out, lse
 
 
 @gpu
@@ -146,63 +134,21 @@ def test_gpu_small_h_launch_variants(small_h_ok, H, stages, splits, early):
 @gpu
 @pytest.mark.parametrize("splits", [1, 4])
 def test_gpu_small_h_empty_rows_and_all_invalid(small_h_ok, splits):
-    """seq_lens 0, a query whose slots are all invalid, and splits whose slots all are:
-    out 0 and lse +inf for empty rows, no NaN anywhere."""
-    B, q_len, H, top_k = 4, 1, 16, 2048
-    q, kv, idx, _ = _make(B, q_len, H, top_k, pages=64, page_size=64, device="cuda")
-    sl = torch.tensor([top_k, 0, top_k, 100], dtype=torch.int32, device="cuda")
-    idx[2] = -1  # every slot invalid
-    idx[0, :, 64:1024] = -1  # whole blocks invalid inside a valid row
-    md = _plan(B, q_len, H, top_k, num_splits=splits)
-    out, lse = _run(q, kv, idx, sl, top_k, md)
-    _check(out, lse, q, kv, idx, sl, S1, 1.25, gpu=True)
-    assert_equal(out[1:3], torch.zeros_like(out[1:3]))
-    assert_equal(lse[1:3], torch.full_like(lse[1:3], float("inf")))
+    check_empty_rows_and_all_invalid(_plan, 16, splits)
 
 
 @gpu
 def test_gpu_small_h_unaligned_cache_takes_plain_kernel(small_h_ok):
-    """A cache view whose base is not 16-byte aligned (cp.async needs it) still decodes."""
-    B, q_len, H, top_k = 2, 1, 16, 2048
-    q, kv, idx, sl = _make(B, q_len, H, top_k, pages=64, page_size=64, device="cuda")
-    storage = torch.empty(kv.numel() + 8, dtype=torch.uint8, device="cuda")
-    kv8 = storage[8:].view(torch.float8_e4m3fn).view(kv.shape)
-    kv8.copy_(kv)
-    assert kv8.data_ptr() % 16 == 8
-    md = _plan(B, q_len, H, top_k)
-    out, lse = _run(q, kv8, idx, sl, top_k, md)
-    _check(out, lse, q, kv, idx, sl, S1, 1.25, gpu=True)
+    check_unaligned_cache(_plan, 16)
 
 
 @gpu
-def test_gpu_small_h_cuda_graph_replay_and_repeatable(small_h_ok):
-    B, q_len, H, top_k = 4, 2, 32, 2048
-    q, kv, idx, sl = _make(B, q_len, H, top_k, pages=64, page_size=64, device="cuda")
-    md = _plan(B, q_len, H, top_k)
+def test_gpu_small_h_cuda_graph_replay_and_no_allocation(small_h_ok):
+    md = _plan(4, 2, 32, 2048)
     assert md.num_splits > 1 and md.num_stages == GLUON_SMALL_H_STAGES
-    out = torch.empty(B, q_len, H, 512, dtype=torch.bfloat16, device="cuda")
-    lse = torch.empty(B, q_len, H, device="cuda")
-    run = lambda: sparse_mla_fp8_decode(q, kv, None, 128, 512, 64, idx, sl, 0, top_k, out=out, lse=lse,
-                                        bmm1_scale=0.05, metadata=md)
-    run()
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_allocated()
-    run()
-    torch.cuda.synchronize()
-    assert torch.cuda.memory_allocated() == before
-    graph = capture_graph(run)
-    q2, kv2, idx2, sl2 = _make(B, q_len, H, top_k, pages=64, page_size=64, device="cuda")
-    q.copy_(q2)
-    kv.copy_(kv2)
-    idx.copy_(idx2)
-    sl.copy_(sl2)
-    out.fill_(float("nan"))
-    graph.replay()
-    torch.cuda.synchronize()
-    _check(out, lse, q, kv, idx, sl, 0.05, 1.0, gpu=True)
-    first, first_lse = out.clone(), lse.clone()
-    for _ in range(50):
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out, first) and torch.equal(lse, first_lse)
+    check_graph_replay(4, 2, 32, 2048, md)
+
+
+@gpu
+def test_gpu_small_h_repeated_decodes_bit_identical(small_h_ok):
+    assert count_unequal_repeats(4, 2, 32, 2048, _plan(4, 2, 32, 2048), 50) == 0
