@@ -24,7 +24,7 @@ import torch
 from mate.ops.sparse_mla.metadata import plan_decode
 from mate.ops.sparse_mla.reference import sparse_mla_decode_reference
 from mate.sparse_mla_interface import sparse_mla_fp8_decode
-from mate.testing.bench import rotation_count, time_fn, time_interleaved
+from mate.testing.bench import measure_ceilings, rotation_count, time_interleaved
 
 TOP_K = 2048
 PAGE = 64
@@ -38,14 +38,6 @@ CANDIDATES = {
     (64, 1, 16): [("vearly", EARLY, 5, None), ("vearly", EARLY, 5, 1)],
     (64, 2, 16): [("vearly", EARLY, 5, None)],
 }
-
-
-def copy_gbps() -> float:
-    n = 1 << 30
-    src = torch.empty(n, dtype=torch.uint8, device="cuda").random_(0, 255)
-    dst = torch.empty_like(src)
-    t = time_fn(lambda: dst.copy_(src), iters=20, use_graph=False)
-    return 2 * n / (t * 1e-6) / 1e9
 
 
 def _inputs(B: int, q_len: int, H: int):
@@ -95,7 +87,7 @@ def main() -> int:
         crashed = reason is not None and "AssertionError" not in reason
         print(f"small-H Gluon self-check (child process, {time.time() - t0:.0f} s): "
               f"{'passed' if reason is None else reason}", flush=True)
-    ceiling = copy_gbps()
+    ceiling = measure_ceilings()["copy_GBps"]
     print(f"copy bandwidth {ceiling:.0f} GB/s (read + write)", flush=True)
     print(f"{'shape':<18} {'candidate':<34} {'us':>7} {'GB/s':>6} {'%copy':>6} {'out err':>8} {'lse err':>8} ok  plan")
     for (B, q_len, H), news in CANDIDATES.items():

@@ -28,19 +28,26 @@ POINTERS = ("q_ptr", "kv_ptr", "idx_ptr", "seq_lens_ptr", "out_ptr", "lse_ptr", 
 PATTERN = re.compile(r"\b(QGMMA\.\S+|HGMMA\.\S+|LDGSTS\S*|BAR\.SYNC\S*|WARPGROUP\.DEPBAR\S*|STL\S*|LDL\S*)")
 
 
-def compile_one(split: bool, stages: int, out_dir: str) -> bool:
+def compile_decode(fn, split: bool, constexprs: dict, num_warps: int, out_dir: str, tag: str,
+                   pattern: re.Pattern, keep_text: bool = False):
+    """Compiles a Gluon decode kernel (the argument list the 64-head and small-H kernels share;
+    ``constexprs`` before D_V / D_R, in the kernel's order) for sm_90. The pointers are
+    16-byte aligned, as the launcher guarantees (it falls back to the plain kernel otherwise)."""
     sig = {"q_ptr": "*fp8e4nv", "kv_ptr": "*fp8e4nv", "idx_ptr": "*i32", "seq_lens_ptr": "*i32",
            "out_ptr": "*bf16", "lse_ptr": "*fp32", "po_ptr": "*fp16" if split else "*bf16", "plse_ptr": "*fp32",
            "num_tokens": "i32", "qk_scale_log2": "fp32", "out_scale": "fp32", "H": "i32", "q_len": "i32",
            "top_k": "i32", "split_blocks": "i32", "num_splits": "i32"}
-    constexprs = {"SPLIT": split, "HAS_SEQ_LENS": True, "STAGES": stages, "BLOCK_H": dg.GLUON_BLOCK_H,
-                  "BLOCK_N": dg.GLUON_BLOCK_N, "D_V": HEAD_DIM_V, "D_R": HEAD_DIM_ROPE}
+    constexprs = {**constexprs, "D_V": HEAD_DIM_V, "D_R": HEAD_DIM_ROPE}
     sig.update({k: "constexpr" for k in constexprs})
-    # The launcher's tensors are 16-byte aligned (it falls back to the plain kernel otherwise).
-    src = GluonASTSource(fn=dg.sparse_mla_decode_gluon_kernel, signature=sig, constexprs=constexprs,
-                         attrs=divisibility_attrs(sig, POINTERS))
-    rep = compile_sm90(src, {"num_warps": dg.GLUON_NUM_WARPS}, pattern=PATTERN, out_dir=out_dir,
-                       tag=f"gluon_split{int(split)}_stages{stages}")
+    src = GluonASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=divisibility_attrs(sig, POINTERS))
+    return compile_sm90(src, {"num_warps": num_warps}, pattern=pattern, out_dir=out_dir, tag=tag, keep_text=keep_text)
+
+
+def compile_one(split: bool, stages: int, out_dir: str) -> bool:
+    constexprs = {"SPLIT": split, "HAS_SEQ_LENS": True, "STAGES": stages, "BLOCK_H": dg.GLUON_BLOCK_H,
+                  "BLOCK_N": dg.GLUON_BLOCK_N}
+    rep = compile_decode(dg.sparse_mla_decode_gluon_kernel, split, constexprs, dg.GLUON_NUM_WARPS, out_dir,
+                         f"gluon_split{int(split)}_stages{stages}", PATTERN)
     counts, shared = rep.counts, rep.shared
     # Spill traffic inside the main loop: between the cp.async wait and the loop's back branch.
     lines = rep.sass.splitlines()

@@ -17,13 +17,13 @@ import re
 import sys
 import tempfile
 
-from triton.experimental.gluon._runtime import GluonASTSource
-
 from mate.ops.sparse_mla import decode_gluon_small_h as dg
-from mate.ops.sparse_mla.metadata import GLUON_SMALL_H_STAGES, HEAD_DIM_ROPE, HEAD_DIM_V
-from mate.testing.sass import SMEM_LIMIT, compile_sm90, divisibility_attrs
+from mate.ops.sparse_mla.metadata import GLUON_SMALL_H_STAGES
+from mate.testing.sass import SMEM_LIMIT
 
-POINTERS = ("q_ptr", "kv_ptr", "idx_ptr", "seq_lens_ptr", "out_ptr", "lse_ptr", "po_ptr", "plse_ptr")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from compile_sparse_mla_gluon import compile_decode  # noqa: E402
+
 PATTERN = re.compile(r"\b(QGMMA\.\S+|HGMMA\.\S+|LDGSTS\S*|BAR\.SYNC\S*|WARPGROUP\.DEPBAR\S*|STL\S*|LDL\S*|"
                      r"SHFL\S*|LDS\S*|STS\S*|F2FP\S*|PRMT|LDSM\S*)")
 
@@ -50,18 +50,11 @@ def loop_summary(sass: str) -> str:
 
 
 def compile_one(block_h: int, split: bool, stages: int, out_dir: str, v_early: bool = False) -> bool:
-    sig = {"q_ptr": "*fp8e4nv", "kv_ptr": "*fp8e4nv", "idx_ptr": "*i32", "seq_lens_ptr": "*i32",
-           "out_ptr": "*bf16", "lse_ptr": "*fp32", "po_ptr": "*fp16" if split else "*bf16", "plse_ptr": "*fp32",
-           "num_tokens": "i32", "qk_scale_log2": "fp32", "out_scale": "fp32", "H": "i32", "q_len": "i32",
-           "top_k": "i32", "split_blocks": "i32", "num_splits": "i32"}
-    constexprs = {"SPLIT": split, "HAS_SEQ_LENS": True, "STAGES": stages, "V_EARLY": v_early, "BLOCK_H": block_h}
-    fn = dg.sparse_mla_decode_small_h_kernel
+    constexprs = {"SPLIT": split, "HAS_SEQ_LENS": True, "STAGES": stages, "V_EARLY": v_early, "BLOCK_H": block_h,
+                  "BLOCK_N": dg.SMALL_H_BLOCK_N}
     tag = f"small_h{block_h}_split{int(split)}{'_early' if v_early else ''}_stages{stages}"
-    constexprs.update({"BLOCK_N": dg.SMALL_H_BLOCK_N, "D_V": HEAD_DIM_V, "D_R": HEAD_DIM_ROPE})
-    sig.update({k: "constexpr" for k in constexprs})
-    src = GluonASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=divisibility_attrs(sig, POINTERS))
-    rep = compile_sm90(src, {"num_warps": dg.SMALL_H_NUM_WARPS}, pattern=PATTERN, out_dir=out_dir, tag=tag,
-                       keep_text=True)
+    rep = compile_decode(dg.sparse_mla_decode_small_h_kernel, split, constexprs, dg.SMALL_H_NUM_WARPS, out_dir, tag,
+                         PATTERN, keep_text=True)
     print(f"{tag}: {rep.registers} registers, stack {rep.stack} B, local {rep.local} B, {rep.spills} spill "
           f"instructions, shared {rep.shared} B ({rep.shared / 1024:.1f} KB); main loop: {loop_summary(rep.sass)}")
     for name, n in sorted(rep.counts.items()):
