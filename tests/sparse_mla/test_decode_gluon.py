@@ -10,6 +10,7 @@ tensor-core accumulation of Q·Kᵀ and fp16 P·V as the plain 64-head kernel).
 
 from __future__ import annotations
 
+import importlib
 import math
 
 import pytest
@@ -90,15 +91,17 @@ gpu = pytest.mark.gpu
 S1 = 1 / math.sqrt(576)
 
 
-@pytest.fixture(scope="module")
-def gluon_ok():
-    """The kernel's self-check in a child process first: a kernel that faulted in this
-    process would poison the CUDA context of every later GPU test."""
-    from mate.ops.sparse_mla.decode_gluon import probe_in_subprocess
-
-    reason = probe_in_subprocess()
+def require_self_check(module):
+    """The kernel module's self-check in a child process first: a kernel that faulted in
+    this process would poison the CUDA context of every later GPU test."""
+    reason = importlib.import_module(module).probe_in_subprocess()
     if reason is not None:
         pytest.fail(reason)
+
+
+@pytest.fixture(scope="module")
+def gluon_ok():
+    require_self_check("mate.ops.sparse_mla.decode_gluon")
 
 
 def _gluon_plan(B, q_len, H, top_k, **kw):
@@ -121,22 +124,23 @@ def _run(q, kv, idx, sl, top_k, md, s2=1.25):
 def test_gpu_gluon_decode_matches_reference(gluon_ok, H, B, q_len, top_k):
     """Invalid slots (-1, out of range, INT_MIN), duplicates, partial seq_lens, an empty
     batch element (B > 2), and the plan's split (B = 1, 3, 8) or no split (B = 64)."""
-    q, kv, idx, sl = _make(B, q_len, H, top_k, pages=64, page_size=64, four_d=B == 3, device="cuda")
-    md = _gluon_plan(B, q_len, H, top_k)
-    out, lse = _run(q, kv, idx, sl, top_k, md)
-    _check(out, lse, q, kv, idx, sl, S1, 1.25, gpu=True)
+    check_decode(_gluon_plan, B, q_len, H, top_k, four_d=B == 3)
 
 
 @gpu
 @pytest.mark.parametrize("kw", [dict(num_splits=1), dict(num_splits=5), dict(num_stages=2),
                                 dict(partial_dtype=torch.float32), dict(seq_lens=None)])
 def test_gpu_gluon_plan_variants(gluon_ok, kw):
-    B, q_len, H, top_k = 4, 2, 128, 2048
-    kw = dict(kw)
+    check_decode(_gluon_plan, 4, 2, 128, 2048, **kw)
+
+
+def check_decode(plan, B, q_len, H, top_k, four_d=False, **kw):
+    """A decode planned by ``plan(B, q_len, H, top_k, **kw)`` against the reference; ``kw``
+    ``seq_lens=None`` decodes without seq_lens (else partial ones)."""
     seq_lens = "none" if kw.pop("seq_lens", "partial") is None else "partial"
-    q, kv, idx, sl = _make(B, q_len, H, top_k, pages=64, page_size=64, device="cuda", seq_lens=seq_lens)
-    md = _gluon_plan(B, q_len, H, top_k, **kw)
-    out, lse = _run(q, kv, idx, sl, top_k, md)
+    q, kv, idx, sl = _make(B, q_len, H, top_k, pages=64, page_size=64, four_d=four_d, device="cuda",
+                           seq_lens=seq_lens)
+    out, lse = _run(q, kv, idx, sl, top_k, plan(B, q_len, H, top_k, **kw))
     _check(out, lse, q, kv, idx, sl, S1, 1.25, gpu=True)
 
 

@@ -15,7 +15,13 @@ import torch
 from mate.ops.sparse_mla.metadata import GLUON_SMALL_H_STAGES, plan_decode
 from mate.testing import assert_equal, poisoned
 from tests.sparse_mla.test_decode import _call, _check, _make, check_graph_replay, count_unequal_repeats
-from tests.sparse_mla.test_decode_gluon import S1, _run, check_empty_rows_and_all_invalid, check_unaligned_cache
+from tests.sparse_mla.test_decode_gluon import (
+    S1,
+    check_decode,
+    check_empty_rows_and_all_invalid,
+    check_unaligned_cache,
+    require_self_check,
+)
 
 
 def test_small_h_module_imports():
@@ -73,13 +79,7 @@ gpu = pytest.mark.gpu
 
 @pytest.fixture(scope="module")
 def small_h_ok():
-    """The kernel's self-check in a child process first: a kernel that faulted in this
-    process would poison the CUDA context of every later GPU test."""
-    from mate.ops.sparse_mla.decode_gluon_small_h import probe_in_subprocess
-
-    reason = probe_in_subprocess()
-    if reason is not None:
-        pytest.fail(reason)
+    require_self_check("mate.ops.sparse_mla.decode_gluon_small_h")
 
 
 def _plan(B, q_len, H, top_k, **kw):
@@ -94,10 +94,7 @@ def _plan(B, q_len, H, top_k, **kw):
 def test_gpu_small_h_decode_matches_reference(small_h_ok, H, B, q_len, top_k):
     """Invalid slots (-1, out of range, INT_MIN), duplicates, partial seq_lens, an empty
     batch element (B > 2), and the plan's split (B = 1, 3, 8) or no split (B = 128)."""
-    q, kv, idx, sl = _make(B, q_len, H, top_k, pages=64, page_size=64, four_d=B == 3, device="cuda")
-    md = _plan(B, q_len, H, top_k)
-    out, lse = _run(q, kv, idx, sl, top_k, md)
-    _check(out, lse, q, kv, idx, sl, S1, 1.25, gpu=True)
+    check_decode(_plan, B, q_len, H, top_k, four_d=B == 3)
 
 
 @gpu
@@ -105,13 +102,7 @@ def test_gpu_small_h_decode_matches_reference(small_h_ok, H, B, q_len, top_k):
 @pytest.mark.parametrize("kw", [dict(num_splits=1), dict(num_splits=5), dict(num_stages=2), dict(num_stages=4),
                                 dict(partial_dtype=torch.float32), dict(seq_lens=None)])
 def test_gpu_small_h_plan_variants(small_h_ok, H, kw):
-    B, q_len, top_k = 4, 2, 2048
-    kw = dict(kw)
-    seq_lens = "none" if kw.pop("seq_lens", "partial") is None else "partial"
-    q, kv, idx, sl = _make(B, q_len, H, top_k, pages=64, page_size=64, device="cuda", seq_lens=seq_lens)
-    md = _plan(B, q_len, H, top_k, **kw)
-    out, lse = _run(q, kv, idx, sl, top_k, md)
-    _check(out, lse, q, kv, idx, sl, S1, 1.25, gpu=True)
+    check_decode(_plan, 4, 2, H, 2048, **kw)
 
 
 @gpu
