@@ -184,6 +184,14 @@ def test_gpu_gluon_unaligned_cache_takes_plain_kernel(gluon_ok):
 
 
 @gpu
+def test_gpu_plain_transposed_plan_on_unaligned_cache():
+    """The plain small-H (transposed) plan on a cache view that is not 16-byte aligned: the
+    launcher runs the heads-on-M kernel instead (the transposed one faulted there)."""
+    check_unaligned_cache(lambda B, q_len, H, top_k, **kw: plan_decode(B, q_len, H, top_k, "cuda", gluon=False,
+                                                                       transposed=True, **kw), 16)
+
+
+@gpu
 def test_gpu_gluon_cuda_graph_replay_and_no_allocation(gluon_ok):
     md = _gluon_plan(4, 2, 128, 2048)
     assert md.num_splits > 1
