@@ -24,10 +24,10 @@ HEAD_DIM_V = 512  # kv_lora_rank: the value part of each 576-value row
 HEAD_DIM_ROPE = 64  # qk_rope_head_dim: the rotary tail of each row
 
 # Shared-memory ring of the Gluon kernel (decode_gluon.py): 3 gathered tiles of 36 KB + the
-# query (36 KB) + fp16 V (64 KB) and P (8 KB) tiles = 216 KB (H200 compile: 255 registers, no
-# spills); 4 stages would need 252 KB, over the 227 KB an SM offers. H200 (top-k 2048): B=64
-# H=128 98.6 us at 3 stages, 99.1 at 2; B=128 H=16 (padded) 92.3 / 95.6; B=128 q2 H=128
-# 374 / 369.
+# query (36 KB) + fp16 V (two 32 KB halves) and two P (8 KB) tiles = 224 KB (H200 compile:
+# 248 registers, no spills); 4 stages would need 260 KB, over the 227 KB an SM offers. H200
+# (top-k 2048, interleaved): B=64 H=128 89.7 us at 3 stages, 90.5 at 2; B=128 q2 H=128
+# 348.1 / 339.4; B=128 H=64 92.3 / 90.8.
 GLUON_STAGES = 3
 # Ring of the small-H Gluon kernel (decode_gluon_small_h.py, Vᵀ from registers): 5 gathered
 # tiles of 36 KB + Q + two P tiles = 193 KB at 16 heads, 207 KB at 32 (H200 compile: 173 /
@@ -202,9 +202,9 @@ def plan_decode(
 
     Defaults measured on the H200 (2026-11-29, top-k 2048, CUDA-graph replay): on Hopper,
     plans without a split run the Gluon kernel at 3 stages on 64-head tiles,
-    H > 32 padded to 64-head tiles (B=64 q1 H=128: 102.6 us against 117.8 for the serial
-    Gluon schedule and 140 for the plain kernel; B=128 q2 H=128: 383 against 437; B=128
-    H=64: 105 against 118); split plans of H > 32 run the plain kernels with prefetched
+    H > 32 padded to 64-head tiles (B=64 q1 H=128: 89.7 us against 139.6 for the plain
+    kernel; B=128 q2 H=128: 348.1; B=128 H=64: 92.3; FlashMLA in the same run 94.9 /
+    378.1 / 117.1); split plans of H > 32 run the plain kernels with prefetched
     indices (B=8 H=128 split 8: 28.9 us, where the Gluon kernels took 32.2-32.6). H <= 32
     runs the small-H Gluon kernel, split or not (B=128 q1 H=16: 67.9 us against 87.1 for
     the 64-head kernel on padded heads and 102.4 for the plain transposed kernel; H=32:
