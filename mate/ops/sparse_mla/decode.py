@@ -358,8 +358,10 @@ def sparse_mla_decode_triton(
     if rows == 0 or H == 0:
         return
     if transposed and kv_rows.numel() > 0 and kv_rows.data_ptr() % 16:
-        # On the H200 the transposed kernel faulted (illegal address) on a cache view whose
-        # base is not 16-byte aligned; the heads-on-M kernel on a 64-head tile (padded heads
+        # On the H200 the transposed kernel faulted (illegal address) or returned wrong
+        # values (max error 0.7-1.4) on a cache view whose base is not 16-byte aligned, for
+        # every tried launch (4 or 8 warps, 3 or 6 stages, indices prefetched or not);
+        # aligned views are exact. The heads-on-M kernel on a 64-head tile (padded heads
         # masked) reads such a view correctly. Same plan, same split scratch.
         block_h, num_warps, num_stages, block_n, transposed, max_regs = 64, 8, 5, 64, False, 0
     split = num_splits > 1
