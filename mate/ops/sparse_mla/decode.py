@@ -38,6 +38,7 @@ __all__ = [
     "sparse_mla_decode_split_kernel_t",
     "sparse_mla_decode_combine_kernel",
     "sparse_mla_decode_triton",
+    "launch_combine",
 ]
 
 LOG2E = 1.4426950408889634
@@ -58,6 +59,17 @@ def _split_slot_range(pid_s, split_blocks, top_k, seq_lens_ptr, bt, q_len, BLOCK
     else:
         seq_len = top_k
     return lo, hi, seq_len
+
+
+@triton.jit
+def _gather_rows(kv_ptr, tok, num_tokens, offs_v, offs_r, D_V: tl.constexpr, D_ROW: tl.constexpr):
+    """The cache rows of top-k entries ``tok`` (value part [n, 512] and rotary part [n, 64],
+    e4m3) and which entries are valid; invalid rows read as 0 and are never touched."""
+    valid = (tok >= 0) & (tok < num_tokens)
+    kv_rows = kv_ptr + tok.to(tl.int64)[:, None] * D_ROW
+    k_nope = tl.load(kv_rows + offs_v[None, :], mask=valid[:, None], other=0.0)
+    k_rope = tl.load(kv_rows + D_V + offs_r[None, :], mask=valid[:, None], other=0.0)
+    return valid, k_nope, k_rope
 
 
 @triton.jit
@@ -135,10 +147,7 @@ def sparse_mla_decode_split_kernel(
         else:
             slots = start + offs_n
             tok = tl.load(idx_row + slots, mask=slots < seq_len, other=-1)
-        valid = (tok >= 0) & (tok < num_tokens)
-        kv_rows = kv_ptr + tok.to(tl.int64)[:, None] * D_ROW
-        k_nope = tl.load(kv_rows + offs_v[None, :], mask=valid[:, None], other=0.0)
-        k_rope = tl.load(kv_rows + D_V + offs_r[None, :], mask=valid[:, None], other=0.0)
+        valid, k_nope, k_rope = _gather_rows(kv_ptr, tok, num_tokens, offs_v, offs_r, D_V, D_ROW)
 
         s = tl.dot(q_nope, tl.trans(k_nope))
         s = tl.dot(q_rope, tl.trans(k_rope), s)
@@ -246,10 +255,7 @@ def sparse_mla_decode_split_kernel_t(
         else:
             slots = start + offs_n
             tok = tl.load(idx_row + slots, mask=slots < seq_len, other=-1)
-        valid = (tok >= 0) & (tok < num_tokens)
-        kv_rows = kv_ptr + tok.to(tl.int64)[:, None] * D_ROW
-        k_nope = tl.load(kv_rows + offs_v[None, :], mask=valid[:, None], other=0.0)
-        k_rope = tl.load(kv_rows + D_V + offs_r[None, :], mask=valid[:, None], other=0.0)
+        valid, k_nope, k_rope = _gather_rows(kv_ptr, tok, num_tokens, offs_v, offs_r, D_V, D_ROW)
 
         s = tl.dot(k_nope, q_nope_t)  # [BLOCK_N, BLOCK_H]
         s = tl.dot(k_rope, q_rope_t, s)
@@ -321,6 +327,25 @@ def sparse_mla_decode_combine_kernel(
     o_rows = (bt * H + offs_h.to(tl.int64))[:, None] * D_V
     tl.store(out_ptr + o_rows + offs_v[None, :], to_bf16(o), mask=h_mask[:, None])
     tl.store(lse_ptr + bt * H + offs_h, lse, mask=h_mask)
+
+
+def launch_combine(partial_o: torch.Tensor, partial_lse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                   bmm2_scale: float, H: int, num_splits: int, rows: int) -> None:
+    """Merges a split plan's partial outputs into ``out`` / ``lse`` (the combine step shared
+    by the plain and Gluon decode launchers)."""
+    block_hc = min(16, triton.next_power_of_2(H))
+    sparse_mla_decode_combine_kernel[(triton.cdiv(H, block_hc), rows)](
+        partial_o,
+        partial_lse,
+        out,
+        lse,
+        bmm2_scale,
+        H,
+        num_splits,
+        BLOCK_HC=block_hc,
+        D_V=HEAD_DIM_V,
+        num_warps=4,
+    )
 
 
 def sparse_mla_decode_triton(
@@ -398,16 +423,4 @@ def sparse_mla_decode_triton(
         maxnreg=max_regs or None,
     )
     if split:
-        block_hc = min(16, triton.next_power_of_2(H))
-        sparse_mla_decode_combine_kernel[(triton.cdiv(H, block_hc), rows)](
-            partial_o,
-            partial_lse,
-            out,
-            lse,
-            bmm2_scale,
-            H,
-            num_splits,
-            BLOCK_HC=block_hc,
-            D_V=HEAD_DIM_V,
-            num_warps=4,
-        )
+        launch_combine(partial_o, partial_lse, out, lse, bmm2_scale, H, num_splits, rows)

@@ -57,6 +57,7 @@ from mate.ops.sparse_mla.gluon_common import (
     _gather_prologue,
     _load_query,
     _split_slots,
+    _store_result,
     assert_matches_reference,
     launch_decode,
     self_check_problem,
@@ -120,31 +121,6 @@ def _online_softmax(s, tok, num_tokens, qk_scale_log2, m_i, l_wg, red_smem):
     p3 = gl.exp2(s3 - gl.expand_dims(gl.expand_dims(m_use, 1), 2))
     l_wg = l_wg * gl.expand_dims(alpha, 1) + gl.sum(p3, 2)
     return gl.reshape(p3, [BLOCK_H, BLOCK_N]), alpha, m_new, l_wg
-
-
-@gluon.jit
-def _write_result(acc, m_i, l_i, out_ptr, lse_ptr, po_ptr, plse_ptr, out_scale, H, bt, pid_h, pid_s, num_splits,
-                  SPLIT: gl.constexpr, BLOCK_H: gl.constexpr, D_V: gl.constexpr, S_L: gl.constexpr,
-                  O_L: gl.constexpr):
-    """Normalises O, writes it (bf16, or the split's partial row) and the natural-log LSE
-    (+inf for a row without a valid slot; -inf in a split's partial LSE)."""
-    empty = l_i == 0.0
-    l_safe = gl.where(empty, 1.0, l_i)
-    lse = gl.where(empty, float("inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)
-    o = acc / gl.convert_layout(l_safe, gl.SliceLayout(1, O_L))[:, None]
-    offs_ho = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, O_L))
-    offs_vo = gl.arange(0, D_V, layout=gl.SliceLayout(0, O_L))
-    h_mask_o = (offs_ho < H)[:, None]
-    offs_hl = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=m_i.type.layout)
-    if not SPLIT:
-        o_rows = (bt * H + offs_ho.to(gl.int64)) * D_V
-        gl.store(out_ptr + (o_rows[:, None] + offs_vo[None, :]), (o * out_scale).to(gl.bfloat16), mask=h_mask_o)
-        gl.store(lse_ptr + bt * H + offs_hl, lse, mask=offs_hl < H)
-    else:
-        p_rows = ((bt * num_splits + pid_s) * H + offs_ho.to(gl.int64)) * D_V
-        gl.store(po_ptr + (p_rows[:, None] + offs_vo[None, :]), o.to(po_ptr.dtype.element_ty), mask=h_mask_o)
-        pl_rows = (bt * num_splits + pid_s) * H + offs_hl.to(gl.int64)
-        gl.store(plse_ptr + pl_rows, gl.where(empty, float("-inf"), lse), mask=offs_hl < H)
 
 
 @gluon.jit
@@ -283,8 +259,11 @@ def sparse_mla_decode_gluon_kernel(
     async_copy.wait_group(0)
     gl.thread_barrier()
 
-    _write_result(acc, m_i, gl.sum(l_wg, 1), out_ptr, lse_ptr, po_ptr, plse_ptr, out_scale, H, bt, pid_h, pid_s,
-                  num_splits, SPLIT, BLOCK_H, D_V, S_L, O_L)
+    offs_h = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, O_L))
+    offs_v = gl.arange(0, D_V, layout=gl.SliceLayout(0, O_L))
+    offs_hl = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=m_i.type.layout)
+    _store_result(acc, m_i, gl.sum(l_wg, 1), offs_h[:, None], offs_v[None, :], offs_hl, out_ptr, lse_ptr, po_ptr,
+                  plse_ptr, out_scale, H, bt, pid_s, num_splits, 0, SPLIT, D_V)
 
 
 def sparse_mla_decode_gluon(

@@ -54,6 +54,7 @@ from mate.ops.sparse_mla.gluon_common import (
     _gather_prologue,
     _load_query,
     _split_slots,
+    _store_result,
     assert_matches_reference,
     launch_decode,
     self_check_problem,
@@ -110,33 +111,6 @@ def _load_vt(k_slot, VL_L: gl.constexpr, A_L: gl.constexpr, D_V: gl.constexpr, B
     v = gl.permute(v, (3, 1, 4, 2, 0))
     v = gl.reshape(v, [D_V, BLOCK_N])
     return gl.convert_layout(v, A_L)
-
-
-@gluon.jit
-def _write_result(acc, m_i, l_acc, out_ptr, lse_ptr, po_ptr, plse_ptr, out_scale, H, bt, pid_s, num_splits,
-                  SPLIT: gl.constexpr, BLOCK_H: gl.constexpr, D_V: gl.constexpr,
-                  S_L: gl.constexpr, O_L: gl.constexpr):
-    """Normalises Oᵀ, writes it (bf16, or the split's partial rows) and the natural-log
-    LSE (+inf for a head without a valid slot; -inf in a split's partial LSE)."""
-    l_i = gl.sum(l_acc, 0)
-    empty = l_i == 0.0
-    l_safe = gl.where(empty, 1.0, l_i)
-    lse = gl.where(empty, float("inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)
-    o = acc / gl.convert_layout(l_safe, gl.SliceLayout(0, O_L))[None, :]
-    offs_m = gl.arange(0, D_V, layout=gl.SliceLayout(1, O_L))
-    offs_d = _perm_d(offs_m)
-    offs_ho = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, O_L))
-    h_mask_o = (offs_ho < H)[None, :]
-    offs_hl = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, S_L))
-    if not SPLIT:
-        o_cols = (bt * H + offs_ho.to(gl.int64)) * D_V
-        gl.store(out_ptr + (o_cols[None, :] + offs_d[:, None]), (o * out_scale).to(gl.bfloat16), mask=h_mask_o)
-        gl.store(lse_ptr + bt * H + offs_hl, lse, mask=offs_hl < H)
-    else:
-        p_cols = ((bt * num_splits + pid_s) * H + offs_ho.to(gl.int64)) * D_V
-        gl.store(po_ptr + (p_cols[None, :] + offs_d[:, None]), o.to(po_ptr.dtype.element_ty), mask=h_mask_o)
-        pl_rows = (bt * num_splits + pid_s) * H + offs_hl.to(gl.int64)
-        gl.store(plse_ptr + pl_rows, gl.where(empty, float("-inf"), lse), mask=offs_hl < H)
 
 
 @gluon.jit
@@ -264,8 +238,11 @@ def sparse_mla_decode_small_h_kernel(
 
     async_copy.wait_group(0)
     gl.thread_barrier()
-    _write_result(acc, m_i, l_acc, out_ptr, lse_ptr, po_ptr, plse_ptr, out_scale, H, bt, pid_s, num_splits,
-                  SPLIT, BLOCK_H, D_V, S_L, O_L)
+    offs_d = _perm_d(gl.arange(0, D_V, layout=gl.SliceLayout(1, O_L)))  # row m of Oᵀ holds value _perm_d(m)
+    offs_h = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, O_L))
+    offs_hl = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, S_L))
+    _store_result(acc, m_i, gl.sum(l_acc, 0), offs_h[None, :], offs_d[:, None], offs_hl, out_ptr, lse_ptr, po_ptr,
+                  plse_ptr, out_scale, H, bt, pid_s, num_splits, 1, SPLIT, D_V)
 
 
 def sparse_mla_decode_gluon_small_h(
@@ -287,7 +264,8 @@ def sparse_mla_decode_gluon_small_h(
 ) -> None:
     """Launches the small-H Gluon decode on validated CUDA tensors (contract of
     ``sparse_mla_decode_gluon``; ``block_h`` 16 or 32, >= H). A cache view that is not
-    16-byte aligned (cp.async) takes the plain transposed kernel with the same plan.
+    16-byte aligned (cp.async) takes the plain kernels with the same plan (which read such a
+    view with the heads-on-M kernel, see ``sparse_mla_decode_triton``).
     ``v_early``: Vᵀ of the next block is loaded while the current P·V runs. No allocation,
     no host sync."""
     H = query.shape[2]

@@ -10,7 +10,6 @@ Kernel side: the query tile into shared memory, the top-k slots of one split, an
 from __future__ import annotations
 
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import async_copy
@@ -108,6 +107,31 @@ def _gather_next(kv_ptr, idx_row, tok_g, tok_r, block, hi, num_tokens, k_ring, r
     return _gather_tokens(idx_row, lo + (block + 1) * BLOCK_N, hi, BLOCK_N, G_L, R_L)
 
 
+@gluon.jit
+def _store_result(acc, m_i, l_i, h_o, d_o, h_l, out_ptr, lse_ptr, po_ptr, plse_ptr, out_scale, H, bt, pid_s,
+                  num_splits, H_AXIS: gl.constexpr, SPLIT: gl.constexpr, D_V: gl.constexpr):
+    """Normalises the accumulator and writes it (bf16, or the split's partial rows) and the
+    natural-log LSE (+inf for a head without a valid slot; -inf in a split's partial LSE).
+
+    ``H_AXIS``: the accumulator dimension indexed by heads (0: [heads, 512], 1: [512,
+    heads]); ``h_o`` / ``d_o``: head and value index of each accumulator element (tensors
+    that broadcast to its shape); ``h_l``: the heads in the layout of ``m_i`` / ``l_i``."""
+    empty = l_i == 0.0
+    l_safe = gl.where(empty, 1.0, l_i)
+    lse = gl.where(empty, float("inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)
+    o = acc / gl.expand_dims(gl.convert_layout(l_safe, gl.SliceLayout(1 - H_AXIS, acc.type.layout)), 1 - H_AXIS)
+    h_mask_o = h_o < H
+    if not SPLIT:
+        o_idx = (bt * H + h_o.to(gl.int64)) * D_V + d_o
+        gl.store(out_ptr + o_idx, (o * out_scale).to(gl.bfloat16), mask=h_mask_o)
+        gl.store(lse_ptr + bt * H + h_l, lse, mask=h_l < H)
+    else:
+        p_idx = ((bt * num_splits + pid_s) * H + h_o.to(gl.int64)) * D_V + d_o
+        gl.store(po_ptr + p_idx, o.to(po_ptr.dtype.element_ty), mask=h_mask_o)
+        pl_rows = (bt * num_splits + pid_s) * H + h_l.to(gl.int64)
+        gl.store(plse_ptr + pl_rows, gl.where(empty, float("-inf"), lse), mask=h_l < H)
+
+
 def launch_decode(kernel, head_tiles: tuple, query: torch.Tensor, kv_rows: torch.Tensor, block_tables: torch.Tensor,
                   seq_lens: torch.Tensor | None, out: torch.Tensor, lse: torch.Tensor, partial_o: torch.Tensor,
                   partial_lse: torch.Tensor, bmm1_scale: float, bmm2_scale: float, num_splits: int,
@@ -118,7 +142,7 @@ def launch_decode(kernel, head_tiles: tuple, query: torch.Tensor, kv_rows: torch
     cp.async moves 16-byte pieces: a cache view that is not 16-byte aligned (rows are 576
     bytes, so only the base matters) takes ``sparse_mla_decode_triton`` with the same plan
     and ``plain_config`` = (block_h, num_warps, num_stages, block_n, transposed)."""
-    from mate.ops.sparse_mla.decode import sparse_mla_decode_combine_kernel, sparse_mla_decode_triton
+    from mate.ops.sparse_mla.decode import launch_combine, sparse_mla_decode_triton
 
     B, q_len, H, _ = query.shape
     rows = B * q_len
@@ -157,19 +181,7 @@ def launch_decode(kernel, head_tiles: tuple, query: torch.Tensor, kv_rows: torch
         **constexprs,
     )
     if split:
-        block_hc = min(16, triton.next_power_of_2(H))
-        sparse_mla_decode_combine_kernel[(triton.cdiv(H, block_hc), rows)](
-            partial_o,
-            partial_lse,
-            out,
-            lse,
-            bmm2_scale,
-            H,
-            num_splits,
-            BLOCK_HC=block_hc,
-            D_V=HEAD_DIM_V,
-            num_warps=4,
-        )
+        launch_combine(partial_o, partial_lse, out, lse, bmm2_scale, H, num_splits, rows)
 
 
 def self_check_problem(B: int, q_len: int, H: int, top_k: int, tokens: int = 4096):
