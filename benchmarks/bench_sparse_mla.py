@@ -203,28 +203,25 @@ def run(ceilings: dict, quick: bool = False) -> list[dict]:
         else:
             cases["FlashMLA"], notes["FlashMLA"] = _flashmla_case(sets, kv, fm_caches, key, H, scale)
         timed = time_interleaved({k: v for k, v in cases.items() if v})
+        recs = {}
         for name in cases:
             t = timed.get(name)
             if isinstance(t, Exception):
                 t, notes[name] = None, f"{type(t).__name__}: {t}"[:200]
-            if name == "FlashMLA":
-                continue  # after the naive row, as before
-            rows.append(record(ceilings, impl=name, time_us=t, note=notes[name], **common))
-        if bars:  # the naive peer is timed in the full runs only
-            pass
-        elif ref is not None:
-            try:
-                t = time_fn([lambda s=s, kv=kv: _naive(s["q"], kv, s["idx"], scale) for s in sets[:4]])
-                nn = ""
-            except Exception as exc:
-                t, nn = None, f"{type(exc).__name__}: {exc}"[:200]
-            rows.append(record(ceilings, impl="naive torch", time_us=t, note=nn, **common))
-        else:
-            rows.append(record(ceilings, impl="naive torch", time_us=None, note="skipped: gathered fp32 too large",
-                               **common))
-        t = timed.get("FlashMLA")
-        rows.append(record(ceilings, impl="FlashMLA", time_us=t if isinstance(t, float) else None,
-                           note=notes["FlashMLA"], **common))
+            recs[name] = record(ceilings, impl=name, time_us=t, note=notes[name], **common)
+        rows += [r for name, r in recs.items() if name != "FlashMLA"]
+        if not bars:  # the naive peer is timed in the full runs only
+            if ref is not None:
+                try:
+                    t = time_fn([lambda s=s, kv=kv: _naive(s["q"], kv, s["idx"], scale) for s in sets[:4]])
+                    nn = ""
+                except Exception as exc:
+                    t, nn = None, f"{type(exc).__name__}: {exc}"[:200]
+                rows.append(record(ceilings, impl="naive torch", time_us=t, note=nn, **common))
+            else:
+                rows.append(record(ceilings, impl="naive torch", time_us=None,
+                                   note="skipped: gathered fp32 too large", **common))
+        rows.append(recs["FlashMLA"])  # last in each shape's rows, as before
         del sets
         for r in rows[n_before:]:  # progress, in case the run is cut short
             print(f"[bench_sparse_mla] {r['shape']} {r['impl']}: {r.get('time_us')} us "

@@ -256,17 +256,18 @@ def _sparse_mla_fp8_decode_op(
     prefetch_idx: bool,
     gluon: bool = False,
 ) -> None:
-    if select_backend(query.device) == "triton" and gluon and query.is_cuda and transposed:
+    backend = select_backend(query.device)
+    if backend == "triton" and gluon and query.is_cuda and transposed:
         from mate.ops.sparse_mla.decode_gluon_small_h import sparse_mla_decode_gluon_small_h
 
         sparse_mla_decode_gluon_small_h(query, kv_rows, block_tables, seq_lens, out, lse, partial_o, partial_lse,
                                         bmm1_scale, bmm2_scale, block_h, num_splits, split_blocks, num_stages)
-    elif select_backend(query.device) == "triton" and gluon and query.is_cuda:
+    elif backend == "triton" and gluon and query.is_cuda:
         from mate.ops.sparse_mla.decode_gluon import sparse_mla_decode_gluon
 
         sparse_mla_decode_gluon(query, kv_rows, block_tables, seq_lens, out, lse, partial_o, partial_lse,
                                 bmm1_scale, bmm2_scale, num_splits, split_blocks, num_stages)
-    elif select_backend(query.device) == "triton":
+    elif backend == "triton":
         from mate.ops.sparse_mla.decode import sparse_mla_decode_triton
 
         sparse_mla_decode_triton(query, kv_rows, block_tables, seq_lens, out, lse, partial_o, partial_lse,
