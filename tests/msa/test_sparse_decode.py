@@ -55,6 +55,18 @@ def test_transposed_decode_matches_reference(device, triton_backend, transposed,
     _check(o, l_, ro, rl, dtype)
 
 
+@pytest.mark.parametrize("dtype,splits", [(torch.float8_e4m3fn, 1), (torch.bfloat16, 2)])
+def test_transposed_decode_lsum_matches_reference(device, triton_backend, transposed, monkeypatch, dtype, splits):
+    """DECODE_VARIANT ``lsum``: the softmax denominator summed per key and reduced after the loop."""
+    monkeypatch.setitem(sd.DECODE_VARIANT, "lsum", True)
+    monkeypatch.setitem(sd.DECODE_VARIANT, "fp8_lsum", True)
+    pb = make_problem([1, 0, 2], [300, 50, 129], hq=16, hkv=1, width=8, dtype=dtype, device=device)
+    scale = (0.05, 2.0, 0.25) if dtype == torch.float8_e4m3fn else (None, 1.0, 1.0)
+    o, l_, ro, rl = run_case(device, pb, decode=True, splits=splits, sm_scale=scale[0], k_scale=scale[1],
+                             v_scale=scale[2])
+    _check(o, l_, ro, rl, dtype)
+
+
 @pytest.mark.parametrize("splits", [1, 2])
 def test_transposed_decode_empty_and_invalid_selections(device, triton_backend, transposed, splits):
     pb = make_problem([1, 1, 1], [384, 384, 200], hq=16, hkv=1, width=4, device=device)

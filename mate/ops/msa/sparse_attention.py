@@ -473,7 +473,7 @@ def sparse_attention_triton(
             o_part, l_part,
             total_q, hq, ratio, sm_scale * k_scale * LOG2E, v_scale,
             GP=_sd.decode_t_heads(ratio), C=til.capacity, HEAD_DIM=d, NUM_SPLITS=splits, CAUSAL=causal,
-            IS_FP8=is_fp8, HEAD_MAJOR=layout == "HND", FLAT=flat, KEYS=keys,
+            IS_FP8=is_fp8, HEAD_MAJOR=layout == "HND", FLAT=flat, KEYS=keys, **_sd.t_constexprs(is_fp8),
             num_warps=4, num_stages=stages, **extra,
         )
         _combine(o_part, l_part, out, lse, total_q, hq, d, v_scale, splits)

@@ -21,16 +21,22 @@ import triton.language as tl
 from mate._core.triton_helpers import INTERPRET, dot_operand, to_out_dtype
 from mate.ops.msa.softmax_helpers import finish_softmax, split_entries, visible_limit
 
-__all__ = ["DECODE_VARIANT", "msa_decode_t_kernel", "decode_t_heads", "t_config", "t_programs_per_sm"]
+__all__ = ["DECODE_VARIANT", "msa_decode_t_kernel", "decode_t_heads", "t_config", "t_constexprs",
+           "t_programs_per_sm"]
 
-DECODE_VARIANT = {"kernel": "transposed", "keys": 64, "stages": 3, "maxnreg": None,
-                  "fp8_keys": 64, "fp8_stages": 3, "fp8_maxnreg": None}
+DECODE_VARIANT = {"kernel": "transposed", "keys": 64, "stages": 3, "maxnreg": None, "lsum": False,
+                  "fp8_keys": 64, "fp8_stages": 3, "fp8_maxnreg": None, "fp8_lsum": False}
 """Decode kernel of ``sparse_attention`` (module defaults; the benchmark times the others).
 
 ``kernel``: "heads" (``_msa_sparse_fwd_kernel`` with one-token 16-row tiles) or "transposed"
 (:func:`msa_decode_t_kernel`). For the transposed kernel, ``keys`` / ``stages`` / ``maxnreg``
 (16-bit caches) and the ``fp8_`` ones: keys per TMA tile (64: each selected block read as
-two halves), pipelining stages and a register cap.
+two halves), pipelining stages and a register cap. ``lsum``: the softmax denominator kept as
+per-key partial sums in the Sᵀ layout ([keys, heads], 8 values a thread at 64 keys) and
+reduced once after the loop, so the loop has no cross-warp sum (sm_90, fp8 64-key 3-stage
+M3 tile: 421 -> 396 SASS instructions and 10 -> 7 barriers per tile; 151 registers uncapped
+(3 programs per SM), 128 with ``maxnreg`` 128 and no spills (392 instructions, 4 per SM); a
+cap of 112 spills). Not yet timed on the H200.
 
 Defaults from the H200 (2026-11-29, B=128, 64K context, M3 geometry, 16 + 1 blocks, CUDA-graph
 replay): transposed, 64-key tiles, 3 stages, no split: bf16 147 us (3.88 TB/s of selected K/V)
@@ -74,12 +80,19 @@ def t_config(is_fp8: bool) -> tuple[int, int, int | None]:
     return int(DECODE_VARIANT[pre + "keys"]), int(DECODE_VARIANT[pre + "stages"]), int(cap) if cap else None
 
 
+def t_constexprs(is_fp8: bool) -> dict:
+    """Variant constexprs of :func:`msa_decode_t_kernel` for this cache dtype."""
+    return {"LSUM": bool(DECODE_VARIANT[("fp8_" if is_fp8 else "") + "lsum"])}
+
+
 def t_programs_per_sm(is_fp8: bool) -> int:
     """Programs of the transposed kernel resident on one SM (registers and shared memory of
     :data:`T_COMPILES`; an unlisted configuration is estimated), at most 5."""
     keys, stages, cap = t_config(is_fp8)
     tile = keys * 128 * (1 if is_fp8 else 2)
     regs, smem = T_COMPILES.get((is_fp8, keys, stages), (128, 2 * tile * stages + 16384))
+    if t_constexprs(is_fp8)["LSUM"]:
+        regs = max(regs, 152)  # uncapped fp8 64-key compile: 151
     if cap:
         regs = min(regs, cap)
     by_regs = _SM90_REGS // (-(-regs // 8) * 8 * 128)
@@ -98,7 +111,7 @@ def msa_decode_t_kernel(
     total_q, HQ, RATIO, qk_scale, v_scale,
     GP: tl.constexpr, C: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
     CAUSAL: tl.constexpr, IS_FP8: tl.constexpr, HEAD_MAJOR: tl.constexpr, FLAT: tl.constexpr = True,
-    KEYS: tl.constexpr = 128,
+    KEYS: tl.constexpr = 128, LSUM: tl.constexpr = False,
 ):
     t = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -121,6 +134,7 @@ def msa_decode_t_kernel(
     e0, e1 = split_entries(cnt, split, NUM_SPLITS)
     m_i = tl.full([GP], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([GP], dtype=tl.float32)
+    l_2d = tl.zeros([KEYS, GP], dtype=tl.float32)  # LSUM: per-key partial sums, reduced once at the end
     acc = tl.zeros([HEAD_DIM, GP], dtype=tl.float32)
     KPB: tl.constexpr = 128 // KEYS  # key sub-blocks per selected block
     # the next entry's page and block, loaded one step ahead: the TMA loads then depend on
@@ -156,7 +170,10 @@ def msa_decode_t_kernel(
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
         p = tl.exp2(s - m_use[None, :])
         alpha = tl.exp2(m_i - m_use)
-        l_i = l_i * alpha + tl.sum(p, axis=0)
+        if LSUM:
+            l_2d = l_2d * alpha[None, :] + p
+        else:
+            l_i = l_i * alpha + tl.sum(p, axis=0)
         if IS_FP8:
             vt = vt.to(tl.float16)  # exact for e4m3
         pv = to_out_dtype(p, vt.dtype)
@@ -165,6 +182,8 @@ def msa_decode_t_kernel(
         else:
             acc = acc * alpha[None, :] + tl.dot(tl.trans(vt), pv)
         m_i = m_new
+    if LSUM:
+        l_i = tl.sum(l_2d, axis=0)
     l_safe, lse = finish_softmax(m_i, l_i)
     if NUM_SPLITS == 1:
         o = acc / l_safe[None, :] * v_scale
