@@ -1,0 +1,170 @@
+"""MSA fp8 decode at the bar shape on the H200: the transposed kernel's variants
+(``sparse_decode.DECODE_VARIANT``) and where the time goes (pre-kernel, decode kernel, fixed cost).
+
+    python benchmarks/bench_msa_fp8_decode_variants.py
+
+Shape: B = 128, q_len 1, 64K context, 64 query / 4 KV heads, d 128, NHD paged cache (page =
+block = 128), 17 selected blocks per token and KV head (16 random + the own block), 285 MB of
+selected K/V (fp8). All cases and a 1 GiB device copy are timed interleaved (CUDA-graph
+replays, ``time_interleaved``); ``%copy`` is the selected-bytes rate over that copy's rate
+(read + write). Full-op cases are checked against an fp32 torch reference over all tokens
+with the GPU tests' tolerances (``TOL``: out 3e-2 abs + rel for fp8, 2e-2 bf16; lse 1e-4).
+Diagnostic rows (``kernel only``): the decode kernel alone on the pre-kernel's output, the
+pre-kernel alone, and the decode kernel with empty block lists (launch + prologue + epilogue).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from mate.ops.msa import sparse_attention as sa
+from mate.ops.msa import sparse_decode as sd
+from mate.testing.bench import time_interleaved
+
+HQ, HKV, D, BLK, SEL = 64, 4, 128, 128, 17
+TOL = {torch.bfloat16: 2e-2, torch.float8_e4m3fn: 3e-2}
+
+FP8_CASES = {
+    "default": {},
+    "lsum cap128 (4/SM)": {"fp8_lsum": True, "fp8_maxnreg": 128},
+    "lsum uncapped (3/SM)": {"fp8_lsum": True},
+    "cap96 (5/SM)": {"fp8_maxnreg": 96},
+}
+BF16_CASES = {"default": {}, "lsum": {"lsum": True}}
+
+
+class _NoLaunch:
+    def __getitem__(self, grid):
+        return lambda *a, **kw: None
+
+
+def problem(B: int, ctx: int, dtype: torch.dtype) -> dict:
+    g = torch.Generator(device="cuda").manual_seed(1)
+    nb = ctx // BLK
+    pages = B * nb
+    k = (torch.randn(pages, BLK, HKV, D, device="cuda", generator=g) * 0.5).to(dtype)
+    v = (torch.randn(pages, BLK, HKV, D, device="cuda", generator=g) * 0.5).to(dtype)
+    table = torch.randperm(pages, device="cuda", generator=g).to(torch.int32).view(B, nb).contiguous()
+    scores = torch.rand(B, HKV, nb - 1, device="cuda", generator=g)
+    idx = torch.cat([scores.topk(SEL - 1, -1).indices, torch.full((B, HKV, 1), nb - 1, device="cuda")],
+                    -1).to(torch.int32).contiguous()
+    q = (torch.randn(B, HQ, D, device="cuda", generator=g) * 0.5).to(dtype)
+    return dict(q=q, k=k, v=v, kv_block_indexes=idx, page_table=table,
+                qo_indptr=torch.arange(B + 1, dtype=torch.int32, device="cuda"),
+                kv_lens=torch.full((B,), ctx, dtype=torch.int32, device="cuda"))
+
+
+def reference(pb: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 softmax(q kᵀ / sqrt(d)) v and its natural-log LSE over the selected blocks."""
+    q, k, v, idx, table = pb["q"], pb["k"], pb["v"], pb["kv_block_indexes"], pb["page_table"]
+    B = q.shape[0]
+    pg = torch.gather(table, 1, idx.view(B, -1).long()).view(B, HKV, SEL).long()
+    heads = torch.arange(HKV, device="cuda")[None, :, None]
+    kk = k[pg, :, heads].float().reshape(B, HKV, SEL * BLK, D)
+    vv = v[pg, :, heads].float().reshape(B, HKV, SEL * BLK, D)
+    qq = q.float().view(B, HKV, HQ // HKV, D)
+    s = torch.einsum("bgrd,bgkd->bgrk", qq, kk) * D ** -0.5
+    o = torch.einsum("bgrk,bgkd->bgrd", s.softmax(-1), vv).reshape(B, HQ, D)
+    return o, torch.logsumexp(s, -1).reshape(B, HQ)
+
+
+def run_dtype(dtype: torch.dtype, cases: dict, B: int = 128, ctx: int = 65536) -> None:
+    pb = problem(B, ctx, dtype)
+    ref_o, ref_l = reference(pb)
+    out = torch.empty(B, HQ, D, device="cuda", dtype=torch.bfloat16)
+    lse = torch.empty(B, HQ, device="cuda")
+    nbytes = 2.0 * B * HKV * SEL * BLK * D * pb["k"].element_size()
+    n_int, n_flt = sa.workspace_numel(B, HQ, HKV, SEL, True, -1, out.device)
+    iws = torch.zeros(n_int, dtype=torch.int32, device="cuda")
+    iws_empty = torch.zeros_like(iws)
+    fws = torch.empty(max(n_flt, 1), dtype=torch.float32, device="cuda")
+    base = dict(sd.DECODE_VARIANT)
+    fp8 = dtype == torch.float8_e4m3fn
+
+    def launch(over: dict, ws: torch.Tensor, skip_union: bool = False, skip_decode: bool = False):
+        def fn():
+            sd.DECODE_VARIANT.update(over)
+            union, decode = sa._msa_union_kernel, sd.msa_decode_t_kernel
+            if skip_union:
+                sa._msa_union_kernel = _NoLaunch()
+            if skip_decode:
+                sd.msa_decode_t_kernel = _NoLaunch()
+            try:
+                sa.sparse_attention_triton(
+                    pb["q"], pb["k"], pb["v"], pb["kv_block_indexes"], pb["qo_indptr"], pb["kv_lens"], None,
+                    pb["page_table"], None, None, out, lse, layout="NHD", sm_scale=D ** -0.5, k_scale=1.0,
+                    v_scale=1.0, causal=True, decode=True, num_splits=-1, iws=ws, fws=fws)
+            finally:
+                sa._msa_union_kernel, sd.msa_decode_t_kernel = union, decode
+                sd.DECODE_VARIANT.clear()
+                sd.DECODE_VARIANT.update(base)
+        return fn
+
+    fns, notes = {}, {}
+    for name, over in cases.items():
+        fn = launch(over, iws)
+        try:
+            out.fill_(float("nan"))
+            lse.fill_(float("nan"))
+            fn()
+            torch.cuda.synchronize()
+            tol = TOL[dtype]
+            err = (out.float() - ref_o).abs()
+            ok = bool((err <= tol + tol * ref_o.abs()).all())  # NaN fails
+            lerr = (lse - ref_l).abs()
+            ok = ok and bool((lerr <= 1e-4 + 1e-4 * ref_l.abs()).all())
+            sd.DECODE_VARIANT.update(over)
+            splits = sa.resolve_num_splits(-1, B, HQ, HKV, SEL, True, out.device, fp8)
+            info = f"splits {splits}, {sd.t_programs_per_sm(fp8)}/SM"
+            sd.DECODE_VARIANT.clear()
+            sd.DECODE_VARIANT.update(base)
+            notes[name] = f"err {err.max().item():.1e} lse {lerr.max().item():.1e} {'ok' if ok else 'FAIL'} / {info}"
+            fns[name] = fn
+        except Exception as exc:
+            notes[name] = f"failed: {type(exc).__name__}: {exc}"[:200]
+        print(f"  checked {name}: {notes[name]}", flush=True)
+    # diagnostics: the pre-kernel's output stays in iws (default variant ran last into it)
+    launch({}, iws)()
+    launch({}, iws_empty)()
+    torch.cuda.synchronize()
+    n_u = B * HKV * sa.SparseTiling(HQ // HKV, SEL, True).capacity
+    iws_empty[3 * n_u:3 * n_u + B * HKV].zero_()  # u_cnt: no entries
+    diag = {"kernel only: decode (default)": launch({}, iws, skip_union=True),
+            "kernel only: union pre-kernel": launch({}, iws, skip_decode=True),
+            "kernel only: decode, empty lists": launch({}, iws_empty, skip_union=True)}
+    if "lsum cap128 (4/SM)" in cases:
+        diag["kernel only: decode (lsum cap128)"] = launch(cases["lsum cap128 (4/SM)"], iws, skip_union=True)
+    fns.update(diag)
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda").random_(0, 255)
+    dst = torch.empty_like(src)
+    fns["copy 1 GiB"] = lambda: dst.copy_(src)
+    times = time_interleaved(fns, rounds=5, iters=50)
+    copy = times.pop("copy 1 GiB")
+    copy_gbps = 2 * src.numel() / (copy * 1e-6) / 1e9 if isinstance(copy, float) else math.nan
+    tag = "fp8" if fp8 else "bf16"
+    print(f"--- {tag}: B={B} ctx={ctx} Hq={HQ} Hkv={HKV} {SEL} blocks, {nbytes / 1e6:.1f} MB selected K/V; "
+          f"copy {copy_gbps:.0f} GB/s; 90% bar {nbytes / (0.9 * copy_gbps * 1e3):.1f} us")
+    print(f"{'case':36s} {'us':>8s} {'GB/s':>8s} {'%copy':>6s}  check / splits, programs per SM")
+    for name in fns:
+        if name == "copy 1 GiB":
+            continue
+        t = times.get(name)
+        if isinstance(t, float):
+            gbps = nbytes / (t * 1e-6) / 1e9
+            print(f"{name:36s} {t:8.1f} {gbps:8.0f} {100 * gbps / copy_gbps:6.1f}  {notes.get(name, '')}")
+        else:
+            print(f"{name:36s} {'-':>8s} {'-':>8s} {'-':>6s}  {notes.get(name)} {t if t else ''}")
+    del pb, src, dst
+    torch.cuda.empty_cache()
+
+
+def main() -> None:
+    print(torch.cuda.get_device_name(), flush=True)
+    run_dtype(torch.float8_e4m3fn, FP8_CASES)
+    run_dtype(torch.bfloat16, BF16_CASES)
+
+
+if __name__ == "__main__":
+    main()
