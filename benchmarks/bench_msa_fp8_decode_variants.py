@@ -156,13 +156,12 @@ def run_dtype(dtype: torch.dtype, cases: dict, B: int = 128, ctx: int = 65536) -
             print(f"{name:36s} {t:8.1f} {gbps:8.0f} {100 * gbps / copy_gbps:6.1f}  {notes.get(name, '')}")
         else:
             print(f"{name:36s} {'-':>8s} {'-':>8s} {'-':>6s}  {notes.get(name)} {t if t else ''}")
-    del pb, src, dst
-    torch.cuda.empty_cache()
 
 
 def main() -> None:
     print(torch.cuda.get_device_name(), flush=True)
     run_dtype(torch.float8_e4m3fn, FP8_CASES)
+    torch.cuda.empty_cache()
     run_dtype(torch.bfloat16, BF16_CASES)
 
 
