@@ -1,11 +1,12 @@
 """Small-H sparse MLA decode on the H200: the default plan against small-H Gluon kernel variants.
 
-    python benchmarks/bench_sparse_mla_small_h.py [--budget SECONDS] [--no-probe]
+    python benchmarks/bench_sparse_mla_small_h.py [--budget SECONDS] [--no-probe] [--no-wg]
 
 Shapes (top-k 2048, page 64): B=128 q1 H=16, B=128 q1 H=32, B=64 q1 H=16, B=64 q2 H=16.
-Candidates per shape: the current default plan and the small-H Gluon kernel
+Candidates per shape: the current default plan, the small-H Gluon kernel
 (``decode_gluon_small_h.py``) with Vᵀ loaded after P·V (``vlate``) or while it runs
-(``vearly``), at several ring stages and split counts. Each row: median time (CUDA-graph
+(``vearly``), and the one-warpgroup kernel (``decode_gluon_small_h2.py``, ``wg``), at several
+ring stages and split counts. Each row: median time (CUDA-graph
 replays, all candidates of a shape interleaved), GB/s of the gathered rows
 (B * q_len * top-k * 576 bytes), that rate as a fraction of the measured copy bandwidth
 (read + write of 1 GiB), the max abs error of out / lse against ``sparse_mla_decode_reference``
@@ -29,14 +30,15 @@ from mate.testing.bench import measure_ceilings, rotation_count, time_interleave
 TOP_K = 2048
 PAGE = 64
 SCALE = 1 / math.sqrt(576)
-LATE, EARLY = dict(v_early=False), dict(v_early=True)
+LATE, EARLY, WG = dict(v_early=False), dict(v_early=True), dict(one_warpgroup=True)
 
-# (B, q_len, H) -> candidates (label, launch options, stages, splits; None: the plan's split)
+# (B, q_len, H) -> candidates (label, launch options, stages, splits; None: the plan's split).
+# ``wg``: the one-warpgroup kernel (decode_gluon_small_h2.py, 2 programs per SM).
 CANDIDATES = {
-    (128, 1, 16): [("vlate", LATE, 5, 1), ("vearly", EARLY, 5, 1), ("vlate", LATE, 4, 1)],
-    (128, 1, 32): [("vlate", LATE, 5, 1), ("vearly", EARLY, 5, 1)],
-    (64, 1, 16): [("vearly", EARLY, 5, None), ("vearly", EARLY, 5, 1)],
-    (64, 2, 16): [("vearly", EARLY, 5, None)],
+    (128, 1, 16): [("vearly", EARLY, 5, 1), ("wg", WG, 2, 2), ("wg", WG, 2, 3)],
+    (128, 1, 32): [("vearly", EARLY, 5, 1), ("wg", WG, 2, 2)],
+    (64, 1, 16): [("vearly", EARLY, 5, None), ("wg", WG, 2, 4), ("wg", WG, 2, 2)],
+    (64, 2, 16): [("vearly", EARLY, 5, None), ("wg", WG, 2, 2)],
 }
 
 
@@ -60,8 +62,13 @@ def _api_fn(s, kv, md):
 
 def _direct_fn(s, kv, md, opts):
     from mate.ops.sparse_mla.decode_gluon_small_h import sparse_mla_decode_gluon_small_h
+    from mate.ops.sparse_mla.decode_gluon_small_h2 import sparse_mla_decode_gluon_small_h_wg
 
     rows = kv.view(-1, 576)
+    if opts.get("one_warpgroup"):
+        return lambda: sparse_mla_decode_gluon_small_h_wg(s["q"], rows, s["idx"], s["sl"], s["out"], s["lse"],
+                                                          md.partial_o, md.partial_lse, SCALE, 1.0, md.block_h,
+                                                          md.num_splits, md.split_blocks, md.num_stages)
     return lambda: sparse_mla_decode_gluon_small_h(s["q"], rows, s["idx"], s["sl"], s["out"], s["lse"],
                                                    md.partial_o, md.partial_lse, SCALE, 1.0, md.block_h,
                                                    md.num_splits, md.split_blocks, md.num_stages, **opts)
@@ -76,6 +83,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--budget", type=float, default=100.0, help="seconds; later shapes are skipped past it")
     ap.add_argument("--no-probe", action="store_true", help="skip the self-check in a child process")
+    ap.add_argument("--no-wg", action="store_true", help="skip the one-warpgroup kernel")
     args = ap.parse_args()
     t0 = time.time()
     print(torch.cuda.get_device_name(), flush=True)
@@ -104,6 +112,8 @@ def main() -> int:
         for name, opts, stages, splits in news:
             if crashed:
                 break
+            if args.no_wg and opts is WG:
+                continue
             mdn = plan_decode(B, q_len, H, TOP_K, "cuda", gluon=True, transposed=True, num_stages=stages,
                               num_splits=splits)
             label = f"{name} st{stages} sp{mdn.num_splits}"

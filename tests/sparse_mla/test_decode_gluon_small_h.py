@@ -143,3 +143,29 @@ def test_gpu_small_h_cuda_graph_replay_and_no_allocation(small_h_ok):
 @gpu
 def test_gpu_small_h_repeated_decodes_bit_identical(small_h_ok):
     assert count_unequal_repeats(4, 2, 32, 2048, _plan(4, 2, 32, 2048), 50) == 0
+
+
+@gpu
+@pytest.mark.parametrize("H,B,q_len,splits,stages", [(16, 3, 2, 2, 2), (16, 128, 1, 2, 2), (32, 3, 2, 3, 2),
+                                                     (20, 2, 1, 1, 2), (16, 4, 1, 4, 3)])
+def test_gpu_small_h_one_warpgroup_kernel(small_h_ok, H, B, q_len, splits, stages):
+    """The one-warpgroup variant (``decode_gluon_small_h2.py``) against the reference: invalid
+    slots, partial seq_lens, an empty batch element (B > 2), split and unsplit plans."""
+    from mate.ops.sparse_mla.decode_gluon_small_h2 import sparse_mla_decode_gluon_small_h_wg
+
+    top_k = 2048
+    q, kv, idx, sl = _make(B, q_len, H, top_k, pages=64, page_size=64, device="cuda")
+    md = _plan(B, q_len, H, top_k, num_splits=splits)
+    out = poisoned((B, q_len, H, 512), torch.bfloat16, "cuda")
+    lse = poisoned((B, q_len, H), torch.float32, "cuda")
+    sparse_mla_decode_gluon_small_h_wg(q, kv.view(-1, 576), idx, sl, out, lse, md.partial_o, md.partial_lse, S1, 1.25,
+                                       md.block_h, md.num_splits, md.split_blocks, stages)
+    _check(out, lse, q, kv, idx, sl, S1, 1.25, gpu=True)
+
+
+def test_small_h_one_warpgroup_perm_half_is_the_renaming_of_load_vt_half():
+    d = torch.arange(256)
+    renamed = d.view(4, 8, 4, 2).permute(2, 0, 3, 1).reshape(256)
+    m = torch.arange(256)
+    perm = ((m & 7) << 3) | ((m >> 3) & 1) | (((m >> 4) & 3) << 6) | (((m >> 6) & 1) << 1) | (((m >> 7) & 1) << 2)
+    assert_equal(renamed, perm)

@@ -62,7 +62,7 @@ from mate.ops.sparse_mla.gluon_common import (
 from mate.ops.sparse_mla.gluon_common import probe_in_subprocess as _probe
 
 __all__ = ["sparse_mla_decode_small_h_kernel", "sparse_mla_decode_gluon_small_h", "SMALL_H_NUM_WARPS",
-           "SMALL_H_V_EARLY"]
+           "SMALL_H_V_EARLY", "SMALL_H_ONE_WARPGROUP"]
 
 SMALL_H_BLOCK_N = 64  # gathered rows per step (the wgmma M of Sᵀ)
 SMALL_H_NUM_WARPS = 8  # two warpgroups
@@ -70,6 +70,9 @@ SMALL_H_NUM_WARPS = 8  # two warpgroups
 # P·V runs (H200, benchmarks/bench_sparse_mla_small_h.py, 5 stages: 1-1.5% faster than
 # loading it after P·V at B=128 H=32, B=64 H=16 q1/q2; equal at B=128 H=16).
 SMALL_H_V_EARLY = True
+# Launch the one-warpgroup kernel (decode_gluon_small_h2.py: 2 programs per SM, needs a split
+# plan to fill them, e.g. num_splits=2 at B=128 q1) instead of this one; off until measured.
+SMALL_H_ONE_WARPGROUP = False
 
 
 @gluon.jit
@@ -272,6 +275,12 @@ def sparse_mla_decode_gluon_small_h(
     if block_h < H or block_h not in (16, 32):
         raise ValueError(f"the small-H Gluon kernel needs block_h 16 or 32 and H <= block_h, got H={H}, "
                          f"block_h={block_h}")
+    if SMALL_H_ONE_WARPGROUP:
+        from mate.ops.sparse_mla.decode_gluon_small_h2 import sparse_mla_decode_gluon_small_h_wg
+
+        sparse_mla_decode_gluon_small_h_wg(query, kv_rows, block_tables, seq_lens, out, lse, partial_o, partial_lse,
+                                           bmm1_scale, bmm2_scale, block_h, num_splits, split_blocks)
+        return
     launch_decode(sparse_mla_decode_small_h_kernel, (), query, kv_rows, block_tables, seq_lens, out, lse, partial_o,
                   partial_lse, bmm1_scale, bmm2_scale, num_splits, split_blocks, (block_h, 8, 6, 64, True),
                   SMALL_H_NUM_WARPS, STAGES=num_stages, V_EARLY=v_early, BLOCK_H=block_h, BLOCK_N=SMALL_H_BLOCK_N)

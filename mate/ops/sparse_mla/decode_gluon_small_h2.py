@@ -1,0 +1,216 @@
+"""One-warpgroup Gluon kernel of the FP8 sparse MLA decode for few heads (H <= 32), sm_90.
+
+The 8-warp small-H kernel (``decode_gluon_small_h.py``) runs one program per SM and is bound
+by its per-block compute chain, not by the gather. This variant makes each chain one
+warpgroup (4 warps, all ``BLOCK_H`` heads on the wgmma N side) with its own ring of
+``STAGES`` gathered tiles, so that two programs share an SM (<= 255 registers, <= 113 KB of
+shared memory each) and twice as many independent chains run per SM; the plan's split
+(``num_splits`` = 2 at B=128 q1) provides the programs, the combine kernel of ``decode.py``
+merges them.
+
+Per 64-row block: Sᵀ [64, BLOCK_H] = K·Qᵀ (QGMMA, K-major operands in shared memory), the
+online softmax over the rows, and Oᵀ [512, BLOCK_H] += Vᵀ·Pᵀ in two halves of 256 value rows
+(HGMMA, Vᵀ from registers as in the 8-warp kernel, value rows permuted, see ``_perm_half``).
+Sᵀ of block it + 1 is issued before the P·V of block it.
+"""
+
+from __future__ import annotations
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    async_copy,
+    fence_async_shared,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from mate.ops.sparse_mla.decode_gluon_small_h import _issue_qk, _online_softmax
+from mate.ops.sparse_mla.gluon_common import (
+    _gather_next,
+    _gather_prologue,
+    _load_query,
+    _split_slots,
+    _store_result,
+    launch_decode,
+)
+
+__all__ = ["sparse_mla_decode_small_h_wg_kernel", "sparse_mla_decode_gluon_small_h_wg", "WG_NUM_WARPS", "WG_STAGES"]
+
+WG_BLOCK_N = 64
+WG_NUM_WARPS = 4
+WG_STAGES = 2  # 2 x 36 KB ring + Q + 2 P tiles: 2 programs per SM (H200 compile, see _self_check)
+
+
+@gluon.jit
+def _perm_half(m):
+    """Value index (within its half of 256) held by row ``m`` of an Oᵀ half (bits of m, high
+    to low: d2 d1 | d7 d6 | d0 | d5 d4 d3)."""
+    return ((m & 7) << 3) | ((m >> 3) & 1) | (((m >> 4) & 3) << 6) | (((m >> 6) & 1) << 1) | (((m >> 7) & 1) << 2)
+
+
+@gluon.jit
+def _load_vt_half(k_slot, half: gl.constexpr, VL_L: gl.constexpr, A_L: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Vᵀ of values [256 half, 256 half + 256) of one ring slot as the fp16 A operand in
+    registers (rows permuted, see ``_perm_half``)."""
+    v = k_slot.slice(256 * half, 256, dim=1).load(VL_L).to(gl.float16)  # [BLOCK_N, 256]
+    # d = D76 | D543 | D21 | d0  ->  m = D21 | D76 | d0 | D543
+    v = gl.reshape(v, [BLOCK_N, 4, 8, 4, 2])
+    v = gl.permute(v, (3, 1, 4, 2, 0))
+    v = gl.reshape(v, [256, BLOCK_N])
+    return gl.convert_layout(v, A_L, assert_trivial=True)
+
+
+@gluon.jit
+def sparse_mla_decode_small_h_wg_kernel(
+    q_ptr,
+    kv_ptr,
+    idx_ptr,
+    seq_lens_ptr,
+    out_ptr,
+    lse_ptr,
+    po_ptr,
+    plse_ptr,
+    num_tokens,
+    qk_scale_log2,
+    out_scale,
+    H,
+    q_len,
+    top_k,
+    split_blocks,
+    num_splits,
+    SPLIT: gl.constexpr,
+    HAS_SEQ_LENS: gl.constexpr,
+    STAGES: gl.constexpr,
+    BLOCK_H: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    D_V: gl.constexpr,
+    D_R: gl.constexpr,
+):
+    """One program (one warpgroup): ``BLOCK_H`` (16 or 32, >= H) heads of one query position
+    over ``split_blocks`` blocks of 64 top-k slots; grid (splits, B * q_len)."""
+    gl.static_assert(BLOCK_N == 64)
+    gl.static_assert(D_V == 512)
+    gl.static_assert((BLOCK_H == 16) or (BLOCK_H == 32))
+
+    G_L: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])  # 4 rows per thread
+    R_L: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
+    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, BLOCK_H, 32])
+    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, BLOCK_H, 16])
+    A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
+    # Vᵀ half loads on the ring tile [rows, 256 values]: registers = 8 contiguous values and
+    # rows +1, +8, +16, +32; lanes = rows +2, +4, values +8, +16, +32; warps = values +64, +128.
+    VL_L: gl.constexpr = gl.DistributedLinearLayout(
+        reg_bases=[[0, 1], [0, 2], [0, 4], [1, 0], [8, 0], [16, 0], [32, 0]],
+        lane_bases=[[2, 0], [4, 0], [0, 8], [0, 16], [0, 32]],
+        warp_bases=[[0, 64], [0, 128]],
+        block_bases=[],
+        shape=[BLOCK_N, 256],
+    )
+    K_SL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
+    R_SL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2)
+    F16_SL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+
+    pid_s = gl.program_id(0)
+    bt = gl.program_id(1).to(gl.int64)
+
+    q_smem, qr_smem = _load_query(q_ptr, bt, H, 0, BLOCK_H, D_V, D_R, G_L, R_L, K_SL, R_SL)
+    k_ring = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, D_V], K_SL)
+    r_ring = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, D_R], R_SL)
+    p_smem = gl.allocate_shared_memory(gl.float16, [2, BLOCK_H, BLOCK_N], F16_SL)
+
+    lo, hi, n_iter, idx_row = _split_slots(idx_ptr, seq_lens_ptr, bt, pid_s, q_len, top_k, split_blocks,
+                                           HAS_SEQ_LENS, BLOCK_N)
+    tok_g, tok_r = _gather_prologue(kv_ptr, idx_row, lo, hi, num_tokens, k_ring, r_ring, STAGES, BLOCK_N, D_V, D_R,
+                                    G_L, R_L)
+
+    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(0, S_L))
+    l_acc = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=S_L)
+    acc0 = gl.zeros([256, BLOCK_H], gl.float32, layout=O_L)
+    acc1 = gl.zeros([256, BLOCK_H], gl.float32, layout=O_L)
+    s_zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=S_L)
+    offs_ns = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, S_L))
+    tok_s = gl.load(idx_row + lo + offs_ns, mask=lo + offs_ns < hi, other=-1)
+
+    async_copy.wait_group(STAGES - 2)
+    fence_async_shared()
+    gl.thread_barrier()
+    tok_g, tok_r = _gather_next(kv_ptr, idx_row, tok_g, tok_r, STAGES - 1, hi, num_tokens, k_ring, r_ring, lo, STAGES,
+                                BLOCK_N, D_V, D_R, G_L, R_L)
+    s = warpgroup_mma_wait(num_outstanding=0, deps=(_issue_qk(k_ring, r_ring, 0, q_smem, qr_smem, s_zero),))
+    tok = tok_s
+    slots_next = lo + BLOCK_N + offs_ns
+    tok_s = gl.load(idx_row + slots_next, mask=slots_next < hi, other=-1)
+    p, alpha, m_i, l_acc = _online_softmax(s, tok, num_tokens, qk_scale_log2, m_i, l_acc)
+    p_smem.index(0).store(gl.permute(p.to(gl.float16), (1, 0)))
+    vt0 = _load_vt_half(k_ring.index(0), 0, VL_L, A_L, BLOCK_N)
+    for it in range(n_iter):
+        # block it + 1 landed; P and Vᵀ half 0 of block it staged (its slot is refilled once
+        # Vᵀ half 1 is read, after the second barrier)
+        async_copy.wait_group(STAGES - 2)
+        fence_async_shared()
+        gl.thread_barrier()
+        cur = it % STAGES
+        nxt = (it + 1) % STAGES
+        s = _issue_qk(k_ring, r_ring, nxt, q_smem, qr_smem, s_zero)
+        p_op = p_smem.index(it % 2).permute((1, 0))
+        acc0 = warpgroup_mma(vt0, p_op, acc0, is_async=True)
+        vt1 = _load_vt_half(k_ring.index(cur), 1, VL_L, A_L, BLOCK_N)
+        acc1 = warpgroup_mma(vt1, p_op, acc1, is_async=True)
+        s, acc0 = warpgroup_mma_wait(num_outstanding=1, deps=(s, acc0))  # Sᵀ of it + 1 and P·V half 0 done
+        gl.thread_barrier()  # every thread has read block it's slot: refill it
+        tok_g, tok_r = _gather_next(kv_ptr, idx_row, tok_g, tok_r, it + STAGES, hi, num_tokens, k_ring, r_ring, lo,
+                                    STAGES, BLOCK_N, D_V, D_R, G_L, R_L)
+        tok = tok_s
+        slots_next = lo + (it + 2) * BLOCK_N + offs_ns
+        tok_s = gl.load(idx_row + slots_next, mask=slots_next < hi, other=-1)
+        p, alpha, m_i, l_acc = _online_softmax(s, tok, num_tokens, qk_scale_log2, m_i, l_acc)
+        p_smem.index((it + 1) % 2).store(gl.permute(p.to(gl.float16), (1, 0)))
+        alpha_o = gl.convert_layout(alpha, gl.SliceLayout(0, O_L))[None, :]
+        acc0 = acc0 * alpha_o
+        acc1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc1,))
+        acc1 = acc1 * alpha_o
+        vt0 = _load_vt_half(k_ring.index(nxt), 0, VL_L, A_L, BLOCK_N)  # after P·V half 1: one Vᵀ half live
+
+    async_copy.wait_group(0)
+    gl.thread_barrier()
+    m_o = gl.arange(0, 256, layout=gl.SliceLayout(1, O_L))
+    offs_h = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, O_L))
+    offs_hl = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, S_L))
+    l_i = gl.sum(l_acc, 0)
+    _store_result(acc0, m_i, l_i, offs_h[None, :], _perm_half(m_o)[:, None], offs_hl, out_ptr, lse_ptr, po_ptr,
+                  plse_ptr, out_scale, H, bt, pid_s, num_splits, 1, SPLIT, D_V)
+    _store_result(acc1, m_i, l_i, offs_h[None, :], 256 + _perm_half(m_o)[:, None], offs_hl, out_ptr, lse_ptr,
+                  po_ptr, plse_ptr, out_scale, H, bt, pid_s, num_splits, 1, SPLIT, D_V)
+
+
+def sparse_mla_decode_gluon_small_h_wg(
+    query: torch.Tensor,
+    kv_rows: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor | None,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    partial_o: torch.Tensor,
+    partial_lse: torch.Tensor,
+    bmm1_scale: float,
+    bmm2_scale: float,
+    block_h: int,
+    num_splits: int,
+    split_blocks: int,
+    num_stages: int = WG_STAGES,
+) -> None:
+    """Launches the one-warpgroup small-H decode (contract of
+    ``sparse_mla_decode_gluon_small_h``; ``num_stages`` 2 or 3). No allocation, no host sync."""
+    H = query.shape[2]
+    if block_h < H or block_h not in (16, 32):
+        raise ValueError(f"the small-H Gluon kernel needs block_h 16 or 32 and H <= block_h, got H={H}, "
+                         f"block_h={block_h}")
+    if num_stages not in (2, 3):
+        raise ValueError(f"num_stages must be 2 or 3 for the one-warpgroup kernel, got {num_stages}")
+    launch_decode(sparse_mla_decode_small_h_wg_kernel, (), query, kv_rows, block_tables, seq_lens, out, lse, partial_o,
+                  partial_lse, bmm1_scale, bmm2_scale, num_splits, split_blocks, (block_h, 8, 6, 64, True),
+                  WG_NUM_WARPS, STAGES=num_stages, BLOCK_H=block_h, BLOCK_N=WG_BLOCK_N)
