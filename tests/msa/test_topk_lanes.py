@@ -56,6 +56,48 @@ def test_lanes_slack0_and_lane_sum_ballots(levels, device, triton_backend):
     assert_equal(out, ref)
 
 
+def _check_fast(s, topk, kw, qpos, **extra):
+    """The ``fast`` lanes kernel (fp32 compares, unmasked full rows, NaN rows on the
+    fallback) against the reference."""
+    T = s.shape[2]
+    args = dict(query_positions=qpos, topk=topk, num_valid_pages=kw["num_valid_pages"] or T,
+                force_begin_blocks=kw["force_begin_blocks"], force_end_blocks=kw["force_end_blocks"],
+                force_blocks_count_in_topk=kw["force_blocks_count_in_topk"])
+    ref = topk_select_reference(s, **args)
+    out = poisoned(ref.shape, torch.int32, s.device)
+    sparse_topk_select_triton(s, out, **args, method="lanes", lanes_kernel="fast", **extra)
+    assert_equal(out, ref)
+
+
+@pytest.mark.parametrize("levels", [None, 3, 40])
+def test_lanes_fast_random_cases_exact(levels, device, triton_backend):
+    s, topk, kw, qpos = _random_case([33, 64, 256], 8, levels, device)
+    _check_fast(s, topk, kw, qpos)
+
+
+@pytest.mark.parametrize("counted", [True, False])
+def test_lanes_fast_fallback_and_tie_rows(counted, device, triton_backend):
+    """Full rows (unmasked loads), rows with NaN, more than 32 survivors, ties at the K-th
+    place, -0.0 against +0.0 at the threshold, and short rows by query positions."""
+    g = torch.Generator().manual_seed(random.randrange(2**31))
+    s = torch.randn(7, 2, 256, generator=g)
+    s[1] = torch.randint(0, 2, (2, 256), generator=g).float()  # > 32 survivors: fallback
+    s[2] = 0.0
+    s[3] = float("-inf")
+    s[4] = -s[4].abs()  # ties straddling the K-th place among fewer than 32 survivors
+    s[4, :, 0:100:10] = 4.0
+    s[4, :, 105:200:12] = 1.5
+    s[5, :, ::37] = float("nan")
+    s[6] = -s[6].abs() - 1.0  # zeros of both signs decide the top-k
+    s[6, :, 3:250:19] = 0.0
+    s[6, :, 5:250:23] = -0.0
+    s[6, :, 200:205] = float("inf")
+    kw = dict(num_valid_pages=None, force_begin_blocks=1, force_end_blocks=1, force_blocks_count_in_topk=counted)
+    _check_fast(s.to(device), 16, kw, None)
+    qpos = torch.tensor([25000, 3000, 128 * 40, 128 * 17, -1, 2100, 128 * 255], device=device)
+    _check_fast(s.to(device), 8, dict(kw, num_valid_pages=250), qpos, lanes_slack=0)
+
+
 # ----------------------------------------------------------------------------- GPU
 
 

@@ -447,6 +447,64 @@ def _ballot_ge(u, t, VOTE: tl.constexpr):
         return tl.sum((u >= t).to(tl.uint32) << lane, axis=1)[:, None] + tl.zeros_like(u)
 
 
+@triton.jit
+def _nth_lane(b, r):
+    """The lane of the ``r``-th set bit (from 0) of each lane's uint32 ``b``: a binary search
+    on popcounts below a lane."""
+    p = tl.zeros_like(r)
+    for step in tl.static_range(5):
+        t = p + (16 >> step)
+        p = tl.where(_below_lane(b, t) <= r, t, p)
+    return p
+
+
+@triton.jit
+def _lanes_finish(kl, cand, src, tau0, C, fb, fe, n1, W, o_row):
+    """Step 3 of :func:`_topk_lanes_kernel` and the output: the exact C-th largest of the
+    candidates' keys ``kl`` (one per lane, lanes in block order, block ids ``src``; ``C``
+    or more of them ``>= tau0``) by bisection from ``tau0``, ties by ballot prefix, the
+    chosen ids in ascending order after the ``fb`` begin blocks, the ``fe`` end blocks last."""
+    lane = tl.arange(0, 32)
+    clo = tl.sum(cand.to(tl.int32), axis=0)  # >= C candidates are >= tau0 (keys > 0)
+    tau, clo = _lane_bisect(kl, tau0, clo, tl.maximum(tl.max(kl, axis=0), tau0), C, 0)
+    if clo > C:
+        # a tie straddles the C-th place: the first ties in block (= lane) order
+        eq = kl == tau
+        eball = tl.sum(eq.to(tl.uint32) << lane.to(tl.uint32), axis=0)
+        take = C - clo + _popc(eball)
+        chosen = (kl > tau) | (eq & (_below_lane(tl.zeros_like(lane).to(tl.uint32) + eball, lane) < take))
+    else:
+        chosen = kl >= tau
+    chosen = chosen & cand & (C > 0)
+    cball = tl.sum(chosen.to(tl.uint32) << lane.to(tl.uint32), axis=0)
+    slot = fb + _below_lane(tl.zeros_like(lane).to(tl.uint32) + cball, lane)
+    tl.store(o_row + slot, src, mask=chosen)
+    # forced blocks: 0 .. fb-1 in the first slots, n-fe .. n-1 in the last
+    end = lane - fb
+    tl.store(o_row + tl.where(lane < fb, lane, W - fe + end), tl.where(lane < fb, lane, n1 - fe + end),
+             mask=lane < fb + fe)
+
+
+@triton.jit
+def _lanes_full_row(u, idx, n1, fb, fe, W, C, o_row, G1: tl.constexpr):
+    """The fallback of :func:`_topk_lanes_kernel` (more than 32 survivors): the interval
+    bisection on the whole row of keys ``u`` ([R, 32]), forced blocks lifted to the top."""
+    R: tl.constexpr = u.shape[0]
+    forced = ((idx - (n1 - fe)).to(tl.uint32) < fe.to(tl.uint32)) | (idx < fb)
+    uf = tl.reshape(tl.where(forced, 0xFFFFFFFF, u), [1, R * 32])
+    u_lo = tl.reshape(tl.where(forced, 0, u), [1, R * 32])
+    tau1, cnt1 = _interval_threshold_row(uf, u_lo, C == 0, W, G1)
+    if cnt1 > W:
+        eqf = uf == tau1
+        take_f = W - cnt1 + tl.sum(tl.sum(eqf.to(tl.int32), axis=1), axis=0)
+        rank_f = _prefix_sum_ballot(eqf.to(tl.int32), R * 32) - 1
+        sel_f = (uf > tau1) | (eqf & (rank_f < take_f))
+    else:
+        sel_f = uf >= tau1
+    slot_f = _prefix_sum_ballot(sel_f.to(tl.int32), R * 32) - 1
+    tl.store(o_row + slot_f, tl.reshape(idx, [1, R * 32]), mask=sel_f)
+
+
 @triton.jit(do_not_specialize=["num_tiles", "num_valid_pages", "H", "fb", "fe", "W", "has_qpos"])
 def _topk_lanes_kernel(
     s_ptr, out_ptr, qpos_ptr,
@@ -498,45 +556,104 @@ def _topk_lanes_kernel(
             hit = jj == jstar[None, :]
             b = tl.sum(tl.where(hit, ball, 0), axis=0)
             r = lane - tl.sum(tl.where(hit, excl, 0), axis=0)
-            p = tl.zeros_like(lane)
-            for step in tl.static_range(5):
-                t = p + (16 >> step)
-                p = tl.where(_below_lane(b, t) <= r, t, p)
-            src = jstar * 32 + p
+            src = jstar * 32 + _nth_lane(b, r)
             cand = (lane < S) & (src >= fb) & (src < n1 - fe)
             kl = tl.where(cand, _lane_keys(tl.load(s_row + src, mask=cand, other=0.0)), 0)
-            clo = tl.sum(cand.to(tl.int32), axis=0)  # >= C candidates are >= tau0 (keys > 0)
-            tau, clo = _lane_bisect(kl, tau0, clo, tl.maximum(tl.max(kl, axis=0), tau0), C, 0)
-            if clo > C:
-                # a tie straddles the C-th place: the first ties in block (= lane) order
-                eq = kl == tau
-                eball = tl.sum(eq.to(tl.uint32) << lane.to(tl.uint32), axis=0)
-                take = C - clo + _popc(eball)
-                chosen = (kl > tau) | (eq & (_below_lane(tl.zeros_like(lane).to(tl.uint32) + eball, lane) < take))
-            else:
-                chosen = kl >= tau
-            chosen = chosen & cand & (C > 0)
-            cball = tl.sum(chosen.to(tl.uint32) << lane.to(tl.uint32), axis=0)
-            slot = fb + _below_lane(tl.zeros_like(lane).to(tl.uint32) + cball, lane)
-            tl.store(o_row + slot, src, mask=chosen)
-            # forced blocks: 0 .. fb-1 in the first slots, n-fe .. n-1 in the last
-            end = lane - fb
-            tl.store(o_row + tl.where(lane < fb, lane, W - fe + end), tl.where(lane < fb, lane, n1 - fe + end),
-                     mask=lane < fb + fe)
+            _lanes_finish(kl, cand, src, tau0, C, fb, fe, n1, W, o_row)
         else:
-            forced = ((idx - (n1 - fe)).to(tl.uint32) < fe.to(tl.uint32)) | (idx < fb)
-            uf = tl.reshape(tl.where(forced, 0xFFFFFFFF, u), [1, R * 32])
-            u_lo = tl.reshape(tl.where(forced, 0, u), [1, R * 32])
-            tau1, cnt1 = _interval_threshold_row(uf, u_lo, C == 0, W, G1)
-            if cnt1 > W:
-                eqf = uf == tau1
-                take_f = W - cnt1 + tl.sum(tl.sum(eqf.to(tl.int32), axis=1), axis=0)
-                rank_f = _prefix_sum_ballot(eqf.to(tl.int32), R * 32) - 1
-                sel_f = (uf > tau1) | (eqf & (rank_f < take_f))
+            _lanes_full_row(u, idx, n1, fb, fe, W, C, o_row, G1)
+    else:
+        # identity rows: 0 .. n-1, then -1
+        wc = tl.arange(0, W_P2)
+        tl.store(o_row + wc, tl.where(wc < n1, wc, -1), mask=wc < W)
+
+
+@triton.jit
+def _max_nan(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _float_of_key(u):
+    """The float whose :func:`_lane_keys` key is ``u`` (keys of -inf .. +inf; 0x7FFFFFFF
+    gives -0.0, which compares like +0.0)."""
+    ui = u.to(tl.int32, bitcast=True)
+    return (ui ^ (((~ui) >> 31) | -2147483648)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _ballot_ge_f(s, t, VOTE: tl.constexpr):
+    """:func:`_ballot_ge` of fp32 scores against an fp32 threshold (no NaN)."""
+    if VOTE and not INTERPRET:
+        return tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ge.f32 p, $1, $2; vote.sync.ballot.b32 $0, p, -1; }", "=r,f,f",
+            [s, tl.zeros_like(s) + t], dtype=tl.uint32, is_pure=False, pack=1)
+    else:
+        lane = tl.arange(0, 32)[None, :].to(tl.uint32)
+        return tl.sum((s >= t).to(tl.uint32) << lane, axis=1)[:, None] + tl.zeros([s.shape[0], 32], tl.uint32)
+
+
+@triton.jit(do_not_specialize=["num_tiles", "num_valid_pages", "H", "fb", "fe", "W"])
+def _topk_lanes_fast_kernel(
+    s_ptr, out_ptr, qpos_ptr,
+    num_tiles, num_valid_pages, H, fb, fe, W,
+    R: tl.constexpr, W_P2: tl.constexpr, G1: tl.constexpr, SLACK: tl.constexpr, VOTE: tl.constexpr,
+    HAS_QPOS: tl.constexpr, FULL: tl.constexpr,
+):
+    """:func:`_topk_lanes_kernel` with fewer instructions on the common path: scores stay
+    fp32 (no key per block: the lane maxima, NaN-propagating, get keys, and the survivors
+    are the blocks ``>=`` the fp32 value of ``tau0``, -0.0 comparing like +0.0), a row with
+    a NaN takes the full-row fallback (its lane max key is NaN's), a full row (``FULL``:
+    ``num_tiles == 32 R``, and ``n == num_tiles``) is loaded without masks, the survivors'
+    registers come from one pass over the ballots, and query positions are a constexpr."""
+    tok = tl.program_id(0)
+    n1 = num_valid_pages
+    if HAS_QPOS:
+        pos = tl.load(qpos_ptr + tok)
+        n1 = tl.where(pos < 0, 0, tl.minimum(pos // 128 + 1, num_valid_pages)).to(tl.int32)
+    row = tok.to(tl.int64) * H + tl.program_id(1)
+    s_row = s_ptr + row * num_tiles
+    o_row = out_ptr + row * W
+    jj = tl.arange(0, R)[:, None]
+    ll = tl.arange(0, 32)[None, :]
+    idx = jj * 32 + ll
+    lane = tl.arange(0, 32)
+    if n1 > W:
+        if FULL:
+            if n1 >= R * 32:
+                s = tl.load(s_row + idx)
             else:
-                sel_f = uf >= tau1
-            slot_f = _prefix_sum_ballot(sel_f.to(tl.int32), R * 32) - 1
-            tl.store(o_row + slot_f, tl.reshape(idx, [1, R * 32]), mask=sel_f)
+                s = tl.load(s_row + idx, mask=idx < n1, other=float("-inf"))
+        else:
+            s = tl.load(s_row + idx, mask=idx < n1, other=float("-inf"))
+        C = W - fb - fe
+        m = _lane_keys(tl.reduce(s, 0, _max_nan))  # each lane's largest key; NaN's if it has one
+        m_hi = tl.max(m, axis=0)
+        if m_hi <= 0xFF800000:  # no NaN (+inf's key)
+            tau0, _c0 = _lane_bisect(m, tl.min(m, axis=0), tl.full([], 32, tl.int32), m_hi, W, SLACK)
+            ball = _ballot_ge_f(s, _float_of_key(tau0), VOTE)  # [R, 32]
+            # lane L's survivor (the L-th in block order) lies in the last register starting at or before L
+            S = tl.zeros_like(lane)
+            b = tl.zeros_like(lane).to(tl.uint32)
+            base = tl.zeros_like(lane)
+            jstar = tl.zeros_like(lane)
+            for j in tl.static_range(R):
+                bj = tl.sum(tl.where(jj == j, ball, 0), axis=0)
+                at = lane >= S
+                b = tl.where(at, bj, b)
+                base = tl.where(at, S, base)
+                jstar = tl.where(at, j, jstar)
+                S += _popc(bj)
+            S1 = tl.max(S, axis=0)
+            if S1 <= 32:
+                src = jstar * 32 + _nth_lane(b, lane - base)
+                cand = (lane < S) & (src >= fb) & (src < n1 - fe)
+                kl = tl.where(cand, _lane_keys(tl.load(s_row + src, mask=cand, other=0.0)), 0)
+                _lanes_finish(kl, cand, src, tau0, C, fb, fe, n1, W, o_row)
+            else:
+                _lanes_full_row(_lane_keys(s), idx, n1, fb, fe, W, C, o_row, G1)
+        else:
+            _lanes_full_row(_lane_keys(s), idx, n1, fb, fe, W, C, o_row, G1)
     else:
         # identity rows: 0 .. n-1, then -1
         wc = tl.arange(0, W_P2)
@@ -557,6 +674,10 @@ same one-warp-per-row grid: loads, one reduction, the W ids written, no selectio
 1,657; causal interval 123.2, radix 239.0; 8192 x 1024 interval (2 warps) 124.3, radix
 328.8; 1024 x 12287 interval (rows in registers, max_chunk 16384) 525.8, radix
 (tournament) 1,234, torch.topk 673."""
+
+LANES_KERNEL = "classic"
+"""The ``lanes`` method's kernel: ``"classic"`` (:func:`_topk_lanes_kernel`) or ``"fast"``
+(:func:`_topk_lanes_fast_kernel`, the same selection with fewer instructions per row)."""
 
 LANES_MAX_CHUNK = 256
 """Longest row (tiles, rounded up to a power of two) of the ``lanes`` kernel (one warp;
@@ -617,6 +738,7 @@ def sparse_topk_select_triton(
     num_warps: int | None = None,
     lanes_slack: int = 2,
     lanes_vote: bool = True,
+    lanes_kernel: str | None = None,
 ) -> None:
     """Launches the selection on validated tensors (contiguous fp32 scores, int32 output).
     ``max_chunk`` (a power of two >= 16; default :data:`INTERVAL_MAX_CHUNK` for ``interval``,
@@ -631,8 +753,12 @@ def sparse_topk_select_triton(
     ``lanes_slack`` stops the lanes kernel's lane-max bound search early (more survivors,
     fewer steps), ``lanes_vote=False`` builds its ballots from lane sums instead of
     ``vote.ballot``.
+    ``lanes_kernel`` (default :data:`LANES_KERNEL`) picks the ``lanes`` kernel: ``"classic"``
+    (:func:`_topk_lanes_kernel`) or ``"fast"`` (:func:`_topk_lanes_fast_kernel`).
     ``rows_per_program`` and ``num_warps`` override :func:`topk_config` (experiments)."""
     method = TOPK_METHOD if method is None else method
+    if lanes_kernel not in (None, "classic", "fast"):
+        raise ValueError(f"lanes_kernel must be 'classic' or 'fast', got {lanes_kernel!r}")
     if method not in TOPK_METHODS:
         raise ValueError(f"method must be one of {TOPK_METHODS}, got {method!r}")
     if max_chunk is None:
@@ -646,6 +772,16 @@ def sparse_topk_select_triton(
     grid = (triton.cdiv(n_rows, cfg["ROWS"]),)
     if method == "lanes":
         chunk = max(triton.next_power_of_2(max(T, 1)), 32)
+        if chunk <= min(LANES_MAX_CHUNK, max_chunk) and W <= 32 and total_q and \
+                (LANES_KERNEL if lanes_kernel is None else lanes_kernel) == "fast":
+            _topk_lanes_fast_kernel[(total_q, H)](
+                max_score, output,
+                query_positions if query_positions is not None else _dummy_positions(max_score.device),
+                T, num_valid_pages, H, force_begin_blocks, force_end_blocks, W,
+                R=chunk // 32, W_P2=64, G1=max(16, triton.next_power_of_2(topk)), SLACK=lanes_slack,
+                VOTE=lanes_vote, HAS_QPOS=query_positions is not None, FULL=chunk == T, num_warps=1,
+            )
+            return
         if chunk <= min(LANES_MAX_CHUNK, max_chunk) and W <= 32 and total_q:
             _topk_lanes_kernel[(total_q, H)](
                 max_score, output,
