@@ -3,8 +3,8 @@
     python benchmarks/bench_msa_topk_variants.py          # every shape and variant
     python benchmarks/bench_msa_topk_variants.py --bar    # the bar shape: default vs lanes
 
-``--bar``: 32768 x 4 x 256 (and the same with causal query positions), interval against
-the ``lanes`` kernel (slack 2, the default: one row per one-warp program) and two
+``--bar``: 32768 x 4 x 256 (and the same with causal query positions), the classic
+``lanes`` kernel against the ``fast`` one (slack 0 / 2 / 3; one row per one-warp program) and two
 streaming floors (loads without the selection: each row reduced to one key and W ids
 written; the lanes grid, and 4 rows per one-warp program, which streams at ~80% of copy
 against ~40%), timed interleaved (GB/s: the whole score tensor over the time, also for the
@@ -42,8 +42,10 @@ VARIANTS = [  # label, launcher keywords, tile counts it runs at (None: all)
     ("lanes slack0", dict(method="lanes", lanes_slack=0), (256,)),
 ]
 BAR_VARIANTS = [  # label, launcher keywords, checked on the random cases
-    ("interval", dict(method="interval"), False),
-    ("lanes slack2 (default)", dict(method="lanes"), True),
+    ("lanes classic slack2", dict(method="lanes", lanes_kernel="classic"), False),
+    ("lanes fast slack2", dict(method="lanes", lanes_kernel="fast"), True),
+    ("lanes fast slack3", dict(method="lanes", lanes_kernel="fast", lanes_slack=3), True),
+    ("lanes fast slack0", dict(method="lanes", lanes_kernel="fast", lanes_slack=0), False),
 ]
 
 
