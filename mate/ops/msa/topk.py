@@ -621,11 +621,11 @@ def _topk_lanes_fast_kernel(
     if n1 > W:
         if FULL:
             if n1 >= R * 32:
-                s = tl.load(s_row + idx)
+                s = tl.load((s_row + ll) + jj * 32)  # one address, immediate offsets
             else:
-                s = tl.load(s_row + idx, mask=idx < n1, other=float("-inf"))
+                s = tl.load((s_row + ll) + jj * 32, mask=idx < n1, other=float("-inf"))
         else:
-            s = tl.load(s_row + idx, mask=idx < n1, other=float("-inf"))
+            s = tl.load((s_row + ll) + jj * 32, mask=idx < n1, other=float("-inf"))
         C = W - fb - fe
         m = _lane_keys(tl.reduce(s, 0, _max_nan))  # each lane's largest key; NaN's if it has one
         m_hi = tl.max(m, axis=0)
