@@ -9,9 +9,7 @@ us, TFLOP/s, GB/s (operand bytes once), the ratio DeepGEMM time / time (bar: >= 
 max relative error against the fp32 reference (max |out - ref| / max |ref|, NaN-poisoned
 output) and whether two runs are bitwise equal. Compiles (Triton candidates, DeepGEMM JIT)
 are warmed up in parallel worker processes first, which fill the on-disk caches.
-Candidate names: ``BMxBN sSPLIT_K stSTAGES wWARPS`` (Triton TMA kernel), L: ``REDUCE="launch"``;
-``G wBLOCK_W sSPLIT_K stSTAGES REDUCE``: the small-M swap-AB Gluon kernel
-(``groupwise_gluon_smallm.py``; REDUCE spread / last / launch, see its docstring).
+Candidate names: ``BMxBN sSPLIT_K stSTAGES wWARPS``, L: ``REDUCE="launch"``.
 """
 
 from __future__ import annotations
@@ -42,51 +40,30 @@ def _c(bm, bn, split, stages, warps=4, launch=False):
     return name, cfg
 
 
-def _g(bw, split, stages, reduce="spread"):
-    """A candidate of the small-M Gluon kernel (swap-AB, ``groupwise_gluon_smallm.py``)."""
-    name = f"G w{bw} s{split} st{stages}" + (f" {reduce}" if split > 1 else "")
-    return name, {"SMALLM": True, "BLOCK_W": bw, "SPLIT_K": split, "num_stages": stages, "REDUCE": reduce}
-
-
-# grid sizes in the comments: programs (CTAs per SM that fit in shared memory)
+# grid sizes in the comments: programs (CTAs per SM that fit in shared memory); each shape
+# times auto against its neighbours in pipeline depth (tuning._stages) and the best other tile
 CANDIDATES = {
     (64, 2112, 7168): dict([
-        _c(64, 64, 4, 8),  # 132 (1), auto: 5 stages
-        _g(64, 4, 12),  # 132 (1)
-        _g(64, 4, 12, "last"),
-        _g(64, 4, 6),  # 132 (2)
-        _g(128, 7, 8),  # 119 (1)
-        _g(128, 7, 8, "last"),
+        _c(64, 64, 4, 6),  # 132 (2), auto: 5 stages
+        _c(64, 64, 4, 8),  # 132 (1)
     ]),
     (64, 4096, 7168): dict([
-        _c(64, 64, 2, 6),  # 128 (2)
-        _g(128, 4, 8),  # 128 (1)
-        _g(128, 4, 8, "last"),
-        _g(128, 4, 8, "launch"),
-        _g(64, 2, 12),  # 128 (1)
-        _g(64, 2, 6),  # 128 (2)
+        _c(64, 64, 2, 5),  # 128 (2), auto: 6 stages
+        _c(64, 64, 2, 8),  # 128 (1)
     ]),
     (128, 2112, 7168): dict([
-        _c(64, 64, 4, 6),  # 264 (2)
-        _g(64, 4, 8),  # 132 (1)
-        _g(64, 4, 8, "last"),
-        _g(128, 7, 6),  # 119 (1)
+        _c(64, 64, 4, 6),  # 264 (2), auto: 5 stages
     ]),
     (128, 4096, 7168): dict([
-        _c(64, 64, 2, 6),  # 256 (2)
-        _g(128, 4, 6),  # 128 (1)
-        _g(128, 4, 6, "last"),
-        _g(64, 2, 8),  # 128 (1)
+        _c(64, 64, 2, 5),  # 256 (2), auto: 6 stages
     ]),
     (64, 24576, 1536): dict([
-        _c(64, 64, 1, 6),  # 384 (2)
-        _g(128, 1, 4),  # 192 (2)
-        _g(64, 1, 6),  # 384 (2)
+        _c(64, 128, 1, 4),  # 192 (2), auto: 64x64 4 stages
+        _c(64, 128, 1, 3),  # 192 (3)
     ]),
     (128, 24576, 1536): dict([
-        _c(64, 128, 1, 4),  # 384 (2)
-        _g(128, 1, 3),  # 192 (2)
-        _g(64, 1, 4),  # 384 (2)
+        _c(64, 128, 1, 4),  # 384 (2), auto: 3 stages
+        _c(64, 64, 1, 3),  # 768 (4)
     ]),
 }
 
@@ -111,10 +88,6 @@ def _mate_fn(x, out, cfg):
     a_mk, b_nk = sa_mn.t(), sb_mn.t()
     sa_str = (0, a_mk.stride(0), a_mk.stride(1))
     sb_str = (0, b_nk.stride(0), b_nk.stride(1))
-    if cfg.get("SMALLM"):
-        from mate.ops.gemm.groupwise_gluon_smallm import groupwise_gemm_gluon_smallm
-
-        return lambda: groupwise_gemm_gluon_smallm(a, b, sa_mn, sa_str, sb_mn, sb_str, out, config=cfg)
     return lambda: groupwise_gemm_triton(a, b, sa_mn, sa_str, sb_mn, sb_str, out, None, layout=PLAIN, config=cfg)
 
 

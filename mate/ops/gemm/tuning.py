@@ -36,6 +36,16 @@ No tile, split-K or stage choice of the Triton kernel reaches 0.95x DeepGEMM at 
 best candidate of each shape: 0.79-0.91), and a split-K reduce with all partial loads in flight
 (a FAST_REDUCE option, since removed) gained nothing. The remaining lever is sharing the
 activation tiles between SMs (clusters with multicast TMA): a Gluon kernel of its own.
+A swap-AB Gluon kernel without multicast (weights on the wgmma M side, TMA ring, split-K
+reduced by the last, every or a second program) was tried and removed: on the H200
+(2026-11-29, same bench; us, auto / best Triton candidate / best Gluon / DeepGEMM) (64, 2112,
+7168) 10.8 / 10.6 (s4 st8) / 14.3 / 9.9, (64, 4096, 7168) 15.0 / 14.2 (s2 st6) / 20.2 / 11.8,
+(128, 2112, 7168) 12.7 / 12.6 (s4 st6) / 16.4 / 10.7, (128, 4096, 7168) 16.4 / 16.4 (s2 st6)
+/ 22.9 / 12.8, (64, 24576, 1536) 13.8 / 17.3 (64x64 s1 st6) / 16.6 / 14.5, (128, 24576,
+1536) 15.4 / 19.4 (64x128 s1 st4) / 23.8-26.6 / 15.4. From that run and the sweep above,
+28 K blocks per split take 6 stages (``_stages``: s2 st6 against st5 at (64, 4096, 7168)
+14.2 vs 15.0 and 14.5 vs 15.3); s4 st8 at (64, 2112, 7168) (10.6 vs 10.8, 11.0 vs 10.9 in
+the sweep) is within noise and not adopted.
 """
 
 from __future__ import annotations
@@ -112,9 +122,9 @@ def _split_k(tiles: int, k: int) -> int:
 
 def _stages(cap: int, k_blocks: int) -> int:
     """Pipeline depth for a K loop of ``k_blocks`` steps: deep pipelines pay off on long
-    loops only (measured: 12 K blocks 4 stages 14.0 us vs 6 stages 17.5 us; 56 K blocks
-    6 stages 16.6 us vs 4 stages 18.1 us)."""
-    return min(cap, 4 if k_blocks <= 12 else 5 if k_blocks <= 28 else 6)
+    loops only (measured: 12 K blocks 4 stages 14.0 us vs 6 stages 17.5 us; 28 K blocks
+    6 stages 14.2 us vs 5 stages 15.0 us; 56 K blocks 6 stages 16.6 us vs 4 stages 18.1 us)."""
+    return min(cap, 4 if k_blocks <= 12 else 5 if k_blocks <= 16 else 6)
 
 
 def groupwise_config(m: int, n: int, k: int, fp8_out: bool) -> dict:
