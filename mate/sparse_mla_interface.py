@@ -261,7 +261,8 @@ def _sparse_mla_fp8_decode_op(
         from mate.ops.sparse_mla.decode_gluon_small_h import sparse_mla_decode_gluon_small_h
 
         sparse_mla_decode_gluon_small_h(query, kv_rows, block_tables, seq_lens, out, lse, partial_o, partial_lse,
-                                        bmm1_scale, bmm2_scale, block_h, num_splits, split_blocks, num_stages)
+                                        bmm1_scale, bmm2_scale, block_h, num_splits, split_blocks, num_stages,
+                                        num_warps=num_warps)
     elif backend == "triton" and gluon and query.is_cuda:
         from mate.ops.sparse_mla.decode_gluon import sparse_mla_decode_gluon
 

@@ -16,7 +16,7 @@ import math
 import pytest
 import torch
 
-from mate.ops.sparse_mla.metadata import GLUON_SMALL_H_STAGES, GLUON_STAGES, plan_decode
+from mate.ops.sparse_mla.metadata import GLUON_SMALL_H_STAGES, GLUON_STAGES, GLUON_WG_STAGES, plan_decode
 from mate.testing import assert_equal, poisoned
 from tests.sparse_mla.test_decode import _call, _check, _make, check_graph_replay, count_unequal_repeats
 
@@ -206,18 +206,21 @@ def test_gpu_gluon_repeated_decodes_bit_identical(gluon_ok):
 
 
 @gpu
-@pytest.mark.parametrize("B,q_len,H,want", [(64, 1, 128, "gluon"), (128, 2, 128, "gluon"), (128, 1, 16, "small_h"),
-                                            (128, 1, 32, "small_h"), (64, 1, 16, "small_h split"),
+@pytest.mark.parametrize("B,q_len,H,want", [(64, 1, 128, "gluon"), (128, 2, 128, "gluon"),
+                                            (128, 1, 16, "small_h split"), (128, 1, 32, "small_h"),
+                                            (64, 1, 16, "small_h split"),
                                             (8, 1, 128, "plain"), (32, 2, 16, "small_h split")])
 def test_gpu_default_plans(gluon_ok, B, q_len, H, want):
     """Hopper defaults: H > 32 runs the 64-head Gluon kernel without a split and the plain
-    kernels with prefetched indices with one; H <= 32 the small-H Gluon kernel."""
+    kernels with prefetched indices with one; H <= 32 the small-H Gluon kernel (H <= 16: its
+    one-warpgroup variant, 2 programs per SM)."""
     md = plan_decode(B, q_len, H, 2048, "cuda")
     if want == "gluon":
         assert md.gluon and md.block_h == 64 and md.num_splits == 1
         assert md.num_stages == GLUON_STAGES
     elif want.startswith("small_h"):
-        assert md.gluon and md.transposed and md.block_h == max(16, H) and md.num_stages == GLUON_SMALL_H_STAGES
+        assert md.gluon and md.transposed and md.block_h == max(16, H)
+        assert (md.num_warps, md.num_stages) == ((4, GLUON_WG_STAGES) if H <= 16 else (8, GLUON_SMALL_H_STAGES))
         assert (md.num_splits > 1) == want.endswith("split")
     else:
         assert not md.gluon and md.prefetch_idx and md.num_splits > 1

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mate.ops.sparse_mla.metadata import GLUON_SMALL_H_STAGES, plan_decode
+from mate.ops.sparse_mla.metadata import GLUON_SMALL_H_STAGES, GLUON_WG_STAGES, plan_decode
 from mate.testing import assert_equal, poisoned
 from tests.sparse_mla.test_decode import _call, _check, _make, check_graph_replay, count_unequal_repeats
 from tests.sparse_mla.test_decode_gluon import (
@@ -55,8 +55,10 @@ def test_small_h_plan_falls_back_on_cpu(triton_backend, H, q_len):
 
 @pytest.mark.parametrize("kw,match", [
     (dict(num_stages=6), "num_stages"),
+    (dict(num_stages=4), "num_stages"),  # the one-warpgroup kernel (default at 16 heads): 2 or 3
+    (dict(num_stages=4, num_warps=4), "num_stages"),
     (dict(block_n=16), "block_n"),
-    (dict(num_warps=4), "num_warps"),
+    (dict(num_warps=2), "num_warps"),
     (dict(prefetch_idx=True), "prefetch_idx"),
 ])
 def test_small_h_plan_rejects_other_configurations(kw, match):
@@ -84,7 +86,8 @@ def small_h_ok():
 
 def _plan(B, q_len, H, top_k, **kw):
     md = plan_decode(B, q_len, H, top_k, "cuda", gluon=True, transposed=True, **kw)
-    assert md.gluon and md.transposed and md.block_h in (16, 32) and md.num_warps == 8
+    assert md.gluon and md.transposed and md.block_h in (16, 32)
+    assert md.num_warps == kw.get("num_warps", 4 if md.block_h == 16 else 8)
     return md
 
 
@@ -99,9 +102,11 @@ def test_gpu_small_h_decode_matches_reference(small_h_ok, H, B, q_len, top_k):
 
 @gpu
 @pytest.mark.parametrize("H", [16, 32])
-@pytest.mark.parametrize("kw", [dict(num_splits=1), dict(num_splits=5), dict(num_stages=2), dict(num_stages=4),
+@pytest.mark.parametrize("kw", [dict(num_splits=1), dict(num_splits=5), dict(num_stages=2), dict(num_stages=3),
+                                dict(num_warps=8, num_stages=4), dict(num_warps=4, num_stages=3),
                                 dict(partial_dtype=torch.float32), dict(seq_lens=None)])
 def test_gpu_small_h_plan_variants(small_h_ok, H, kw):
+    """Both kernels (4 warps: one warpgroup, 8 warps) at both head counts."""
     check_decode(_plan, 4, 2, H, 2048, **kw)
 
 
@@ -114,11 +119,12 @@ def test_gpu_small_h_launch_variants(small_h_ok, H, stages, splits, early):
 
     B, q_len, top_k = 3, 2, 2048
     q, kv, idx, sl = _make(B, q_len, H, top_k, pages=64, page_size=64, device="cuda")
-    md = _plan(B, q_len, H, top_k, num_splits=splits, num_stages=stages)
+    md = _plan(B, q_len, H, top_k, num_splits=splits, num_stages=stages, num_warps=8)
     out = poisoned((B, q_len, H, 512), torch.bfloat16, "cuda")
     lse = poisoned((B, q_len, H), torch.float32, "cuda")
     sparse_mla_decode_gluon_small_h(q, kv.view(-1, 576), idx, sl, out, lse, md.partial_o, md.partial_lse, S1, 1.25,
-                                    md.block_h, md.num_splits, md.split_blocks, md.num_stages, v_early=early)
+                                    md.block_h, md.num_splits, md.split_blocks, md.num_stages, v_early=early,
+                                    num_warps=8)
     _check(out, lse, q, kv, idx, sl, S1, 1.25, gpu=True)
 
 
@@ -134,15 +140,17 @@ def test_gpu_small_h_unaligned_cache_takes_plain_kernel(small_h_ok):
 
 
 @gpu
-def test_gpu_small_h_cuda_graph_replay_and_no_allocation(small_h_ok):
-    md = _plan(4, 2, 32, 2048)
-    assert md.num_splits > 1 and md.num_stages == GLUON_SMALL_H_STAGES
-    check_graph_replay(4, 2, 32, 2048, md)
+@pytest.mark.parametrize("H", [16, 32])
+def test_gpu_small_h_cuda_graph_replay_and_no_allocation(small_h_ok, H):
+    md = _plan(4, 2, H, 2048)
+    assert md.num_splits > 1 and md.num_stages == (GLUON_WG_STAGES if H == 16 else GLUON_SMALL_H_STAGES)
+    check_graph_replay(4, 2, H, 2048, md)
 
 
 @gpu
-def test_gpu_small_h_repeated_decodes_bit_identical(small_h_ok):
-    assert count_unequal_repeats(4, 2, 32, 2048, _plan(4, 2, 32, 2048), 50) == 0
+@pytest.mark.parametrize("H", [16, 32])
+def test_gpu_small_h_repeated_decodes_bit_identical(small_h_ok, H):
+    assert count_unequal_repeats(4, 2, H, 2048, _plan(4, 2, H, 2048), 50) == 0
 
 
 @gpu

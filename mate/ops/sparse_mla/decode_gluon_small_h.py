@@ -1,5 +1,9 @@
 """Gluon kernel of the FP8 sparse MLA decode for few heads (H <= 32) on Hopper (sm_90).
 
+Plans run it for 17 <= H <= 32; for H <= 16 they run its one-warpgroup variant
+(``decode_gluon_small_h2.py``, 2 programs per SM, selected by ``num_warps=4``), which this
+module's launcher dispatches to.
+
 At small H the decode is bound by the gathered bytes, and the 64-head kernel
 (``decode_gluon.py``) pads the heads to the wgmma M of 64, which makes it compute-bound at
 4x the needed work. This kernel puts the gathered rows on M instead (Sᵀ = K·Qᵀ, the
@@ -62,7 +66,7 @@ from mate.ops.sparse_mla.gluon_common import (
 from mate.ops.sparse_mla.gluon_common import probe_in_subprocess as _probe
 
 __all__ = ["sparse_mla_decode_small_h_kernel", "sparse_mla_decode_gluon_small_h", "SMALL_H_NUM_WARPS",
-           "SMALL_H_V_EARLY", "SMALL_H_ONE_WARPGROUP"]
+           "SMALL_H_V_EARLY"]
 
 SMALL_H_BLOCK_N = 64  # gathered rows per step (the wgmma M of Sᵀ)
 SMALL_H_NUM_WARPS = 8  # two warpgroups
@@ -70,9 +74,6 @@ SMALL_H_NUM_WARPS = 8  # two warpgroups
 # P·V runs (H200, benchmarks/bench_sparse_mla_small_h.py, 5 stages: 1-1.5% faster than
 # loading it after P·V at B=128 H=32, B=64 H=16 q1/q2; equal at B=128 H=16).
 SMALL_H_V_EARLY = True
-# Launch the one-warpgroup kernel (decode_gluon_small_h2.py: 2 programs per SM, needs a split
-# plan to fill them, e.g. num_splits=2 at B=128 q1) instead of this one; off until measured.
-SMALL_H_ONE_WARPGROUP = False
 
 
 @gluon.jit
@@ -264,22 +265,26 @@ def sparse_mla_decode_gluon_small_h(
     split_blocks: int,
     num_stages: int,
     v_early: bool = SMALL_H_V_EARLY,
+    num_warps: int = SMALL_H_NUM_WARPS,
 ) -> None:
     """Launches the small-H Gluon decode on validated CUDA tensors (contract of
     ``sparse_mla_decode_gluon``; ``block_h`` 16 or 32, >= H). A cache view that is not
     16-byte aligned (cp.async) takes the plain kernels with the same plan (which read such a
     view with the heads-on-M kernel, see ``sparse_mla_decode_triton``).
-    ``v_early``: Vᵀ of the next block is loaded while the current P·V runs. No allocation,
-    no host sync."""
+    ``num_warps``: 8 for this kernel, 4 for the one-warpgroup kernel of
+    ``decode_gluon_small_h2.py`` (the plan's choice for H <= 16). ``v_early`` (8 warps): Vᵀ
+    of the next block is loaded while the current P·V runs. No allocation, no host sync."""
     H = query.shape[2]
     if block_h < H or block_h not in (16, 32):
         raise ValueError(f"the small-H Gluon kernel needs block_h 16 or 32 and H <= block_h, got H={H}, "
                          f"block_h={block_h}")
-    if SMALL_H_ONE_WARPGROUP:
+    if num_warps not in (4, SMALL_H_NUM_WARPS):
+        raise ValueError(f"num_warps must be 4 or {SMALL_H_NUM_WARPS} for the small-H Gluon kernel, got {num_warps}")
+    if num_warps == 4:
         from mate.ops.sparse_mla.decode_gluon_small_h2 import sparse_mla_decode_gluon_small_h_wg
 
         sparse_mla_decode_gluon_small_h_wg(query, kv_rows, block_tables, seq_lens, out, lse, partial_o, partial_lse,
-                                           bmm1_scale, bmm2_scale, block_h, num_splits, split_blocks)
+                                           bmm1_scale, bmm2_scale, block_h, num_splits, split_blocks, num_stages)
         return
     launch_decode(sparse_mla_decode_small_h_kernel, (), query, kv_rows, block_tables, seq_lens, out, lse, partial_o,
                   partial_lse, bmm1_scale, bmm2_scale, num_splits, split_blocks, (block_h, 8, 6, 64, True),
@@ -287,26 +292,27 @@ def sparse_mla_decode_gluon_small_h(
 
 
 def _self_check() -> None:
-    """Decodes small random problems (16 / 32 / 20 heads, split and unsplit plans, Vᵀ loaded
-    early or after P·V, invalid slots, an empty row) with the small-H Gluon kernel on the
-    current GPU against the reference; raises on a mismatch. Run in a child process by
-    :func:`probe_in_subprocess`."""
+    """Decodes small random problems (16 / 32 / 20 heads, split and unsplit plans, the 8-warp
+    kernel with Vᵀ loaded early or after P·V and the one-warpgroup kernel, invalid slots, an
+    empty row) with the small-H Gluon kernels on the current GPU against the reference; raises
+    on a mismatch. Run in a child process by :func:`probe_in_subprocess`."""
     from mate.ops.sparse_mla.metadata import plan_decode
 
     scale = 576**-0.5
-    for B, q_len, H, top_k, splits, early in ((3, 2, 16, 2112, None, False), (2, 1, 32, 2048, 1, False),
-                                              (2, 1, 20, 2048, 3, False), (3, 1, 16, 2048, 1, True),
-                                              (2, 2, 32, 2048, 3, True)):
+    for B, q_len, H, top_k, splits, early, warps in ((3, 2, 16, 2112, None, False, 8), (2, 1, 32, 2048, 1, False, 8),
+                                                     (2, 1, 20, 2048, 3, False, 8), (3, 1, 16, 2048, 1, True, 8),
+                                                     (2, 2, 32, 2048, 3, True, 8), (3, 2, 16, 2112, None, True, None),
+                                                     (2, 1, 12, 2048, 1, True, None)):
         q, kv, idx, sl = self_check_problem(B, q_len, H, top_k)
-        md = plan_decode(B, q_len, H, top_k, "cuda", gluon=True, transposed=True, num_splits=splits)
-        assert md.gluon and md.transposed
+        md = plan_decode(B, q_len, H, top_k, "cuda", gluon=True, transposed=True, num_splits=splits, num_warps=warps)
+        assert md.gluon and md.transposed and md.num_warps == (warps or 4)
         out = torch.full((B, q_len, H, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
         lse = torch.full((B * q_len * H,), float("nan"), device="cuda")
         sparse_mla_decode_gluon_small_h(q.cuda(), kv.cuda().view(-1, 576), idx.cuda(), sl.cuda(), out, lse,
                                         md.partial_o, md.partial_lse, scale, 1.25, md.block_h, md.num_splits,
-                                        md.split_blocks, md.num_stages, v_early=early)
+                                        md.split_blocks, md.num_stages, v_early=early, num_warps=md.num_warps)
         torch.cuda.synchronize()
-        assert_matches_reference(out, lse, q, kv, idx, sl, scale, 1.25, f" (H={H}, early {early})")
+        assert_matches_reference(out, lse, q, kv, idx, sl, scale, 1.25, f" (H={H}, {md.num_warps} warps, early {early})")
 
 
 def probe_in_subprocess(timeout_s: float = 240.0) -> str | None:

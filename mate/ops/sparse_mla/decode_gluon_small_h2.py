@@ -6,7 +6,7 @@ warpgroup (4 warps, all ``BLOCK_H`` heads on the wgmma N side) with its own ring
 ``STAGES`` gathered tiles, so that two programs share an SM (<= 255 registers, <= 113 KB of
 shared memory each) and twice as many independent chains run per SM; the plan's split
 (``num_splits`` = 2 at B=128 q1) provides the programs, the combine kernel of ``decode.py``
-merges them.
+merges them. Plans select it for H <= 16 (``num_warps=4``; at 32 heads it spills).
 
 Per 64-row block: Sᵀ [64, BLOCK_H] = K·Qᵀ (QGMMA, K-major operands in shared memory), the
 online softmax over the rows, and Oᵀ [512, BLOCK_H] += Vᵀ·Pᵀ in two halves of 256 value rows

@@ -17,7 +17,7 @@ import torch
 from mate._core import checks
 
 __all__ = ["DecodeMetadata", "plan_decode", "BLOCK_N", "HEAD_DIM_V", "HEAD_DIM_ROPE", "GLUON_STAGES",
-           "GLUON_SMALL_H_STAGES"]
+           "GLUON_SMALL_H_STAGES", "GLUON_WG_STAGES"]
 
 BLOCK_N = 64  # sparse_mla_top_k is a multiple of it; the 64-head kernel's rows per step
 HEAD_DIM_V = 512  # kv_lora_rank: the value part of each 576-value row
@@ -33,6 +33,12 @@ GLUON_STAGES = 3
 # tiles of 36 KB + Q + two P tiles = 193 KB at 16 heads, 207 KB at 32 (H200 compile: 173 /
 # 209 registers, no spills).
 GLUON_SMALL_H_STAGES = 5
+# Ring of the one-warpgroup small-H Gluon kernel (decode_gluon_small_h2.py, the Hopper default
+# for H <= 16): 2 gathered tiles + Q + two P tiles = 85 KB, 255 registers at 4 warps, so 2
+# programs share an SM and the plan splits to fill both (H200, top-k 2048, interleaved:
+# B=128 q1 H=16 2 splits 62.0 us against 67.3 for the 8-warp kernel; B=64 q1 4 splits 39.9
+# against 43.2; B=64 q2 2 splits 58.4 against 67.3). At 32 heads it spills (91.4 against 80.6).
+GLUON_WG_STAGES = 2
 
 # SM count assumed when planning for a device that is not a GPU (the interpreter): small,
 # so that CPU tests exercise the split + combine path with a handful of programs.
@@ -87,7 +93,10 @@ class DecodeMetadata:
         With ``transposed=True`` (``block_h`` 16 or 32), ``gluon=True`` selects the small-H
         Gluon kernel instead (``decode_gluon_small_h.py``: Sᵀ = K·Qᵀ, rows on M, Vᵀ from
         registers; ``num_stages`` 2-5, default ``GLUON_SMALL_H_STAGES``), the Hopper default
-        for H <= 32 (split plans included).
+        for 17 <= H <= 32 (split plans included); with ``num_warps`` 4, the default for
+        ``block_h`` 16, its one-warpgroup variant (``decode_gluon_small_h2.py``: 2 programs per
+        SM, ``num_stages`` 2 or 3, default ``GLUON_WG_STAGES``), the Hopper default for H <= 16:
+        the split count fills 2 programs per SM.
     partial_o : torch.Tensor
         [B * q_len, num_splits, H, 512] partial outputs, each normalised by its own softmax
         sum, so a convex combination of e4m3 values (|o| <= 448): fp16 by default (half the
@@ -209,7 +218,8 @@ def plan_decode(
     runs the small-H Gluon kernel, split or not (B=128 q1 H=16: 67.9 us against 87.1 for
     the 64-head kernel on padded heads and 102.4 for the plain transposed kernel; H=32:
     79.2 against 87.9; B=64 q1 H=16, 2 splits: 43.2 against 57.8; B=64 q2 H=16: 65.8
-    against 85.4)."""
+    against 85.4); H <= 16 its one-warpgroup variant with 2 programs per SM (see
+    ``GLUON_WG_STAGES``)."""
     explicit_launch = block_n is not None or num_warps is not None or max_regs is not None
     if (gluon is None and block_h is None and transposed is None and prefetch_idx is None
             and num_stages is None and not explicit_launch and num_heads <= 32 and _is_hopper(device)):
@@ -241,13 +251,14 @@ def plan_decode(
     if gluon:
         gluon = _check_gluon(device, block_h, block_n, num_warps, max_regs, prefetch_idx, num_stages,
                              small_h_gluon)
-    if gluon:  # fixed launch configuration (H200 compile), one program per SM
-        block_n, num_warps, max_regs, prefetch_idx = 64, 8, 0, False
+    if gluon:  # fixed launch configuration (H200 compile)
+        num_warps = _gluon_warps(block_h, small_h_gluon, num_warps)
+        block_n, max_regs, prefetch_idx = 64, 0, False
         if num_stages is None:
-            num_stages = GLUON_SMALL_H_STAGES if transposed else GLUON_STAGES
+            num_stages = (GLUON_WG_STAGES if num_warps == 4 else GLUON_SMALL_H_STAGES) if transposed else GLUON_STAGES
     default_n, default_warps, default_stages, default_regs, per_sm = _launch_config(block_h, transposed)
     if gluon:
-        per_sm = 1
+        per_sm = 2 if num_warps == 4 else 1  # the one-warpgroup kernel: 2 programs per SM
     elif block_n is None and num_warps is None and max_regs is None:
         block_n, num_warps, max_regs = default_n, default_warps, default_regs
     else:
@@ -320,9 +331,23 @@ def plan_decode(
     )
 
 
-def _is_hopper(device: torch.device | str) -> bool:
+def _cuda_capability(device: torch.device | str) -> tuple[int, int] | None:
+    """Compute capability of a CUDA device; None for another device."""
     device = torch.device(device)
-    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
+    return torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+
+
+def _is_hopper(device: torch.device | str) -> bool:
+    cap = _cuda_capability(device)
+    return cap is not None and cap[0] == 9
+
+
+def _gluon_warps(block_h: int, small_h: bool, num_warps: int | None) -> int:
+    """Warps of a Gluon plan: 4 (the one-warpgroup small-H kernel) by default for ``block_h``
+    16, else 8."""
+    if num_warps is not None:
+        return int(num_warps)
+    return 4 if small_h and block_h == 16 else 8
 
 
 def _check_gluon(device: torch.device, block_h: int, block_n: int | None, num_warps: int | None,
@@ -332,15 +357,27 @@ def _check_gluon(device: torch.device, block_h: int, block_n: int | None, num_wa
     small-H Gluon kernel (``transposed=True``, ``block_h`` 16 or 32)."""
     if not small_h:
         checks.check_value("block_h", block_h == 64, "64 with gluon=True (H > 32 or block_h=64)", block_h)
-    for name, given, want in (("block_n", block_n, 64), ("num_warps", num_warps, 8), ("max_regs", max_regs, 0)):
+    for name, given, want in (("block_n", block_n, 64), ("max_regs", max_regs, 0)):
         checks.check_value(name, given is None or int(given) == want, f"{want} (or unset) with gluon=True", given)
+    if small_h:
+        checks.check_choice("num_warps", 8 if num_warps is None else int(num_warps), (4, 8))
+    else:
+        checks.check_value("num_warps", num_warps is None or int(num_warps) == 8, "8 (or unset) with gluon=True",
+                           num_warps)
     checks.check_value("prefetch_idx", not prefetch_idx, "False with gluon=True (the Gluon kernel has its own ring)",
                        prefetch_idx)
     if num_stages is not None:
-        checks.check_choice("num_stages", int(num_stages), (2, 3, 4, 5) if small_h else (2, GLUON_STAGES))
-    if device.type != "cuda":
+        if not small_h:
+            stages = (2, GLUON_STAGES)
+        elif _gluon_warps(block_h, small_h, num_warps) == 4:
+            stages = (2, 3)
+        else:
+            stages = (2, 3, 4, 5)
+        checks.check_choice("num_stages", int(num_stages), stages)
+    cap = _cuda_capability(device)
+    if cap is None:
         return False
-    major, minor = torch.cuda.get_device_capability(device)
+    major, minor = cap
     if major != 9:
         raise NotImplementedError(
             f"gluon=True needs a Hopper GPU (compute capability 9.x), got compute capability {major}.{minor}"
