@@ -14,8 +14,8 @@ the schedule DeepGEMM uses, which plain Triton cannot express on sm_90:
   * b_scale on the CUDA cores. While one warpgroup scales, the other's wgmma runs. (Issuing
   the next K block's wgmma before scaling the previous product, with two products in
   registers, spilled and made ptxas serialize the wgmmas in the sm_90 compile: not kept.)
-* the epilogue stores the warpgroup's fp32 tile as bf16/fp16 with row/column masks while the
-  producer already loads the next tile.
+* the epilogue stores the warpgroup's fp32 tile as bf16/fp16 with row/column masks, through
+  shared memory in 16-byte row pieces, while the producer already loads the next tile.
 
 Selected with ``config["GLUON"] = True`` in ``groupwise_gemm_triton`` (Hopper GPUs only; the
 interpreter and other GPUs run the plain-Triton kernel). Checked against the reference by
@@ -102,6 +102,25 @@ def _operands(a_bufs, b_bufs, s, HALF: gl.constexpr, SUB_M: gl.constexpr, SUB_N:
 
 
 @gluon.jit
+def _store_tile(c_ptr, idx_ptr, acc, m0, n0, M, N, expert, stride_cm, LAYOUT: gl.constexpr, SUB_M: gl.constexpr,
+                SUB_N: gl.constexpr):
+    """Stores a warpgroup's [SUB_M, SUB_N] fp32 tile as c's dtype (CONTIGUOUS: only the rows of
+    ``expert``). The tile goes through shared memory into 16-byte row pieces, so each store
+    writes whole 32-byte sectors (from the wgmma layout, 4-byte pieces: twice the L2 write
+    sectors, measured 6% slower on the grouped benchmark)."""
+    OUT_L: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
+    out = gl.convert_layout(acc.to(c_ptr.dtype.element_ty), OUT_L)
+    offs_m = m0 + gl.arange(0, SUB_M, layout=gl.SliceLayout(1, OUT_L))
+    offs_n = n0 + gl.arange(0, SUB_N, layout=gl.SliceLayout(0, OUT_L))
+    if LAYOUT == 1:
+        row_ok = gl.load(idx_ptr + offs_m, mask=offs_m < M, other=-1) == expert
+    else:
+        row_ok = offs_m < M
+    c_ptrs = c_ptr + offs_m.to(gl.int64)[:, None] * stride_cm + offs_n[None, :]
+    gl.store(c_ptrs, out, mask=row_ok[:, None] & (offs_n < N)[None, :])
+
+
+@gluon.jit
 def _consumer(a_bufs, b_bufs, ready, empty, as_ptr, bs_ptr, c_ptr, idx_ptr, M, N, K, G,
               stride_asm, stride_ask, stride_bsg, stride_bsn, stride_bsk, stride_cm,
               HALF: gl.constexpr, LAYOUT: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
@@ -113,7 +132,6 @@ def _consumer(a_bufs, b_bufs, ready, empty, as_ptr, bs_ptr, c_ptr, idx_ptr, M, N
     MMA_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                     instr_shape=[16, SUB_N, 32])
     ROW_L: gl.constexpr = gl.SliceLayout(1, MMA_L)
-    COL_L: gl.constexpr = gl.SliceLayout(0, MMA_L)
     IDX_L: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     num_pid_m = gl.cdiv(M, BLOCK_M)
     num_pid_n = gl.cdiv(N, BLOCK_N)
@@ -126,12 +144,7 @@ def _consumer(a_bufs, b_bufs, ready, empty, as_ptr, bs_ptr, c_ptr, idx_ptr, M, N
         expert = _tile_expert(idx_ptr, pid_m, M, G, LAYOUT, BLOCK_M, IDX_L)
         if expert >= 0:
             offs_m = pid_m * BLOCK_M + OFF_M + gl.arange(0, SUB_M, layout=ROW_L)
-            offs_n = pid_n * BLOCK_N + OFF_N + gl.arange(0, SUB_N, layout=COL_L)
             in_a = offs_m < M
-            if LAYOUT == 1:
-                row_ok = gl.load(idx_ptr + offs_m, mask=in_a, other=-1) == expert
-            else:
-                row_ok = in_a
             nblk = (pid_n * BLOCK_N + OFF_N) // 128
             as_ptrs = as_ptr + offs_m.to(gl.int64) * stride_asm
             bs_base = bs_ptr + expert.to(gl.int64) * stride_bsg + nblk * stride_bsn
@@ -148,9 +161,8 @@ def _consumer(a_bufs, b_bufs, ready, empty, as_ptr, bs_ptr, c_ptr, idx_ptr, M, N
                 mbarrier.arrive(empty.index(s), count=1)
                 acc += prod * (sa * sb)[:, None]
                 it += 1
-            c_ptrs = c_ptr + offs_m.to(gl.int64)[:, None] * stride_cm + offs_n[None, :]
-            mask = row_ok[:, None] & (offs_n < N)[None, :]
-            gl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+            _store_tile(c_ptr, idx_ptr, acc, pid_m * BLOCK_M + OFF_M, pid_n * BLOCK_N + OFF_N, M, N, expert,
+                        stride_cm, LAYOUT, SUB_M, SUB_N)
 
 
 @gluon.jit

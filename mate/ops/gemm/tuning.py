@@ -157,16 +157,23 @@ def grouped_config(m: int, n: int, k: int) -> dict:
 
     Measured on the H200 (4 experts x 8192 rows, N=4096, K=7168): the persistent
     warp-specialized Gluon kernel (``groupwise_gluon.py``; Hopper only, elsewhere the
-    option is ignored) with 128x128 tiles and 6 stages: 1919 us (1002 TFLOP/s; 5 stages
-    959, GROUP_M 16 990, 128x64 699); the Triton kernel with 128x128 tiles, 8 warps, 4
-    stages: 2059-2202 us (874-935 TFLOP/s). The Gluon kernel is used from
-    ``GLUON_GROUPED_MIN_TILES`` tiles (the measured class: many waves of a persistent
-    grid); on plain GEMMs with a few waves it was slower than the Triton kernel (M=4096,
-    N=2112, K=7168: 180 us against 161).
+    option is ignored) with 128x128 tiles and 5 stages, timed interleaved with DeepGEMM
+    (1490 us, 1292 TFLOP/s): 2002 us (961 TFLOP/s; 6 stages 949). Its epilogue stores whole
+    32-byte sectors; storing from the wgmma layout (4-byte pieces) ran 2152 us (894). Tried
+    and not kept (2026-11-29, same shape): activation/weight scales loaded one or two K
+    blocks ahead (909 / 893 against 936 without), 256x128 tiles with two 64-row waves per
+    warpgroup (883-903 against 925; 4096^2 x 7168 874 against 925), the next K block's wgmma
+    issued before the scaling (unrolled by two: ptxas serializes the wgmmas and spills), the
+    next tile's m_indices loaded a tile ahead (886 against 894). DeepGEMM uses 128x192 tiles
+    with 2-CTA TMA multicast, which Gluon in Triton 3.6 cannot express. The Triton kernel
+    with 128x128 tiles, 8 warps, 4 stages: 2059-2202 us (874-935 TFLOP/s). The Gluon kernel
+    is used from ``GLUON_GROUPED_MIN_TILES`` tiles (the measured class: many waves of a
+    persistent grid); on plain GEMMs with a few waves it was slower than the Triton kernel
+    (M=4096, N=2112, K=7168: 180 us against 161).
     """
     triton_cfg = {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 4, "GROUP_M": 8}
     if -(-m // 128) * -(-n // 128) >= GLUON_GROUPED_MIN_TILES:
-        return {**triton_cfg, "GLUON": True, "num_stages": 6}
+        return {**triton_cfg, "GLUON": True, "num_stages": 5}
     return triton_cfg
 
 
