@@ -1,7 +1,8 @@
 """MSA sparse decode, transposed: keys on the wgmma M side, the query heads of a KV head on N.
 
 One program handles one query token, one KV head and one split of the token's de-duplicated
-block list (written by ``_msa_union_kernel`` with one-token tiles). Per selected 128-key
+block list (written by ``_msa_union_kernel`` with one-token tiles, or with ``fused_union`` by
+the program itself). Per selected 128-key
 block it computes Sᵀ = K·Qᵀ ([128 keys, GP heads]) straight from the TMA-loaded K tile in
 shared memory: Hopper wgmma with the keys on M, so no M rows are padding (the heads-on-M
 kernel pads 16 heads to a 16-row ``mma.sync`` tile, and for fp8 widens K and V to fp16 per
@@ -22,10 +23,11 @@ from mate._core.triton_helpers import INTERPRET, dot_operand, to_out_dtype
 from mate.ops.msa.softmax_helpers import finish_softmax, split_entries, visible_limit
 
 __all__ = ["DECODE_VARIANT", "msa_decode_t_kernel", "decode_t_heads", "t_config", "t_constexprs",
-           "t_programs_per_sm"]
+           "t_programs_per_sm", "token_block_list"]
 
 DECODE_VARIANT = {"kernel": "transposed", "keys": 64, "stages": 3, "maxnreg": None, "lsum": False,
-                  "fp8_keys": 64, "fp8_stages": 3, "fp8_maxnreg": None, "fp8_lsum": False}
+                  "fp8_keys": 64, "fp8_stages": 3, "fp8_maxnreg": None, "fp8_lsum": False,
+                  "fused_union": False}
 """Decode kernel of ``sparse_attention`` (module defaults; the benchmark times the others).
 
 ``kernel``: "heads" (``_msa_sparse_fwd_kernel`` with one-token 16-row tiles) or "transposed"
@@ -37,6 +39,10 @@ reduced once after the loop, so the loop has no cross-warp sum (sm_90, fp8 64-ke
 M3 tile: 421 -> 396 SASS instructions and 10 -> 7 barriers per tile; 151 registers uncapped
 (3 programs per SM), 128 with ``maxnreg`` 128 and no spills (392 instructions, 4 per SM); a
 cap of 112 spills). Not yet timed on the H200.
+``fused_union``: the transposed kernel builds its token's block list itself
+(:func:`token_block_list`) instead of reading the one the ``_msa_union_kernel`` launch wrote
+before it (same entries in the same order, so the same results; one launch fewer on the
+critical path). Not yet timed on the H200.
 
 Defaults from the H200 (2026-11-29, B=128, 64K context, M3 geometry, 16 + 1 blocks, CUDA-graph
 replay): transposed, 64-key tiles, 3 stages, no split: bf16 147 us (3.88 TB/s of selected K/V)
@@ -101,6 +107,73 @@ def t_programs_per_sm(is_fp8: bool) -> int:
 
 
 @triton.jit
+def token_block_list(
+    t, kvh, split, ubase,
+    idx_ptr, stride_it, stride_ih, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, B, n_iter,
+    page_table_ptr, stride_pt, n_cols, kv_indices_ptr, kv_page_indptr_ptr, n_indices, num_pages, W,
+    u_page_ptr, u_blk_ptr,
+    BLOCK_W: tl.constexpr, NUM_SPLITS: tl.constexpr, CAUSAL: tl.constexpr, USE_PAGE_TABLE: tl.constexpr,
+    HAS_QO_OFFSET: tl.constexpr,
+):
+    """``_msa_union_kernel`` for one token and KV head, inside the decode program: maps the
+    token's block ids through its request's pages, drops -1, out-of-range and causally
+    invisible ids, de-duplicates the (page, block) pairs (first occurrence kept, in list
+    order) and writes this split's share of the kept entries to the union slots ``ubase + e``.
+    Returns (position, KV length, kept count); an invalid token gets (-1, 0, 0)."""
+    tvalid = t < tl.load(qo_indptr_ptr + B)
+    # the request of the token: the largest i < B with qo_indptr[i] <= t; tried first as
+    # i = t (one query per request), else a binary search
+    g = tl.minimum(t, B - 1)
+    q_start = tl.load(qo_indptr_ptr + g)
+    q_end = tl.load(qo_indptr_ptr + g + 1)
+    req = g
+    if (q_start > t) | ((q_end <= t) & (g < B - 1)):
+        lo = g * 0
+        hi = lo + B
+        for _ in range(n_iter):
+            mid = (lo + hi) // 2
+            go = tl.load(qo_indptr_ptr + mid) <= t
+            lo = tl.where(go, mid, lo)
+            hi = tl.where(go, hi, mid)
+        req = lo
+        q_start = tl.load(qo_indptr_ptr + req)
+        q_end = tl.load(qo_indptr_ptr + req + 1)
+    kv_len = tl.load(kv_lens_ptr + req)
+    if HAS_QO_OFFSET:
+        q_off = tl.load(qo_offset_ptr + req)
+    else:
+        q_off = kv_len - (q_end - q_start)
+    pos = tl.where(tvalid, q_off + (t - q_start), -1)
+    kv_len = tl.where(tvalid, kv_len, 0)
+    w = tl.arange(0, BLOCK_W)
+    ids = tl.load(idx_ptr + t.to(tl.int64) * stride_it + kvh * stride_ih + w, mask=tvalid & (w < W), other=-1)
+    # the page loads do not wait for the KV length: their masks only keep them in bounds
+    valid = ids >= 0
+    if USE_PAGE_TABLE:
+        valid = valid & (ids < n_cols)
+        page = tl.load(page_table_ptr + req.to(tl.int64) * stride_pt + ids, mask=valid, other=0)
+    else:
+        pstart = tl.load(kv_page_indptr_ptr + req)
+        pend = tl.load(kv_page_indptr_ptr + req + 1)
+        valid = valid & (pstart + ids < pend) & (pstart + ids < n_indices) & (pstart >= 0)
+        page = tl.load(kv_indices_ptr + pstart + ids, mask=valid, other=0)
+    valid = valid & (ids < (kv_len + 127) // 128) & (page >= 0) & (page < num_pages)
+    if CAUSAL:
+        valid = valid & (ids * 128 <= pos)
+    same = (page[:, None] == page[None, :]) & (ids[:, None] == ids[None, :]) & valid[None, :]
+    dup = tl.max((same & (w[None, :] < w[:, None])).to(tl.int32), axis=1)
+    first = valid & (dup == 0)
+    slot = tl.cumsum(first.to(tl.int32), axis=0) - 1
+    cnt = tl.sum(first.to(tl.int32), axis=0)
+    e0, e1 = split_entries(cnt, split, NUM_SPLITS)
+    mine = first & (slot >= e0) & (slot < e1)
+    tl.store(u_page_ptr + ubase + slot, page, mask=mine)
+    tl.store(u_blk_ptr + ubase + slot, ids, mask=mine)
+    tl.debug_barrier()  # the loop's threads read entries other threads wrote
+    return pos, kv_len, cnt
+
+
+@triton.jit
 def msa_decode_t_kernel(
     q_ptr, stride_qt, stride_qh,
     k_desc, v_desc,
@@ -109,9 +182,12 @@ def msa_decode_t_kernel(
     o_ptr, stride_ot, stride_oh, lse_ptr, stride_lt,
     op_ptr, lp_ptr,
     total_q, HQ, RATIO, qk_scale, v_scale,
+    idx_ptr, stride_it, stride_ih, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, B, n_iter,
+    page_table_ptr, stride_pt, n_cols, kv_indices_ptr, kv_page_indptr_ptr, n_indices, num_pages, W,
     GP: tl.constexpr, C: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
     CAUSAL: tl.constexpr, IS_FP8: tl.constexpr, HEAD_MAJOR: tl.constexpr, FLAT: tl.constexpr = True,
-    KEYS: tl.constexpr = 128, LSUM: tl.constexpr = False,
+    KEYS: tl.constexpr = 128, LSUM: tl.constexpr = False, FUSED: tl.constexpr = False,
+    BLOCK_W: tl.constexpr = 16, USE_PAGE_TABLE: tl.constexpr = True, HAS_QO_OFFSET: tl.constexpr = False,
 ):
     t = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -122,15 +198,21 @@ def msa_decode_t_kernel(
     hvalid = hl < RATIO
     offs_d = tl.arange(0, HEAD_DIM)
     offs_n = tl.arange(0, KEYS)
+    ubase = (t.to(tl.int64) * n_kvh + kvh) * C
+    if FUSED:
+        pos, kv_len, cnt = token_block_list(
+            t, kvh, split, ubase, idx_ptr, stride_it, stride_ih, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, B,
+            n_iter, page_table_ptr, stride_pt, n_cols, kv_indices_ptr, kv_page_indptr_ptr, n_indices, num_pages,
+            W, u_page_ptr, u_blk_ptr, BLOCK_W, NUM_SPLITS, CAUSAL, USE_PAGE_TABLE, HAS_QO_OFFSET)
     # Qᵀ [D, GP], d contiguous per head column (K-major B operand, as fp8 wgmma requires)
     qt = tl.load(q_ptr + t.to(tl.int64) * stride_qt + h[None, :] * stride_qh + offs_d[:, None],
                  mask=hvalid[None, :], other=0.0)
     qt = dot_operand(qt)
-    pos = tl.load(tok_pos_ptr + t)
-    kv_len = tl.load(tok_kvlen_ptr + t)
+    if not FUSED:
+        pos = tl.load(tok_pos_ptr + t)
+        kv_len = tl.load(tok_kvlen_ptr + t)
+        cnt = tl.load(u_cnt_ptr + t * n_kvh + kvh)
     limit = visible_limit(pos, kv_len, CAUSAL)
-    ubase = (t.to(tl.int64) * n_kvh + kvh) * C
-    cnt = tl.load(u_cnt_ptr + t * n_kvh + kvh)
     e0, e1 = split_entries(cnt, split, NUM_SPLITS)
     m_i = tl.full([GP], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([GP], dtype=tl.float32)
