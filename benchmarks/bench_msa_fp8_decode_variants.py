@@ -5,39 +5,61 @@
 
 Shape: B = 128, q_len 1, 64K context, 64 query / 4 KV heads, d 128, NHD paged cache (page =
 block = 128), 17 selected blocks per token and KV head (16 random + the own block), 285 MB of
-selected K/V (fp8). All cases and a 1 GiB device copy are timed interleaved (CUDA-graph
-replays, ``time_interleaved``); ``%copy`` is the selected-bytes rate over that copy's rate
-(read + write). Full-op cases are checked against an fp32 torch reference over all tokens
-with the GPU tests' tolerances (``TOL``: out 3e-2 abs + rel for fp8, 2e-2 bf16; lse 1e-4).
-Diagnostic rows (``kernel only``): the decode kernel alone on the pre-kernel's output, the
-pre-kernel alone, and the decode kernel with empty block lists (launch + prologue + epilogue).
+selected K/V (fp8). The cases are timed interleaved (CUDA-graph replays, ``time_interleaved``);
+``%copy`` is the selected-bytes rate over the copy rate of ``measure_ceilings`` (1 GiB
+``copy_``, read + write, timed alone before the cases; a copy inside the interleaved graphs
+read low). Full-op cases are checked against an fp32 torch reference over all tokens with the
+GPU tests' tolerances (``TOL``: out 3e-2 abs + rel for fp8, 2e-2 bf16; lse 1e-4) and show the
+decode kernel's registers / spills / shared memory of the GPU compile. ``union`` cases launch
+``_msa_union_kernel`` before the decode kernel; ``fused`` ones (``fused_union``) build the
+block list in the decode kernel. Diagnostic rows (``kernel only``): the decode kernel alone on
+the pre-kernel's output, the pre-kernel alone, and the decode kernel with empty block lists
+(launch + prologue + epilogue).
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 
 from mate.ops.msa import sparse_attention as sa
 from mate.ops.msa import sparse_decode as sd
-from mate.testing.bench import time_interleaved
+from mate.testing.bench import time_fn, time_interleaved
 
 HQ, HKV, D, BLK, SEL = 64, 4, 128, 128, 17
 TOL = {torch.bfloat16: 2e-2, torch.float8_e4m3fn: 3e-2}
 
 FP8_CASES = {
-    "default": {},
-    "lsum cap128 (4/SM)": {"fp8_lsum": True, "fp8_maxnreg": 128},
-    "lsum uncapped (3/SM)": {"fp8_lsum": True},
-    "cap96 (5/SM)": {"fp8_maxnreg": 96},
+    "union (default)": {"fused_union": False},
+    "fused": {"fused_union": True},
+    "fused cap128 (4/SM)": {"fused_union": True, "fp8_maxnreg": 128},
+    "fused lsum cap128 (4/SM)": {"fused_union": True, "fp8_lsum": True, "fp8_maxnreg": 128},
 }
-BF16_CASES = {"default": {}, "lsum": {"lsum": True}}
+BF16_CASES = {"union (default)": {"fused_union": False}, "fused": {"fused_union": True}}
 
 
 class _NoLaunch:
     def __getitem__(self, grid):
         return lambda *a, **kw: None
+
+
+class _Recorder:
+    """Launches the decode kernel and keeps the compiled kernel of the last launch."""
+
+    def __init__(self, kernel):
+        self.kernel, self.last = kernel, None
+
+    def __getitem__(self, grid):
+        def launch(*a, **kw):
+            self.last = self.kernel[grid](*a, **kw)
+        return launch
+
+
+def copy_gbps() -> float:
+    """``measure_ceilings``' copy: 1 GiB ``copy_`` timed alone with events (read + write)."""
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda").random_(0, 255)
+    dst = torch.empty_like(src)
+    t = time_fn(lambda: dst.copy_(src), iters=20, use_graph=False)
+    return 2 * (1 << 30) / (t * 1e-6) / 1e9
 
 
 def problem(B: int, ctx: int, dtype: torch.dtype) -> dict:
@@ -70,7 +92,7 @@ def reference(pb: dict) -> tuple[torch.Tensor, torch.Tensor]:
     return o, torch.logsumexp(s, -1).reshape(B, HQ)
 
 
-def run_dtype(dtype: torch.dtype, cases: dict, B: int = 128, ctx: int = 65536) -> None:
+def run_dtype(dtype: torch.dtype, cases: dict, copy_rate: float, B: int = 128, ctx: int = 65536) -> None:
     pb = problem(B, ctx, dtype)
     ref_o, ref_l = reference(pb)
     out = torch.empty(B, HQ, D, device="cuda", dtype=torch.bfloat16)
@@ -83,7 +105,7 @@ def run_dtype(dtype: torch.dtype, cases: dict, B: int = 128, ctx: int = 65536) -
     base = dict(sd.DECODE_VARIANT)
     fp8 = dtype == torch.float8_e4m3fn
 
-    def launch(over: dict, ws: torch.Tensor, skip_union: bool = False, skip_decode: bool = False):
+    def launch(over: dict, ws: torch.Tensor, skip_union: bool = False, skip_decode: bool = False, rec=None):
         def fn():
             sd.DECODE_VARIANT.update(over)
             union, decode = sa._msa_union_kernel, sd.msa_decode_t_kernel
@@ -91,6 +113,8 @@ def run_dtype(dtype: torch.dtype, cases: dict, B: int = 128, ctx: int = 65536) -
                 sa._msa_union_kernel = _NoLaunch()
             if skip_decode:
                 sd.msa_decode_t_kernel = _NoLaunch()
+            elif rec is not None:
+                sd.msa_decode_t_kernel = rec
             try:
                 sa.sparse_attention_triton(
                     pb["q"], pb["k"], pb["v"], pb["kv_block_indexes"], pb["qo_indptr"], pb["kv_lens"], None,
@@ -104,11 +128,12 @@ def run_dtype(dtype: torch.dtype, cases: dict, B: int = 128, ctx: int = 65536) -
 
     fns, notes = {}, {}
     for name, over in cases.items():
+        rec = _Recorder(sd.msa_decode_t_kernel)
         fn = launch(over, iws)
         try:
             out.fill_(float("nan"))
             lse.fill_(float("nan"))
-            fn()
+            launch(over, iws, rec=rec)()
             torch.cuda.synchronize()
             tol = TOL[dtype]
             err = (out.float() - ref_o).abs()
@@ -117,7 +142,10 @@ def run_dtype(dtype: torch.dtype, cases: dict, B: int = 128, ctx: int = 65536) -
             ok = ok and bool((lerr <= 1e-4 + 1e-4 * ref_l.abs()).all())
             sd.DECODE_VARIANT.update(over)
             splits = sa.resolve_num_splits(-1, B, HQ, HKV, SEL, True, out.device, fp8)
-            info = f"splits {splits}, {sd.t_programs_per_sm(fp8)}/SM"
+            info = f"splits {splits}, {sd.t_programs_per_sm(fp8)}/SM (model)"
+            kern = rec.last
+            if kern is not None:
+                info += f", {kern.n_regs} regs {kern.n_spills} spills {kern.metadata.shared // 1024} KB"
             sd.DECODE_VARIANT.clear()
             sd.DECODE_VARIANT.update(base)
             notes[name] = f"err {err.max().item():.1e} lse {lerr.max().item():.1e} {'ok' if ok else 'FAIL'} / {info}"
@@ -125,44 +153,38 @@ def run_dtype(dtype: torch.dtype, cases: dict, B: int = 128, ctx: int = 65536) -
         except Exception as exc:
             notes[name] = f"failed: {type(exc).__name__}: {exc}"[:200]
         print(f"  checked {name}: {notes[name]}", flush=True)
-    # diagnostics: the pre-kernel's output stays in iws (default variant ran last into it)
-    launch({}, iws)()
-    launch({}, iws_empty)()
+    # diagnostics: the pre-kernel's output stays in iws (the union path ran last into it)
+    union_path = {"fused_union": False}
+    launch(union_path, iws)()
+    launch(union_path, iws_empty)()
     torch.cuda.synchronize()
     n_u = B * HKV * sa.SparseTiling(HQ // HKV, SEL, True).capacity
     iws_empty[3 * n_u:3 * n_u + B * HKV].zero_()  # u_cnt: no entries
-    diag = {"kernel only: decode (default)": launch({}, iws, skip_union=True),
-            "kernel only: union pre-kernel": launch({}, iws, skip_decode=True),
-            "kernel only: decode, empty lists": launch({}, iws_empty, skip_union=True)}
-    if "lsum cap128 (4/SM)" in cases:
-        diag["kernel only: decode (lsum cap128)"] = launch(cases["lsum cap128 (4/SM)"], iws, skip_union=True)
-    fns.update(diag)
-    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda").random_(0, 255)
-    dst = torch.empty_like(src)
-    fns["copy 1 GiB"] = lambda: dst.copy_(src)
+    fns.update({"kernel only: decode (union path)": launch(union_path, iws, skip_union=True),
+                "kernel only: union pre-kernel": launch(union_path, iws, skip_decode=True),
+                "kernel only: decode, empty lists": launch(union_path, iws_empty, skip_union=True)})
     times = time_interleaved(fns, rounds=5, iters=50)
-    copy = times.pop("copy 1 GiB")
-    copy_gbps = 2 * src.numel() / (copy * 1e-6) / 1e9 if isinstance(copy, float) else math.nan
     tag = "fp8" if fp8 else "bf16"
     print(f"--- {tag}: B={B} ctx={ctx} Hq={HQ} Hkv={HKV} {SEL} blocks, {nbytes / 1e6:.1f} MB selected K/V; "
-          f"copy {copy_gbps:.0f} GB/s; 90% bar {nbytes / (0.9 * copy_gbps * 1e3):.1f} us")
+          f"copy {copy_rate:.0f} GB/s; 90% bar {nbytes / (0.9 * copy_rate * 1e3):.1f} us")
     print(f"{'case':36s} {'us':>8s} {'GB/s':>8s} {'%copy':>6s}  check / splits, programs per SM")
     for name in fns:
-        if name == "copy 1 GiB":
-            continue
         t = times.get(name)
         if isinstance(t, float):
             gbps = nbytes / (t * 1e-6) / 1e9
-            print(f"{name:36s} {t:8.1f} {gbps:8.0f} {100 * gbps / copy_gbps:6.1f}  {notes.get(name, '')}")
+            print(f"{name:36s} {t:8.1f} {gbps:8.0f} {100 * gbps / copy_rate:6.1f}  {notes.get(name, '')}")
         else:
             print(f"{name:36s} {'-':>8s} {'-':>8s} {'-':>6s}  {notes.get(name)} {t if t else ''}")
 
 
 def main() -> None:
     print(torch.cuda.get_device_name(), flush=True)
-    run_dtype(torch.float8_e4m3fn, FP8_CASES)
-    torch.cuda.empty_cache()
-    run_dtype(torch.bfloat16, BF16_CASES)
+    for dtype, cases in ((torch.float8_e4m3fn, FP8_CASES), (torch.bfloat16, BF16_CASES)):
+        rate = copy_gbps()
+        torch.cuda.empty_cache()
+        print(f"copy (measure_ceilings' 1 GiB copy_, alone): {rate:.0f} GB/s", flush=True)
+        run_dtype(dtype, cases, rate)
+        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

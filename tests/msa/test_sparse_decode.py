@@ -182,19 +182,17 @@ def test_transposed_decode_gpu_m3(transposed, dtype, layout, splits):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn])
-@pytest.mark.parametrize("layout", ["NHD", "HND"])
-@pytest.mark.parametrize("splits", [-1, 3])
+@pytest.mark.parametrize("dtype,layout,splits", [(torch.bfloat16, "NHD", -1), (torch.float8_e4m3fn, "NHD", -1),
+                                                 (torch.float8_e4m3fn, "HND", 3), (torch.bfloat16, "HND", 2)])
 def test_fused_union_decode_gpu_m3(transposed, monkeypatch, dtype, layout, splits):
     """``fused_union`` at M3 geometry: one query per request (the common case) then requests of
-    several queries and padding rows (the binary search), against the reference."""
+    several queries and padding rows (the binary search), against the reference and the union path."""
     monkeypatch.setitem(sd.DECODE_VARIANT, "fused_union", False)
     g = torch.Generator().manual_seed(torch.seed() % 2**31)
     kv_lens = [1 + int(torch.randint(0, 6000, (1,), generator=g)) for _ in range(7)]
     scale = (0.05, 2.0, 0.25) if dtype == torch.float8_e4m3fn else (None, 1.0, 1.0)
     for q_lens, pad in (([1] * 7, 0), ([1, 3, 0, 2, 1, 1, 4], 5)):
-        pb = make_problem(q_lens, kv_lens, hq=64, hkv=4, width=17, dtype=dtype, device="cuda", layout=layout,
-                          qo_offset=[kl - ql for ql, kl in zip(q_lens, kv_lens)] if pad else None)
+        pb = make_problem(q_lens, kv_lens, hq=64, hkv=4, width=17, dtype=dtype, device="cuda", layout=layout)
         n = sum(q_lens)
         (ou, lu), (of, lf) = _run_both("cuda", pb, splits, total_rows=n + pad, sm_scale=scale[0],
                                        k_scale=scale[1], v_scale=scale[2])
@@ -203,3 +201,5 @@ def test_fused_union_decode_gpu_m3(transposed, monkeypatch, dtype, layout, split
         _check(of[:n].cpu(), lf[:n].cpu(), ro, rl, dtype)
         _check(ou[:n].cpu(), lu[:n].cpu(), ro, rl, dtype)
         assert (of[n:].float() == 0).all() and torch.isinf(lf[n:]).all()
+        # same entries in the same order: equal up to the compiler's scheduling of the same loop
+        assert_close(of.float(), ou.float(), atol=1e-2, rtol=1e-2, name="fused vs union")

@@ -42,7 +42,10 @@ cap of 112 spills). Not yet timed on the H200.
 ``fused_union``: the transposed kernel builds its token's block list itself
 (:func:`token_block_list`) instead of reading the one the ``_msa_union_kernel`` launch wrote
 before it (same entries in the same order, so the same results; one launch fewer on the
-critical path). Not yet timed on the H200.
+critical path). sm_90 compile of the M3 tile (17 ids padded to 32, page table): fp8 64-key
+3-stage 128 registers (4 programs per SM as before), no spills, 421 -> 444 instructions per
+tile (ptxas branches around the reductions' shared stores; 399 with ``lsum`` and cap 128);
+bf16 80 registers, 308 -> 339. Not yet timed on the H200.
 
 Defaults from the H200 (2026-11-29, B=128, 64K context, M3 geometry, 16 + 1 blocks, CUDA-graph
 replay): transposed, 64-key tiles, 3 stages, no split: bf16 147 us (3.88 TB/s of selected K/V)
@@ -107,6 +110,30 @@ def t_programs_per_sm(is_fp8: bool) -> int:
 
 
 @triton.jit
+def _request_blocks(req, ids, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, page_table_ptr, stride_pt, n_cols,
+                    kv_indices_ptr, kv_page_indptr_ptr, n_indices, USE_PAGE_TABLE: tl.constexpr,
+                    HAS_QO_OFFSET: tl.constexpr):
+    """(first query row, query offset, KV length, pages of ``ids``, ids in the page list) of
+    request ``req``; the page loads' masks only keep them in bounds."""
+    q_start = tl.load(qo_indptr_ptr + req)
+    kv_len = tl.load(kv_lens_ptr + req)
+    if HAS_QO_OFFSET:
+        q_off = tl.load(qo_offset_ptr + req)
+    else:
+        q_off = kv_len - (tl.load(qo_indptr_ptr + req + 1) - q_start)
+    ok = ids >= 0
+    if USE_PAGE_TABLE:
+        ok = ok & (ids < n_cols)
+        page = tl.load(page_table_ptr + req.to(tl.int64) * stride_pt + ids, mask=ok, other=0)
+    else:
+        pstart = tl.load(kv_page_indptr_ptr + req)
+        pend = tl.load(kv_page_indptr_ptr + req + 1)
+        ok = ok & (pstart + ids < pend) & (pstart + ids < n_indices) & (pstart >= 0)
+        page = tl.load(kv_indices_ptr + pstart + ids, mask=ok, other=0)
+    return q_start, q_off, kv_len, page, ok
+
+
+@triton.jit
 def token_block_list(
     t, kvh, split, ubase,
     idx_ptr, stride_it, stride_ih, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, B, n_iter,
@@ -121,13 +148,15 @@ def token_block_list(
     order) and writes this split's share of the kept entries to the union slots ``ubase + e``.
     Returns (position, KV length, kept count); an invalid token gets (-1, 0, 0)."""
     tvalid = t < tl.load(qo_indptr_ptr + B)
-    # the request of the token: the largest i < B with qo_indptr[i] <= t; tried first as
-    # i = t (one query per request), else a binary search
+    w = tl.arange(0, BLOCK_W)
+    ids = tl.load(idx_ptr + t.to(tl.int64) * stride_it + kvh * stride_ih + w, mask=tvalid & (w < W), other=-1)
+    # the request of the token: the largest i < B with qo_indptr[i] <= t. Its data is loaded
+    # for i = t (one query per request) while that guess is checked, else after a binary search.
     g = tl.minimum(t, B - 1)
-    q_start = tl.load(qo_indptr_ptr + g)
-    q_end = tl.load(qo_indptr_ptr + g + 1)
-    req = g
-    if (q_start > t) | ((q_end <= t) & (g < B - 1)):
+    q_start, q_off, kv_len, page, valid = _request_blocks(
+        g, ids, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, page_table_ptr, stride_pt, n_cols, kv_indices_ptr,
+        kv_page_indptr_ptr, n_indices, USE_PAGE_TABLE, HAS_QO_OFFSET)
+    if (q_start > t) | ((tl.load(qo_indptr_ptr + g + 1) <= t) & (g < B - 1)):
         lo = g * 0
         hi = lo + B
         for _ in range(n_iter):
@@ -135,28 +164,11 @@ def token_block_list(
             go = tl.load(qo_indptr_ptr + mid) <= t
             lo = tl.where(go, mid, lo)
             hi = tl.where(go, hi, mid)
-        req = lo
-        q_start = tl.load(qo_indptr_ptr + req)
-        q_end = tl.load(qo_indptr_ptr + req + 1)
-    kv_len = tl.load(kv_lens_ptr + req)
-    if HAS_QO_OFFSET:
-        q_off = tl.load(qo_offset_ptr + req)
-    else:
-        q_off = kv_len - (q_end - q_start)
+        q_start, q_off, kv_len, page, valid = _request_blocks(
+            lo, ids, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, page_table_ptr, stride_pt, n_cols,
+            kv_indices_ptr, kv_page_indptr_ptr, n_indices, USE_PAGE_TABLE, HAS_QO_OFFSET)
     pos = tl.where(tvalid, q_off + (t - q_start), -1)
     kv_len = tl.where(tvalid, kv_len, 0)
-    w = tl.arange(0, BLOCK_W)
-    ids = tl.load(idx_ptr + t.to(tl.int64) * stride_it + kvh * stride_ih + w, mask=tvalid & (w < W), other=-1)
-    # the page loads do not wait for the KV length: their masks only keep them in bounds
-    valid = ids >= 0
-    if USE_PAGE_TABLE:
-        valid = valid & (ids < n_cols)
-        page = tl.load(page_table_ptr + req.to(tl.int64) * stride_pt + ids, mask=valid, other=0)
-    else:
-        pstart = tl.load(kv_page_indptr_ptr + req)
-        pend = tl.load(kv_page_indptr_ptr + req + 1)
-        valid = valid & (pstart + ids < pend) & (pstart + ids < n_indices) & (pstart >= 0)
-        page = tl.load(kv_indices_ptr + pstart + ids, mask=valid, other=0)
     valid = valid & (ids < (kv_len + 127) // 128) & (page >= 0) & (page < num_pages)
     if CAUSAL:
         valid = valid & (ids * 128 <= pos)
