@@ -18,13 +18,14 @@ Selection then runs in two steps per row:
    are -1. Rows with ``n <= W`` take every valid block (the identity fast path; a block
    of rows where all are short skips step 1 entirely).
 
-``lanes`` (:func:`_topk_lanes_kernel`, the default for rows of up to 256 tiles and W <=
-32) cuts the per-row work of one-warp programs: a lower bound from the W-th largest of the
+``lanes`` (the default for rows of up to 256 tiles and W <= 32; :func:`_topk_lanes_kernel`,
+"classic", and :func:`_topk_lanes_fast_kernel`, "fast", the default :data:`LANES_KERNEL`)
+cuts the per-row work of one-warp programs: a lower bound from the W-th largest of the
 32 lanes' maxima leaves ~22 survivors of 256 (a few more with the default ``lanes_slack``
 = 2, which stops that bound search early), which are compacted into one key per lane, so the exact bisection, the
 ties and the output slots run on 32 keys (ballots) instead of 256; forced blocks take the
 first and last output slots directly. sm_90 SASS at 256 tiles: ~460 instructions per row
-on the common path against ~590 for ``interval``; 55 registers. Simulated on randn rows of
+on the common path (~365 for the fast kernel) against ~590 for ``interval``; 55 registers. Simulated on randn rows of
 256 (top-16 + 1 end block): the lane-max bisection takes ~4.6 steps at slack 2 (6.8 at
 slack 0), ~25 blocks survive, 3.2% of rows exceed 32 survivors (the full-row fallback; 0.5%
 at slack 0), the exact bisection on the survivors ~5.1 steps.
@@ -42,12 +43,16 @@ row prefetched) were slower (128.9-276.7 us). ``lanes`` with P consecutive rows 
 program, the next row (or two) loaded while one is selected (32768 x 4 x 256, copy 4,178
 GB/s, all exact): P = 4 / 8 / 16 / 32 92.3 / 92.2 / 96.8 / 103.5 us, 16 / 32 two ahead 105.2
 / 117.7, against one row 87.1 (36.9% of copy) and interval 113.4 (28.3%); causal 96.0 / 95.4
-/ 100.5 / 112.4, 109.4 / 123.5 against 93.1 and 121.3. Floors (loads, no selection): 81.5 us
+/ 100.5 / 112.4, 109.4 / 123.5 against 93.1 and 121.3 (all with the classic selection).
+Floors (loads, no selection): 81.5 us
 on the (token, head) grid (39.4%), 81.9 one row per looping program, 40.9 at P = 4 (78.6%),
 39.4 / 39.9 / 40.3 at 16 / 32 / 32 two ahead, 37.2 / 37.4 with 4 / 8 warps of a row each
 (86.3%). Scores in the L2 (4096 tokens): interval 20.0 us, lanes 16.7, P = 4 / 8 19.9 / 21.3,
 floors 15.0 (grid) / 15.6 (one row) / 10.4 (P = 4). More rows per program lift the memory
-floor from ~39% to ~80% of copy, but the selection (~500 instructions per row) is the bound.
+floor from ~39% to ~80% of copy, but the classic selection (~460 instructions per row) is
+the bound. The fast kernel (~365) sits on the one-row floor (82.9 us against 81.3, below);
+:func:`_topk_lanes_rows_kernel` runs it on P rows per program (:data:`LANES_ROWS`), whose
+issue bound is ~46 us (131,072 rows x 365 instructions, 4 per clock per SM).
 """
 
 from __future__ import annotations
@@ -593,6 +598,69 @@ def _ballot_ge_f(s, t, VOTE: tl.constexpr):
         return tl.sum((s >= t).to(tl.uint32) << lane, axis=1)[:, None] + tl.zeros([s.shape[0], 32], tl.uint32)
 
 
+@triton.jit
+def _lanes_fast_load(s_row, n_load, R: tl.constexpr, FULL: tl.constexpr):
+    """A row's scores as [R, 32] (block ``32 j + l`` in lane ``l``, register ``j``), blocks
+    ``>= n_load`` as -inf; a full row (``FULL`` and ``n_load >= 32 R``) without masks, from
+    one address with immediate offsets."""
+    jj = tl.arange(0, R)[:, None]
+    ll = tl.arange(0, 32)[None, :]
+    if FULL:
+        if n_load >= R * 32:
+            s = tl.load((s_row + ll) + jj * 32)
+        else:
+            s = tl.load((s_row + ll) + jj * 32, mask=jj * 32 + ll < n_load, other=float("-inf"))
+    else:
+        s = tl.load((s_row + ll) + jj * 32, mask=jj * 32 + ll < n_load, other=float("-inf"))
+    return s
+
+
+@triton.jit
+def _lanes_fast_row(s, n1, s_row, o_row, fb, fe, W, G1: tl.constexpr, SLACK: tl.constexpr, VOTE: tl.constexpr):
+    """The selection of :func:`_topk_lanes_fast_kernel` on one row with ``n1 > W`` valid
+    blocks whose scores ``s`` ([R, 32]) come from :func:`_lanes_fast_load` (``n_load = n1``)."""
+    R: tl.constexpr = s.shape[0]
+    jj = tl.arange(0, R)[:, None]
+    ll = tl.arange(0, 32)[None, :]
+    idx = jj * 32 + ll
+    lane = tl.arange(0, 32)
+    C = W - fb - fe
+    m = _lane_keys(tl.reduce(s, 0, _max_nan))  # each lane's largest key; NaN's if it has one
+    m_hi = tl.max(m, axis=0)
+    if m_hi <= 0xFF800000:  # no NaN (+inf's key)
+        tau0, _c0 = _lane_bisect(m, tl.min(m, axis=0), tl.full([], 32, tl.int32), m_hi, W, SLACK)
+        ball = _ballot_ge_f(s, _float_of_key(tau0), VOTE)  # [R, 32]
+        # lane L's survivor (the L-th in block order) lies in the last register starting at or before L
+        S = tl.zeros_like(lane)
+        b = tl.zeros_like(lane).to(tl.uint32)
+        base = tl.zeros_like(lane)
+        jstar = tl.zeros_like(lane)
+        for j in tl.static_range(R):
+            bj = tl.sum(tl.where(jj == j, ball, 0), axis=0)
+            at = lane >= S
+            b = tl.where(at, bj, b)
+            base = tl.where(at, S, base)
+            jstar = tl.where(at, j, jstar)
+            S += _popc(bj)
+        S1 = tl.max(S, axis=0)
+        if S1 <= 32:
+            src = jstar * 32 + _nth_lane(b, lane - base)
+            cand = (lane < S) & (src >= fb) & (src < n1 - fe)
+            kl = tl.where(cand, _lane_keys(tl.load(s_row + src, mask=cand, other=0.0)), 0)
+            _lanes_finish(kl, cand, src, tau0, C, fb, fe, n1, W, o_row)
+        else:
+            _lanes_full_row(_lane_keys(s), idx, n1, fb, fe, W, C, o_row, G1)
+    else:
+        _lanes_full_row(_lane_keys(s), idx, n1, fb, fe, W, C, o_row, G1)
+
+
+@triton.jit
+def _lanes_identity(o_row, n1, W, W_P2: tl.constexpr):
+    """The output of a row with ``n1 <= W`` valid blocks: 0 .. n1-1, then -1."""
+    wc = tl.arange(0, W_P2)
+    tl.store(o_row + wc, tl.where(wc < n1, wc, -1), mask=wc < W)
+
+
 @triton.jit(do_not_specialize=["num_tiles", "num_valid_pages", "H", "fb", "fe", "W"])
 def _topk_lanes_fast_kernel(
     s_ptr, out_ptr, qpos_ptr,
@@ -605,7 +673,8 @@ def _topk_lanes_fast_kernel(
     are the blocks ``>=`` the fp32 value of ``tau0``, -0.0 comparing like +0.0), a row with
     a NaN takes the full-row fallback (its lane max key is NaN's), a full row (``FULL``:
     ``num_tiles == 32 R``, and ``n == num_tiles``) is loaded without masks, the survivors'
-    registers come from one pass over the ballots, and query positions are a constexpr."""
+    registers come from one pass over the ballots, and query positions are a constexpr.
+    The selection is :func:`_lanes_fast_row` (shared with :func:`_topk_lanes_rows_kernel`)."""
     tok = tl.program_id(0)
     n1 = num_valid_pages
     if HAS_QPOS:
@@ -614,50 +683,59 @@ def _topk_lanes_fast_kernel(
     row = tok.to(tl.int64) * H + tl.program_id(1)
     s_row = s_ptr + row * num_tiles
     o_row = out_ptr + row * W
-    jj = tl.arange(0, R)[:, None]
-    ll = tl.arange(0, 32)[None, :]
-    idx = jj * 32 + ll
-    lane = tl.arange(0, 32)
     if n1 > W:
-        if FULL:
-            if n1 >= R * 32:
-                s = tl.load((s_row + ll) + jj * 32)  # one address, immediate offsets
-            else:
-                s = tl.load((s_row + ll) + jj * 32, mask=idx < n1, other=float("-inf"))
-        else:
-            s = tl.load((s_row + ll) + jj * 32, mask=idx < n1, other=float("-inf"))
-        C = W - fb - fe
-        m = _lane_keys(tl.reduce(s, 0, _max_nan))  # each lane's largest key; NaN's if it has one
-        m_hi = tl.max(m, axis=0)
-        if m_hi <= 0xFF800000:  # no NaN (+inf's key)
-            tau0, _c0 = _lane_bisect(m, tl.min(m, axis=0), tl.full([], 32, tl.int32), m_hi, W, SLACK)
-            ball = _ballot_ge_f(s, _float_of_key(tau0), VOTE)  # [R, 32]
-            # lane L's survivor (the L-th in block order) lies in the last register starting at or before L
-            S = tl.zeros_like(lane)
-            b = tl.zeros_like(lane).to(tl.uint32)
-            base = tl.zeros_like(lane)
-            jstar = tl.zeros_like(lane)
-            for j in tl.static_range(R):
-                bj = tl.sum(tl.where(jj == j, ball, 0), axis=0)
-                at = lane >= S
-                b = tl.where(at, bj, b)
-                base = tl.where(at, S, base)
-                jstar = tl.where(at, j, jstar)
-                S += _popc(bj)
-            S1 = tl.max(S, axis=0)
-            if S1 <= 32:
-                src = jstar * 32 + _nth_lane(b, lane - base)
-                cand = (lane < S) & (src >= fb) & (src < n1 - fe)
-                kl = tl.where(cand, _lane_keys(tl.load(s_row + src, mask=cand, other=0.0)), 0)
-                _lanes_finish(kl, cand, src, tau0, C, fb, fe, n1, W, o_row)
-            else:
-                _lanes_full_row(_lane_keys(s), idx, n1, fb, fe, W, C, o_row, G1)
-        else:
-            _lanes_full_row(_lane_keys(s), idx, n1, fb, fe, W, C, o_row, G1)
+        _lanes_fast_row(_lanes_fast_load(s_row, n1, R, FULL), n1, s_row, o_row, fb, fe, W, G1, SLACK, VOTE)
     else:
-        # identity rows: 0 .. n-1, then -1
-        wc = tl.arange(0, W_P2)
-        tl.store(o_row + wc, tl.where(wc < n1, wc, -1), mask=wc < W)
+        _lanes_identity(o_row, n1, W, W_P2)
+
+
+@triton.jit
+def _lanes_pos_count(pos, num_valid_pages, HAS_QPOS: tl.constexpr):
+    """Valid blocks of a row whose token's query position is ``pos``."""
+    if HAS_QPOS:
+        return tl.where(pos < 0, 0, tl.minimum(pos // 128 + 1, num_valid_pages)).to(tl.int32)
+    else:
+        return num_valid_pages
+
+
+@triton.jit(do_not_specialize=["n_rows", "num_tiles", "num_valid_pages", "H", "fb", "fe", "W"])
+def _topk_lanes_rows_kernel(
+    s_ptr, out_ptr, qpos_ptr,
+    n_rows, num_tiles, num_valid_pages, H, fb, fe, W,
+    R: tl.constexpr, W_P2: tl.constexpr, G1: tl.constexpr, SLACK: tl.constexpr, VOTE: tl.constexpr,
+    HAS_QPOS: tl.constexpr, FULL: tl.constexpr, P: tl.constexpr,
+):
+    """:func:`_topk_lanes_fast_kernel` on P consecutive rows (row-major (token, head))
+    per one-warp program: the next row's scores are loaded into registers before the
+    current row's selection (:func:`_lanes_fast_row`), so their memory latency overlaps
+    the selection, and the query position of the row after it one row earlier still."""
+    r0 = tl.program_id(0).to(tl.int64) * P
+    s = tl.full([R, 32], float("-inf"), tl.float32)
+    n1 = 0
+    tok = r0 // H
+    hd = r0 - tok * H
+    pos = 0
+    if HAS_QPOS:
+        pos = tl.load(qpos_ptr + tok, mask=r0 < n_rows, other=0)
+    for i in range(P + 1):
+        # row r0 + i is loaded (one load site, whose address the compiler cannot prove 16-byte
+        # aligned: one block per lane, the selection's layout), then row r0 + i - 1 selected
+        nxt = r0 + i
+        n1_next = tl.where(nxt < n_rows, _lanes_pos_count(pos, num_valid_pages, HAS_QPOS), 0)
+        s_next = _lanes_fast_load(s_ptr + nxt * num_tiles, tl.where((i < P) & (n1_next > W), n1_next, 0), R, FULL)
+        if HAS_QPOS:
+            hd += 1
+            tok = tl.where(hd == H, tok + 1, tok)
+            hd = tl.where(hd == H, 0, hd)
+            pos = tl.load(qpos_ptr + tok, mask=(nxt + 1 < n_rows) & (i + 1 < P), other=0)
+        row = nxt - 1
+        if i > 0:
+            if n1 > W:
+                _lanes_fast_row(s, n1, s_ptr + row * num_tiles, out_ptr + row * W, fb, fe, W, G1, SLACK, VOTE)
+            elif row < n_rows:
+                _lanes_identity(out_ptr + row * W, n1, W, W_P2)
+        s = s_next
+        n1 = n1_next
 
 
 TOPK_METHODS = ("bitonic", "radix", "interval", "lanes")
@@ -666,7 +744,10 @@ TOPK_METHOD = os.environ.get("MATE_MSA_TOPK_METHOD", ENV_VARS["MATE_MSA_TOPK_MET
 environment variable ``MATE_MSA_TOPK_METHOD`` (``lanes`` / ``interval`` / ``radix`` /
 ``bitonic``) overrides it. H200, top-16 + 1 forced end block, 4 heads
 (benchmarks/bench_msa_topk_variants.py; CUDA-graph replays, variants interleaved):
-32768 x 256 tiles (copy 4,040 GB/s) lanes slack 2 86.7 us (38.3% of copy), lanes slack 0
+32768 x 256 tiles (copy ~4,190 GB/s, 2026-12) lanes fast slack 2 82.9 us (38.7% of copy),
+classic slack 2 86.5 (37.1%), streaming floors 81.3 (39.4%: one row per one-warp program)
+and 40.5 (79.1%: 4 rows per program); causal fast 85.1, classic 92.2; fast exact on 200
+random GPU cases. Earlier (classic kernel; copy 4,040 GB/s): lanes slack 2 86.7 us (38.3% of copy), lanes slack 0
 90.4, slack 2 with lane-sum ballots 89.3, interval 113.2 (29.3%), a streaming floor (the
 same one-warp-per-row grid: loads, one reduction, the W ids written, no selection) 81.4
 (40.8%); with causal query positions lanes slack 2 92.3, interval 121.3. Earlier run
@@ -675,9 +756,19 @@ same one-warp-per-row grid: loads, one reduction, the W ids written, no selectio
 328.8; 1024 x 12287 interval (rows in registers, max_chunk 16384) 525.8, radix
 (tournament) 1,234, torch.topk 673."""
 
-LANES_KERNEL = "classic"
-"""The ``lanes`` method's kernel: ``"classic"`` (:func:`_topk_lanes_kernel`) or ``"fast"``
-(:func:`_topk_lanes_fast_kernel`, the same selection with fewer instructions per row)."""
+LANES_KERNEL = "fast"
+"""The ``lanes`` method's kernel: ``"fast"`` (:func:`_topk_lanes_fast_kernel`, or
+:func:`_topk_lanes_rows_kernel` with :data:`LANES_ROWS` > 1) or ``"classic"``
+(:func:`_topk_lanes_kernel`, the same selection with more instructions per row)."""
+
+LANES_ROWS = 1
+"""Rows per one-warp program of the ``fast`` lanes kernel: 1 (:func:`_topk_lanes_fast_kernel`
+on a (token, head) grid) or P > 1 consecutive rows with the next row prefetched
+(:func:`_topk_lanes_rows_kernel`)."""
+
+LANES_ROWS_MAXNREG = 64
+"""Register cap of :func:`_topk_lanes_rows_kernel` (sm_90: 69 registers uncapped, 64 with
+no spills and the same instructions, so 32 one-warp programs fit an SM instead of 28)."""
 
 LANES_MAX_CHUNK = 256
 """Longest row (tiles, rounded up to a power of two) of the ``lanes`` kernel (one warp;
@@ -739,6 +830,8 @@ def sparse_topk_select_triton(
     lanes_slack: int = 2,
     lanes_vote: bool = True,
     lanes_kernel: str | None = None,
+    lanes_rows: int | None = None,
+    lanes_maxnreg: int | None = None,
 ) -> None:
     """Launches the selection on validated tensors (contiguous fp32 scores, int32 output).
     ``max_chunk`` (a power of two >= 16; default :data:`INTERVAL_MAX_CHUNK` for ``interval``,
@@ -754,11 +847,17 @@ def sparse_topk_select_triton(
     fewer steps), ``lanes_vote=False`` builds its ballots from lane sums instead of
     ``vote.ballot``.
     ``lanes_kernel`` (default :data:`LANES_KERNEL`) picks the ``lanes`` kernel: ``"classic"``
-    (:func:`_topk_lanes_kernel`) or ``"fast"`` (:func:`_topk_lanes_fast_kernel`).
+    (:func:`_topk_lanes_kernel`) or ``"fast"`` (:func:`_topk_lanes_fast_kernel`);
+    ``lanes_rows`` (default :data:`LANES_ROWS`; a power of two) its rows per program (> 1:
+    :func:`_topk_lanes_rows_kernel`, registers capped at ``lanes_maxnreg``, default
+    :data:`LANES_ROWS_MAXNREG`, 0: no cap).
     ``rows_per_program`` and ``num_warps`` override :func:`topk_config` (experiments)."""
     method = TOPK_METHOD if method is None else method
     if lanes_kernel not in (None, "classic", "fast"):
         raise ValueError(f"lanes_kernel must be 'classic' or 'fast', got {lanes_kernel!r}")
+    lanes_rows = LANES_ROWS if lanes_rows is None else lanes_rows
+    if not (isinstance(lanes_rows, int) and 1 <= lanes_rows <= 64 and lanes_rows & (lanes_rows - 1) == 0):
+        raise ValueError(f"lanes_rows must be a power of two in 1..64, got {lanes_rows!r}")
     if method not in TOPK_METHODS:
         raise ValueError(f"method must be one of {TOPK_METHODS}, got {method!r}")
     if max_chunk is None:
@@ -774,6 +873,18 @@ def sparse_topk_select_triton(
         chunk = max(triton.next_power_of_2(max(T, 1)), 32)
         if chunk <= min(LANES_MAX_CHUNK, max_chunk) and W <= 32 and total_q and \
                 (LANES_KERNEL if lanes_kernel is None else lanes_kernel) == "fast":
+            if lanes_rows > 1:
+                maxnreg = LANES_ROWS_MAXNREG if lanes_maxnreg is None else lanes_maxnreg
+                cap = dict(maxnreg=maxnreg) if maxnreg and not INTERPRET else {}
+                _topk_lanes_rows_kernel[(triton.cdiv(n_rows, lanes_rows),)](
+                    max_score, output,
+                    query_positions if query_positions is not None else _dummy_positions(max_score.device),
+                    n_rows, T, num_valid_pages, H, force_begin_blocks, force_end_blocks, W,
+                    R=chunk // 32, W_P2=64, G1=max(16, triton.next_power_of_2(topk)), SLACK=lanes_slack,
+                    VOTE=lanes_vote, HAS_QPOS=query_positions is not None, FULL=chunk == T, P=lanes_rows,
+                    num_warps=1, num_stages=1, **cap,
+                )
+                return
             _topk_lanes_fast_kernel[(total_q, H)](
                 max_score, output,
                 query_positions if query_positions is not None else _dummy_positions(max_score.device),
