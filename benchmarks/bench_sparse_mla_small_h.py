@@ -2,11 +2,12 @@
 
     python benchmarks/bench_sparse_mla_small_h.py [--budget SECONDS] [--no-probe] [--no-wg]
 
-Shapes (top-k 2048, page 64): B=128 q1 H=16, B=128 q1 H=32, B=64 q1 H=16, B=64 q2 H=16.
-Candidates per shape: the current default plan, the small-H Gluon kernel
-(``decode_gluon_small_h.py``) with Vᵀ loaded after P·V (``vlate``) or while it runs
-(``vearly``), and the one-warpgroup kernel (``decode_gluon_small_h2.py``, ``wg``), at several
-ring stages and split counts. Each row: median time (CUDA-graph
+Shapes (top-k 2048, page 64): B=128 q1 H=16, B=64 q1 H=16, B=64 q2 H=16, B=32 q2 H=16,
+B=128 q1 H=32. Candidates per shape: ``default`` (the public op with the default plan:
+H <= 16 the one-warpgroup kernel, ``decode_gluon_small_h2.py``), ``8warp`` (the public op on
+the plan of the 8-warp small-H kernel, ``decode_gluon_small_h.py``: the default before the
+one-warpgroup kernel) and the one-warpgroup kernel's variants (``wg <variant>``, see
+``WG_VARIANTS``) at the split count of the default plan or another. Each row: median time (CUDA-graph
 replays, all candidates of a shape interleaved), GB/s of the gathered rows
 (B * q_len * top-k * 576 bytes), that rate as a fraction of the measured copy bandwidth
 (read + write of 1 GiB), the max abs error of out / lse against ``sparse_mla_decode_reference``
@@ -30,15 +31,15 @@ from mate.testing.bench import measure_ceilings, rotation_count, time_interleave
 TOP_K = 2048
 PAGE = 64
 SCALE = 1 / math.sqrt(576)
-LATE, EARLY, WG = dict(v_early=False), dict(v_early=True), dict(one_warpgroup=True)
 
-# (B, q_len, H) -> candidates (label, launch options, stages, splits; None: the plan's split).
-# ``wg``: the one-warpgroup kernel (decode_gluon_small_h2.py, 2 programs per SM).
+_NEW = ("split", "full_fold", "split_fold")
+# (B, q_len, H) -> one-warpgroup candidates (variant, splits; None: the default plan's split)
 CANDIDATES = {
-    (128, 1, 16): [("vearly", EARLY, 5, 1), ("wg", WG, 2, 2), ("wg", WG, 2, 3)],
-    (128, 1, 32): [("vearly", EARLY, 5, 1), ("wg", WG, 2, 2)],
-    (64, 1, 16): [("vearly", EARLY, 5, None), ("wg", WG, 2, 4), ("wg", WG, 2, 2)],
-    (64, 2, 16): [("vearly", EARLY, 5, None), ("wg", WG, 2, 2)],
+    (128, 1, 16): [(v, None) for v in _NEW],
+    (64, 1, 16): [(v, None) for v in _NEW] + [("full_fold", 2)],
+    (64, 2, 16): [(v, None) for v in _NEW],
+    (32, 2, 16): [(v, None) for v in _NEW],
+    (128, 1, 32): [],  # the one-warpgroup kernel spills at 32 heads (sm_90: 28 spill instructions)
 }
 
 
@@ -60,18 +61,13 @@ def _api_fn(s, kv, md):
                                          lse=s["lse"], bmm1_scale=SCALE, metadata=md)
 
 
-def _direct_fn(s, kv, md, opts):
-    from mate.ops.sparse_mla.decode_gluon_small_h import sparse_mla_decode_gluon_small_h
+def _wg_fn(s, kv, md, variant):
     from mate.ops.sparse_mla.decode_gluon_small_h2 import sparse_mla_decode_gluon_small_h_wg
 
     rows = kv.view(-1, 576)
-    if opts.get("one_warpgroup"):
-        return lambda: sparse_mla_decode_gluon_small_h_wg(s["q"], rows, s["idx"], s["sl"], s["out"], s["lse"],
-                                                          md.partial_o, md.partial_lse, SCALE, 1.0, md.block_h,
-                                                          md.num_splits, md.split_blocks, md.num_stages)
-    return lambda: sparse_mla_decode_gluon_small_h(s["q"], rows, s["idx"], s["sl"], s["out"], s["lse"],
-                                                   md.partial_o, md.partial_lse, SCALE, 1.0, md.block_h,
-                                                   md.num_splits, md.split_blocks, md.num_stages, **opts)
+    return lambda: sparse_mla_decode_gluon_small_h_wg(s["q"], rows, s["idx"], s["sl"], s["out"], s["lse"],
+                                                      md.partial_o, md.partial_lse, SCALE, 1.0, md.block_h,
+                                                      md.num_splits, md.split_blocks, 2, variant=variant)
 
 
 def _within(x: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) -> bool:
@@ -109,15 +105,14 @@ def main() -> int:
         cands = {}  # label -> (list of fns, plan note)
         md = plan_decode(B, q_len, H, TOP_K, "cuda")
         cands["default"] = ([_api_fn(s, kv, md) for s in sets], md)
-        for name, opts, stages, splits in news:
-            if crashed:
+        md8 = plan_decode(B, q_len, H, TOP_K, "cuda", gluon=True, transposed=True, num_warps=8)
+        cands["8warp (old default)"] = ([_api_fn(s, kv, md8) for s in sets], md8)
+        for variant, splits in news:
+            if crashed or args.no_wg:
                 break
-            if args.no_wg and opts is WG:
-                continue
-            mdn = plan_decode(B, q_len, H, TOP_K, "cuda", gluon=True, transposed=True, num_stages=stages,
-                              num_splits=splits)
-            label = f"{name} st{stages} sp{mdn.num_splits}"
-            cands[label] = ([_direct_fn(s, kv, mdn, opts) for s in sets], mdn)
+            mdn = plan_decode(B, q_len, H, TOP_K, "cuda", gluon=True, transposed=True, num_warps=4,
+                              num_splits=md.num_splits if splits is None else splits)
+            cands[f"wg {variant} sp{mdn.num_splits}"] = ([_wg_fn(s, kv, mdn, variant) for s in sets], mdn)
         errs = {}
         for label, (fns, _) in cands.items():
             try:
@@ -133,8 +128,8 @@ def main() -> int:
         times = time_interleaved({k: v[0] for k, v in cands.items() if not isinstance(errs[k], Exception)})
         nbytes = B * q_len * TOP_K * 576
         for label, (_, mdc) in cands.items():
-            plan = (f"block_h={mdc.block_h} splits={mdc.num_splits} stages={mdc.num_stages} gluon={mdc.gluon} "
-                    f"transposed={mdc.transposed}")
+            plan = (f"block_h={mdc.block_h} splits={mdc.num_splits} warps={mdc.num_warps} stages={mdc.num_stages} "
+                    f"gluon={mdc.gluon}")
             e = errs[label]
             t = times.get(label, e)
             if isinstance(t, Exception):

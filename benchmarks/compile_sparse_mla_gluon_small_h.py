@@ -1,12 +1,14 @@
-"""Compiles the small-H Gluon sparse MLA decode kernel for the H200 (sm_90) without a GPU.
+"""Compiles the small-H Gluon sparse MLA decode kernels for the H200 (sm_90) without a GPU.
 
-    python benchmarks/compile_sparse_mla_gluon_small_h.py [--out DIR]
+    python benchmarks/compile_sparse_mla_gluon_small_h.py [--out DIR] [--quick] [--wg-only]
 
-For each specialization (16 / 32 heads, split or not, Vᵀ loaded early or not) it prints
+For each specialization (8-warp kernel: 16 / 32 heads, split or not, Vᵀ loaded early or not;
+one-warpgroup kernel of decode_gluon_small_h2.py: its ring variants at 16 heads) it prints
 registers, stack, local memory, dynamic shared memory and counts of the SASS instructions that
 matter (QGMMA / HGMMA, cp.async LDGSTS, barriers, shuffles, shared loads and stores). Exits
 non-zero when a specialization spills, needs more than the 227 KB of shared memory an SM
-offers, or lacks the wgmma instructions.
+offers (the one-warpgroup kernel: more than the 113 KB that lets 2 programs share an SM), or
+lacks the wgmma instructions.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import sys
 import tempfile
 
 from mate.ops.sparse_mla import decode_gluon_small_h as dg
+from mate.ops.sparse_mla import decode_gluon_small_h2 as dw
 from mate.ops.sparse_mla.metadata import GLUON_SMALL_H_STAGES
 from mate.testing.sass import SMEM_LIMIT
 
@@ -63,15 +66,36 @@ def compile_one(block_h: int, split: bool, stages: int, out_dir: str, v_early: b
     return rep.shared <= SMEM_LIMIT and has_mma and rep.spills == 0
 
 
+def compile_wg(block_h: int, split: bool, out_dir: str, variant: str) -> bool:
+    """The one-warpgroup kernel; fails above ``dw.WG_SMEM_LIMIT`` (2 programs per SM)."""
+    extra = dw.variant_constexprs(variant)
+    stages = 3 if extra["SPLIT_RING"] else 2
+    constexprs = {"SPLIT": split, "HAS_SEQ_LENS": True, "STAGES": stages, "BLOCK_H": block_h,
+                  "BLOCK_N": dw.WG_BLOCK_N, **extra}
+    tag = f"wg{block_h}_split{int(split)}_{variant}"
+    rep = compile_decode(dw.sparse_mla_decode_small_h_wg_kernel, split, constexprs, dw.WG_NUM_WARPS, out_dir, tag,
+                         PATTERN, keep_text=True)
+    print(f"{tag}: {rep.registers} registers, stack {rep.stack} B, local {rep.local} B, {rep.spills} spill "
+          f"instructions, shared {rep.shared} B ({rep.shared / 1024:.1f} KB); main loop: {loop_summary(rep.sass)}")
+    for name, n in sorted(rep.counts.items()):
+        print(f"    {name}: {n}")
+    has_mma = any(k.startswith("QGMMA") for k in rep.counts) and any(k.startswith("HGMMA") for k in rep.counts)
+    return rep.shared <= dw.WG_SMEM_LIMIT and has_mma and rep.spills == 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None, help="where to keep the cubins (default: a temporary folder)")
     ap.add_argument("--quick", action="store_true", help="only the default specializations")
+    ap.add_argument("--wg-only", action="store_true", help="only the one-warpgroup kernel")
     args = ap.parse_args()
     out_dir = args.out or tempfile.mkdtemp(prefix="mate_gluon_small_h_")
     os.makedirs(out_dir, exist_ok=True)
     ok = True
-    for v_early in (True, False):
+    for variant in dw.WG_VARIANTS:
+        for split in (True,) if args.quick else (True, False):
+            ok &= compile_wg(16, split, out_dir, variant)
+    for v_early in () if args.wg_only else (True, False):
         for block_h in (16, 32):
             for split in (False, True):
                 if args.quick and (split or not v_early):
