@@ -5,7 +5,8 @@
 A SPEC is ``dtype:stages:warps[:key=value...]`` with dtype bf16, fp16 or fp8 and keys
 ``keys`` (keys per TMA tile), ``splits``, ``maxnreg``, ``flat`` (0/1: 2D views of contiguous
 caches), ``layout`` (NHD or HND), ``lsum`` (0/1) and ``fused`` (0/1: ``fused_union``, the
-block list built in the kernel from a page table, 17 ids padded to 32); without one it compiles the module defaults
+block list built in the kernel, 17 ids padded to 32), ``pt`` (0/1: page table or
+kv_indices) and ``qoff`` (0/1: qo_offset given); without one it compiles the module defaults
 (:data:`mate.ops.msa.sparse_decode.DECODE_VARIANT`) for bf16 and fp8. Per spec it prints
 registers, local memory, shared memory, the SASS instruction count, the counts of the
 tensor-core / TMA / barrier instructions and ptxas warnings, read with the tools in Triton's
@@ -55,7 +56,8 @@ def compile_one(spec: str, out_dir: str | None) -> None:
     keys = int(kw.get("keys", 128))
     ce = dict(FLAT=flat, KEYS=keys, GP=16, C=32, HEAD_DIM=128, NUM_SPLITS=int(kw.get("splits", 1)), CAUSAL=True,
               IS_FP8=dt == "fp8e4nv", HEAD_MAJOR=layout == "HND", LSUM=bool(int(kw.get("lsum", 0))),
-              FUSED=bool(int(kw.get("fused", 0))), BLOCK_W=32, USE_PAGE_TABLE=True, HAS_QO_OFFSET=False)
+              FUSED=bool(int(kw.get("fused", 0))), BLOCK_W=32, USE_PAGE_TABLE=bool(int(kw.get("pt", 1))),
+              HAS_QO_OFFSET=bool(int(kw.get("qoff", 0))))
     sig = signature(dt, layout, "fp16" if dt == "fp16" else "bf16", flat, keys)
     sig.update({k: "constexpr" for k in ce})
     src = ASTSource(fn=sd.msa_decode_t_kernel, signature=sig, constexprs=ce, attrs=divisibility_attrs(sig, ALIGNED))

@@ -400,7 +400,9 @@ def sparse_attention_triton(
     iws: torch.Tensor | None = None,
     fws: torch.Tensor | None = None,
 ) -> None:
-    """Launches the union pre-kernel, the sparse forward and (split decode) the combine.
+    """Launches the union pre-kernel (not for the transposed decode kernel with
+    ``DECODE_VARIANT["fused_union"]``, which builds its block list itself), the sparse forward
+    and (split decode) the combine.
 
     All tensors validated by the caller; ``out`` [total_q, Hq, D] and ``lse`` [total_q, Hq]
     may be strided views (last dimension contiguous). ``iws`` (int32) and ``fws`` (float32)

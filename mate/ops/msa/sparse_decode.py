@@ -43,9 +43,10 @@ cap of 112 spills). Not yet timed on the H200.
 (:func:`token_block_list`) instead of reading the one the ``_msa_union_kernel`` launch wrote
 before it (same entries in the same order, so the same results; one launch fewer on the
 critical path). sm_90 compile of the M3 tile (17 ids padded to 32, page table): fp8 64-key
-3-stage 128 registers (4 programs per SM as before), no spills, 421 -> 444 instructions per
-tile (ptxas branches around the reductions' shared stores; 399 with ``lsum`` and cap 128);
-bf16 80 registers, 308 -> 339. Not yet timed on the H200.
+3-stage 128 registers (4 programs per SM as before; 154 with ``kv_indices`` and ``qo_offset``),
+no spills, ~270 more instructions once per program, 421 -> 444 per tile (ptxas branches around
+the reductions' shared stores; 399 with ``lsum`` and cap 128); bf16 77 registers, 308 -> 337.
+Not yet timed on the H200.
 
 Defaults from the H200 (2026-11-29, B=128, 64K context, M3 geometry, 16 + 1 blocks, CUDA-graph
 replay): transposed, 64-key tiles, 3 stages, no split: bf16 147 us (3.88 TB/s of selected K/V)
@@ -172,8 +173,9 @@ def token_block_list(
     valid = valid & (ids < (kv_len + 127) // 128) & (page >= 0) & (page < num_pages)
     if CAUSAL:
         valid = valid & (ids * 128 <= pos)
-    same = (page[:, None] == page[None, :]) & (ids[:, None] == ids[None, :]) & valid[None, :]
-    dup = tl.max((same & (w[None, :] < w[:, None])).to(tl.int32), axis=1)
+    # one request: equal ids have equal pages and validity, so (page, block) pairs are equal
+    # where the ids are, and a valid id's earlier copies are valid
+    dup = tl.max(((ids[:, None] == ids[None, :]) & (w[None, :] < w[:, None])).to(tl.int32), axis=1)
     first = valid & (dup == 0)
     slot = tl.cumsum(first.to(tl.int32), axis=0) - 1
     cnt = tl.sum(first.to(tl.int32), axis=0)
