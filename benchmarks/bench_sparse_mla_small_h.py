@@ -1,18 +1,16 @@
-"""Small-H sparse MLA decode on the H200: the default plan against small-H Gluon kernel variants.
+"""Small-H sparse MLA decode on the H200: the default plan against the 8-warp small-H kernel.
 
-    python benchmarks/bench_sparse_mla_small_h.py [--budget SECONDS] [--no-probe] [--no-wg]
+    python benchmarks/bench_sparse_mla_small_h.py [--budget SECONDS] [--no-probe]
 
 Shapes (top-k 2048, page 64): B=128 q1 H=16, B=64 q1 H=16, B=64 q2 H=16, B=32 q2 H=16,
 B=128 q1 H=32. Candidates per shape: ``default`` (the public op with the default plan:
 H <= 16 the one-warpgroup kernel, ``decode_gluon_small_h2.py``), ``8warp`` (the public op on
 the plan of the 8-warp small-H kernel, ``decode_gluon_small_h.py``: the default before the
-one-warpgroup kernel) and the one-warpgroup kernel's variants (``wg <variant>``, see
-``WG_VARIANTS``) at the split count of the default plan or another. Each row: median time (CUDA-graph
-replays, all candidates of a shape interleaved), GB/s of the gathered rows
-(B * q_len * top-k * 576 bytes), that rate as a fraction of the measured copy bandwidth
-(read + write of 1 GiB), the max abs error of out / lse against ``sparse_mla_decode_reference``
-(bf16 out is ~1, lse ~10) and ``ok`` when every element is within the GPU tolerances of the
-tests. Writes nothing.
+one-warpgroup kernel; at H=32 both run it). Each row: median time (CUDA-graph replays, all
+candidates of a shape interleaved), GB/s of the gathered rows (B * q_len * top-k * 576 bytes),
+that rate as a fraction of the measured copy bandwidth (read + write of 1 GiB), the max abs
+error of out / lse against ``sparse_mla_decode_reference`` (bf16 out is ~1, lse ~10) and ``ok``
+when every element is within the GPU tolerances of the tests. Writes nothing.
 """
 
 from __future__ import annotations
@@ -32,15 +30,7 @@ TOP_K = 2048
 PAGE = 64
 SCALE = 1 / math.sqrt(576)
 
-_NEW = ("split", "full_fold", "split_fold")
-# (B, q_len, H) -> one-warpgroup candidates (variant, splits; None: the default plan's split)
-CANDIDATES = {
-    (128, 1, 16): [(v, None) for v in _NEW],
-    (64, 1, 16): [(v, None) for v in _NEW] + [("full_fold", 2)],
-    (64, 2, 16): [(v, None) for v in _NEW],
-    (32, 2, 16): [(v, None) for v in _NEW],
-    (128, 1, 32): [],  # the one-warpgroup kernel spills at 32 heads (sm_90: 28 spill instructions)
-}
+SHAPES = ((128, 1, 16), (64, 1, 16), (64, 2, 16), (32, 2, 16), (128, 1, 32))  # (B, q_len, H)
 
 
 def _inputs(B: int, q_len: int, H: int):
@@ -61,15 +51,6 @@ def _api_fn(s, kv, md):
                                          lse=s["lse"], bmm1_scale=SCALE, metadata=md)
 
 
-def _wg_fn(s, kv, md, variant):
-    from mate.ops.sparse_mla.decode_gluon_small_h2 import sparse_mla_decode_gluon_small_h_wg
-
-    rows = kv.view(-1, 576)
-    return lambda: sparse_mla_decode_gluon_small_h_wg(s["q"], rows, s["idx"], s["sl"], s["out"], s["lse"],
-                                                      md.partial_o, md.partial_lse, SCALE, 1.0, md.block_h,
-                                                      md.num_splits, md.split_blocks, 2, variant=variant)
-
-
 def _within(x: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) -> bool:
     x, ref = x.float(), ref.float()
     return bool(((x - ref).abs() <= atol + rtol * ref.abs()).all())
@@ -79,22 +60,19 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--budget", type=float, default=100.0, help="seconds; later shapes are skipped past it")
     ap.add_argument("--no-probe", action="store_true", help="skip the self-check in a child process")
-    ap.add_argument("--no-wg", action="store_true", help="skip the one-warpgroup kernel")
     args = ap.parse_args()
     t0 = time.time()
     print(torch.cuda.get_device_name(), flush=True)
     from mate.ops.sparse_mla.decode_gluon_small_h import probe_in_subprocess
 
-    crashed = False
     if not args.no_probe:
         reason = probe_in_subprocess(timeout_s=90)
-        crashed = reason is not None and "AssertionError" not in reason
         print(f"small-H Gluon self-check (child process, {time.time() - t0:.0f} s): "
               f"{'passed' if reason is None else reason}", flush=True)
     ceiling = measure_ceilings()["copy_GBps"]
     print(f"copy bandwidth {ceiling:.0f} GB/s (read + write)", flush=True)
     print(f"{'shape':<18} {'candidate':<34} {'us':>7} {'GB/s':>6} {'%copy':>6} {'out err':>8} {'lse err':>8} ok  plan")
-    for (B, q_len, H), news in CANDIDATES.items():
+    for B, q_len, H in SHAPES:
         if time.time() - t0 > args.budget:
             print(f"B={B} q{q_len} H={H}: skipped (budget)", flush=True)
             continue
@@ -107,12 +85,6 @@ def main() -> int:
         cands["default"] = ([_api_fn(s, kv, md) for s in sets], md)
         md8 = plan_decode(B, q_len, H, TOP_K, "cuda", gluon=True, transposed=True, num_warps=8)
         cands["8warp (old default)"] = ([_api_fn(s, kv, md8) for s in sets], md8)
-        for variant, splits in news:
-            if crashed or args.no_wg:
-                break
-            mdn = plan_decode(B, q_len, H, TOP_K, "cuda", gluon=True, transposed=True, num_warps=4,
-                              num_splits=md.num_splits if splits is None else splits)
-            cands[f"wg {variant} sp{mdn.num_splits}"] = ([_wg_fn(s, kv, mdn, variant) for s in sets], mdn)
         errs = {}
         for label, (fns, _) in cands.items():
             try:

@@ -3,7 +3,7 @@
     python benchmarks/compile_sparse_mla_gluon_small_h.py [--out DIR] [--quick] [--wg-only]
 
 For each specialization (8-warp kernel: 16 / 32 heads, split or not, Vᵀ loaded early or not;
-one-warpgroup kernel of decode_gluon_small_h2.py: its ring variants at 16 heads) it prints
+one-warpgroup kernel of decode_gluon_small_h2.py: 16 heads, split or not) it prints
 registers, stack, local memory, dynamic shared memory and counts of the SASS instructions that
 matter (QGMMA / HGMMA, cp.async LDGSTS, barriers, shuffles, shared loads and stores). Exits
 non-zero when a specialization spills, needs more than the 227 KB of shared memory an SM
@@ -21,7 +21,7 @@ import tempfile
 
 from mate.ops.sparse_mla import decode_gluon_small_h as dg
 from mate.ops.sparse_mla import decode_gluon_small_h2 as dw
-from mate.ops.sparse_mla.metadata import GLUON_SMALL_H_STAGES
+from mate.ops.sparse_mla.metadata import GLUON_SMALL_H_STAGES, GLUON_WG_STAGES
 from mate.testing.sass import SMEM_LIMIT
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -73,13 +73,11 @@ def compile_one(block_h: int, split: bool, stages: int, out_dir: str, v_early: b
     return rep.shared <= SMEM_LIMIT and has_mma and rep.spills == 0
 
 
-def compile_wg(block_h: int, split: bool, out_dir: str, variant: str) -> bool:
+def compile_wg(block_h: int, split: bool, out_dir: str) -> bool:
     """The one-warpgroup kernel; fails above ``dw.WG_SMEM_LIMIT`` (2 programs per SM)."""
-    extra = dw.variant_constexprs(variant)
-    stages = 3 if extra["SPLIT_RING"] else 2
-    constexprs = {"SPLIT": split, "HAS_SEQ_LENS": True, "STAGES": stages, "BLOCK_H": block_h,
-                  "BLOCK_N": dw.WG_BLOCK_N, **extra}
-    tag = f"wg{block_h}_split{int(split)}_{variant}"
+    constexprs = {"SPLIT": split, "HAS_SEQ_LENS": True, "STAGES": GLUON_WG_STAGES, "BLOCK_H": block_h,
+                  "BLOCK_N": dw.WG_BLOCK_N}
+    tag = f"wg{block_h}_split{int(split)}_stages{GLUON_WG_STAGES}"
     rep = compile_decode(dw.sparse_mla_decode_small_h_wg_kernel, split, constexprs, dw.WG_NUM_WARPS, out_dir, tag,
                          PATTERN, keep_text=True)
     print(f"{tag}: {rep.registers} registers, stack {rep.stack} B, local {rep.local} B, {rep.spills} spill "
@@ -100,9 +98,8 @@ def main() -> int:
     out_dir = args.out or tempfile.mkdtemp(prefix="mate_gluon_small_h_")
     os.makedirs(out_dir, exist_ok=True)
     ok = True
-    for variant in dw.WG_VARIANTS:
-        for split in (True,) if args.quick else (True, False):
-            ok &= compile_wg(16, split, out_dir, variant)
+    for split in (True,) if args.quick else (True, False):
+        ok &= compile_wg(16, split, out_dir)
     for v_early in () if args.wg_only else (True, False):
         for block_h in (16, 32):
             for split in (False, True):

@@ -154,13 +154,12 @@ def test_gpu_small_h_repeated_decodes_bit_identical(small_h_ok, H):
 
 
 @gpu
-@pytest.mark.parametrize("variant", ["full", "split", "full_fold", "split_fold"])
 @pytest.mark.parametrize("H,B,q_len,splits,stages", [(16, 3, 2, 2, 2), (16, 128, 1, 2, 2), (32, 3, 2, 3, 2),
                                                      (20, 2, 1, 1, 2), (16, 4, 1, 4, 3), (16, 2, 1, 8, 2)])
-def test_gpu_small_h_one_warpgroup_kernel(small_h_ok, H, B, q_len, splits, stages, variant):
-    """The one-warpgroup kernel (``decode_gluon_small_h2.py``) and its variants against the
-    reference: invalid slots, partial seq_lens, an empty batch element (B > 2), split and
-    unsplit plans, splits of 4 blocks (fewer blocks than the split ring's depth)."""
+def test_gpu_small_h_one_warpgroup_kernel(small_h_ok, H, B, q_len, splits, stages):
+    """The one-warpgroup kernel (``decode_gluon_small_h2.py``) against the reference: invalid
+    slots, partial seq_lens, an empty batch element (B > 2), split and unsplit plans, splits of
+    4 blocks."""
     from mate.ops.sparse_mla.decode_gluon_small_h2 import sparse_mla_decode_gluon_small_h_wg
 
     top_k = 2048
@@ -169,17 +168,8 @@ def test_gpu_small_h_one_warpgroup_kernel(small_h_ok, H, B, q_len, splits, stage
     out = poisoned((B, q_len, H, 512), torch.bfloat16, "cuda")
     lse = poisoned((B, q_len, H), torch.float32, "cuda")
     sparse_mla_decode_gluon_small_h_wg(q, kv.view(-1, 576), idx, sl, out, lse, md.partial_o, md.partial_lse, S1, 1.25,
-                                       md.block_h, md.num_splits, md.split_blocks, stages, variant=variant)
+                                       md.block_h, md.num_splits, md.split_blocks, stages)
     _check(out, lse, q, kv, idx, sl, S1, 1.25, gpu=True)
-
-
-def test_small_h_one_warpgroup_variants():
-    from mate.ops.sparse_mla.decode_gluon_small_h2 import WG_VARIANT, WG_VARIANTS, variant_constexprs
-
-    assert WG_VARIANT in WG_VARIANTS
-    assert variant_constexprs("split_fold") == {"SPLIT_RING": True, "FOLD_MAX": True}
-    with pytest.raises(ValueError, match="variant"):
-        variant_constexprs("lean")
 
 
 def test_small_h_one_warpgroup_perm_half_is_the_renaming_of_load_vt_half():

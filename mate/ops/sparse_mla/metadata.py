@@ -35,9 +35,10 @@ GLUON_STAGES = 3
 GLUON_SMALL_H_STAGES = 5
 # Ring of the one-warpgroup small-H Gluon kernel (decode_gluon_small_h2.py, the Hopper default
 # for H <= 16): 2 gathered tiles + Q + two P tiles = 85 KB, 255 registers at 4 warps, so 2
-# programs share an SM and the plan splits to fill both (H200, top-k 2048, interleaved:
-# B=128 q1 H=16 2 splits 62.0 us against 67.3 for the 8-warp kernel; B=64 q1 4 splits 39.9
-# against 43.2; B=64 q2 2 splits 58.4 against 67.3). At 32 heads it spills (91.4 against 80.6).
+# programs share an SM and the plan splits to fill both (H200, top-k 2048, interleaved, copy
+# 4188 GB/s: B=128 q1 H=16 2 splits 61.5 us = 58.6% of copy against 68.8 for the 8-warp
+# kernel; B=64 q1 4 splits 40.4 against 43.2; B=64 q2 2 splits 58.4 against 66.0; B=32 q2
+# 38.9 against 42.7). At 32 heads it spills (91.4 against 80.6).
 GLUON_WG_STAGES = 2
 
 # SM count assumed when planning for a device that is not a GPU (the interpreter): small,
@@ -218,7 +219,8 @@ def plan_decode(
     runs the small-H Gluon kernel, split or not (B=128 q1 H=16: 67.9 us against 87.1 for
     the 64-head kernel on padded heads and 102.4 for the plain transposed kernel; H=32:
     79.2 against 87.9; B=64 q1 H=16, 2 splits: 43.2 against 57.8; B=64 q2 H=16: 65.8
-    against 85.4); H <= 16 its one-warpgroup variant with 2 programs per SM (see
+    against 85.4); H <= 16 its one-warpgroup variant with 2 programs per SM (B=128 q1 H=16:
+    61.5 us = 58.6% of copy against 68.8 for the 8-warp kernel in the same run; see
     ``GLUON_WG_STAGES``)."""
     explicit_launch = block_n is not None or num_warps is not None or max_regs is not None
     if (gluon is None and block_h is None and transposed is None and prefetch_idx is None
