@@ -4,9 +4,7 @@
     python benchmarks/bench_msa_topk_variants.py --bar    # the bar shape: default vs lanes
 
 ``--bar``: 32768 x 4 x 256 (and the same with causal query positions), the classic
-``lanes`` kernel against the ``fast`` one (slack 2; one row per one-warp program, and P = 2 /
-4 / 8 / 16 consecutive rows per one-warp program with the next row prefetched, registers
-capped at 64, and P = 4 uncapped: 69) and two
+``lanes`` kernel against the ``fast`` one (slack 2; one row per one-warp program) and two
 streaming floors (loads without the selection: each row reduced to one key and W ids
 written; the lanes grid, and 4 rows per one-warp program, which streams at ~80% of copy
 against ~40%), timed interleaved (GB/s: the whole score tensor over the time, also for the
@@ -45,12 +43,7 @@ VARIANTS = [  # label, launcher keywords, tile counts it runs at (None: all)
 ]
 BAR_VARIANTS = [  # label, launcher keywords, checked on the random cases
     ("lanes classic slack2", dict(method="lanes", lanes_kernel="classic"), False),
-    ("lanes fast slack2", dict(method="lanes", lanes_kernel="fast", lanes_rows=1), False),
-    ("lanes fast rows2", dict(method="lanes", lanes_kernel="fast", lanes_rows=2), False),
-    ("lanes fast rows4", dict(method="lanes", lanes_kernel="fast", lanes_rows=4), True),
-    ("lanes fast rows4 uncapped", dict(method="lanes", lanes_kernel="fast", lanes_rows=4, lanes_maxnreg=0), False),
-    ("lanes fast rows8", dict(method="lanes", lanes_kernel="fast", lanes_rows=8), True),
-    ("lanes fast rows16", dict(method="lanes", lanes_kernel="fast", lanes_rows=16), False),
+    ("lanes fast slack2", dict(method="lanes", lanes_kernel="fast"), True),
 ]
 
 

@@ -33,36 +33,26 @@ VARIANTS = {  # name: (method, rows per program[, warps])
     "lanes_novote": ("lanes_novote", 1),
     "lanes_fast": ("lanes_fast", 1),
     "lanes_fast_qpos": ("lanes_fast_qpos", 1),
-    "lanes_fast_rows2": ("lanes_fast", 2),
-    "lanes_fast_rows4": ("lanes_fast", 4),
-    "lanes_fast_rows8": ("lanes_fast", 8),
-    "lanes_fast_rows4_qpos": ("lanes_fast_qpos", 4),
 }
 
 
-def compile_fast(name: str, method: str, rows: int, chunk: int, k: int, sass_dir: str | None) -> None:
-    """The fast lanes kernel (rows = 1) or its P-row version, slack 2, full rows."""
+def compile_fast(name: str, method: str, chunk: int, k: int, sass_dir: str | None) -> None:
+    """The fast lanes kernel, slack 2, full rows."""
     sig = {"s_ptr": "*fp32", "out_ptr": "*i32", "qpos_ptr": "*i64", "num_tiles": "i32",
            "num_valid_pages": "i32", "H": "i32", "fb": "i32", "fe": "i32", "W": "i32"}
-    kernel = tk._topk_lanes_fast_kernel
     constexprs = {"R": max(chunk, 32) // 32, "W_P2": 64, "G1": max(16, triton.next_power_of_2(k)), "SLACK": 2,
                   "VOTE": True, "HAS_QPOS": method.endswith("qpos"), "FULL": True}
-    if rows > 1:
-        sig = {"s_ptr": "*fp32", "out_ptr": "*i32", "qpos_ptr": "*i64", "n_rows": "i32", **dict(list(sig.items())[3:])}
-        kernel = tk._topk_lanes_rows_kernel
-        constexprs["P"] = rows
     sig.update({c: "constexpr" for c in constexprs})
-    src = ASTSource(fn=kernel, signature=sig, constexprs=constexprs,
+    src = ASTSource(fn=tk._topk_lanes_fast_kernel, signature=sig, constexprs=constexprs,
                     attrs=divisibility_attrs(sig, ["s_ptr", "out_ptr", "qpos_ptr"]))
-    rep = compile_sm90(src, {"num_warps": 1, "num_stages": 1}, out_dir=sass_dir, tag=f"topk_{name}_{chunk}",
-                       keep_text=True)
-    report(name, chunk, rows, 1, rep)
+    rep = compile_sm90(src, {"num_warps": 1}, out_dir=sass_dir, tag=f"topk_{name}_{chunk}", keep_text=True)
+    report(name, chunk, 1, 1, rep)
 
 
 def compile_one(name: str, chunk: int, k: int, sass_dir: str | None) -> None:
     method, rows, *warps = VARIANTS[name]
     if method.startswith("lanes_fast"):
-        compile_fast(name, method, rows, chunk, k, sass_dir)
+        compile_fast(name, method, chunk, k, sass_dir)
         return
     sig = {"s_ptr": "*fp32", "out_ptr": "*i32", "qpos_ptr": "*i64", "n_rows": "i32", "num_tiles": "i32",
            "num_valid_pages": "i32", "H": "i32", "fb": "i32", "fe": "i32", "counted": "i32", "W": "i32",

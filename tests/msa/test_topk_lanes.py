@@ -1,8 +1,7 @@
 """The ``lanes`` top-k kernels (survivors of a lane-max bound compacted into lanes): the
-``fast`` kernel (the default), its P-rows-per-program version and the ``classic`` one,
-against the sort-based reference: ties, NaN, +-inf, -0.0, forced blocks, short rows, query
-positions, row lengths that are not powers of two, and rows with more than 32 survivors
-(the full-row fallback)."""
+``fast`` kernel (the default) and the ``classic`` one, against the sort-based reference:
+ties, NaN, +-inf, -0.0, forced blocks, short rows, query positions, row lengths that are not
+powers of two, and rows with more than 32 survivors (the full-row fallback)."""
 
 from __future__ import annotations
 
@@ -18,8 +17,8 @@ from mate.testing import assert_equal, poisoned
 
 
 def _check_lanes(s, topk, kw, qpos, **extra):
-    """A ``lanes`` kernel (``extra``: ``lanes_kernel``, ``lanes_rows``, ``lanes_slack``, ...)
-    against the reference."""
+    """A ``lanes`` kernel (``extra``: ``lanes_kernel``, ``lanes_slack``, ...) against the
+    reference."""
     T = s.shape[2]
     args = dict(query_positions=qpos, topk=topk, num_valid_pages=kw["num_valid_pages"] or T,
                 force_begin_blocks=kw["force_begin_blocks"], force_end_blocks=kw["force_end_blocks"],
@@ -106,45 +105,11 @@ def test_lanes_fast_fallback_and_tie_rows(counted, device, triton_backend):
     _check_fast(s.to(device), 8, dict(kw, num_valid_pages=250), qpos, lanes_slack=0)
 
 
-@pytest.mark.parametrize("rows", [2, 4])
-def test_lanes_rows_random_cases_exact(rows, device, triton_backend):
-    """P rows per program (the next row prefetched): rows of a token split across programs,
-    a last program with fewer than P rows (odd token counts, 3 heads)."""
-    s, topk, kw, qpos = _random_case([40, 256], 7, 3, device, heads=(3, 3))
-    _check_fast(s, topk, kw, qpos, lanes_rows=rows)
-
-
-def test_lanes_rows_fallback_and_tie_rows(device, triton_backend):
-    """:func:`test_lanes_fast_fallback_and_tie_rows`'s special rows, 4 rows per program,
-    with causal query positions (identity rows between selected ones)."""
-    g = torch.Generator().manual_seed(random.randrange(2**31))
-    s = torch.randn(5, 3, 256, generator=g)
-    s[1] = torch.randint(0, 2, (3, 256), generator=g).float()  # > 32 survivors: fallback
-    s[2, 1] = float("-inf")
-    s[3, :, ::37] = float("nan")
-    s[4] = -s[4].abs()
-    s[4, :, 0:100:10] = 4.0
-    s[4, :, 105:200:12] = 1.5
-    kw = dict(num_valid_pages=None, force_begin_blocks=1, force_end_blocks=1, force_blocks_count_in_topk=False)
-    _check_fast(s.to(device), 16, kw, None, lanes_rows=4)
-    qpos = torch.tensor([25000, 1000, 128 * 40, -1, 128 * 255], device=device)
-    _check_fast(s.to(device), 8, dict(kw, num_valid_pages=250), qpos, lanes_rows=4)
-
-
-def test_lanes_rows_rejects_bad_count(device):
-    s = torch.zeros(2, 1, 64, device=device)
-    out = torch.empty(2, 1, 8, dtype=torch.int32, device=device)
-    with pytest.raises(ValueError, match="lanes_rows"):
-        sparse_topk_select_triton(s, out, query_positions=None, num_valid_pages=64, topk=8, force_begin_blocks=0,
-                                  force_end_blocks=0, force_blocks_count_in_topk=True, method="lanes", lanes_rows=3)
-
-
 # ----------------------------------------------------------------------------- GPU
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", [dict(lanes_kernel="classic"), dict(lanes_kernel="fast"),
-                                     dict(lanes_kernel="fast", lanes_rows=4)], ids=["classic", "fast", "fast_rows4"])
+@pytest.mark.parametrize("variant", [dict(lanes_kernel="classic"), dict(lanes_kernel="fast")], ids=["classic", "fast"])
 def test_gpu_lanes_thousand_random_cases_with_ties(variant):
     rng = random.Random(777)
     gen = torch.Generator().manual_seed(777)

@@ -50,9 +50,12 @@ on the (token, head) grid (39.4%), 81.9 one row per looping program, 40.9 at P =
 (86.3%). Scores in the L2 (4096 tokens): interval 20.0 us, lanes 16.7, P = 4 / 8 19.9 / 21.3,
 floors 15.0 (grid) / 15.6 (one row) / 10.4 (P = 4). More rows per program lift the memory
 floor from ~39% to ~80% of copy, but the classic selection (~460 instructions per row) is
-the bound. The fast kernel (~365) sits on the one-row floor (82.9 us against 81.3, below);
-:func:`_topk_lanes_rows_kernel` runs it on P rows per program (:data:`LANES_ROWS`), whose
-issue bound is ~46 us (131,072 rows x 365 instructions, 4 per clock per SM).
+the bound. The fast kernel (~365) sits on the one-row floor (83.8 us against 82.0, below);
+also tried and removed, the fast kernel on P consecutive rows per one-warp program (next row
+prefetched, registers capped at 64; copy 4,179 GB/s, all exact) gained at most 5% and lost
+10-18% causal: P = 2 / 4 / 8 / 16 83.2 / 79.7 (40.3% of copy; 81.9 uncapped) / 80.2 / 84.8 us
+against one row 83.8 (38.3%) and classic 87.0, floor at P = 4 41.5; causal 103.6 / 97.3
+(98.6) / 96.5 / 101.2 against 87.8 and 93.6.
 """
 
 from __future__ import annotations
@@ -674,7 +677,7 @@ def _topk_lanes_fast_kernel(
     a NaN takes the full-row fallback (its lane max key is NaN's), a full row (``FULL``:
     ``num_tiles == 32 R``, and ``n == num_tiles``) is loaded without masks, the survivors'
     registers come from one pass over the ballots, and query positions are a constexpr.
-    The selection is :func:`_lanes_fast_row` (shared with :func:`_topk_lanes_rows_kernel`)."""
+    The selection is :func:`_lanes_fast_row`."""
     tok = tl.program_id(0)
     n1 = num_valid_pages
     if HAS_QPOS:
@@ -689,65 +692,16 @@ def _topk_lanes_fast_kernel(
         _lanes_identity(o_row, n1, W, W_P2)
 
 
-@triton.jit
-def _lanes_pos_count(pos, num_valid_pages, HAS_QPOS: tl.constexpr):
-    """Valid blocks of a row whose token's query position is ``pos``."""
-    if HAS_QPOS:
-        return tl.where(pos < 0, 0, tl.minimum(pos // 128 + 1, num_valid_pages)).to(tl.int32)
-    else:
-        return num_valid_pages
-
-
-@triton.jit(do_not_specialize=["n_rows", "num_tiles", "num_valid_pages", "H", "fb", "fe", "W"])
-def _topk_lanes_rows_kernel(
-    s_ptr, out_ptr, qpos_ptr,
-    n_rows, num_tiles, num_valid_pages, H, fb, fe, W,
-    R: tl.constexpr, W_P2: tl.constexpr, G1: tl.constexpr, SLACK: tl.constexpr, VOTE: tl.constexpr,
-    HAS_QPOS: tl.constexpr, FULL: tl.constexpr, P: tl.constexpr,
-):
-    """:func:`_topk_lanes_fast_kernel` on P consecutive rows (row-major (token, head))
-    per one-warp program: the next row's scores are loaded into registers before the
-    current row's selection (:func:`_lanes_fast_row`), so their memory latency overlaps
-    the selection, and the query position of the row after it one row earlier still."""
-    r0 = tl.program_id(0).to(tl.int64) * P
-    s = tl.full([R, 32], float("-inf"), tl.float32)
-    n1 = 0
-    tok = r0 // H
-    hd = r0 - tok * H
-    pos = 0
-    if HAS_QPOS:
-        pos = tl.load(qpos_ptr + tok, mask=r0 < n_rows, other=0)
-    for i in range(P + 1):
-        # row r0 + i is loaded (one load site, whose address the compiler cannot prove 16-byte
-        # aligned: one block per lane, the selection's layout), then row r0 + i - 1 selected
-        nxt = r0 + i
-        n1_next = tl.where(nxt < n_rows, _lanes_pos_count(pos, num_valid_pages, HAS_QPOS), 0)
-        s_next = _lanes_fast_load(s_ptr + nxt * num_tiles, tl.where((i < P) & (n1_next > W), n1_next, 0), R, FULL)
-        if HAS_QPOS:
-            hd += 1
-            tok = tl.where(hd == H, tok + 1, tok)
-            hd = tl.where(hd == H, 0, hd)
-            pos = tl.load(qpos_ptr + tok, mask=(nxt + 1 < n_rows) & (i + 1 < P), other=0)
-        row = nxt - 1
-        if i > 0:
-            if n1 > W:
-                _lanes_fast_row(s, n1, s_ptr + row * num_tiles, out_ptr + row * W, fb, fe, W, G1, SLACK, VOTE)
-            elif row < n_rows:
-                _lanes_identity(out_ptr + row * W, n1, W, W_P2)
-        s = s_next
-        n1 = n1_next
-
-
 TOPK_METHODS = ("bitonic", "radix", "interval", "lanes")
 TOPK_METHOD = os.environ.get("MATE_MSA_TOPK_METHOD", ENV_VARS["MATE_MSA_TOPK_METHOD"][0])
 """Threshold method of the public path (see :func:`sparse_topk_select_triton`); the
 environment variable ``MATE_MSA_TOPK_METHOD`` (``lanes`` / ``interval`` / ``radix`` /
 ``bitonic``) overrides it. H200, top-16 + 1 forced end block, 4 heads
 (benchmarks/bench_msa_topk_variants.py; CUDA-graph replays, variants interleaved):
-32768 x 256 tiles (copy ~4,190 GB/s, 2026-12) lanes fast slack 2 82.9 us (38.7% of copy),
-classic slack 2 86.5 (37.1%), streaming floors 81.3 (39.4%: one row per one-warp program)
-and 40.5 (79.1%: 4 rows per program); causal fast 85.1, classic 92.2; fast exact on 200
-random GPU cases. Earlier (classic kernel; copy 4,040 GB/s): lanes slack 2 86.7 us (38.3% of copy), lanes slack 0
+32768 x 256 tiles (copy 4,179 GB/s, 2026-12) lanes fast slack 2 83.8 us (38.3% of copy),
+classic slack 2 87.0, streaming floors 82.0 (one row per one-warp program) and 41.5 (4 rows
+per program); causal fast 87.8, classic 93.6; exact. Before (copy ~4,190 GB/s): fast 82.9
+(38.7%), classic 86.5, causal 85.1 / 92.2; fast exact on 200 random GPU cases. Earlier (classic kernel; copy 4,040 GB/s): lanes slack 2 86.7 us (38.3% of copy), lanes slack 0
 90.4, slack 2 with lane-sum ballots 89.3, interval 113.2 (29.3%), a streaming floor (the
 same one-warp-per-row grid: loads, one reduction, the W ids written, no selection) 81.4
 (40.8%); with causal query positions lanes slack 2 92.3, interval 121.3. Earlier run
@@ -757,18 +711,9 @@ same one-warp-per-row grid: loads, one reduction, the W ids written, no selectio
 (tournament) 1,234, torch.topk 673."""
 
 LANES_KERNEL = "fast"
-"""The ``lanes`` method's kernel: ``"fast"`` (:func:`_topk_lanes_fast_kernel`, or
-:func:`_topk_lanes_rows_kernel` with :data:`LANES_ROWS` > 1) or ``"classic"``
-(:func:`_topk_lanes_kernel`, the same selection with more instructions per row)."""
-
-LANES_ROWS = 1
-"""Rows per one-warp program of the ``fast`` lanes kernel: 1 (:func:`_topk_lanes_fast_kernel`
-on a (token, head) grid) or P > 1 consecutive rows with the next row prefetched
-(:func:`_topk_lanes_rows_kernel`)."""
-
-LANES_ROWS_MAXNREG = 64
-"""Register cap of :func:`_topk_lanes_rows_kernel` (sm_90: 69 registers uncapped, 64 with
-no spills and the same instructions, so 32 one-warp programs fit an SM instead of 28)."""
+"""The ``lanes`` method's kernel: ``"fast"`` (:func:`_topk_lanes_fast_kernel`) or
+``"classic"`` (:func:`_topk_lanes_kernel`, the same selection with more instructions per
+row)."""
 
 LANES_MAX_CHUNK = 256
 """Longest row (tiles, rounded up to a power of two) of the ``lanes`` kernel (one warp;
@@ -830,8 +775,6 @@ def sparse_topk_select_triton(
     lanes_slack: int = 2,
     lanes_vote: bool = True,
     lanes_kernel: str | None = None,
-    lanes_rows: int | None = None,
-    lanes_maxnreg: int | None = None,
 ) -> None:
     """Launches the selection on validated tensors (contiguous fp32 scores, int32 output).
     ``max_chunk`` (a power of two >= 16; default :data:`INTERVAL_MAX_CHUNK` for ``interval``,
@@ -847,17 +790,11 @@ def sparse_topk_select_triton(
     fewer steps), ``lanes_vote=False`` builds its ballots from lane sums instead of
     ``vote.ballot``.
     ``lanes_kernel`` (default :data:`LANES_KERNEL`) picks the ``lanes`` kernel: ``"classic"``
-    (:func:`_topk_lanes_kernel`) or ``"fast"`` (:func:`_topk_lanes_fast_kernel`);
-    ``lanes_rows`` (default :data:`LANES_ROWS`; a power of two) its rows per program (> 1:
-    :func:`_topk_lanes_rows_kernel`, registers capped at ``lanes_maxnreg``, default
-    :data:`LANES_ROWS_MAXNREG`, 0: no cap).
+    (:func:`_topk_lanes_kernel`) or ``"fast"`` (:func:`_topk_lanes_fast_kernel`).
     ``rows_per_program`` and ``num_warps`` override :func:`topk_config` (experiments)."""
     method = TOPK_METHOD if method is None else method
     if lanes_kernel not in (None, "classic", "fast"):
         raise ValueError(f"lanes_kernel must be 'classic' or 'fast', got {lanes_kernel!r}")
-    lanes_rows = LANES_ROWS if lanes_rows is None else lanes_rows
-    if not (isinstance(lanes_rows, int) and 1 <= lanes_rows <= 64 and lanes_rows & (lanes_rows - 1) == 0):
-        raise ValueError(f"lanes_rows must be a power of two in 1..64, got {lanes_rows!r}")
     if method not in TOPK_METHODS:
         raise ValueError(f"method must be one of {TOPK_METHODS}, got {method!r}")
     if max_chunk is None:
@@ -873,18 +810,6 @@ def sparse_topk_select_triton(
         chunk = max(triton.next_power_of_2(max(T, 1)), 32)
         if chunk <= min(LANES_MAX_CHUNK, max_chunk) and W <= 32 and total_q and \
                 (LANES_KERNEL if lanes_kernel is None else lanes_kernel) == "fast":
-            if lanes_rows > 1:
-                maxnreg = LANES_ROWS_MAXNREG if lanes_maxnreg is None else lanes_maxnreg
-                cap = dict(maxnreg=maxnreg) if maxnreg and not INTERPRET else {}
-                _topk_lanes_rows_kernel[(triton.cdiv(n_rows, lanes_rows),)](
-                    max_score, output,
-                    query_positions if query_positions is not None else _dummy_positions(max_score.device),
-                    n_rows, T, num_valid_pages, H, force_begin_blocks, force_end_blocks, W,
-                    R=chunk // 32, W_P2=64, G1=max(16, triton.next_power_of_2(topk)), SLACK=lanes_slack,
-                    VOTE=lanes_vote, HAS_QPOS=query_positions is not None, FULL=chunk == T, P=lanes_rows,
-                    num_warps=1, num_stages=1, **cap,
-                )
-                return
             _topk_lanes_fast_kernel[(total_q, H)](
                 max_score, output,
                 query_positions if query_positions is not None else _dummy_positions(max_score.device),
