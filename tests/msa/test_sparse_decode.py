@@ -22,7 +22,11 @@ def transposed(monkeypatch):
 def _check(o, l_, ro, rl, dtype):
     atol, rtol = TOL[dtype]
     assert_close(o, ro, atol=atol, rtol=rtol)
-    assert_close(l_, rl, atol=1e-4, rtol=1e-4, name="lse")
+    # fp8 Q·K runs on FP8 tensor cores, whose accumulator keeps ~13 mantissa bits (truncating):
+    # a request with few visible keys has one dominant logit, so its LSE is off by up to a few
+    # 2^-13 relative (measured 1.4e-4 on the H200); 16-bit dtypes accumulate in fp32
+    lse_rtol = 5e-4 if dtype == torch.float8_e4m3fn else 1e-4
+    assert_close(l_, rl, atol=1e-4, rtol=lse_rtol, name="lse")
 
 
 # dtype, ratio, layout, splits, keys per tile, flat page list, non-contiguous cache

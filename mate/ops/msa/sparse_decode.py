@@ -27,7 +27,7 @@ __all__ = ["DECODE_VARIANT", "msa_decode_t_kernel", "decode_t_heads", "t_config"
 
 DECODE_VARIANT = {"kernel": "transposed", "keys": 64, "stages": 3, "maxnreg": None, "lsum": False,
                   "fp8_keys": 64, "fp8_stages": 3, "fp8_maxnreg": None, "fp8_lsum": False,
-                  "fused_union": False}
+                  "fused_union": True}
 """Decode kernel of ``sparse_attention`` (module defaults; the benchmark times the others).
 
 ``kernel``: "heads" (``_msa_sparse_fwd_kernel`` with one-token 16-row tiles) or "transposed"
@@ -38,15 +38,18 @@ per-key partial sums in the Sᵀ layout ([keys, heads], 8 values a thread at 64 
 reduced once after the loop, so the loop has no cross-warp sum (sm_90, fp8 64-key 3-stage
 M3 tile: 421 -> 396 SASS instructions and 10 -> 7 barriers per tile; 151 registers uncapped
 (3 programs per SM), 128 with ``maxnreg`` 128 and no spills (392 instructions, 4 per SM); a
-cap of 112 spills). Not yet timed on the H200.
-``fused_union``: the transposed kernel builds its token's block list itself
+cap of 112 spills). H200 (fp8 bar shape, interleaved, with ``fused_union``): 91.6 us at cap 128
+against 92.6 without ``lsum``: within run-to-run noise, so off.
+``fused_union`` (the default): the transposed kernel builds its token's block list itself
 (:func:`token_block_list`) instead of reading the one the ``_msa_union_kernel`` launch wrote
 before it (same entries in the same order, so the same results; one launch fewer on the
 critical path). sm_90 compile of the M3 tile (17 ids padded to 32, page table): fp8 64-key
 3-stage 128 registers (4 programs per SM as before; 154 with ``kv_indices`` and ``qo_offset``),
 no spills, ~270 more instructions once per program, 421 -> 444 per tile (ptxas branches around
 the reductions' shared stores; 399 with ``lsum`` and cap 128); bf16 77 registers, 308 -> 337.
-Not yet timed on the H200.
+H200 (2026-11-29, bar shape, interleaved replays, a slow machine state: copy 4141 GB/s): fp8
+92.6 us against 95.9 with the union launch (91.9 with a 128-register cap), bf16 162.0 against
+165.2.
 
 Defaults from the H200 (2026-11-29, B=128, 64K context, M3 geometry, 16 + 1 blocks, CUDA-graph
 replay): transposed, 64-key tiles, 3 stages, no split: bf16 147 us (3.88 TB/s of selected K/V)
