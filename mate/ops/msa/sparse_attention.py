@@ -99,7 +99,8 @@ def _msa_union_kernel(
     else:
         pstart = tl.load(kv_page_indptr_ptr + req, mask=valid, other=0)
         pend = tl.load(kv_page_indptr_ptr + req + 1, mask=valid, other=0)
-        valid = valid & (pstart + ids < pend) & (pstart + ids < n_indices) & (pstart >= 0)
+        # compared as differences: pstart + ids may exceed int32 for adversarial metadata
+        valid = valid & (pstart >= 0) & (ids < pend - pstart) & (ids < n_indices - pstart)
         page = tl.load(kv_indices_ptr + pstart + ids, mask=valid, other=0)
     valid = valid & (page >= 0) & (page < num_pages)
     # de-duplicate (page, block) pairs: an entry is kept where no earlier one equals it

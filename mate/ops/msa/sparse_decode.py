@@ -132,7 +132,8 @@ def _request_blocks(req, ids, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, page_ta
     else:
         pstart = tl.load(kv_page_indptr_ptr + req)
         pend = tl.load(kv_page_indptr_ptr + req + 1)
-        ok = ok & (pstart + ids < pend) & (pstart + ids < n_indices) & (pstart >= 0)
+        # compared as differences: pstart + ids may exceed int32 for adversarial ids
+        ok = ok & (pstart >= 0) & (ids < pend - pstart) & (ids < n_indices - pstart)
         page = tl.load(kv_indices_ptr + pstart + ids, mask=ok, other=0)
     return q_start, q_off, kv_len, page, ok
 
