@@ -10,11 +10,9 @@ selected K/V (fp8). The cases are timed interleaved (CUDA-graph replays, ``time_
 ``copy_``, read + write, timed alone before the cases; a copy inside the interleaved graphs
 read low). Full-op cases are checked against an fp32 torch reference over all tokens with the
 GPU tests' tolerances (``TOL``: out 3e-2 abs + rel for fp8, 2e-2 bf16; lse 1e-4) and show the
-decode kernel's registers / spills / shared memory of the GPU compile. ``union`` cases launch
-``_msa_union_kernel`` before the decode kernel; ``fused`` ones (``fused_union``) build the
-block list in the decode kernel. Diagnostic rows (``kernel only``): the decode kernel alone on
-the pre-kernel's output, the pre-kernel alone, and the decode kernel with empty block lists
-(launch + prologue + epilogue).
+decode kernel's registers / spills / shared memory of the GPU compile. Diagnostic rows
+(``kernel only``): the decode kernel alone on the pre-kernel's output, the pre-kernel alone,
+and the decode kernel with empty block lists (launch + prologue + epilogue).
 """
 
 from __future__ import annotations
@@ -29,12 +27,11 @@ HQ, HKV, D, BLK, SEL = 64, 4, 128, 128, 17
 TOL = {torch.bfloat16: 2e-2, torch.float8_e4m3fn: 3e-2}
 
 FP8_CASES = {
-    "union (default)": {"fused_union": False},
-    "fused": {"fused_union": True},
-    "fused cap128 (4/SM)": {"fused_union": True, "fp8_maxnreg": 128},
-    "fused lsum cap128 (4/SM)": {"fused_union": True, "fp8_lsum": True, "fp8_maxnreg": 128},
+    "default": {},
+    "cap128 (4/SM)": {"fp8_maxnreg": 128},
+    "lsum cap128 (4/SM)": {"fp8_lsum": True, "fp8_maxnreg": 128},
 }
-BF16_CASES = {"union (default)": {"fused_union": False}, "fused": {"fused_union": True}}
+BF16_CASES = {"default": {}}
 
 
 class _NoLaunch:
@@ -153,16 +150,15 @@ def run_dtype(dtype: torch.dtype, cases: dict, copy_rate: float, B: int = 128, c
         except Exception as exc:
             notes[name] = f"failed: {type(exc).__name__}: {exc}"[:200]
         print(f"  checked {name}: {notes[name]}", flush=True)
-    # diagnostics: the pre-kernel's output stays in iws (the union path ran last into it)
-    union_path = {"fused_union": False}
-    launch(union_path, iws)()
-    launch(union_path, iws_empty)()
+    # diagnostics: the pre-kernel's output stays in iws (the default ran last into it)
+    launch({}, iws)()
+    launch({}, iws_empty)()
     torch.cuda.synchronize()
     n_u = B * HKV * sa.SparseTiling(HQ // HKV, SEL, True).capacity
     iws_empty[3 * n_u:3 * n_u + B * HKV].zero_()  # u_cnt: no entries
-    fns.update({"kernel only: decode (union path)": launch(union_path, iws, skip_union=True),
-                "kernel only: union pre-kernel": launch(union_path, iws, skip_decode=True),
-                "kernel only: decode, empty lists": launch(union_path, iws_empty, skip_union=True)})
+    fns.update({"kernel only: decode (default)": launch({}, iws, skip_union=True),
+                "kernel only: union pre-kernel": launch({}, iws, skip_decode=True),
+                "kernel only: decode, empty lists": launch({}, iws_empty, skip_union=True)})
     times = time_interleaved(fns, rounds=5, iters=50)
     tag = "fp8" if fp8 else "bf16"
     print(f"--- {tag}: B={B} ctx={ctx} Hq={HQ} Hkv={HKV} {SEL} blocks, {nbytes / 1e6:.1f} MB selected K/V; "

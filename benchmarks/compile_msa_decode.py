@@ -4,9 +4,7 @@
 
 A SPEC is ``dtype:stages:warps[:key=value...]`` with dtype bf16, fp16 or fp8 and keys
 ``keys`` (keys per TMA tile), ``splits``, ``maxnreg``, ``flat`` (0/1: 2D views of contiguous
-caches), ``layout`` (NHD or HND), ``lsum`` (0/1) and ``fused`` (0/1: ``fused_union``, the
-block list built in the kernel, 17 ids padded to 32), ``pt`` (0/1: page table or
-kv_indices) and ``qoff`` (0/1: qo_offset given); without one it compiles the module defaults
+caches), ``layout`` (NHD or HND) and ``lsum`` (0/1); without one it compiles the module defaults
 (:data:`mate.ops.msa.sparse_decode.DECODE_VARIANT`) for bf16 and fp8. Per spec it prints
 registers, local memory, shared memory, the SASS instruction count, the counts of the
 tensor-core / TMA / barrier instructions and ptxas warnings, read with the tools in Triton's
@@ -25,8 +23,7 @@ from mate.testing.sass import compile_sm90, divisibility_attrs, opcode_counts
 
 DTYPES = {"bf16": "bf16", "fp16": "fp16", "fp8": "fp8e4nv"}
 ALIGNED = ("q_ptr", "tok_pos_ptr", "tok_kvlen_ptr", "u_page_ptr", "u_blk_ptr", "u_cnt_ptr", "o_ptr", "lse_ptr",
-           "op_ptr", "lp_ptr", "stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_lt", "idx_ptr",
-           "qo_indptr_ptr", "kv_lens_ptr", "page_table_ptr")
+           "op_ptr", "lp_ptr", "stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_lt")
 SHOWN = re.compile(r"GMMA|HMMA|F2FP|^UTMALDG|^BAR|^SYNCS")
 
 
@@ -40,11 +37,7 @@ def signature(dt: str, layout: str, out: str, flat: bool, keys: int) -> dict:
             "tok_pos_ptr": "*i32", "tok_kvlen_ptr": "*i32", "u_page_ptr": "*i32", "u_blk_ptr": "*i32",
             "u_cnt_ptr": "*i32", "o_ptr": f"*{out}", "stride_ot": "i32", "stride_oh": "i32", "lse_ptr": "*fp32",
             "stride_lt": "i32", "op_ptr": "*fp32", "lp_ptr": "*fp32", "total_q": "i32", "HQ": "i32",
-            "RATIO": "i32", "qk_scale": "fp32", "v_scale": "fp32",
-            "idx_ptr": "*i32", "stride_it": "i32", "stride_ih": "i32", "qo_indptr_ptr": "*i32",
-            "kv_lens_ptr": "*i32", "qo_offset_ptr": "*i32", "B": "i32", "n_iter": "i32", "page_table_ptr": "*i32",
-            "stride_pt": "i32", "n_cols": "i32", "kv_indices_ptr": "*i32", "kv_page_indptr_ptr": "*i32",
-            "n_indices": "i32", "num_pages": "i32", "W": "i32"}
+            "RATIO": "i32", "qk_scale": "fp32", "v_scale": "fp32"}
 
 
 def compile_one(spec: str, out_dir: str | None) -> None:
@@ -55,9 +48,7 @@ def compile_one(spec: str, out_dir: str | None) -> None:
     flat = bool(int(kw.get("flat", 1)))
     keys = int(kw.get("keys", 128))
     ce = dict(FLAT=flat, KEYS=keys, GP=16, C=32, HEAD_DIM=128, NUM_SPLITS=int(kw.get("splits", 1)), CAUSAL=True,
-              IS_FP8=dt == "fp8e4nv", HEAD_MAJOR=layout == "HND", LSUM=bool(int(kw.get("lsum", 0))),
-              FUSED=bool(int(kw.get("fused", 0))), BLOCK_W=32, USE_PAGE_TABLE=bool(int(kw.get("pt", 1))),
-              HAS_QO_OFFSET=bool(int(kw.get("qoff", 0))))
+              IS_FP8=dt == "fp8e4nv", HEAD_MAJOR=layout == "HND", LSUM=bool(int(kw.get("lsum", 0))))
     sig = signature(dt, layout, "fp16" if dt == "fp16" else "bf16", flat, keys)
     sig.update({k: "constexpr" for k in ce})
     src = ASTSource(fn=sd.msa_decode_t_kernel, signature=sig, constexprs=ce, attrs=divisibility_attrs(sig, ALIGNED))

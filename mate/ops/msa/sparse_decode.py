@@ -1,8 +1,7 @@
 """MSA sparse decode, transposed: keys on the wgmma M side, the query heads of a KV head on N.
 
 One program handles one query token, one KV head and one split of the token's de-duplicated
-block list (written by ``_msa_union_kernel`` with one-token tiles, or with ``fused_union`` by
-the program itself). Per selected 128-key
+block list (written by ``_msa_union_kernel`` with one-token tiles). Per selected 128-key
 block it computes Sᵀ = K·Qᵀ ([128 keys, GP heads]) straight from the TMA-loaded K tile in
 shared memory: Hopper wgmma with the keys on M, so no M rows are padding (the heads-on-M
 kernel pads 16 heads to a 16-row ``mma.sync`` tile, and for fp8 widens K and V to fp16 per
@@ -23,11 +22,10 @@ from mate._core.triton_helpers import INTERPRET, dot_operand, to_out_dtype
 from mate.ops.msa.softmax_helpers import finish_softmax, split_entries, visible_limit
 
 __all__ = ["DECODE_VARIANT", "msa_decode_t_kernel", "decode_t_heads", "t_config", "t_constexprs",
-           "t_programs_per_sm", "token_block_list"]
+           "t_programs_per_sm"]
 
 DECODE_VARIANT = {"kernel": "transposed", "keys": 64, "stages": 3, "maxnreg": None, "lsum": False,
-                  "fp8_keys": 64, "fp8_stages": 3, "fp8_maxnreg": None, "fp8_lsum": False,
-                  "fused_union": True}
+                  "fp8_keys": 64, "fp8_stages": 3, "fp8_maxnreg": None, "fp8_lsum": False}
 """Decode kernel of ``sparse_attention`` (module defaults; the benchmark times the others).
 
 ``kernel``: "heads" (``_msa_sparse_fwd_kernel`` with one-token 16-row tiles) or "transposed"
@@ -38,18 +36,13 @@ per-key partial sums in the Sᵀ layout ([keys, heads], 8 values a thread at 64 
 reduced once after the loop, so the loop has no cross-warp sum (sm_90, fp8 64-key 3-stage
 M3 tile: 421 -> 396 SASS instructions and 10 -> 7 barriers per tile; 151 registers uncapped
 (3 programs per SM), 128 with ``maxnreg`` 128 and no spills (392 instructions, 4 per SM); a
-cap of 112 spills). H200 (fp8 bar shape, interleaved, with ``fused_union``): 91.6 us at cap 128
-against 92.6 without ``lsum``: within run-to-run noise, so off.
-``fused_union`` (the default): the transposed kernel builds its token's block list itself
-(:func:`token_block_list`) instead of reading the one the ``_msa_union_kernel`` launch wrote
-before it (same entries in the same order, so the same results; one launch fewer on the
-critical path). sm_90 compile of the M3 tile (17 ids padded to 32, page table): fp8 64-key
-3-stage 128 registers (4 programs per SM as before; 154 with ``kv_indices`` and ``qo_offset``),
-no spills, ~270 more instructions once per program, 421 -> 444 per tile (ptxas branches around
-the reductions' shared stores; 399 with ``lsum`` and cap 128); bf16 77 registers, 308 -> 337.
-H200 (2026-11-29, bar shape, interleaved replays, a slow machine state: copy 4141 GB/s): fp8
-92.6 us against 95.9 with the union launch (91.9 with a 128-register cap), bf16 162.0 against
-165.2.
+cap of 112 spills). H200 (fp8 bar shape, interleaved, cap 128): 91.6 vs 92.6 us, noise: off.
+Tried and removed: ``fused_union`` (the transposed kernel building its token's block list
+itself, no ``_msa_union_kernel`` launch; results identical, max diff 0) was 3.5% faster on the
+H200 in the variants probe (fp8 92.6 vs 95.9 us, bf16 162.0 vs 165.2) but 35% slower at
+``bench_msa_attention``'s decode configuration (B=128, 64K, 16 top-k blocks + the own block,
+page table, causal; fp8, interleaved: 108.5 us against 80.1 with the union launch; with 2 splits
+96.9 against 90.2).
 
 Defaults from the H200 (2026-11-29, B=128, 64K context, M3 geometry, 16 + 1 blocks, CUDA-graph
 replay): transposed, 64-key tiles, 3 stages, no split: bf16 147 us (3.88 TB/s of selected K/V)
@@ -114,84 +107,6 @@ def t_programs_per_sm(is_fp8: bool) -> int:
 
 
 @triton.jit
-def _request_blocks(req, ids, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, page_table_ptr, stride_pt, n_cols,
-                    kv_indices_ptr, kv_page_indptr_ptr, n_indices, USE_PAGE_TABLE: tl.constexpr,
-                    HAS_QO_OFFSET: tl.constexpr):
-    """(first query row, query offset, KV length, pages of ``ids``, ids in the page list) of
-    request ``req``; the page loads' masks only keep them in bounds."""
-    q_start = tl.load(qo_indptr_ptr + req)
-    kv_len = tl.load(kv_lens_ptr + req)
-    if HAS_QO_OFFSET:
-        q_off = tl.load(qo_offset_ptr + req)
-    else:
-        q_off = kv_len - (tl.load(qo_indptr_ptr + req + 1) - q_start)
-    ok = ids >= 0
-    if USE_PAGE_TABLE:
-        ok = ok & (ids < n_cols)
-        page = tl.load(page_table_ptr + req.to(tl.int64) * stride_pt + ids, mask=ok, other=0)
-    else:
-        pstart = tl.load(kv_page_indptr_ptr + req)
-        pend = tl.load(kv_page_indptr_ptr + req + 1)
-        # compared as differences: pstart + ids may exceed int32 for adversarial ids
-        ok = ok & (pstart >= 0) & (ids < pend - pstart) & (ids < n_indices - pstart)
-        page = tl.load(kv_indices_ptr + pstart + ids, mask=ok, other=0)
-    return q_start, q_off, kv_len, page, ok
-
-
-@triton.jit
-def token_block_list(
-    t, kvh, split, ubase,
-    idx_ptr, stride_it, stride_ih, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, B, n_iter,
-    page_table_ptr, stride_pt, n_cols, kv_indices_ptr, kv_page_indptr_ptr, n_indices, num_pages, W,
-    u_page_ptr, u_blk_ptr,
-    BLOCK_W: tl.constexpr, NUM_SPLITS: tl.constexpr, CAUSAL: tl.constexpr, USE_PAGE_TABLE: tl.constexpr,
-    HAS_QO_OFFSET: tl.constexpr,
-):
-    """``_msa_union_kernel`` for one token and KV head, inside the decode program: maps the
-    token's block ids through its request's pages, drops -1, out-of-range and causally
-    invisible ids, de-duplicates the (page, block) pairs (first occurrence kept, in list
-    order) and writes this split's share of the kept entries to the union slots ``ubase + e``.
-    Returns (position, KV length, kept count); an invalid token gets (-1, 0, 0)."""
-    tvalid = t < tl.load(qo_indptr_ptr + B)
-    w = tl.arange(0, BLOCK_W)
-    ids = tl.load(idx_ptr + t.to(tl.int64) * stride_it + kvh * stride_ih + w, mask=tvalid & (w < W), other=-1)
-    # the request of the token: the largest i < B with qo_indptr[i] <= t. Its data is loaded
-    # for i = t (one query per request) while that guess is checked, else after a binary search.
-    g = tl.minimum(t, B - 1)
-    q_start, q_off, kv_len, page, valid = _request_blocks(
-        g, ids, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, page_table_ptr, stride_pt, n_cols, kv_indices_ptr,
-        kv_page_indptr_ptr, n_indices, USE_PAGE_TABLE, HAS_QO_OFFSET)
-    if (q_start > t) | ((tl.load(qo_indptr_ptr + g + 1) <= t) & (g < B - 1)):
-        lo = g * 0
-        hi = lo + B
-        for _ in range(n_iter):
-            mid = (lo + hi) // 2
-            go = tl.load(qo_indptr_ptr + mid) <= t
-            lo = tl.where(go, mid, lo)
-            hi = tl.where(go, hi, mid)
-        q_start, q_off, kv_len, page, valid = _request_blocks(
-            lo, ids, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, page_table_ptr, stride_pt, n_cols,
-            kv_indices_ptr, kv_page_indptr_ptr, n_indices, USE_PAGE_TABLE, HAS_QO_OFFSET)
-    pos = tl.where(tvalid, q_off + (t - q_start), -1)
-    kv_len = tl.where(tvalid, kv_len, 0)
-    valid = valid & (ids < (kv_len + 127) // 128) & (page >= 0) & (page < num_pages)
-    if CAUSAL:
-        valid = valid & (ids * 128 <= pos)
-    # one request: equal ids have equal pages and validity, so (page, block) pairs are equal
-    # where the ids are, and a valid id's earlier copies are valid
-    dup = tl.max(((ids[:, None] == ids[None, :]) & (w[None, :] < w[:, None])).to(tl.int32), axis=1)
-    first = valid & (dup == 0)
-    slot = tl.cumsum(first.to(tl.int32), axis=0) - 1
-    cnt = tl.sum(first.to(tl.int32), axis=0)
-    e0, e1 = split_entries(cnt, split, NUM_SPLITS)
-    mine = first & (slot >= e0) & (slot < e1)
-    tl.store(u_page_ptr + ubase + slot, page, mask=mine)
-    tl.store(u_blk_ptr + ubase + slot, ids, mask=mine)
-    tl.debug_barrier()  # the loop's threads read entries other threads wrote
-    return pos, kv_len, cnt
-
-
-@triton.jit
 def msa_decode_t_kernel(
     q_ptr, stride_qt, stride_qh,
     k_desc, v_desc,
@@ -200,12 +115,9 @@ def msa_decode_t_kernel(
     o_ptr, stride_ot, stride_oh, lse_ptr, stride_lt,
     op_ptr, lp_ptr,
     total_q, HQ, RATIO, qk_scale, v_scale,
-    idx_ptr, stride_it, stride_ih, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, B, n_iter,
-    page_table_ptr, stride_pt, n_cols, kv_indices_ptr, kv_page_indptr_ptr, n_indices, num_pages, W,
     GP: tl.constexpr, C: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
     CAUSAL: tl.constexpr, IS_FP8: tl.constexpr, HEAD_MAJOR: tl.constexpr, FLAT: tl.constexpr = True,
-    KEYS: tl.constexpr = 128, LSUM: tl.constexpr = False, FUSED: tl.constexpr = False,
-    BLOCK_W: tl.constexpr = 16, USE_PAGE_TABLE: tl.constexpr = True, HAS_QO_OFFSET: tl.constexpr = False,
+    KEYS: tl.constexpr = 128, LSUM: tl.constexpr = False,
 ):
     t = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -216,21 +128,15 @@ def msa_decode_t_kernel(
     hvalid = hl < RATIO
     offs_d = tl.arange(0, HEAD_DIM)
     offs_n = tl.arange(0, KEYS)
-    ubase = (t.to(tl.int64) * n_kvh + kvh) * C
-    if FUSED:
-        pos, kv_len, cnt = token_block_list(
-            t, kvh, split, ubase, idx_ptr, stride_it, stride_ih, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, B,
-            n_iter, page_table_ptr, stride_pt, n_cols, kv_indices_ptr, kv_page_indptr_ptr, n_indices, num_pages,
-            W, u_page_ptr, u_blk_ptr, BLOCK_W, NUM_SPLITS, CAUSAL, USE_PAGE_TABLE, HAS_QO_OFFSET)
     # Qᵀ [D, GP], d contiguous per head column (K-major B operand, as fp8 wgmma requires)
     qt = tl.load(q_ptr + t.to(tl.int64) * stride_qt + h[None, :] * stride_qh + offs_d[:, None],
                  mask=hvalid[None, :], other=0.0)
     qt = dot_operand(qt)
-    if not FUSED:
-        pos = tl.load(tok_pos_ptr + t)
-        kv_len = tl.load(tok_kvlen_ptr + t)
-        cnt = tl.load(u_cnt_ptr + t * n_kvh + kvh)
+    pos = tl.load(tok_pos_ptr + t)
+    kv_len = tl.load(tok_kvlen_ptr + t)
     limit = visible_limit(pos, kv_len, CAUSAL)
+    ubase = (t.to(tl.int64) * n_kvh + kvh) * C
+    cnt = tl.load(u_cnt_ptr + t * n_kvh + kvh)
     e0, e1 = split_entries(cnt, split, NUM_SPLITS)
     m_i = tl.full([GP], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([GP], dtype=tl.float32)
