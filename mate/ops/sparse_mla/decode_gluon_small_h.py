@@ -118,6 +118,48 @@ def _load_vt(k_slot, VL_L: gl.constexpr, A_L: gl.constexpr, D_V: gl.constexpr, B
 
 
 @gluon.jit
+def _first_block(q_ptr, kv_ptr, idx_ptr, seq_lens_ptr, bt, pid_s, num_tokens, qk_scale_log2, H, q_len, top_k,
+                 split_blocks, HAS_SEQ_LENS: gl.constexpr, STAGES: gl.constexpr, BLOCK_H: gl.constexpr,
+                 BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_R: gl.constexpr, G_L: gl.constexpr, R_L: gl.constexpr,
+                 S_L: gl.constexpr, K_SL: gl.constexpr, R_SL: gl.constexpr, F16_SL: gl.constexpr):
+    """Prologue of the small-H kernels: query and ring allocation, the split's slots, the
+    gather of the first ``STAGES - 1`` blocks, then block 0 (its wait, the refill of the last
+    slot, Sᵀ, the online softmax and Pᵀ stored to ``p_smem[0]``) and the tokens of block 1.
+    The ring and ``p_smem`` (Pᵀ as [heads, rows], the K-major B operand, double-buffered so
+    that a P·V of block it may still read it while the P of block it + 1 is written) are
+    returned with the running state the main loop carries."""
+    q_smem, qr_smem = _load_query(q_ptr, bt, H, 0, BLOCK_H, D_V, D_R, G_L, R_L, K_SL, R_SL)
+    k_ring = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, D_V], K_SL)
+    r_ring = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, D_R], R_SL)
+    p_smem = gl.allocate_shared_memory(gl.float16, [2, BLOCK_H, BLOCK_N], F16_SL)
+
+    lo, hi, n_iter, idx_row = _split_slots(idx_ptr, seq_lens_ptr, bt, pid_s, q_len, top_k, split_blocks,
+                                           HAS_SEQ_LENS, BLOCK_N)
+    tok_g, tok_r = _gather_prologue(kv_ptr, idx_row, lo, hi, num_tokens, k_ring, r_ring, STAGES, BLOCK_N, D_V, D_R,
+                                    G_L, R_L)
+
+    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(0, S_L))
+    l_acc = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=S_L)
+    s_zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=S_L)
+    offs_ns = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, S_L))
+    tok_s = gl.load(idx_row + lo + offs_ns, mask=lo + offs_ns < hi, other=-1)
+
+    async_copy.wait_group(STAGES - 2)  # block 0 landed
+    fence_async_shared()
+    gl.thread_barrier()
+    tok_g, tok_r = _gather_next(kv_ptr, idx_row, tok_g, tok_r, STAGES - 1, hi, num_tokens, k_ring, r_ring, lo, STAGES,
+                                BLOCK_N, D_V, D_R, G_L, R_L)
+    s = warpgroup_mma_wait(num_outstanding=0, deps=(_issue_qk(k_ring, r_ring, 0, q_smem, qr_smem, s_zero),))
+    tok = tok_s
+    slots_next = lo + BLOCK_N + offs_ns
+    tok_s = gl.load(idx_row + slots_next, mask=slots_next < hi, other=-1)
+    p, alpha, m_i, l_acc = _online_softmax(s, tok, num_tokens, qk_scale_log2, m_i, l_acc)
+    p_smem.index(0).store(gl.permute(p.to(gl.float16), (1, 0)))
+    return (q_smem, qr_smem, k_ring, r_ring, p_smem, lo, hi, n_iter, idx_row, tok_g, tok_r, tok_s, m_i, l_acc, s_zero,
+            offs_ns)
+
+
+@gluon.jit
 def sparse_mla_decode_small_h_kernel(
     q_ptr,
     kv_ptr,
@@ -178,39 +220,13 @@ def sparse_mla_decode_small_h_kernel(
     pid_s = gl.program_id(0)
     bt = gl.program_id(1).to(gl.int64)  # query position b * q_len + t
 
-    q_smem, qr_smem = _load_query(q_ptr, bt, H, 0, BLOCK_H, D_V, D_R, G_L, R_L, K_SL, R_SL)
-
-    k_ring = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, D_V], K_SL)
-    r_ring = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, D_R], R_SL)
-    # Pᵀ as [heads, rows] (K-major B operand), double-buffered so that one warpgroup's
-    # P·V of block it may still read it while the P of block it + 1 is written.
-    p_smem = gl.allocate_shared_memory(gl.float16, [2, BLOCK_H, BLOCK_N], F16_SL)
-
-    lo, hi, n_iter, idx_row = _split_slots(idx_ptr, seq_lens_ptr, bt, pid_s, q_len, top_k, split_blocks,
-                                           HAS_SEQ_LENS, BLOCK_N)
-    tok_g, tok_r = _gather_prologue(kv_ptr, idx_row, lo, hi, num_tokens, k_ring, r_ring, STAGES, BLOCK_N, D_V, D_R,
-                                    G_L, R_L)
-
-    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(0, S_L))
-    l_acc = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=S_L)
-    acc = gl.zeros([D_V, BLOCK_H], gl.float32, layout=O_L)
-    s_zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=S_L)
-    offs_ns = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, S_L))
-    tok_s = gl.load(idx_row + lo + offs_ns, mask=lo + offs_ns < hi, other=-1)
-
     # Block 0: Sᵀ, softmax, P and Vᵀ staged. Then per iteration: Sᵀ of block it + 1 is
     # issued before Oᵀ += Vᵀ·Pᵀ of block it, so the softmax of it + 1 overlaps the P·V.
-    async_copy.wait_group(STAGES - 2)  # block 0 landed
-    fence_async_shared()
-    gl.thread_barrier()
-    tok_g, tok_r = _gather_next(kv_ptr, idx_row, tok_g, tok_r, STAGES - 1, hi, num_tokens, k_ring, r_ring, lo, STAGES,
-                                BLOCK_N, D_V, D_R, G_L, R_L)
-    s = warpgroup_mma_wait(num_outstanding=0, deps=(_issue_qk(k_ring, r_ring, 0, q_smem, qr_smem, s_zero),))
-    tok = tok_s
-    slots_next = lo + BLOCK_N + offs_ns
-    tok_s = gl.load(idx_row + slots_next, mask=slots_next < hi, other=-1)
-    p, alpha, m_i, l_acc = _online_softmax(s, tok, num_tokens, qk_scale_log2, m_i, l_acc)
-    p_smem.index(0).store(gl.permute(p.to(gl.float16), (1, 0)))
+    (q_smem, qr_smem, k_ring, r_ring, p_smem, lo, hi, n_iter, idx_row, tok_g, tok_r, tok_s, m_i, l_acc, s_zero,
+     offs_ns) = _first_block(q_ptr, kv_ptr, idx_ptr, seq_lens_ptr, bt, pid_s, num_tokens, qk_scale_log2, H, q_len,
+                             top_k, split_blocks, HAS_SEQ_LENS, STAGES, BLOCK_H, BLOCK_N, D_V, D_R, G_L, R_L, S_L,
+                             K_SL, R_SL, F16_SL)
+    acc = gl.zeros([D_V, BLOCK_H], gl.float32, layout=O_L)
     vt = _load_vt(k_ring.index(0), VL_L, A_L, D_V, BLOCK_N)
     for it in range(n_iter):
         # block it + 1 landed; P (and V) of block it staged; every thread is done with

@@ -40,12 +40,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from mate.ops.sparse_mla.decode_gluon_small_h import _issue_qk, _online_softmax
+from mate.ops.sparse_mla.decode_gluon_small_h import _first_block, _issue_qk, _online_softmax
 from mate.ops.sparse_mla.gluon_common import (
     _gather_next,
-    _gather_prologue,
-    _load_query,
-    _split_slots,
     _store_result,
     launch_decode,
 )
@@ -134,35 +131,12 @@ def sparse_mla_decode_small_h_wg_kernel(
     pid_s = gl.program_id(0)
     bt = gl.program_id(1).to(gl.int64)
 
-    q_smem, qr_smem = _load_query(q_ptr, bt, H, 0, BLOCK_H, D_V, D_R, G_L, R_L, K_SL, R_SL)
-    k_ring = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, D_V], K_SL)
-    r_ring = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, D_R], R_SL)
-    p_smem = gl.allocate_shared_memory(gl.float16, [2, BLOCK_H, BLOCK_N], F16_SL)
-
-    lo, hi, n_iter, idx_row = _split_slots(idx_ptr, seq_lens_ptr, bt, pid_s, q_len, top_k, split_blocks,
-                                           HAS_SEQ_LENS, BLOCK_N)
-    tok_g, tok_r = _gather_prologue(kv_ptr, idx_row, lo, hi, num_tokens, k_ring, r_ring, STAGES, BLOCK_N, D_V, D_R,
-                                    G_L, R_L)
-
-    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(0, S_L))
-    l_acc = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=S_L)
+    (q_smem, qr_smem, k_ring, r_ring, p_smem, lo, hi, n_iter, idx_row, tok_g, tok_r, tok_s, m_i, l_acc, s_zero,
+     offs_ns) = _first_block(q_ptr, kv_ptr, idx_ptr, seq_lens_ptr, bt, pid_s, num_tokens, qk_scale_log2, H, q_len,
+                             top_k, split_blocks, HAS_SEQ_LENS, STAGES, BLOCK_H, BLOCK_N, D_V, D_R, G_L, R_L, S_L,
+                             K_SL, R_SL, F16_SL)
     acc0 = gl.zeros([256, BLOCK_H], gl.float32, layout=O_L)
     acc1 = gl.zeros([256, BLOCK_H], gl.float32, layout=O_L)
-    s_zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=S_L)
-    offs_ns = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, S_L))
-    tok_s = gl.load(idx_row + lo + offs_ns, mask=lo + offs_ns < hi, other=-1)
-
-    async_copy.wait_group(STAGES - 2)
-    fence_async_shared()
-    gl.thread_barrier()
-    tok_g, tok_r = _gather_next(kv_ptr, idx_row, tok_g, tok_r, STAGES - 1, hi, num_tokens, k_ring, r_ring, lo, STAGES,
-                                BLOCK_N, D_V, D_R, G_L, R_L)
-    s = warpgroup_mma_wait(num_outstanding=0, deps=(_issue_qk(k_ring, r_ring, 0, q_smem, qr_smem, s_zero),))
-    tok = tok_s
-    slots_next = lo + BLOCK_N + offs_ns
-    tok_s = gl.load(idx_row + slots_next, mask=slots_next < hi, other=-1)
-    p, alpha, m_i, l_acc = _online_softmax(s, tok, num_tokens, qk_scale_log2, m_i, l_acc)
-    p_smem.index(0).store(gl.permute(p.to(gl.float16), (1, 0)))
     vt0 = _load_vt_half(k_ring.index(0).slice(0, 256, dim=1), VL_L, A_L, BLOCK_N)
     for it in range(n_iter):
         # block it + 1 landed; P and Vᵀ half 0 of block it staged (its slot is refilled once
