@@ -35,6 +35,22 @@ def _check_fast(s, topk, kw, qpos, **extra):
     _check_lanes(s, topk, kw, qpos, lanes_kernel="fast", **extra)
 
 
+def _mixed_rows(rows, T, nan_step):
+    """Scores [rows, 2, T] for the fallback and tie tests: random rows, then rows 1-5 with
+    more than 32 survivors of the bound (two levels), all equal, all -inf, ties straddling
+    the K-th place among fewer than 32 survivors, and a NaN every ``nan_step`` keys."""
+    g = torch.Generator().manual_seed(random.randrange(2**31))
+    s = torch.randn(rows, 2, T, generator=g)
+    s[1] = torch.randint(0, 2, (2, T), generator=g).float()  # > 32 survivors: fallback
+    s[2] = 0.0
+    s[3] = float("-inf")
+    s[4] = -s[4].abs()  # ties straddling the K-th place among fewer than 32 survivors
+    s[4, :, 0:100:10] = 4.0
+    s[4, :, 105:200:12] = 1.5
+    s[5, :, ::nan_step] = float("nan")
+    return s
+
+
 @pytest.mark.parametrize("levels", [None, 2, 3, 40])
 def test_lanes_classic_random_cases_exact(levels, device, triton_backend):
     s, topk, kw, qpos = _random_case([33, 64, 100, 256], 8, levels, device)
@@ -45,15 +61,7 @@ def test_lanes_classic_random_cases_exact(levels, device, triton_backend):
 def test_lanes_classic_fallback_and_tie_rows(counted, device, triton_backend):
     """One launch mixing rows with few survivors (random), ties at the K-th place, and
     rows where more than 32 keys survive the bound (two levels, all equal, all -inf)."""
-    g = torch.Generator().manual_seed(random.randrange(2**31))
-    s = torch.randn(6, 2, 200, generator=g)
-    s[1] = torch.randint(0, 2, (2, 200), generator=g).float()  # > 32 survivors: fallback
-    s[2] = 0.0
-    s[3] = float("-inf")
-    s[4] = -s[4].abs()  # ties straddling the K-th place among fewer than 32 survivors
-    s[4, :, 0:100:10] = 4.0
-    s[4, :, 105:200:12] = 1.5
-    s[5, :, ::3] = float("nan")
+    s = _mixed_rows(6, 200, 3)
     kw = dict(num_valid_pages=None, force_begin_blocks=1, force_end_blocks=1, force_blocks_count_in_topk=counted)
     _check_lanes(s.to(device), 16, kw, None, lanes_kernel="classic")
     qpos = torch.tensor([25000, 3000, 128 * 40, 128 * 17, -1, 2100], device=device)
@@ -65,15 +73,7 @@ def test_lanes_classic_slack0_and_lane_sum_ballots(levels, device, triton_backen
     """The bound search run to the end (slack 0: fewer survivors than the default slack 2)
     and ballots from lane sums give the same exact result."""
     s, topk, kw, qpos = _random_case([40, 256], 8, levels, device)
-    T = s.shape[2]
-    args = dict(query_positions=qpos, topk=topk, num_valid_pages=kw["num_valid_pages"] or T,
-                force_begin_blocks=kw["force_begin_blocks"], force_end_blocks=kw["force_end_blocks"],
-                force_blocks_count_in_topk=kw["force_blocks_count_in_topk"])
-    ref = topk_select_reference(s, **args)
-    out = poisoned(ref.shape, torch.int32, s.device)
-    sparse_topk_select_triton(s, out, **args, method="lanes", lanes_kernel="classic", lanes_slack=0,
-                              lanes_vote=False)
-    assert_equal(out, ref)
+    _check_lanes(s, topk, kw, qpos, lanes_kernel="classic", lanes_slack=0, lanes_vote=False)
 
 
 @pytest.mark.parametrize("levels", [None, 3, 40])
@@ -86,15 +86,7 @@ def test_lanes_fast_random_cases_exact(levels, device, triton_backend):
 def test_lanes_fast_fallback_and_tie_rows(counted, device, triton_backend):
     """Full rows (unmasked loads), rows with NaN, more than 32 survivors, ties at the K-th
     place, -0.0 against +0.0 at the threshold, and short rows by query positions."""
-    g = torch.Generator().manual_seed(random.randrange(2**31))
-    s = torch.randn(7, 2, 256, generator=g)
-    s[1] = torch.randint(0, 2, (2, 256), generator=g).float()  # > 32 survivors: fallback
-    s[2] = 0.0
-    s[3] = float("-inf")
-    s[4] = -s[4].abs()  # ties straddling the K-th place among fewer than 32 survivors
-    s[4, :, 0:100:10] = 4.0
-    s[4, :, 105:200:12] = 1.5
-    s[5, :, ::37] = float("nan")
+    s = _mixed_rows(7, 256, 37)
     s[6] = -s[6].abs() - 1.0  # zeros of both signs decide the top-k
     s[6, :, 3:250:19] = 0.0
     s[6, :, 5:250:23] = -0.0
