@@ -59,17 +59,23 @@ def loop_summary(sass: str) -> str:
             f"{sts} shared stores, {spills} spill instructions")
 
 
+def report(tag: str, rep) -> bool:
+    """Prints a specialization's resources, main loop and instruction counts; returns whether
+    it has both wgmma kinds (QGMMA for Sᵀ, HGMMA for P·V)."""
+    print(f"{tag}: {rep.registers} registers, stack {rep.stack} B, local {rep.local} B, {rep.spills} spill "
+          f"instructions, shared {rep.shared} B ({rep.shared / 1024:.1f} KB); main loop: {loop_summary(rep.sass)}")
+    for name, n in sorted(rep.counts.items()):
+        print(f"    {name}: {n}")
+    return any(k.startswith("QGMMA") for k in rep.counts) and any(k.startswith("HGMMA") for k in rep.counts)
+
+
 def compile_one(block_h: int, split: bool, stages: int, out_dir: str, v_early: bool = False) -> bool:
     constexprs = {"SPLIT": split, "HAS_SEQ_LENS": True, "STAGES": stages, "V_EARLY": v_early, "BLOCK_H": block_h,
                   "BLOCK_N": dg.SMALL_H_BLOCK_N}
     tag = f"small_h{block_h}_split{int(split)}{'_early' if v_early else ''}_stages{stages}"
     rep = compile_decode(dg.sparse_mla_decode_small_h_kernel, split, constexprs, dg.SMALL_H_NUM_WARPS, out_dir, tag,
                          PATTERN, keep_text=True)
-    print(f"{tag}: {rep.registers} registers, stack {rep.stack} B, local {rep.local} B, {rep.spills} spill "
-          f"instructions, shared {rep.shared} B ({rep.shared / 1024:.1f} KB); main loop: {loop_summary(rep.sass)}")
-    for name, n in sorted(rep.counts.items()):
-        print(f"    {name}: {n}")
-    has_mma = any(k.startswith("QGMMA") for k in rep.counts) and any(k.startswith("HGMMA") for k in rep.counts)
+    has_mma = report(tag, rep)
     return rep.shared <= SMEM_LIMIT and has_mma and rep.spills == 0
 
 
@@ -80,11 +86,7 @@ def compile_wg(block_h: int, split: bool, out_dir: str) -> bool:
     tag = f"wg{block_h}_split{int(split)}_stages{GLUON_WG_STAGES}"
     rep = compile_decode(dw.sparse_mla_decode_small_h_wg_kernel, split, constexprs, dw.WG_NUM_WARPS, out_dir, tag,
                          PATTERN, keep_text=True)
-    print(f"{tag}: {rep.registers} registers, stack {rep.stack} B, local {rep.local} B, {rep.spills} spill "
-          f"instructions, shared {rep.shared} B ({rep.shared / 1024:.1f} KB); main loop: {loop_summary(rep.sass)}")
-    for name, n in sorted(rep.counts.items()):
-        print(f"    {name}: {n}")
-    has_mma = any(k.startswith("QGMMA") for k in rep.counts) and any(k.startswith("HGMMA") for k in rep.counts)
+    has_mma = report(tag, rep)
     loop_spills = sum(1 for t in loop_body(rep.sass) or () if re.search(r"\b(STL|LDL)", t))
     return rep.shared <= dw.WG_SMEM_LIMIT and has_mma and loop_spills == 0  # spills outside the loop: prologue
 
