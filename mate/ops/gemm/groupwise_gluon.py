@@ -30,23 +30,14 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
+from mate.ops.gemm.groupwise import tile_coords
+
 __all__ = ["fp8_groupwise_gluon_kernel", "groupwise_gemm_gluon", "gluon_supported", "GLUON_MAX_REGS"]
 
 BLOCK_K = gl.constexpr(128)
 GLUON_MAX_REGS = 168  # launch registers per thread: 3 warpgroups (4 + 4 + 1 warps) fit an SM
 CONSUMER_REGS = gl.constexpr(232)
 PRODUCER_REGS = gl.constexpr(40)
-
-
-@gluon.jit
-def _tile_coords(t, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
-    """Grouped tile order: GROUP_M row tiles share each weight tile while it is in L2."""
-    width = GROUP_M * num_pid_n
-    first_m = (t // width) * GROUP_M
-    size_m = gl.minimum(num_pid_m - first_m, GROUP_M)
-    pid_m = first_m + (t % width) % size_m
-    pid_n = (t % width) // size_m
-    return pid_m, pid_n
 
 
 @gluon.jit
@@ -74,7 +65,7 @@ def _producer(a_desc, b_desc, idx_ptr, a_bufs, b_bufs, ready, empty, M, N, K, G,
     nbytes: gl.constexpr = (BLOCK_M + BLOCK_N) * BLOCK_K
     it = 0
     for t in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
-        pid_m, pid_n = _tile_coords(t, num_pid_m, num_pid_n, GROUP_M)
+        pid_m, pid_n = tile_coords(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         expert = _tile_expert(idx_ptr, pid_m, M, G, LAYOUT, BLOCK_M, IDX_L)
         if expert >= 0:
             a_row = pid_m * BLOCK_M
@@ -140,7 +131,7 @@ def _consumer(a_bufs, b_bufs, ready, empty, as_ptr, bs_ptr, c_ptr, idx_ptr, M, N
     zero = gl.zeros([SUB_M, SUB_N], gl.float32, MMA_L)
     it = 0
     for t in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
-        pid_m, pid_n = _tile_coords(t, num_pid_m, num_pid_n, GROUP_M)
+        pid_m, pid_n = tile_coords(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         expert = _tile_expert(idx_ptr, pid_m, M, G, LAYOUT, BLOCK_M, IDX_L)
         if expert >= 0:
             offs_m = pid_m * BLOCK_M + OFF_M + gl.arange(0, SUB_M, layout=ROW_L)
