@@ -68,7 +68,13 @@ def _load_vt_half(v_tile, VL_L: gl.constexpr, A_L: gl.constexpr, BLOCK_N: gl.con
     permuted, see ``_perm_half``). Widening before the renaming: each F2FP gives a (d, d + 1)
     pair of one row and one PRMT per register pairs the rows (sm_90: 746 instructions per
     block); renaming the e4m3 bytes first and widening in the operand layout compiled to 1097."""
-    v = v_tile.load(VL_L).to(gl.float16)  # [BLOCK_N, 256]
+    return _widen_vt_half(v_tile.load(VL_L), A_L, BLOCK_N)
+
+
+@gluon.jit
+def _widen_vt_half(v, A_L: gl.constexpr, BLOCK_N: gl.constexpr):
+    """The e4m3 [BLOCK_N, 256] values of ``_load_vt_half`` (layout ``VL_L``) as its operand."""
+    v = v.to(gl.float16)
     # d = D76 | D543 | D21 | d0  ->  m = D21 | D76 | d0 | D543
     v = gl.reshape(v, [BLOCK_N, 4, 8, 4, 2])
     v = gl.permute(v, (3, 1, 4, 2, 0))
