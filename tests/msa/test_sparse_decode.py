@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from mate.ops.msa import sparse_decode as sd
-from mate.testing import assert_close
+from mate.ops.msa.reference_attention import sparse_attention_reference
+from mate.ops.msa.sparse_attention import sparse_attention
+from mate.testing import assert_close, poisoned
 from tests.msa.test_sparse_attention import TOL, make_problem, run_case
 
 
@@ -84,6 +86,69 @@ def test_transposed_decode_empty_and_invalid_selections(device, triton_backend, 
     assert torch.isfinite(l_[2]).all()
 
 
+def _run_both(device, pb, splits, total_rows=None, variant=None, **kw):
+    """The transposed decode with the union pre-kernel and with ``direct`` (plus the
+    ``variant`` keys), on the same inputs (rows past ``qo_indptr[B]`` when ``total_rows``
+    exceeds it): both results."""
+    q = pb["q"]
+    n, hq, d = q.shape
+    rows = total_rows or n
+    pb = dict(pb)
+    if rows > n:  # padding rows of a static plan: no request, no key
+        pad = torch.randn(rows - n, hq, d).to(q.dtype).to(device)
+        pb["q"] = torch.cat([q, pad])
+        idx = pb["kv_block_indexes"]
+        pb["kv_block_indexes"] = torch.cat([idx, torch.zeros_like(idx[:1]).expand(rows - n, -1, -1)]).contiguous()
+    res = []
+    old = dict(sd.DECODE_VARIANT)
+    for direct in (False, True):
+        sd.DECODE_VARIANT.update({"direct": direct, "fp8_direct": direct, **((variant or {}) if direct else {})})
+        try:
+            out = poisoned((rows, hq, d), torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype, device)
+            lse = poisoned((rows, hq), torch.float32, device)
+            sparse_attention(**pb, out=out, lse=lse, decode=True, num_kv_splits=splits, **kw)
+        finally:
+            sd.DECODE_VARIANT.clear()
+            sd.DECODE_VARIANT.update(old)
+        res.append((out, lse))
+    return res
+
+
+# q_lens, kv_lens, flat page list, qo_offset, padding rows, index rows per query head, causal, splits, variant
+DIRECT_CASES = [
+    ([1, 1, 1], [300, 50, 129], False, None, 0, False, True, 1, {}),  # decode: request = token
+    ([2, 0, 1, 3], [300, 50, 129, 700], True, [100, 0, 128, 690], 0, False, True, 2, {}),  # binary search
+    ([1, 0, 2], [384, 10, 129], False, None, 3, True, True, 3, {"kvh_fast": True, "fp8_kvh_fast": True}),
+    ([1, 2], [257, 640], True, None, 2, False, False, 2, {"lsum": True}),  # not causal
+]
+
+
+@pytest.mark.parametrize("q_lens,kv_lens,flat,qo_offset,pad,wide,causal,splits,variant", DIRECT_CASES)
+def test_direct_decode_matches_union_path(device, triton_backend, transposed, q_lens, kv_lens, flat, qo_offset,
+                                          pad, wide, causal, splits, variant):
+    """``direct``: the decode kernel builds its token's block list itself; the same entries in
+    the same order as ``_msa_union_kernel``, so the same bits, and the reference's values."""
+    dtype = torch.float8_e4m3fn if splits == 3 else torch.bfloat16
+    pb = make_problem(q_lens, kv_lens, hq=16, hkv=1, width=8, dtype=dtype, device=device, flat=flat,
+                      qo_offset=qo_offset, hq_wide=wide)
+    n = sum(q_lens)
+    (ou, lu), (of, lf) = _run_both(device, pb, splits, total_rows=n + pad, variant=variant, causal=causal)
+    if not variant.get("lsum"):
+        assert torch.equal(of.float(), ou.float()) and torch.equal(lf, lu)
+    cpu = {key: (val.cpu() if isinstance(val, torch.Tensor) else val) for key, val in pb.items()}
+    ro, rl = sparse_attention_reference(**cpu, causal=causal)
+    _check(of[:n], lf[:n], ro, rl, dtype)
+    assert (of[n:].float() == 0).all() and torch.isinf(lf[n:]).all() and (lf[n:] < 0).all()
+
+
+def test_decode_variant_env_overrides():
+    assert sd._env_overrides("fp8_direct=1, fp8_maxnreg=128,fp8_keys=64") == {
+        "fp8_direct": True, "fp8_maxnreg": 128, "fp8_keys": 64}
+    assert sd._env_overrides("fp8_maxnreg=none,kernel=heads") == {"fp8_maxnreg": None, "kernel": "heads"}
+    with pytest.raises(ValueError, match="unknown key"):
+        sd._env_overrides("fused=1")
+
+
 def test_transposed_programs_per_sm_and_workspace_bound(monkeypatch):
     """Residency from the compile table, and the auto-split workspace bound of the heads-on-M
     kernel also covers the transposed kernel's splits."""
@@ -99,6 +164,12 @@ def test_transposed_programs_per_sm_and_workspace_bound(monkeypatch):
     assert sd.t_programs_per_sm(True) == 5  # capped at 96 registers
     monkeypatch.setitem(sd.DECODE_VARIANT, "keys", 128)
     assert sd.t_programs_per_sm(False) == 1  # 139 KB
+    monkeypatch.setitem(sd.DECODE_VARIANT, "fp8_maxnreg", None)
+    monkeypatch.setitem(sd.DECODE_VARIANT, "fp8_direct", True)
+    assert sd.t_config(True)[2] == sd.DIRECT_FP8_MAXNREG
+    assert sd.t_programs_per_sm(True) == 4  # direct: 153 registers uncapped, capped at 128
+    monkeypatch.setitem(sd.DECODE_VARIANT, "fp8_maxnreg", 160)
+    assert sd.t_programs_per_sm(True) == 3
     for rows in (1, 33, 128):
         _, n_flt = sa.workspace_numel(rows, 64, 4, 17, True, -1, cpu)
         for r in range(1, rows + 1):
@@ -132,3 +203,27 @@ def test_transposed_decode_gpu_m3(transposed, dtype, layout, splits):
         finally:
             sd.DECODE_VARIANT.update(old)
         _check(o, l_, ro, rl, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,layout,splits,variant", [
+    (torch.bfloat16, "NHD", -1, {}), (torch.float8_e4m3fn, "NHD", -1, {}),
+    (torch.float8_e4m3fn, "HND", 3, {"fp8_kvh_fast": True}), (torch.bfloat16, "HND", 2, {"lsum": True}),
+    (torch.float8_e4m3fn, "NHD", 1, {"fp8_lsum": True, "fp8_stages": 2})])
+def test_direct_decode_gpu_m3(transposed, dtype, layout, splits, variant):
+    """``direct`` at M3 geometry: one query per request (the common case) then requests of
+    several queries and padding rows (the binary search), against the reference and the union path."""
+    g = torch.Generator().manual_seed(torch.seed() % 2**31)
+    kv_lens = [1 + int(torch.randint(0, 6000, (1,), generator=g)) for _ in range(7)]
+    scale = (0.05, 2.0, 0.25) if dtype == torch.float8_e4m3fn else (None, 1.0, 1.0)
+    for q_lens, pad in (([1] * 7, 0), ([1, 3, 0, 2, 1, 1, 4], 5)):
+        pb = make_problem(q_lens, kv_lens, hq=64, hkv=4, width=16, dtype=dtype, device="cuda", layout=layout)
+        n = sum(q_lens)
+        (ou, lu), (of, lf) = _run_both("cuda", pb, splits, total_rows=n + pad, variant=variant, sm_scale=scale[0],
+                                       k_scale=scale[1], v_scale=scale[2])
+        cpu = {key: (val.cpu() if isinstance(val, torch.Tensor) else val) for key, val in pb.items()}
+        ro, rl = sparse_attention_reference(**cpu, sm_scale=scale[0], k_scale=scale[1], v_scale=scale[2])
+        _check(of[:n].cpu(), lf[:n].cpu(), ro, rl, dtype)
+        _check(ou[:n].cpu(), lu[:n].cpu(), ro, rl, dtype)
+        assert (of[n:].float() == 0).all() and torch.isinf(lf[n:]).all()
+        assert_close(of.float(), ou.float(), atol=1e-2, rtol=1e-2, name="direct vs union")

@@ -15,6 +15,8 @@ the fp32 scratch that ``_msa_combine_kernel`` merges.
 
 from __future__ import annotations
 
+import os
+
 import triton
 import triton.language as tl
 
@@ -22,10 +24,12 @@ from mate._core.triton_helpers import INTERPRET, dot_operand, to_out_dtype
 from mate.ops.msa.softmax_helpers import finish_softmax, split_entries, visible_limit
 
 __all__ = ["DECODE_VARIANT", "msa_decode_t_kernel", "decode_t_heads", "t_config", "t_constexprs",
-           "t_programs_per_sm"]
+           "t_direct", "t_programs_per_sm", "token_block_list"]
 
 DECODE_VARIANT = {"kernel": "transposed", "keys": 64, "stages": 3, "maxnreg": None, "lsum": False,
-                  "fp8_keys": 64, "fp8_stages": 3, "fp8_maxnreg": None, "fp8_lsum": False}
+                  "direct": False, "kvh_fast": False,
+                  "fp8_keys": 64, "fp8_stages": 3, "fp8_maxnreg": None, "fp8_lsum": False,
+                  "fp8_direct": False, "fp8_kvh_fast": False}
 """Decode kernel of ``sparse_attention`` (module defaults; the benchmark times the others).
 
 ``kernel``: "heads" (``_msa_sparse_fwd_kernel`` with one-token 16-row tiles) or "transposed"
@@ -52,12 +56,54 @@ warps 86.5, the e4m3 V tile widened through shared memory into a shared wgmma op
 of the compiler's byte gathers) 108.7 (88.2 with 4D descriptors, 96.1 with 2 stages); a
 96-register cap (5 programs per SM) gave 82.1-82.6.
 
+``direct`` (not yet timed on the H200 in this form): the decode program builds its token's
+block list itself (:func:`token_block_list`: request i = t checked, else a binary search; page
+mapping, drops, first-occurrence de-duplication, the same entries in the same order as
+``_msa_union_kernel``, so the same results) and the ``_msa_union_kernel`` launch is skipped.
+This is the removed ``fused_union`` with its registers under control: at
+``bench_msa_attention``'s width 16 the uncapped fp8 compile takes 135 registers (3 programs per
+SM: 512 programs need two waves, which is why ``fused_union`` measured 108.5 against 80.1 us
+there; the variants probe's width 17 pads to 32 ids and compiled to 128 registers, 4 per SM, and
+was 3.5% faster than the union path). With ``direct`` an fp8 call without ``fp8_maxnreg`` is
+capped at :data:`DIRECT_FP8_MAXNREG` registers. ``kvh_fast``: the grid's first axis is the KV
+head, so the programs of one token's KV heads start next to each other (their 128-byte rows of a
+token-major page are neighbours in DRAM).
+
+Environment: ``MATE_MSA_DECODE_VARIANT="fp8_direct=1,fp8_maxnreg=128"`` updates these keys at
+import (benchmarks of the whole op; the module defaults stay as above).
+
 Tried for fp8 in Gluon and removed (H200, same shape, 285 MB, interleaved replays; default 85.7 us,
 80.5% of copy; bf16 161.8, 85.3%): d rows permuted so V is read with 32-bit shared loads into a
 register fp16 wgmma operand (no byte gathers), a TMA ring, a one-barrier max exchange; 64-key tiles
 87.5 us (3 stages) / 86.8 (2), 128-key 101.3 (3 splits); warp-specialized TMA producer 87.8 (3
 stages) / 104.8 (4, split); Sᵀ(i + 1) issued before P·V(i) 90.3 (3) / 89.0 (2) / 104.6 (4, split).
 The byte-gathered V was not the limit at this shape."""
+
+DIRECT_FP8_MAXNREG = 128
+"""Register cap of ``direct`` fp8 calls without ``fp8_maxnreg`` (4 programs per SM)."""
+
+
+def _env_overrides(text: str) -> dict:
+    """``key=value,...`` -> DECODE_VARIANT updates (ints, booleans as 0/1, ``none``, names)."""
+    out = {}
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        key, _, val = item.partition("=")
+        key, val = key.strip(), val.strip()
+        if key not in DECODE_VARIANT:
+            raise ValueError(f"MATE_MSA_DECODE_VARIANT: unknown key {key!r} (known: {sorted(DECODE_VARIANT)})")
+        old = DECODE_VARIANT[key]
+        if val.lower() == "none":
+            out[key] = None
+        elif isinstance(old, bool):
+            out[key] = val.lower() in ("1", "true", "yes", "on")
+        elif isinstance(old, str):
+            out[key] = val
+        else:
+            out[key] = int(val)
+    return out
+
+
+DECODE_VARIANT.update(_env_overrides(os.environ.get("MATE_MSA_DECODE_VARIANT", "")))
 
 T_COMPILES = {
     (False, 64, 2): (71, 71696), (False, 64, 3): (72, 104472), (False, 64, 4): (72, 137248),
@@ -69,6 +115,14 @@ T_COMPILES = {
 (16 heads, 4 warps, unsplit, token-major cache; bf16 and fp16 alike), read with cuobjdump.
 No spills; QGMMA (fp8 Sᵀ) and HGMMA in the SASS, no ptxas warning."""
 
+T_COMPILES_DIRECT = {
+    **T_COMPILES, (True, 64, 2): (128, 28696), (True, 64, 3): (153, 45104), (True, 64, 4): (142, 61496),
+    (True, 128, 2): (224, 55320),
+}
+"""The same with ``direct`` (16 ids, page table; uncapped: fp8 64-key 3-stage 153 registers, 128 and
+no spills under :data:`DIRECT_FP8_MAXNREG`, loop 439 SASS instructions and 10 barriers against 421
+without ``direct``, 388 and 7 with ``lsum``; bf16 72 registers, loop 320 against 308)."""
+
 _SM90_SHARED = 233472  # bytes per SM (228 KB); each resident program also reserves 1 KB
 _SM90_REGS = 65536
 
@@ -79,31 +133,124 @@ def decode_t_heads(ratio: int) -> int:
     return max(16, triton.next_power_of_2(ratio))
 
 
+def t_direct(is_fp8: bool) -> bool:
+    """Whether the decode program builds its block list itself (no ``_msa_union_kernel`` launch)."""
+    return bool(DECODE_VARIANT[("fp8_" if is_fp8 else "") + "direct"])
+
+
 def t_config(is_fp8: bool) -> tuple[int, int, int | None]:
     """(keys per tile, stages, register cap) of the transposed kernel for this cache dtype."""
     pre = "fp8_" if is_fp8 else ""
     cap = DECODE_VARIANT[pre + "maxnreg"]
+    if not cap and is_fp8 and t_direct(is_fp8):
+        cap = DIRECT_FP8_MAXNREG
     return int(DECODE_VARIANT[pre + "keys"]), int(DECODE_VARIANT[pre + "stages"]), int(cap) if cap else None
 
 
 def t_constexprs(is_fp8: bool) -> dict:
     """Variant constexprs of :func:`msa_decode_t_kernel` for this cache dtype."""
-    return {"LSUM": bool(DECODE_VARIANT[("fp8_" if is_fp8 else "") + "lsum"])}
+    pre = "fp8_" if is_fp8 else ""
+    return {"LSUM": bool(DECODE_VARIANT[pre + "lsum"]), "KVH_FAST": bool(DECODE_VARIANT[pre + "kvh_fast"]),
+            "DIRECT": t_direct(is_fp8)}
 
 
 def t_programs_per_sm(is_fp8: bool) -> int:
     """Programs of the transposed kernel resident on one SM (registers and shared memory of
-    :data:`T_COMPILES`; an unlisted configuration is estimated), at most 5."""
+    :data:`T_COMPILES` / :data:`T_COMPILES_DIRECT`; an unlisted configuration is estimated), at most 5."""
     keys, stages, cap = t_config(is_fp8)
     tile = keys * 128 * (1 if is_fp8 else 2)
-    regs, smem = T_COMPILES.get((is_fp8, keys, stages), (128, 2 * tile * stages + 16384))
-    if t_constexprs(is_fp8)["LSUM"]:
+    table = T_COMPILES_DIRECT if t_direct(is_fp8) else T_COMPILES
+    regs, smem = table.get((is_fp8, keys, stages), (128, 2 * tile * stages + 16384))
+    if DECODE_VARIANT[("fp8_" if is_fp8 else "") + "lsum"]:
         regs = max(regs, 152)  # uncapped fp8 64-key compile: 151
     if cap:
         regs = min(regs, cap)
     by_regs = _SM90_REGS // (-(-regs // 8) * 8 * 128)
     by_smem = _SM90_SHARED // (smem + 1024)
     return max(1, min(5, by_regs, by_smem))
+
+
+@triton.jit
+def _request_blocks(req, ids, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, page_table_ptr, stride_pt, n_cols,
+                    kv_indices_ptr, kv_page_indptr_ptr, n_indices, USE_PAGE_TABLE: tl.constexpr,
+                    HAS_QO_OFFSET: tl.constexpr):
+    """(first query row, query offset, KV length, pages of ``ids``, ids in the page list) of
+    request ``req``; the page loads' masks only keep them in bounds."""
+    q_start = tl.load(qo_indptr_ptr + req)
+    kv_len = tl.load(kv_lens_ptr + req)
+    if HAS_QO_OFFSET:
+        q_off = tl.load(qo_offset_ptr + req)
+    else:
+        q_off = kv_len - (tl.load(qo_indptr_ptr + req + 1) - q_start)
+    ok = ids >= 0
+    if USE_PAGE_TABLE:
+        ok = ok & (ids < n_cols)
+        page = tl.load(page_table_ptr + req.to(tl.int64) * stride_pt + ids, mask=ok, other=0)
+    else:
+        pstart = tl.load(kv_page_indptr_ptr + req)
+        pend = tl.load(kv_page_indptr_ptr + req + 1)
+        # compared as differences: pstart + ids may exceed int32 for adversarial ids
+        ok = ok & (pstart >= 0) & (ids < pend - pstart) & (ids < n_indices - pstart)
+        page = tl.load(kv_indices_ptr + pstart + ids, mask=ok, other=0)
+    return q_start, q_off, kv_len, page, ok
+
+
+@triton.jit
+def token_block_list(
+    t, kvh, split, ubase,
+    idx_ptr, stride_it, stride_ih, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, B, n_iter,
+    page_table_ptr, stride_pt, n_cols, kv_indices_ptr, kv_page_indptr_ptr, n_indices, num_pages, W,
+    u_page_ptr, u_blk_ptr, cnt_ptr,
+    BLOCK_W: tl.constexpr, NUM_SPLITS: tl.constexpr, CAUSAL: tl.constexpr, USE_PAGE_TABLE: tl.constexpr,
+    HAS_QO_OFFSET: tl.constexpr,
+):
+    """``_msa_union_kernel`` for one token and KV head, inside the decode program: maps the
+    token's block ids through its request's pages, drops -1, out-of-range and causally
+    invisible ids, de-duplicates the (page, block) pairs (first occurrence kept, in list
+    order) and writes this split's share of the kept entries to the union slots ``ubase + e``.
+    Returns (position, KV length, kept count); an invalid token gets (-1, 0, 0). The count goes
+    through ``cnt_ptr`` (the splits of a token and KV head store the same value there): read
+    back from one address it is warp-uniform for ptxas, so the loop keeps its bounds, list
+    addresses and TMA coordinates in uniform registers (sm_90 fp8: 468 instead of 421 loop
+    instructions with the reduction's value, 29 R2UR; bf16 400 instead of 308)."""
+    tvalid = t < tl.load(qo_indptr_ptr + B)
+    w = tl.arange(0, BLOCK_W)
+    ids = tl.load(idx_ptr + t.to(tl.int64) * stride_it + kvh * stride_ih + w, mask=tvalid & (w < W), other=-1)
+    # the request of the token: the largest i < B with qo_indptr[i] <= t. Its data is loaded
+    # for i = t (one query per request) while that guess is checked, else after a binary search.
+    g = tl.minimum(t, B - 1)
+    q_start, q_off, kv_len, page, valid = _request_blocks(
+        g, ids, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, page_table_ptr, stride_pt, n_cols, kv_indices_ptr,
+        kv_page_indptr_ptr, n_indices, USE_PAGE_TABLE, HAS_QO_OFFSET)
+    if (q_start > t) | ((tl.load(qo_indptr_ptr + g + 1) <= t) & (g < B - 1)):
+        lo = g * 0
+        hi = lo + B
+        for _ in range(n_iter):
+            mid = (lo + hi) // 2
+            go = tl.load(qo_indptr_ptr + mid) <= t
+            lo = tl.where(go, mid, lo)
+            hi = tl.where(go, hi, mid)
+        q_start, q_off, kv_len, page, valid = _request_blocks(
+            lo, ids, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, page_table_ptr, stride_pt, n_cols,
+            kv_indices_ptr, kv_page_indptr_ptr, n_indices, USE_PAGE_TABLE, HAS_QO_OFFSET)
+    pos = tl.where(tvalid, q_off + (t - q_start), -1)
+    kv_len = tl.where(tvalid, kv_len, 0)
+    valid = valid & (ids < (kv_len + 127) // 128) & (page >= 0) & (page < num_pages)
+    if CAUSAL:
+        valid = valid & (ids * 128 <= pos)
+    # one request: equal ids have equal pages and validity, so (page, block) pairs are equal
+    # where the ids are, and a valid id's earlier copies are valid
+    dup = tl.max(((ids[:, None] == ids[None, :]) & (w[None, :] < w[:, None])).to(tl.int32), axis=1)
+    first = valid & (dup == 0)
+    slot = tl.cumsum(first.to(tl.int32), axis=0) - 1
+    cnt = tl.sum(first.to(tl.int32), axis=0)
+    e0, e1 = split_entries(cnt, split, NUM_SPLITS)
+    mine = first & (slot >= e0) & (slot < e1)
+    tl.store(u_page_ptr + ubase + slot, page, mask=mine)
+    tl.store(u_blk_ptr + ubase + slot, ids, mask=mine)
+    tl.store(cnt_ptr, cnt)
+    tl.debug_barrier()  # the loop's threads read entries other threads wrote
+    return pos, kv_len, tl.load(cnt_ptr)
 
 
 @triton.jit
@@ -115,14 +262,24 @@ def msa_decode_t_kernel(
     o_ptr, stride_ot, stride_oh, lse_ptr, stride_lt,
     op_ptr, lp_ptr,
     total_q, HQ, RATIO, qk_scale, v_scale,
+    idx_ptr, stride_it, stride_ih, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, B, n_iter,
+    page_table_ptr, stride_pt, n_cols, kv_indices_ptr, kv_page_indptr_ptr, n_indices, num_pages, W,
     GP: tl.constexpr, C: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
     CAUSAL: tl.constexpr, IS_FP8: tl.constexpr, HEAD_MAJOR: tl.constexpr, FLAT: tl.constexpr = True,
-    KEYS: tl.constexpr = 128, LSUM: tl.constexpr = False,
+    KEYS: tl.constexpr = 128, LSUM: tl.constexpr = False, DIRECT: tl.constexpr = False,
+    KVH_FAST: tl.constexpr = False, BLOCK_W: tl.constexpr = 16, USE_PAGE_TABLE: tl.constexpr = True,
+    HAS_QO_OFFSET: tl.constexpr = False,
 ):
-    t = tl.program_id(0)
-    kvh = tl.program_id(1)
+    if KVH_FAST:  # grid (KV heads, tokens, splits)
+        kvh = tl.program_id(0)
+        t = tl.program_id(1)
+        n_kvh = tl.num_programs(0)
+    else:  # grid (tokens, KV heads, splits)
+        t = tl.program_id(0)
+        kvh = tl.program_id(1)
+        n_kvh = tl.num_programs(1)
     split = tl.program_id(2)
-    n_kvh = tl.num_programs(1)
+    ubase = (t.to(tl.int64) * n_kvh + kvh) * C
     hl = tl.arange(0, GP)
     h = kvh * RATIO + hl
     hvalid = hl < RATIO
@@ -131,12 +288,18 @@ def msa_decode_t_kernel(
     # Qᵀ [D, GP], d contiguous per head column (K-major B operand, as fp8 wgmma requires)
     qt = tl.load(q_ptr + t.to(tl.int64) * stride_qt + h[None, :] * stride_qh + offs_d[:, None],
                  mask=hvalid[None, :], other=0.0)
+    if DIRECT:  # q is loaded first: its latency overlaps the list's
+        pos, kv_len, cnt = token_block_list(
+            t, kvh, split, ubase, idx_ptr, stride_it, stride_ih, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, B,
+            n_iter, page_table_ptr, stride_pt, n_cols, kv_indices_ptr, kv_page_indptr_ptr, n_indices, num_pages,
+            W, u_page_ptr, u_blk_ptr, u_cnt_ptr + t * n_kvh + kvh, BLOCK_W, NUM_SPLITS, CAUSAL, USE_PAGE_TABLE,
+            HAS_QO_OFFSET)
     qt = dot_operand(qt)
-    pos = tl.load(tok_pos_ptr + t)
-    kv_len = tl.load(tok_kvlen_ptr + t)
+    if not DIRECT:
+        pos = tl.load(tok_pos_ptr + t)
+        kv_len = tl.load(tok_kvlen_ptr + t)
+        cnt = tl.load(u_cnt_ptr + t * n_kvh + kvh)
     limit = visible_limit(pos, kv_len, CAUSAL)
-    ubase = (t.to(tl.int64) * n_kvh + kvh) * C
-    cnt = tl.load(u_cnt_ptr + t * n_kvh + kvh)
     e0, e1 = split_entries(cnt, split, NUM_SPLITS)
     m_i = tl.full([GP], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([GP], dtype=tl.float32)
