@@ -26,10 +26,18 @@ from mate.testing.sass import SMEM_LIMIT, compile_sm90, divisibility_attrs
 
 PATTERN = re.compile(r"\b(QGMMA\.\S+|UTMALDG\S*|SYNCS\.\S+|BAR\.\S+|WARPGROUP\.\S+|STL\S*|LDL\S*|USETMAXREG\S*)")
 
-# name: (LAYOUT, BLOCK_M, BLOCK_N, STAGES, SPLIT_N)
+# name: (LAYOUT, BLOCK_M, BLOCK_N, STAGES, SPLIT_N[, SCALE_AHEAD, EPI_TMA])
 CONFIGS = {
     "contig 128x128 st6": (1, 128, 128, 6, False),
     "contig 128x128 st5": (1, 128, 128, 5, False),
+    "contig 128x128 st5 ahead": (1, 128, 128, 5, False, True, False),
+    "contig 128x128 st5 tma": (1, 128, 128, 5, False, False, True),
+    "contig 128x128 st5 ahead tma": (1, 128, 128, 5, False, True, True),
+    "contig 128x192 st4": (1, 128, 192, 4, False),
+    "contig 128x192 st4 ahead": (1, 128, 192, 4, False, True, False),
+    "contig 128x192 st4 ahead tma": (1, 128, 192, 4, False, True, True),
+    "contig 128x256 st4 ahead": (1, 128, 256, 4, False, True, False),
+    "contig 128x256 st3 ahead tma": (1, 128, 256, 3, False, True, True),
     "plain 128x128 st6": (0, 128, 128, 6, False),
     "plain 128x64 st8": (0, 128, 64, 8, False),
     "plain 64x256 splitN st4": (0, 64, 256, 4, True),
@@ -37,18 +45,26 @@ CONFIGS = {
 }
 
 
-def _desc_type(block_rows: int) -> str:
-    layout = gl.NVMMASharedLayout.get_default_for([block_rows, 128], gl.float8e4nv)
-    return f"tensordesc<fp8e4nv[{block_rows}, 128],{layout}>"
+def _desc_type(block_rows: int, cols: int = 128, dtype=gl.float8e4nv, name: str = "fp8e4nv") -> str:
+    layout = gl.NVMMASharedLayout.get_default_for([block_rows, cols], dtype)
+    return f"tensordesc<{name}[{block_rows}, {cols}],{layout}>"
 
 
-def compile_one(name, layout, bm, bn, stages, split_n, out_dir) -> bool:
-    sig = {"a_desc": _desc_type(bm), "b_desc": _desc_type(bn), "as_ptr": "*fp32", "bs_ptr": "*fp32",
+def compile_one(name, layout, bm, bn, stages, split_n, ahead=False, epi_tma=False, out_dir=None, keep=False) -> bool:
+    wide = bn > 128 and not split_n
+    bx = 128 if wide else bn
+    b_type = _desc_type(bx)
+    b2_type = _desc_type(bn - 128) if wide else b_type
+    # without EPI_TMA the launcher passes a_desc as the (unused) output descriptors
+    c_type = _desc_type(64, bx, gl.bfloat16, "bf16") if epi_tma else _desc_type(bm)
+    c2_type = _desc_type(64, bn - 128, gl.bfloat16, "bf16") if epi_tma and wide else c_type
+    sig = {"a_desc": _desc_type(bm), "b_desc": b_type, "b2_desc": b2_type, "c_desc": c_type, "c2_desc": c2_type,
+           "as_ptr": "*fp32", "bs_ptr": "*fp32",
            "c_ptr": "*bf16", "idx_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "G": "i32",
            "stride_asm": "i32", "stride_ask": "i32", "stride_bsg": "i32", "stride_bsn": "i32", "stride_bsk": "i32",
            "stride_cm": "i32"}
     constexprs = {"LAYOUT": layout, "BLOCK_M": bm, "BLOCK_N": bn, "GROUP_M": 8, "STAGES": stages,
-                  "SPLIT_N": split_n}
+                  "SPLIT_N": split_n, "SCALE_AHEAD": ahead, "EPI_TMA": epi_tma}
     sig.update({k: "constexpr" for k in constexprs})
     # the launcher's pointers are 16-byte aligned; N, K and the strides of the benchmark shapes
     # are multiples of 16 (Triton specializes such integers at launch)
@@ -56,7 +72,7 @@ def compile_one(name, layout, bm, bn, stages, split_n, out_dir) -> bool:
     src = GluonASTSource(fn=gg.fp8_groupwise_gluon_kernel, signature=sig, constexprs=constexprs,
                          attrs=divisibility_attrs(sig, aligned))
     rep = compile_sm90(src, {"num_warps": 4, "maxnreg": gg.GLUON_MAX_REGS}, pattern=PATTERN, out_dir=out_dir,
-                       tag=re.sub(r"\W+", "_", name), ptxas=True)
+                       tag=re.sub(r"\W+", "_", name), ptxas=True, keep_text=keep)
     print(f"{name}: {rep.registers} registers (launch), stack {rep.stack} B, local {rep.local} B, "
           f"{rep.spills} spill instructions, shared {rep.shared} B ({rep.shared / 1024:.0f} KB)")
     for w in rep.ptxas_warnings:
@@ -71,6 +87,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None, help="where to keep the cubins and PTX (default: a temporary folder)")
     ap.add_argument("--only", default="", help="substring of the config names to compile")
+    ap.add_argument("--keep", action="store_true", help="also keep the TTGIR, PTX and SASS text in --out")
     args = ap.parse_args()
     out_dir = args.out or tempfile.mkdtemp(prefix="mate_gemm_gluon_")
     os.makedirs(out_dir, exist_ok=True)
@@ -79,7 +96,7 @@ def main() -> int:
         if args.only and args.only not in name:
             continue
         try:
-            ok &= compile_one(name, *cfg, out_dir)
+            ok &= compile_one(name, *cfg, out_dir=out_dir, keep=args.keep)
         except Exception as exc:  # report every config, then fail
             print(f"{name}: FAILED {type(exc).__name__}: {str(exc)[:2000]}")
             ok = False

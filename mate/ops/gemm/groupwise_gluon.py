@@ -17,6 +17,15 @@ the schedule DeepGEMM uses, which plain Triton cannot express on sm_90:
 * the epilogue stores the warpgroup's fp32 tile as bf16/fp16 with row/column masks, through
   shared memory in 16-byte row pieces, while the producer already loads the next tile.
 
+Options under A/B (``tuning.GROUPED_GLUON_VARIANTS``): ``SCALE_AHEAD`` loads the scales one
+K block ahead (in the default's sm_90 SASS the scale product sits between the first wgmma
+arrive and the first QGMMA, so each K block's wgmma issue waits for its own scale loads);
+``EPI_TMA`` stores tiles without padding rows by an asynchronous TMA store from shared
+memory, waited for before the buffer's next use; BLOCK_N 192 / 256 (BLOCK_M 128) split each
+warpgroup's 64 rows into a 128-column part and a 64/128-column part, each inside one
+weight-scale block, loaded into two rings (a 192-wide tile that starts mid-block loads its
+first 64 columns into the small ring).
+
 Selected with ``config["GLUON"] = True`` in ``groupwise_gemm_triton`` (Hopper GPUs only; the
 interpreter and other GPUs run the plain-Triton kernel). Checked against the reference by
 the GPU tests in ``tests/gemm/test_groupwise_gluon.py``.
@@ -28,7 +37,13 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 
 from mate.ops.gemm.groupwise import tile_coords
 
@@ -41,23 +56,30 @@ PRODUCER_REGS = gl.constexpr(40)
 
 
 @gluon.jit
-def _tile_expert(idx_ptr, pid_m, M, G, LAYOUT: gl.constexpr, BLOCK_M: gl.constexpr, IDX_L: gl.constexpr):
+def _tile_expert(idx_ptr, pid_m, M, G, LAYOUT: gl.constexpr, BLOCK_M: gl.constexpr, IDX_L: gl.constexpr,
+                 FULL: gl.constexpr = False):
     """The tile's expert (CONTIGUOUS: the largest m_indices of its rows), -1 for a tile to
-    skip (only padding rows, or an index >= G); 0 for PLAIN."""
+    skip (only padding rows, or an index >= G); 0 for PLAIN. With ``FULL`` also whether
+    every row < M of the tile belongs to that expert (no padding row to leave unwritten)."""
     if LAYOUT == 1:
         offs = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=IDX_L)
         idx = gl.load(idx_ptr + offs, mask=offs < M, other=-1)
         expert = gl.max(idx, axis=0)
         expert = gl.where(expert < G, expert, -1)
+        if FULL:
+            full = gl.min(gl.where(offs < M, idx, expert), axis=0) == expert
+        else:
+            full = expert < 0
     else:
         expert = pid_m * 0
-    return expert
+        full = expert == 0
+    return expert, full
 
 
 @gluon.jit
-def _producer(a_desc, b_desc, idx_ptr, a_bufs, b_bufs, ready, empty, M, N, K, G,
+def _producer(a_desc, b_desc, b2_desc, idx_ptr, a_bufs, b_bufs, b2_bufs, ready, empty, M, N, K, G,
               LAYOUT: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr,
-              STAGES: gl.constexpr):
+              STAGES: gl.constexpr, WIDE: gl.constexpr):
     IDX_L: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
     num_pid_m = gl.cdiv(M, BLOCK_M)
     num_pid_n = gl.cdiv(N, BLOCK_N)
@@ -66,16 +88,23 @@ def _producer(a_desc, b_desc, idx_ptr, a_bufs, b_bufs, ready, empty, M, N, K, G,
     it = 0
     for t in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
         pid_m, pid_n = tile_coords(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-        expert = _tile_expert(idx_ptr, pid_m, M, G, LAYOUT, BLOCK_M, IDX_L)
+        expert, _ = _tile_expert(idx_ptr, pid_m, M, G, LAYOUT, BLOCK_M, IDX_L)
         if expert >= 0:
             a_row = pid_m * BLOCK_M
             b_row = expert * N + pid_n * BLOCK_N
+            if WIDE:  # the 128-row part inside one weight-scale block, the rest beside it
+                off_x = (pid_n * BLOCK_N) % 128
+                b2_row = b_row + 128 - 2 * off_x
+                b_row += off_x
             for kb in range(num_kb):
                 s = it % STAGES
                 mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
                 mbarrier.expect(ready.index(s), nbytes)
                 tma.async_copy_global_to_shared(a_desc, [a_row, kb * BLOCK_K], ready.index(s), a_bufs.index(s))
                 tma.async_copy_global_to_shared(b_desc, [b_row, kb * BLOCK_K], ready.index(s), b_bufs.index(s))
+                if WIDE:
+                    tma.async_copy_global_to_shared(b2_desc, [b2_row, kb * BLOCK_K], ready.index(s),
+                                                    b2_bufs.index(s))
                 it += 1
 
 
@@ -99,7 +128,8 @@ def _store_tile(c_ptr, idx_ptr, acc, m0, n0, M, N, expert, stride_cm, LAYOUT: gl
     ``expert``). The tile goes through shared memory into 16-byte row pieces, so each store
     writes whole 32-byte sectors (from the wgmma layout, 4-byte pieces: twice the L2 write
     sectors, measured 6% slower on the grouped benchmark)."""
-    OUT_L: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
+    TPW_N: gl.constexpr = 16 if SUB_N >= 128 else SUB_N // 8
+    OUT_L: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TPW_N, TPW_N], [4, 1], [1, 0])
     out = gl.convert_layout(acc.to(c_ptr.dtype.element_ty), OUT_L)
     offs_m = m0 + gl.arange(0, SUB_M, layout=gl.SliceLayout(1, OUT_L))
     offs_n = n0 + gl.arange(0, SUB_N, layout=gl.SliceLayout(0, OUT_L))
@@ -112,10 +142,29 @@ def _store_tile(c_ptr, idx_ptr, acc, m0, n0, M, N, expert, stride_cm, LAYOUT: gl
 
 
 @gluon.jit
-def _consumer(a_bufs, b_bufs, ready, empty, as_ptr, bs_ptr, c_ptr, idx_ptr, M, N, K, G,
-              stride_asm, stride_ask, stride_bsg, stride_bsn, stride_bsk, stride_cm,
-              HALF: gl.constexpr, LAYOUT: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              GROUP_M: gl.constexpr, STAGES: gl.constexpr, SPLIT_N: gl.constexpr):
+def _epilogue(c_ptr, idx_ptr, c_buf, c_desc, acc, m0, n0, M, N, expert, full, stride_cm, LAYOUT: gl.constexpr,
+              SUB_M: gl.constexpr, SUB_N: gl.constexpr, EPI_TMA: gl.constexpr):
+    """``EPI_TMA``: a tile without padding rows goes out through ``c_buf`` by an asynchronous
+    TMA store (rows >= M and columns >= N clipped by the descriptor), waited for only before
+    the buffer's next use; other tiles (and every tile without it) through ``_store_tile``."""
+    if EPI_TMA:
+        if full:
+            tma.store_wait(0)
+            c_buf.store(acc.to(c_ptr.dtype.element_ty))
+            fence_async_shared()
+            tma.async_copy_shared_to_global(c_desc, [m0, n0], c_buf)
+        else:
+            _store_tile(c_ptr, idx_ptr, acc, m0, n0, M, N, expert, stride_cm, LAYOUT, SUB_M, SUB_N)
+    else:
+        _store_tile(c_ptr, idx_ptr, acc, m0, n0, M, N, expert, stride_cm, LAYOUT, SUB_M, SUB_N)
+
+
+@gluon.jit
+def _narrow_tile(a_bufs, b_bufs, ready, empty, c_buf, c_desc, as_ptr, bs_ptr, c_ptr, idx_ptr, it, pid_m, pid_n,
+                 expert, full, M, N, K, stride_asm, stride_ask, stride_bsg, stride_bsn, stride_bsk, stride_cm,
+                 HALF: gl.constexpr, LAYOUT: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                 STAGES: gl.constexpr, SPLIT_N: gl.constexpr, SCALE_AHEAD: gl.constexpr, EPI_TMA: gl.constexpr):
+    """One output tile, one wgmma per K block (SUB_N <= 128): returns the ring counter."""
     SUB_M: gl.constexpr = BLOCK_M if SPLIT_N else BLOCK_M // 2
     SUB_N: gl.constexpr = BLOCK_N // 2 if SPLIT_N else BLOCK_N
     OFF_M: gl.constexpr = 0 if SPLIT_N else HALF * SUB_M
@@ -123,53 +172,185 @@ def _consumer(a_bufs, b_bufs, ready, empty, as_ptr, bs_ptr, c_ptr, idx_ptr, M, N
     MMA_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                     instr_shape=[16, SUB_N, 32])
     ROW_L: gl.constexpr = gl.SliceLayout(1, MMA_L)
+    num_kb = K // BLOCK_K
+    zero = gl.zeros([SUB_M, SUB_N], gl.float32, MMA_L)
+    offs_m = pid_m * BLOCK_M + OFF_M + gl.arange(0, SUB_M, layout=ROW_L)
+    in_a = offs_m < M
+    nblk = (pid_n * BLOCK_N + OFF_N) // 128
+    as_ptrs = as_ptr + offs_m.to(gl.int64) * stride_asm
+    bs_base = bs_ptr + expert.to(gl.int64) * stride_bsg + nblk * stride_bsn
+    nb_ok = nblk < gl.cdiv(N, 128)
+    if SCALE_AHEAD:  # the scales of K block kb + 1 load during block kb: their latency is off the wgmma issue
+        sa_n = gl.load(as_ptrs, mask=in_a, other=0.0)
+        sb_n = gl.load(bs_base, mask=nb_ok, other=0.0)
+    acc = zero
+    for kb in range(num_kb):
+        if SCALE_AHEAD:
+            sc = sa_n * sb_n
+            more = kb + 1 < num_kb
+            sa_n = gl.load(as_ptrs + (kb + 1) * stride_ask, mask=in_a & more, other=0.0)
+            sb_n = gl.load(bs_base + (kb + 1) * stride_bsk, mask=nb_ok & more, other=0.0)
+        else:
+            sa = gl.load(as_ptrs + kb * stride_ask, mask=in_a, other=0.0)
+            sb = gl.load(bs_base + kb * stride_bsk, mask=nb_ok, other=0.0)
+        s = it % STAGES
+        mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+        a_s, b_s = _operands(a_bufs, b_bufs, s, HALF, SUB_M, SUB_N, SPLIT_N)
+        prod = warpgroup_mma(a_s, b_s, zero, use_acc=False, is_async=True)
+        prod = warpgroup_mma_wait(num_outstanding=0, deps=(prod, ))
+        mbarrier.arrive(empty.index(s), count=1)
+        if SCALE_AHEAD:
+            acc += prod * sc[:, None]
+        else:
+            acc += prod * (sa * sb)[:, None]
+        it += 1
+    _epilogue(c_ptr, idx_ptr, c_buf, c_desc, acc, pid_m * BLOCK_M + OFF_M, pid_n * BLOCK_N + OFF_N, M, N, expert,
+              full, stride_cm, LAYOUT, SUB_M, SUB_N, EPI_TMA)
+    return it
+
+
+@gluon.jit
+def _wide_tile(a_bufs, b_bufs, b2_bufs, ready, empty, c_buf, c2_buf, c_desc, c2_desc, as_ptr, bs_ptr, c_ptr,
+               idx_ptr, it, pid_m, pid_n, expert, full, M, N, K, stride_asm, stride_ask, stride_bsg, stride_bsn,
+               stride_bsk, stride_cm, HALF: gl.constexpr, LAYOUT: gl.constexpr, BLOCK_M: gl.constexpr,
+               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, SCALE_AHEAD: gl.constexpr, EPI_TMA: gl.constexpr):
+    """One output tile of BLOCK_N 192 or 256 columns, the warpgroup's 64 rows in two column
+    parts that each lie inside one 128-column weight-scale block: X (128 columns, ring
+    ``b_bufs``) and Y (BLOCK_N - 128, ``b2_bufs``). A 192-wide tile that starts 64 columns
+    into a scale block has Y first ([n0, n0 + 64)) and X after it. BLOCK_N 192: both
+    wgmmas in flight at once (64 + 32 product registers); 256: one after the other, so one
+    64-register product serves both parts."""
+    WY: gl.constexpr = BLOCK_N - 128
+    SERIAL: gl.constexpr = BLOCK_N > 192
+    LX: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 128, 32])
+    LY: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, WY, 32])
+    ROW_L: gl.constexpr = gl.SliceLayout(1, LX)
+    num_kb = K // BLOCK_K
+    zero_x = gl.zeros([64, 128], gl.float32, LX)
+    zero_y = gl.zeros([64, WY], gl.float32, LY)
+    m0 = pid_m * BLOCK_M + HALF * 64
+    n0 = pid_n * BLOCK_N
+    off_x = n0 % 128
+    off_y = 128 - 2 * off_x
+    offs_m = m0 + gl.arange(0, 64, layout=ROW_L)
+    in_a = offs_m < M
+    as_ptrs = as_ptr + offs_m.to(gl.int64) * stride_asm
+    num_nb = gl.cdiv(N, 128)
+    blk_x = (n0 + off_x) // 128
+    blk_y = (n0 + off_y) // 128
+    bx_ptr = bs_ptr + expert.to(gl.int64) * stride_bsg + blk_x * stride_bsn
+    by_ptr = bs_ptr + expert.to(gl.int64) * stride_bsg + blk_y * stride_bsn
+    x_ok = blk_x < num_nb
+    y_ok = blk_y < num_nb
+    if SCALE_AHEAD:
+        sa_n = gl.load(as_ptrs, mask=in_a, other=0.0)
+        sx_n = gl.load(bx_ptr, mask=x_ok, other=0.0)
+        sy_n = gl.load(by_ptr, mask=y_ok, other=0.0)
+    acc_x = zero_x
+    acc_y = zero_y
+    for kb in range(num_kb):
+        if SCALE_AHEAD:
+            sa = sa_n
+            sx = sx_n
+            sy = sy_n
+            more = kb + 1 < num_kb
+            sa_n = gl.load(as_ptrs + (kb + 1) * stride_ask, mask=in_a & more, other=0.0)
+            sx_n = gl.load(bx_ptr + (kb + 1) * stride_bsk, mask=x_ok & more, other=0.0)
+            sy_n = gl.load(by_ptr + (kb + 1) * stride_bsk, mask=y_ok & more, other=0.0)
+        else:
+            sa = gl.load(as_ptrs + kb * stride_ask, mask=in_a, other=0.0)
+            sx = gl.load(bx_ptr + kb * stride_bsk, mask=x_ok, other=0.0)
+            sy = gl.load(by_ptr + kb * stride_bsk, mask=y_ok, other=0.0)
+        s = it % STAGES
+        mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+        a_s = a_bufs.index(s).slice(HALF * 64, 64, dim=0)
+        b_x = b_bufs.index(s).permute((1, 0))
+        b_y = b2_bufs.index(s).permute((1, 0))
+        if SERIAL:
+            px = warpgroup_mma(a_s, b_x, zero_x, use_acc=False, is_async=True)
+            px = warpgroup_mma_wait(num_outstanding=0, deps=(px, ))
+            acc_x += px * (sa * sx)[:, None]
+            py = warpgroup_mma(a_s, b_y, zero_y, use_acc=False, is_async=True)
+            py = warpgroup_mma_wait(num_outstanding=0, deps=(py, ))
+            mbarrier.arrive(empty.index(s), count=1)
+        else:
+            px = warpgroup_mma(a_s, b_x, zero_x, use_acc=False, is_async=True)
+            py = warpgroup_mma(a_s, b_y, zero_y, use_acc=False, is_async=True)
+            px, py = warpgroup_mma_wait(num_outstanding=0, deps=(px, py))
+            mbarrier.arrive(empty.index(s), count=1)
+            acc_x += px * (sa * sx)[:, None]
+        acc_y += py * gl.convert_layout(sa * sy, gl.SliceLayout(1, LY))[:, None]
+        it += 1
+    _epilogue(c_ptr, idx_ptr, c_buf, c_desc, acc_x, m0, n0 + off_x, M, N, expert, full, stride_cm, LAYOUT, 64, 128,
+              EPI_TMA)
+    _epilogue(c_ptr, idx_ptr, c2_buf, c2_desc, acc_y, m0, n0 + off_y, M, N, expert, full, stride_cm, LAYOUT, 64, WY,
+              EPI_TMA)
+    return it
+
+
+@gluon.jit
+def _consumer(a_bufs, b_bufs, b2_bufs, c_bufs, c2_bufs, ready, empty, c_desc, c2_desc, as_ptr, bs_ptr, c_ptr, idx_ptr,
+              M, N, K, G, stride_asm, stride_ask, stride_bsg, stride_bsn, stride_bsk, stride_cm,
+              HALF: gl.constexpr, LAYOUT: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              GROUP_M: gl.constexpr, STAGES: gl.constexpr, SPLIT_N: gl.constexpr, WIDE: gl.constexpr,
+              SCALE_AHEAD: gl.constexpr, EPI_TMA: gl.constexpr):
     IDX_L: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     num_pid_m = gl.cdiv(M, BLOCK_M)
     num_pid_n = gl.cdiv(N, BLOCK_N)
-    num_nb = gl.cdiv(N, 128)
-    num_kb = K // BLOCK_K
-    zero = gl.zeros([SUB_M, SUB_N], gl.float32, MMA_L)
+    c_buf = c_bufs.index(HALF)
+    c2_buf = c2_bufs.index(HALF)
     it = 0
     for t in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
         pid_m, pid_n = tile_coords(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-        expert = _tile_expert(idx_ptr, pid_m, M, G, LAYOUT, BLOCK_M, IDX_L)
+        expert, full = _tile_expert(idx_ptr, pid_m, M, G, LAYOUT, BLOCK_M, IDX_L, EPI_TMA)
         if expert >= 0:
-            offs_m = pid_m * BLOCK_M + OFF_M + gl.arange(0, SUB_M, layout=ROW_L)
-            in_a = offs_m < M
-            nblk = (pid_n * BLOCK_N + OFF_N) // 128
-            as_ptrs = as_ptr + offs_m.to(gl.int64) * stride_asm
-            bs_base = bs_ptr + expert.to(gl.int64) * stride_bsg + nblk * stride_bsn
-            nb_ok = nblk < num_nb
-            acc = zero
-            for kb in range(num_kb):
-                sa = gl.load(as_ptrs + kb * stride_ask, mask=in_a, other=0.0)
-                sb = gl.load(bs_base + kb * stride_bsk, mask=nb_ok, other=0.0)
-                s = it % STAGES
-                mbarrier.wait(ready.index(s), (it // STAGES) & 1)
-                a_s, b_s = _operands(a_bufs, b_bufs, s, HALF, SUB_M, SUB_N, SPLIT_N)
-                prod = warpgroup_mma(a_s, b_s, zero, use_acc=False, is_async=True)
-                prod = warpgroup_mma_wait(num_outstanding=0, deps=(prod, ))
-                mbarrier.arrive(empty.index(s), count=1)
-                acc += prod * (sa * sb)[:, None]
-                it += 1
-            _store_tile(c_ptr, idx_ptr, acc, pid_m * BLOCK_M + OFF_M, pid_n * BLOCK_N + OFF_N, M, N, expert,
-                        stride_cm, LAYOUT, SUB_M, SUB_N)
+            if WIDE:
+                it = _wide_tile(a_bufs, b_bufs, b2_bufs, ready, empty, c_buf, c2_buf, c_desc, c2_desc, as_ptr, bs_ptr,
+                                c_ptr, idx_ptr, it, pid_m, pid_n, expert, full, M, N, K, stride_asm, stride_ask,
+                                stride_bsg, stride_bsn, stride_bsk, stride_cm, HALF, LAYOUT, BLOCK_M, BLOCK_N, STAGES,
+                                SCALE_AHEAD, EPI_TMA)
+            else:
+                it = _narrow_tile(a_bufs, b_bufs, ready, empty, c_buf, c_desc, as_ptr, bs_ptr, c_ptr, idx_ptr, it,
+                                  pid_m, pid_n, expert, full, M, N, K, stride_asm, stride_ask, stride_bsg, stride_bsn,
+                                  stride_bsk, stride_cm, HALF, LAYOUT, BLOCK_M, BLOCK_N, STAGES, SPLIT_N,
+                                  SCALE_AHEAD, EPI_TMA)
+    if EPI_TMA:
+        tma.store_wait(0)
 
 
 @gluon.jit
 def fp8_groupwise_gluon_kernel(
-    a_desc, b_desc, as_ptr, bs_ptr, c_ptr, idx_ptr,
+    a_desc, b_desc, b2_desc, c_desc, c2_desc, as_ptr, bs_ptr, c_ptr, idx_ptr,
     M, N, K, G,
     stride_asm, stride_ask, stride_bsg, stride_bsn, stride_bsk, stride_cm,
     LAYOUT: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr,
-    STAGES: gl.constexpr, SPLIT_N: gl.constexpr,
+    STAGES: gl.constexpr, SPLIT_N: gl.constexpr, SCALE_AHEAD: gl.constexpr = False, EPI_TMA: gl.constexpr = False,
 ):
     """Persistent grid (at most one program per SM); ``a_desc`` covers a [M, K] with blocks
-    [BLOCK_M, 128], ``b_desc`` covers b as [G * N, K] with blocks [BLOCK_N, 128]."""
+    [BLOCK_M, 128], ``b_desc`` covers b as [G * N, K] with blocks [min(BLOCK_N, 128), 128]
+    (BLOCK_N 192/256 without SPLIT_N: ``b2_desc`` with blocks [BLOCK_N - 128, 128], else
+    unused); with ``EPI_TMA`` ``c_desc`` covers c [M, N] with blocks [64, min(BLOCK_N, 128)]
+    and ``c2_desc`` with blocks [64, BLOCK_N - 128] (wide tiles; unused otherwise)."""
+    WIDE: gl.constexpr = BLOCK_N > 128 and not SPLIT_N
     gl.static_assert(BLOCK_M // 2 == 64 or (SPLIT_N and BLOCK_M == 64))
-    gl.static_assert((BLOCK_N // 2 if SPLIT_N else BLOCK_N) <= 128)
+    gl.static_assert((BLOCK_N // 2 if SPLIT_N else BLOCK_N) <= 128 or (BLOCK_M == 128 and BLOCK_N <= 256))
+    gl.static_assert(not EPI_TMA or (BLOCK_M == 128 and not SPLIT_N and BLOCK_N >= 128))
+    BX: gl.constexpr = 128 if WIDE else BLOCK_N
     a_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
-    b_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
+    b_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BX, BLOCK_K], b_desc.layout)
+    if WIDE:
+        b2_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N - 128, BLOCK_K], b2_desc.layout)
+    else:
+        b2_bufs = b_bufs
+    if EPI_TMA:
+        c_bufs = gl.allocate_shared_memory(c_ptr.dtype.element_ty, [2, 64, BX], c_desc.layout)
+        if WIDE:
+            c2_bufs = gl.allocate_shared_memory(c_ptr.dtype.element_ty, [2, 64, BLOCK_N - 128], c2_desc.layout)
+        else:
+            c2_bufs = c_bufs
+    else:  # placeholders, never used
+        c_bufs = a_bufs
+        c2_bufs = a_bufs
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
@@ -177,14 +358,14 @@ def fp8_groupwise_gluon_kernel(
         mbarrier.init(empty.index(i), count=2)  # one arrival per consumer warpgroup
 
     gl.warp_specialize([
-        (_consumer, (a_bufs, b_bufs, ready, empty, as_ptr, bs_ptr, c_ptr, idx_ptr, M, N, K, G,
-                     stride_asm, stride_ask, stride_bsg, stride_bsn, stride_bsk, stride_cm,
-                     0, LAYOUT, BLOCK_M, BLOCK_N, GROUP_M, STAGES, SPLIT_N)),
-        (_consumer, (a_bufs, b_bufs, ready, empty, as_ptr, bs_ptr, c_ptr, idx_ptr, M, N, K, G,
-                     stride_asm, stride_ask, stride_bsg, stride_bsn, stride_bsk, stride_cm,
-                     1, LAYOUT, BLOCK_M, BLOCK_N, GROUP_M, STAGES, SPLIT_N)),
-        (_producer, (a_desc, b_desc, idx_ptr, a_bufs, b_bufs, ready, empty, M, N, K, G,
-                     LAYOUT, BLOCK_M, BLOCK_N, GROUP_M, STAGES)),
+        (_consumer, (a_bufs, b_bufs, b2_bufs, c_bufs, c2_bufs, ready, empty, c_desc, c2_desc, as_ptr, bs_ptr, c_ptr,
+                     idx_ptr, M, N, K, G, stride_asm, stride_ask, stride_bsg, stride_bsn, stride_bsk, stride_cm,
+                     0, LAYOUT, BLOCK_M, BLOCK_N, GROUP_M, STAGES, SPLIT_N, WIDE, SCALE_AHEAD, EPI_TMA)),
+        (_consumer, (a_bufs, b_bufs, b2_bufs, c_bufs, c2_bufs, ready, empty, c_desc, c2_desc, as_ptr, bs_ptr, c_ptr,
+                     idx_ptr, M, N, K, G, stride_asm, stride_ask, stride_bsg, stride_bsn, stride_bsk, stride_cm,
+                     1, LAYOUT, BLOCK_M, BLOCK_N, GROUP_M, STAGES, SPLIT_N, WIDE, SCALE_AHEAD, EPI_TMA)),
+        (_producer, (a_desc, b_desc, b2_desc, idx_ptr, a_bufs, b_bufs, b2_bufs, ready, empty, M, N, K, G,
+                     LAYOUT, BLOCK_M, BLOCK_N, GROUP_M, STAGES, WIDE)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -206,28 +387,53 @@ def _desc(t: torch.Tensor, rows: int, block_rows: int):
     return TensorDescriptor(t, [rows, t.shape[-1]], [t.shape[-1], 1], [block_rows, 128], layout)
 
 
+_GL_OUT = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
+
+
+def _out_desc(out: torch.Tensor, cols: int):
+    """TMA descriptor of the [M, N] output with blocks [64, cols] (the epilogue's store)."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    layout = gl.NVMMASharedLayout.get_default_for([64, cols], _GL_OUT[out.dtype])
+    return TensorDescriptor(out, list(out.shape), [out.stride(0), 1], [64, cols], layout)
+
+
 def groupwise_gemm_gluon(a, b, a_scale, a_scale_strides, b_scale, b_scale_strides, out, *, layout: int,
                          config: dict, m_indices: torch.Tensor | None = None, num_sms: int | None = None) -> None:
     """Launches the Gluon kernel (``gluon_supported`` must hold; layout PLAIN or CONTIGUOUS).
 
-    ``config``: BLOCK_M (128, or 64 with SPLIT_N), BLOCK_N (<= 128, or 256 with SPLIT_N),
-    GROUP_M, num_stages (ring slots) and SPLIT_N (see the module docstring).
+    ``config``: BLOCK_M (128, or 64 with SPLIT_N), BLOCK_N (<= 128; 192 or 256 with BLOCK_M
+    128; up to 256 with SPLIT_N), GROUP_M, num_stages (ring slots), SPLIT_N, SCALE_AHEAD
+    (scales loaded one K block ahead) and EPI_TMA (TMA-store epilogue for tiles without
+    padding rows; BLOCK_M 128, BLOCK_N >= 128, ignored where the output's rows are not
+    16-byte aligned). See the module docstring.
     """
     M, K = a.shape
     N = b.shape[-2]
     G = b.shape[0] if b.dim() == 3 else 1
     bm, bn = config["BLOCK_M"], config["BLOCK_N"]
     split_n = bool(config.get("SPLIT_N", bm == 64))
+    if not split_n and bn > 128 and (bm != 128 or bn not in (192, 256)):
+        raise ValueError(f"BLOCK_N {bn} needs SPLIT_N, or BLOCK_M 128 with BLOCK_N 192 or 256")
+    epi_tma = (bool(config.get("EPI_TMA", False)) and bm == 128 and bn >= 128 and not split_n
+               and out.dim() == 2 and out.data_ptr() % 16 == 0 and (out.stride(0) * out.element_size()) % 16 == 0)
     tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
     if num_sms is None:
         num_sms = torch.cuda.get_device_properties(a.device).multi_processor_count
     grid = (max(1, min(num_sms, tiles)), )
     idx = m_indices if m_indices is not None else out
+    wide = bn > 128 and not split_n
+    a_desc = _desc(a, M, bm)
+    b_desc = _desc(b, G * N, 128 if wide else bn)
+    b2_desc = _desc(b, G * N, bn - 128) if wide else b_desc
+    c_desc = _out_desc(out, 128 if wide else bn) if epi_tma else a_desc  # a_desc: a placeholder, never used
+    c2_desc = _out_desc(out, bn - 128) if epi_tma and wide else c_desc
     fp8_groupwise_gluon_kernel[grid](
-        _desc(a, M, bm), _desc(b, G * N, bn), a_scale, b_scale, out, idx,
+        a_desc, b_desc, b2_desc, c_desc, c2_desc, a_scale, b_scale, out, idx,
         M, N, K, G,
         a_scale_strides[1], a_scale_strides[2], *b_scale_strides, out.stride(-2),
         LAYOUT=layout, BLOCK_M=bm, BLOCK_N=bn, GROUP_M=config.get("GROUP_M", 8),
         STAGES=config.get("num_stages", 4), SPLIT_N=split_n,
+        SCALE_AHEAD=bool(config.get("SCALE_AHEAD", False)), EPI_TMA=epi_tma,
         num_warps=4, maxnreg=GLUON_MAX_REGS,
     )

@@ -152,7 +152,26 @@ GLUON_GROUPED_MIN_TILES = 4096
 """128x128 output tiles from which the contiguous layout runs the persistent Gluon kernel."""
 
 
-def grouped_config(m: int, n: int, k: int) -> dict:
+GROUPED_GLUON_VARIANTS: dict[str, dict] = {
+    "128x128 st5": {},
+    "128x128 st5 ahead": {"SCALE_AHEAD": True},
+    "128x128 st5 tma": {"EPI_TMA": True},
+    "128x128 st5 ahead tma": {"SCALE_AHEAD": True, "EPI_TMA": True},
+    "128x192 st4": {"BLOCK_N": 192, "num_stages": 4},
+    "128x192 st4 ahead": {"BLOCK_N": 192, "num_stages": 4, "SCALE_AHEAD": True},
+    "128x192 st4 ahead tma": {"BLOCK_N": 192, "num_stages": 4, "SCALE_AHEAD": True, "EPI_TMA": True},
+    "128x256 st4 ahead": {"BLOCK_N": 256, "num_stages": 4, "SCALE_AHEAD": True},
+    "128x256 st3 ahead tma": {"BLOCK_N": 256, "num_stages": 3, "SCALE_AHEAD": True, "EPI_TMA": True},
+}
+"""Overrides of the Gluon grouped config, candidates for the H200 A/B of
+``/tmp/devreq/gemm_grouped.sh`` (not measured yet; the default is the first). SCALE_AHEAD:
+scales loaded one K block ahead (in the sm_90 SASS the default's scale product waits for
+that K block's scale loads before the first QGMMA is issued); EPI_TMA: asynchronous
+TMA-store epilogue; BLOCK_N 192/256: wider tiles (17% / 25% less operand traffic per
+FLOP). All compile without spills except 128x256 (per-tile spills outside the K loop)."""
+
+
+def grouped_config(m: int, n: int, k: int, variant: str | None = None) -> dict:
     """Contiguous MoE layout: groups are 128-row aligned, so BLOCK_M divides 128.
 
     Measured on the H200 (4 experts x 8192 rows, N=4096, K=7168): the persistent
@@ -169,9 +188,12 @@ def grouped_config(m: int, n: int, k: int) -> dict:
     with 128x128 tiles, 8 warps, 4 stages: 2059-2202 us (874-935 TFLOP/s). The Gluon kernel
     is used from ``GLUON_GROUPED_MIN_TILES`` tiles (the measured class: many waves of a
     persistent grid); on plain GEMMs with a few waves it was slower than the Triton kernel
-    (M=4096, N=2112, K=7168: 180 us against 161).
+    (M=4096, N=2112, K=7168: 180 us against 161). ``variant`` names an entry of
+    ``GROUPED_GLUON_VARIANTS`` (candidates awaiting the GPU).
     """
     triton_cfg = {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 4, "GROUP_M": 8}
+    if variant is not None:  # a named candidate of GROUPED_GLUON_VARIANTS, whatever the size
+        return {**triton_cfg, "GLUON": True, "num_stages": 5, **GROUPED_GLUON_VARIANTS[variant]}
     if -(-m // 128) * -(-n // 128) >= GLUON_GROUPED_MIN_TILES:
         return {**triton_cfg, "GLUON": True, "num_stages": 5}
     return triton_cfg
