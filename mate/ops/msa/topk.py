@@ -775,6 +775,7 @@ def sparse_topk_select_triton(
     lanes_slack: int = 2,
     lanes_vote: bool = True,
     lanes_kernel: str | None = None,
+    rows_config: str = "rows32",
 ) -> None:
     """Launches the selection on validated tensors (contiguous fp32 scores, int32 output).
     ``max_chunk`` (a power of two >= 16; default :data:`INTERVAL_MAX_CHUNK` for ``interval``,
@@ -791,10 +792,21 @@ def sparse_topk_select_triton(
     ``vote.ballot``.
     ``lanes_kernel`` (default :data:`LANES_KERNEL`) picks the ``lanes`` kernel: ``"classic"``
     (:func:`_topk_lanes_kernel`) or ``"fast"`` (:func:`_topk_lanes_fast_kernel`).
-    ``rows_per_program`` and ``num_warps`` override :func:`topk_config` (experiments)."""
+    ``rows_per_program`` and ``num_warps`` override :func:`topk_config` (experiments).
+    ``method="rows"`` (experimental, :mod:`mate.ops.msa.topk_rows`: four threads per row,
+    ``rows_config`` a key of its ``ROWS_CONFIGS``) runs rows of up to 256 tiles and W <= 32,
+    ``lanes`` the others."""
     method = TOPK_METHOD if method is None else method
     if lanes_kernel not in (None, "classic", "fast"):
         raise ValueError(f"lanes_kernel must be 'classic' or 'fast', got {lanes_kernel!r}")
+    if method == "rows":
+        from mate.ops.msa import topk_rows
+
+        if topk_rows.topk_rows_supported(max_score.shape[2], output.shape[2]) and max_score.shape[0]:
+            topk_rows.topk_rows_launch(max_score, output, query_positions, num_valid_pages, force_begin_blocks,
+                                       force_end_blocks, rows_config, lanes_slack)
+            return
+        method = "lanes"
     if method not in TOPK_METHODS:
         raise ValueError(f"method must be one of {TOPK_METHODS}, got {method!r}")
     if max_chunk is None:
