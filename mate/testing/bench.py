@@ -1,7 +1,10 @@
 """GPU timing and ceilings used by the benchmarks.
 
 Times are medians of CUDA-graph replays (or CUDA events when a callable cannot be
-captured), with inputs rotated over several sets so that the L2 does not flatter.
+captured), with inputs rotated over several sets so that the L2 does not flatter. Each
+timed region starts behind a short GPU spin (``torch.cuda._sleep``), so the host's launch
+latency, which an idle GPU would otherwise wait for between the start event and the first
+kernel, is not counted; gaps between the kernels of one replay still are.
 """
 
 from __future__ import annotations
@@ -17,6 +20,19 @@ from mate.testing.graphs import capture_graph
 __all__ = ["time_fn", "time_interleaved", "measure_ceilings", "rotation_count", "record"]
 
 L2_BYTES = 60 * (1 << 20)
+SPIN_CYCLES = 100_000  # ~50 us at the H200's clock: longer than a graph launch from the host
+
+
+def _timed(run: Callable[[], Any]) -> float:
+    """GPU time in microseconds of what ``run`` enqueues, started behind a GPU spin so the
+    launch latency of the host does not fall inside the timed region."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(SPIN_CYCLES)
+    start.record()
+    run()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3
 
 
 def rotation_count(bytes_per_set: int, min_total: int = 4 * L2_BYTES, max_sets: int = 64) -> int:
@@ -52,21 +68,10 @@ def time_fn(
         torch.cuda.synchronize()
         reps = max(3, iters // len(fns))
         for _ in range(reps):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) * 1e3 / len(fns))
+            times.append(_timed(graph.replay) / len(fns))
     else:
         for i in range(iters):
-            f = fns[i % len(fns)]
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            f()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) * 1e3)
+            times.append(_timed(fns[i % len(fns)]))
     return statistics.median(times)
 
 
@@ -107,12 +112,7 @@ def time_interleaved(
             graph, calls = graphs[name]
             graph.replay()  # one untimed replay after switching cases
             for _ in range(max(2, per_round // calls)):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                graph.replay()
-                end.record()
-                end.synchronize()
-                times[name].append(start.elapsed_time(end) * 1e3 / calls)
+                times[name].append(_timed(graph.replay) / calls)
     for name in names:
         result[name] = statistics.median(times[name])
     return {name: result[name] for name in cases}
