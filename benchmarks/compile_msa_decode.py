@@ -4,14 +4,14 @@
 
 A SPEC is ``dtype:stages:warps[:key=value...]`` with dtype bf16, fp16 or fp8 and keys
 ``keys`` (keys per TMA tile), ``splits``, ``maxnreg``, ``flat`` (0/1: 2D views of contiguous
-caches), ``layout`` (NHD or HND), ``lsum`` (0/1), ``direct`` (0/1: the program builds its block
-list), ``bw`` (ids per list padded: 16 for ``bench_msa_attention``'s 16 blocks, 32 for 17),
-``pt`` (0/1: page table or flat page list), ``qoff`` (0/1) and ``kvh`` (0/1: ``kvh_fast`` grid);
-without one it compiles the module defaults
+caches), ``layout`` (NHD or HND), ``bw`` (ids per list padded: 16, the default, for
+``bench_msa_attention``'s 16 blocks, 32 for 17), ``pt`` (0/1: page table or flat page list)
+and ``qoff`` (0/1); without one it compiles the module defaults
 (:data:`mate.ops.msa.sparse_decode.DECODE_VARIANT`) for bf16 and fp8. Per spec it prints
-registers, local memory, shared memory, the SASS instruction count, the counts of the
-tensor-core / TMA / barrier instructions and ptxas warnings, read with the tools in Triton's
-wheel (the M3 tile: 16 heads of one KV head, 128-wide heads, causal).
+registers, local memory, spill instructions, shared memory, the SASS instruction count, the
+instructions of the key loop, the counts of the tensor-core / TMA / barrier instructions and
+ptxas warnings, read with the tools in Triton's wheel (the M3 tile: 16 heads of one KV head,
+128-wide heads, causal).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from mate.ops.msa import sparse_decode as sd
 from mate.testing.sass import compile_sm90, divisibility_attrs, opcode_counts
 
 DTYPES = {"bf16": "bf16", "fp16": "fp16", "fp8": "fp8e4nv"}
-ALIGNED = ("q_ptr", "tok_pos_ptr", "tok_kvlen_ptr", "u_page_ptr", "u_blk_ptr", "u_cnt_ptr", "o_ptr", "lse_ptr",
+ALIGNED = ("q_ptr", "u_page_ptr", "u_blk_ptr", "u_cnt_ptr", "o_ptr", "lse_ptr",
            "op_ptr", "lp_ptr", "stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_lt", "idx_ptr",
            "qo_indptr_ptr", "kv_lens_ptr", "page_table_ptr")
 SHOWN = re.compile(r"GMMA|HMMA|F2FP|^UTMALDG|^BAR|^SYNCS")
@@ -38,7 +38,7 @@ def signature(dt: str, layout: str, out: str, flat: bool, keys: int) -> dict:
         blk = f"[1, {keys}, 1, 128]" if layout == "NHD" else f"[1, 1, {keys}, 128]"
     return {"q_ptr": f"*{dt}", "stride_qt": "i32", "stride_qh": "i32",
             "k_desc": f"tensordesc<{dt}{blk}>", "v_desc": f"tensordesc<{dt}{blk}>",
-            "tok_pos_ptr": "*i32", "tok_kvlen_ptr": "*i32", "u_page_ptr": "*i32", "u_blk_ptr": "*i32",
+            "u_page_ptr": "*i32", "u_blk_ptr": "*i32",
             "u_cnt_ptr": "*i32", "o_ptr": f"*{out}", "stride_ot": "i32", "stride_oh": "i32", "lse_ptr": "*fp32",
             "stride_lt": "i32", "op_ptr": "*fp32", "lp_ptr": "*fp32", "total_q": "i32", "HQ": "i32",
             "RATIO": "i32", "qk_scale": "fp32", "v_scale": "fp32",
@@ -55,10 +55,9 @@ def compile_one(spec: str, out_dir: str | None) -> None:
     layout = kw.get("layout", "NHD")
     flat = bool(int(kw.get("flat", 1)))
     keys = int(kw.get("keys", 128))
-    bw = int(kw.get("bw", 32))
+    bw = int(kw.get("bw", 16))
     ce = dict(FLAT=flat, KEYS=keys, GP=16, C=bw, HEAD_DIM=128, NUM_SPLITS=int(kw.get("splits", 1)), CAUSAL=True,
-              IS_FP8=dt == "fp8e4nv", HEAD_MAJOR=layout == "HND", LSUM=bool(int(kw.get("lsum", 0))),
-              DIRECT=bool(int(kw.get("direct", 0))), KVH_FAST=bool(int(kw.get("kvh", 0))), BLOCK_W=bw,
+              IS_FP8=dt == "fp8e4nv", HEAD_MAJOR=layout == "HND", BLOCK_W=bw,
               USE_PAGE_TABLE=bool(int(kw.get("pt", 1))), HAS_QO_OFFSET=bool(int(kw.get("qoff", 0))))
     sig = signature(dt, layout, "fp16" if dt == "fp16" else "bf16", flat, keys)
     sig.update({k: "constexpr" for k in ce})
@@ -71,7 +70,20 @@ def compile_one(spec: str, out_dir: str | None) -> None:
     ops = opcode_counts(rep.sass)
     shown = {o: c for o, c in sorted(ops.items()) if SHOWN.search(o)}
     print(f"[{tag}] REG {rep.registers} LOCAL {rep.local} spills {rep.spills} shared {rep.shared} "
-          f"instrs {sum(ops.values())} {shown} warn={rep.ptxas_warnings}")
+          f"instrs {sum(ops.values())} key loop {key_loop(rep.sass)} {shown} warn={rep.ptxas_warnings}")
+
+
+def key_loop(sass: str) -> int | None:
+    """Instructions of the key loop: the shortest backward branch's span holding a wgmma."""
+    lines = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]{4,6})\*/\s+([^;]*);", sass)]
+    best = None
+    for at, text in lines:
+        m = re.search(r"\bBRA\b.*0x([0-9a-f]+)\s*$", text)
+        if m and int(m.group(1), 16) < at:
+            body = [t for a, t in lines if int(m.group(1), 16) <= a <= at]
+            if any("GMMA" in t for t in body) and (best is None or len(body) < best):
+                best = len(body)
+    return best
 
 
 def main() -> None:
@@ -84,9 +96,7 @@ def main() -> None:
         specs = []
         for fp8, name in ((False, "bf16"), (True, "fp8")):
             keys, stages, cap = sd.t_config(fp8)
-            cx = sd.t_constexprs(fp8)
-            specs.append(f"{name}:{stages}:4:keys={keys}:lsum={int(cx['LSUM'])}:direct={int(cx['DIRECT'])}"
-                         f":kvh={int(cx['KVH_FAST'])}" + (f":maxnreg={cap}" if cap else ""))
+            specs.append(f"{name}:{stages}:4:keys={keys}" + (f":maxnreg={cap}" if cap else ""))
     for spec in specs:
         compile_one(spec, args.out)
 

@@ -61,18 +61,6 @@ def test_transposed_decode_matches_reference(device, triton_backend, transposed,
     _check(o, l_, ro, rl, dtype)
 
 
-@pytest.mark.parametrize("dtype,splits", [(torch.float8_e4m3fn, 1), (torch.bfloat16, 2)])
-def test_transposed_decode_lsum_matches_reference(device, triton_backend, transposed, monkeypatch, dtype, splits):
-    """DECODE_VARIANT ``lsum``: the softmax denominator summed per key and reduced after the loop."""
-    monkeypatch.setitem(sd.DECODE_VARIANT, "lsum", True)
-    monkeypatch.setitem(sd.DECODE_VARIANT, "fp8_lsum", True)
-    pb = make_problem([1, 0, 2], [300, 50, 129], hq=16, hkv=1, width=8, dtype=dtype, device=device)
-    scale = (0.05, 2.0, 0.25) if dtype == torch.float8_e4m3fn else (None, 1.0, 1.0)
-    o, l_, ro, rl = run_case(device, pb, decode=True, splits=splits, sm_scale=scale[0], k_scale=scale[1],
-                             v_scale=scale[2])
-    _check(o, l_, ro, rl, dtype)
-
-
 @pytest.mark.parametrize("splits", [1, 2])
 def test_transposed_decode_empty_and_invalid_selections(device, triton_backend, transposed, splits):
     pb = make_problem([1, 1, 1], [384, 384, 200], hq=16, hkv=1, width=4, device=device)
@@ -86,67 +74,55 @@ def test_transposed_decode_empty_and_invalid_selections(device, triton_backend, 
     assert torch.isfinite(l_[2]).all()
 
 
-def _run_both(device, pb, splits, total_rows=None, variant=None, **kw):
-    """The transposed decode with the union pre-kernel and with ``direct`` (plus the
-    ``variant`` keys), on the same inputs (rows past ``qo_indptr[B]`` when ``total_rows``
-    exceeds it): both results."""
+def _run_padded(device, pb, splits, total_rows=None, **kw):
+    """The transposed decode on ``pb`` plus rows past ``qo_indptr[B]`` up to ``total_rows``
+    (padding rows of a static plan: no request, no key): (out, lse) of all rows."""
     q = pb["q"]
     n, hq, d = q.shape
     rows = total_rows or n
     pb = dict(pb)
-    if rows > n:  # padding rows of a static plan: no request, no key
+    if rows > n:
         pad = torch.randn(rows - n, hq, d).to(q.dtype).to(device)
         pb["q"] = torch.cat([q, pad])
         idx = pb["kv_block_indexes"]
         pb["kv_block_indexes"] = torch.cat([idx, torch.zeros_like(idx[:1]).expand(rows - n, -1, -1)]).contiguous()
-    res = []
-    old = dict(sd.DECODE_VARIANT)
-    for direct in (False, True):
-        sd.DECODE_VARIANT.update({"direct": direct, "fp8_direct": direct, **((variant or {}) if direct else {})})
-        try:
-            out = poisoned((rows, hq, d), torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype, device)
-            lse = poisoned((rows, hq), torch.float32, device)
-            sparse_attention(**pb, out=out, lse=lse, decode=True, num_kv_splits=splits, **kw)
-        finally:
-            sd.DECODE_VARIANT.clear()
-            sd.DECODE_VARIANT.update(old)
-        res.append((out, lse))
-    return res
+    out = poisoned((rows, hq, d), torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype, device)
+    lse = poisoned((rows, hq), torch.float32, device)
+    sparse_attention(**pb, out=out, lse=lse, decode=True, num_kv_splits=splits, **kw)
+    return out, lse
 
 
-# q_lens, kv_lens, flat page list, qo_offset, padding rows, index rows per query head, causal, splits, variant
-DIRECT_CASES = [
-    ([1, 1, 1], [300, 50, 129], False, None, 0, False, True, 1, {}),  # decode: request = token
-    ([2, 0, 1, 3], [300, 50, 129, 700], True, [100, 0, 128, 690], 0, False, True, 2, {}),  # binary search
-    ([1, 0, 2], [384, 10, 129], False, None, 3, True, True, 3, {"kvh_fast": True, "fp8_kvh_fast": True}),
-    ([1, 2], [257, 640], True, None, 2, False, False, 2, {"lsum": True}),  # not causal
+# q_lens, kv_lens, flat page list, qo_offset, padding rows, index rows per query head, causal, splits
+LIST_CASES = [
+    ([1, 1, 1], [300, 50, 129], False, None, 0, False, True, 1),  # decode: request = token
+    ([2, 0, 1, 3], [300, 50, 129, 700], True, [100, 0, 128, 690], 0, False, True, 2),  # binary search
+    ([1, 0, 2], [384, 10, 129], False, None, 3, True, True, 3),
+    ([1, 2], [257, 640], True, None, 2, False, False, 2),  # not causal
 ]
 
 
-@pytest.mark.parametrize("q_lens,kv_lens,flat,qo_offset,pad,wide,causal,splits,variant", DIRECT_CASES)
-def test_direct_decode_matches_union_path(device, triton_backend, transposed, q_lens, kv_lens, flat, qo_offset,
-                                          pad, wide, causal, splits, variant):
-    """``direct``: the decode kernel builds its token's block list itself; the same entries in
-    the same order as ``_msa_union_kernel``, so the same bits, and the reference's values."""
+@pytest.mark.parametrize("q_lens,kv_lens,flat,qo_offset,pad,wide,causal,splits", LIST_CASES)
+def test_transposed_decode_block_lists(device, triton_backend, transposed, q_lens, kv_lens, flat, qo_offset, pad,
+                                       wide, causal, splits):
+    """The decode program's own block list (:func:`sparse_decode.token_block_list`): the
+    token's request found directly or by binary search, padding rows empty."""
     dtype = torch.float8_e4m3fn if splits == 3 else torch.bfloat16
     pb = make_problem(q_lens, kv_lens, hq=16, hkv=1, width=8, dtype=dtype, device=device, flat=flat,
                       qo_offset=qo_offset, hq_wide=wide)
     n = sum(q_lens)
-    (ou, lu), (of, lf) = _run_both(device, pb, splits, total_rows=n + pad, variant=variant, causal=causal)
-    if not variant.get("lsum"):
-        assert torch.equal(of.float(), ou.float()) and torch.equal(lf, lu)
+    o, l_ = _run_padded(device, pb, splits, total_rows=n + pad, causal=causal)
     cpu = {key: (val.cpu() if isinstance(val, torch.Tensor) else val) for key, val in pb.items()}
     ro, rl = sparse_attention_reference(**cpu, causal=causal)
-    _check(of[:n], lf[:n], ro, rl, dtype)
-    assert (of[n:].float() == 0).all() and torch.isinf(lf[n:]).all() and (lf[n:] < 0).all()
+    _check(o[:n], l_[:n], ro, rl, dtype)
+    assert (o[n:].float() == 0).all() and torch.isinf(l_[n:]).all() and (l_[n:] < 0).all()
 
 
 def test_decode_variant_env_overrides():
-    assert sd._env_overrides("fp8_direct=1, fp8_maxnreg=128,fp8_keys=64") == {
-        "fp8_direct": True, "fp8_maxnreg": 128, "fp8_keys": 64}
+    assert sd._env_overrides("fp8_stages=2, fp8_maxnreg=128,fp8_keys=64") == {
+        "fp8_stages": 2, "fp8_maxnreg": 128, "fp8_keys": 64}
     assert sd._env_overrides("fp8_maxnreg=none,kernel=heads") == {"fp8_maxnreg": None, "kernel": "heads"}
     with pytest.raises(ValueError, match="unknown key"):
-        sd._env_overrides("fused=1")
+        sd._env_overrides("fp8_direct=1")
 
 
 def test_transposed_programs_per_sm_and_workspace_bound(monkeypatch):
@@ -159,15 +135,13 @@ def test_transposed_programs_per_sm_and_workspace_bound(monkeypatch):
     assert sd.t_programs_per_sm(False) == 2  # 64-key tiles, 3 stages: 104 KB
     monkeypatch.setitem(sd.DECODE_VARIANT, "stages", 2)
     assert sd.t_programs_per_sm(False) == 3  # 64-key tiles, 2 stages: 72 KB
-    assert sd.t_programs_per_sm(True) == 4  # fp8 64-key tiles, 3 stages: 102 registers
+    assert sd.t_programs_per_sm(True) == 4  # fp8 64-key tiles, 3 stages: capped at 128 registers
     monkeypatch.setitem(sd.DECODE_VARIANT, "fp8_maxnreg", 96)
     assert sd.t_programs_per_sm(True) == 5  # capped at 96 registers
     monkeypatch.setitem(sd.DECODE_VARIANT, "keys", 128)
     assert sd.t_programs_per_sm(False) == 1  # 139 KB
     monkeypatch.setitem(sd.DECODE_VARIANT, "fp8_maxnreg", None)
-    monkeypatch.setitem(sd.DECODE_VARIANT, "fp8_direct", True)
-    assert sd.t_config(True)[2] == sd.DIRECT_FP8_MAXNREG
-    assert sd.t_programs_per_sm(True) == 4  # direct: 153 registers uncapped, capped at 128
+    assert sd.t_programs_per_sm(True) == 3  # uncapped: 153 registers
     monkeypatch.setitem(sd.DECODE_VARIANT, "fp8_maxnreg", 160)
     assert sd.t_programs_per_sm(True) == 3
     for rows in (1, 33, 128):
@@ -207,23 +181,22 @@ def test_transposed_decode_gpu_m3(transposed, dtype, layout, splits):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype,layout,splits,variant", [
-    (torch.bfloat16, "NHD", -1, {}), (torch.float8_e4m3fn, "NHD", -1, {}),
-    (torch.float8_e4m3fn, "HND", 3, {"fp8_kvh_fast": True}), (torch.bfloat16, "HND", 2, {"lsum": True}),
-    (torch.float8_e4m3fn, "NHD", 1, {"fp8_lsum": True, "fp8_stages": 2})])
-def test_direct_decode_gpu_m3(transposed, dtype, layout, splits, variant):
-    """``direct`` at M3 geometry: one query per request (the common case) then requests of
-    several queries and padding rows (the binary search), against the reference and the union path."""
+    (torch.bfloat16, "NHD", -1, {}), (torch.float8_e4m3fn, "NHD", -1, {}), (torch.float8_e4m3fn, "HND", 3, {}),
+    (torch.bfloat16, "HND", 2, {"stages": 2}), (torch.float8_e4m3fn, "NHD", 1, {"fp8_stages": 2, "fp8_maxnreg": None})])
+def test_transposed_decode_gpu_m3_block_lists(transposed, monkeypatch, dtype, layout, splits, variant):
+    """M3 geometry, width 16: one query per request (the common case) then requests of several
+    queries and padding rows (the binary search), against the reference."""
+    for key, val in variant.items():
+        monkeypatch.setitem(sd.DECODE_VARIANT, key, val)
     g = torch.Generator().manual_seed(torch.seed() % 2**31)
     kv_lens = [1 + int(torch.randint(0, 6000, (1,), generator=g)) for _ in range(7)]
     scale = (0.05, 2.0, 0.25) if dtype == torch.float8_e4m3fn else (None, 1.0, 1.0)
     for q_lens, pad in (([1] * 7, 0), ([1, 3, 0, 2, 1, 1, 4], 5)):
         pb = make_problem(q_lens, kv_lens, hq=64, hkv=4, width=16, dtype=dtype, device="cuda", layout=layout)
         n = sum(q_lens)
-        (ou, lu), (of, lf) = _run_both("cuda", pb, splits, total_rows=n + pad, variant=variant, sm_scale=scale[0],
-                                       k_scale=scale[1], v_scale=scale[2])
+        o, l_ = _run_padded("cuda", pb, splits, total_rows=n + pad, sm_scale=scale[0], k_scale=scale[1],
+                            v_scale=scale[2])
         cpu = {key: (val.cpu() if isinstance(val, torch.Tensor) else val) for key, val in pb.items()}
         ro, rl = sparse_attention_reference(**cpu, sm_scale=scale[0], k_scale=scale[1], v_scale=scale[2])
-        _check(of[:n].cpu(), lf[:n].cpu(), ro, rl, dtype)
-        _check(ou[:n].cpu(), lu[:n].cpu(), ro, rl, dtype)
-        assert (of[n:].float() == 0).all() and torch.isinf(lf[n:]).all()
-        assert_close(of.float(), ou.float(), atol=1e-2, rtol=1e-2, name="direct vs union")
+        _check(o[:n].cpu(), l_[:n].cpu(), ro, rl, dtype)
+        assert (o[n:].float() == 0).all() and torch.isinf(l_[n:]).all() and (l_[n:] < 0).all()

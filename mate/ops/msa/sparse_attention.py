@@ -401,9 +401,8 @@ def sparse_attention_triton(
     iws: torch.Tensor | None = None,
     fws: torch.Tensor | None = None,
 ) -> None:
-    """Launches the union pre-kernel (not for the transposed decode kernel with
-    ``DECODE_VARIANT["direct"]`` / ``["fp8_direct"]``, which builds its block list itself), the
-    sparse forward and (split decode) the combine.
+    """Launches the union pre-kernel (not for the transposed decode kernel, which builds its
+    token's block list itself), the sparse forward and (split decode) the combine.
 
     All tensors validated by the caller; ``out`` [total_q, Hq, D] and ``lse`` [total_q, Hq]
     may be strided views (last dimension contiguous). ``iws`` (int32) and ``fws`` (float32)
@@ -439,7 +438,6 @@ def sparse_attention_triton(
     dummy = u_cnt
     n_iter = max(1, math.ceil(math.log2(batch + 1)) + 1)
     transposed = decode and _sd.DECODE_VARIANT["kernel"] == "transposed"
-    direct = transposed and _sd.t_direct(is_fp8)  # the decode kernel builds its block list itself
     sel_args = (
         kv_block_indexes, kv_block_indexes.stride(0), kv_block_indexes.stride(1) * head_step,
         qo_indptr, kv_lens, qo_offset if qo_offset is not None else dummy, batch, n_iter,
@@ -447,7 +445,7 @@ def sparse_attention_triton(
         kv_indices if not use_pt else dummy, kv_page_indptr if not use_pt else dummy,
         kv_indices.shape[0] if not use_pt else 0, k.shape[0],
     )
-    if not direct:
+    if not transposed:
         _msa_union_kernel[(num_tiles, hkv)](
             *sel_args,
             tok_pos, tok_kvlen, u_page, u_blk, u_mask, u_cnt,
@@ -474,18 +472,15 @@ def sparse_attention_triton(
             k_desc = TensorDescriptor(k, list(k.shape), list(k.stride()), block_shape)
             v_desc = TensorDescriptor(v, list(v.shape), list(v.stride()), block_shape)
         extra = {"maxnreg": cap} if cap and not INTERPRET else {}
-        cx = _sd.t_constexprs(is_fp8)
-        cx["KVH_FAST"] = cx["KVH_FAST"] and total_q <= 65535  # a grid's second axis holds at most 65535
-        grid = (hkv, total_q, splits) if cx["KVH_FAST"] else (total_q, hkv, splits)
-        _sd.msa_decode_t_kernel[grid](
+        _sd.msa_decode_t_kernel[(total_q, hkv, splits)](
             q, q.stride(0), q.stride(1),
             k_desc, v_desc,
-            tok_pos, tok_kvlen, u_page, u_blk, u_cnt,
+            u_page, u_blk, u_cnt,
             out, out.stride(0), out.stride(1), lse, lse.stride(0),
             o_part, l_part,
             total_q, hq, ratio, sm_scale * k_scale * LOG2E, v_scale, *sel_args, width,
             GP=_sd.decode_t_heads(ratio), C=til.capacity, HEAD_DIM=d, NUM_SPLITS=splits, CAUSAL=causal,
-            IS_FP8=is_fp8, HEAD_MAJOR=layout == "HND", FLAT=flat, KEYS=keys, **cx,
+            IS_FP8=is_fp8, HEAD_MAJOR=layout == "HND", FLAT=flat, KEYS=keys,
             BLOCK_W=til.block_w, USE_PAGE_TABLE=use_pt, HAS_QO_OFFSET=qo_offset is not None,
             num_warps=4, num_stages=stages, **extra,
         )

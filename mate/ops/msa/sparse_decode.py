@@ -1,7 +1,8 @@
 """MSA sparse decode, transposed: keys on the wgmma M side, the query heads of a KV head on N.
 
-One program handles one query token, one KV head and one split of the token's de-duplicated
-block list (written by ``_msa_union_kernel`` with one-token tiles). Per selected 128-key
+One program handles one query token, one KV head and one split of the token's block list,
+which it builds itself (:func:`token_block_list`: the entries ``_msa_union_kernel`` writes for a
+one-token tile, in the same order; no pre-kernel launch). Per selected 128-key
 block it computes Sᵀ = K·Qᵀ ([128 keys, GP heads]) straight from the TMA-loaded K tile in
 shared memory: Hopper wgmma with the keys on M, so no M rows are padding (the heads-on-M
 kernel pads 16 heads to a 16-row ``mma.sync`` tile, and for fp8 widens K and V to fp16 per
@@ -23,53 +24,34 @@ import triton.language as tl
 from mate._core.triton_helpers import INTERPRET, dot_operand, to_out_dtype
 from mate.ops.msa.softmax_helpers import finish_softmax, split_entries, visible_limit
 
-__all__ = ["DECODE_VARIANT", "msa_decode_t_kernel", "decode_t_heads", "t_config", "t_constexprs",
-           "t_direct", "t_programs_per_sm", "token_block_list"]
+__all__ = ["DECODE_VARIANT", "msa_decode_t_kernel", "decode_t_heads", "t_config", "t_programs_per_sm",
+           "token_block_list"]
 
-DECODE_VARIANT = {"kernel": "transposed", "keys": 64, "stages": 3, "maxnreg": None, "lsum": False,
-                  "direct": False, "kvh_fast": False,
-                  "fp8_keys": 64, "fp8_stages": 3, "fp8_maxnreg": None, "fp8_lsum": False,
-                  "fp8_direct": False, "fp8_kvh_fast": False}
+DECODE_VARIANT = {"kernel": "transposed", "keys": 64, "stages": 3, "maxnreg": None,
+                  "fp8_keys": 64, "fp8_stages": 3, "fp8_maxnreg": 128}
 """Decode kernel of ``sparse_attention`` (module defaults; the benchmark times the others).
 
-``kernel``: "heads" (``_msa_sparse_fwd_kernel`` with one-token 16-row tiles) or "transposed"
-(:func:`msa_decode_t_kernel`). For the transposed kernel, ``keys`` / ``stages`` / ``maxnreg``
-(16-bit caches) and the ``fp8_`` ones: keys per TMA tile (64: each selected block read as
-two halves), pipelining stages and a register cap. ``lsum``: the softmax denominator kept as
-per-key partial sums in the Sᵀ layout ([keys, heads], 8 values a thread at 64 keys) and
-reduced once after the loop, so the loop has no cross-warp sum (sm_90, fp8 64-key 3-stage
-M3 tile: 421 -> 396 SASS instructions and 10 -> 7 barriers per tile; 151 registers uncapped
-(3 programs per SM), 128 with ``maxnreg`` 128 and no spills (392 instructions, 4 per SM); a
-cap of 112 spills). H200 (fp8 bar shape, interleaved, cap 128): 91.6 vs 92.6 us, noise: off.
-Tried and removed: ``fused_union`` (the transposed kernel building its token's block list
-itself, no ``_msa_union_kernel`` launch; results identical, max diff 0) was 3.5% faster on the
-H200 in the variants probe (fp8 92.6 vs 95.9 us, bf16 162.0 vs 165.2) but 35% slower at
-``bench_msa_attention``'s decode configuration (B=128, 64K, 16 top-k blocks + the own block,
-page table, causal; fp8, interleaved: 108.5 us against 80.1 with the union launch; with 2 splits
-96.9 against 90.2).
+``kernel``: "heads" (``_msa_sparse_fwd_kernel`` with one-token 16-row tiles after
+``_msa_union_kernel``) or "transposed" (:func:`msa_decode_t_kernel`). For the transposed kernel,
+``keys`` / ``stages`` / ``maxnreg`` (16-bit caches) and the ``fp8_`` ones: keys per TMA tile
+(64: each selected block read as two halves), pipelining stages and a register cap. fp8 is
+capped at 128 registers: uncapped the 64-key 3-stage compile takes 153 (3 programs per SM,
+two waves for ``bench_msa_attention``'s 512 programs; the cause of the first in-kernel list's
+108.5 against 80.1 us); 128 has no spills, 112 and 96 spill (19 / 52 spill instructions), and
+128-key tiles spill under it (212; uncapped 224 registers).
 
-Defaults from the H200 (2026-11-29, B=128, 64K context, M3 geometry, 16 + 1 blocks, CUDA-graph
-replay): transposed, 64-key tiles, 3 stages, no split: bf16 147 us (3.88 TB/s of selected K/V)
-against 161 us for the "heads" kernel; fp8 84.7 us (3.37 TB/s) against 124 us. Tried for fp8 and
-removed (H200, final run: default 81.8 us): 8 warps per program 129.8 us, 128-key tiles with 8
-warps 86.5, the e4m3 V tile widened through shared memory into a shared wgmma operand (instead
-of the compiler's byte gathers) 108.7 (88.2 with 4D descriptors, 96.1 with 2 stages); a
-96-register cap (5 programs per SM) gave 82.1-82.6.
+H200 (2026-11-29, ``bench_msa_fp8_decode_variants --sel 16`` = ``bench_msa_attention``'s decode
+inputs: B=128, q_len 1, 64K, M3 geometry, 16 blocks; interleaved, copy 4115 GB/s): fp8 80.2 us
+(2 stages 92.0, 4 stages 98.5) against 84.8 with the ``_msa_union_kernel`` pre-kernel; bf16
+139.6 against 145.9. Removed after that run: ``lsum`` (the softmax denominator as per-key
+partial sums, reduced after the loop: fp8 86.7 us) and ``kvh_fast`` (KV head on the grid's
+first axis: fp8 87.6, 113.5 with the pre-kernel; bf16 151.9), and the pre-kernel path.
+Earlier (pre-kernel path): the "heads" kernel 161 us bf16, 124 fp8; for fp8 8 warps
+per program 129.8 us against 81.8, 128-key tiles with 8 warps 86.5, the e4m3 V tile widened
+through shared memory into a shared wgmma operand 108.7 (88.2 with 4D descriptors, 96.1 with
+2 stages), a 96-register cap 82.1-82.6.
 
-``direct`` (not yet timed on the H200 in this form): the decode program builds its token's
-block list itself (:func:`token_block_list`: request i = t checked, else a binary search; page
-mapping, drops, first-occurrence de-duplication, the same entries in the same order as
-``_msa_union_kernel``, so the same results) and the ``_msa_union_kernel`` launch is skipped.
-This is the removed ``fused_union`` with its registers under control: at
-``bench_msa_attention``'s width 16 the uncapped fp8 compile takes 135 registers (3 programs per
-SM: 512 programs need two waves, which is why ``fused_union`` measured 108.5 against 80.1 us
-there; the variants probe's width 17 pads to 32 ids and compiled to 128 registers, 4 per SM, and
-was 3.5% faster than the union path). With ``direct`` an fp8 call without ``fp8_maxnreg`` is
-capped at :data:`DIRECT_FP8_MAXNREG` registers. ``kvh_fast``: the grid's first axis is the KV
-head, so the programs of one token's KV heads start next to each other (their 128-byte rows of a
-token-major page are neighbours in DRAM).
-
-Environment: ``MATE_MSA_DECODE_VARIANT="fp8_direct=1,fp8_maxnreg=128"`` updates these keys at
+Environment: ``MATE_MSA_DECODE_VARIANT="fp8_stages=2,fp8_maxnreg=none"`` updates these keys at
 import (benchmarks of the whole op; the module defaults stay as above).
 
 Tried for fp8 in Gluon and removed (H200, same shape, 285 MB, interleaved replays; default 85.7 us,
@@ -79,24 +61,18 @@ register fp16 wgmma operand (no byte gathers), a TMA ring, a one-barrier max exc
 stages) / 104.8 (4, split); Sᵀ(i + 1) issued before P·V(i) 90.3 (3) / 89.0 (2) / 104.6 (4, split).
 The byte-gathered V was not the limit at this shape."""
 
-DIRECT_FP8_MAXNREG = 128
-"""Register cap of ``direct`` fp8 calls without ``fp8_maxnreg`` (4 programs per SM)."""
-
 
 def _env_overrides(text: str) -> dict:
-    """``key=value,...`` -> DECODE_VARIANT updates (ints, booleans as 0/1, ``none``, names)."""
+    """``key=value,...`` -> DECODE_VARIANT updates (ints, ``none``, names)."""
     out = {}
     for item in filter(None, (x.strip() for x in text.split(","))):
         key, _, val = item.partition("=")
         key, val = key.strip(), val.strip()
         if key not in DECODE_VARIANT:
             raise ValueError(f"MATE_MSA_DECODE_VARIANT: unknown key {key!r} (known: {sorted(DECODE_VARIANT)})")
-        old = DECODE_VARIANT[key]
         if val.lower() == "none":
             out[key] = None
-        elif isinstance(old, bool):
-            out[key] = val.lower() in ("1", "true", "yes", "on")
-        elif isinstance(old, str):
+        elif isinstance(DECODE_VARIANT[key], str):
             out[key] = val
         else:
             out[key] = int(val)
@@ -106,22 +82,14 @@ def _env_overrides(text: str) -> dict:
 DECODE_VARIANT.update(_env_overrides(os.environ.get("MATE_MSA_DECODE_VARIANT", "")))
 
 T_COMPILES = {
-    (False, 64, 2): (71, 71696), (False, 64, 3): (72, 104472), (False, 64, 4): (72, 137248),
-    (False, 128, 2): (80, 139280), (False, 128, 3): (87, 204824),
-    (True, 64, 2): (96, 28696), (True, 64, 3): (102, 45104), (True, 64, 4): (102, 61496),
-    (True, 128, 2): (173, 55320), (True, 128, 3): (168, 88112),
+    (False, 64, 2): (72, 71696), (False, 64, 3): (72, 104472), (False, 64, 4): (72, 137248),
+    (False, 128, 2): (95, 139280), (False, 128, 3): (95, 204824),
+    (True, 64, 2): (128, 28696), (True, 64, 3): (153, 45104), (True, 64, 4): (142, 61496),
+    (True, 128, 2): (224, 55320), (True, 128, 3): (223, 88112),
 }
-"""(fp8, keys, stages): (registers, shared memory bytes) of the sm_90 compile of the M3 tile
-(16 heads, 4 warps, unsplit, token-major cache; bf16 and fp16 alike), read with cuobjdump.
-No spills; QGMMA (fp8 Sᵀ) and HGMMA in the SASS, no ptxas warning."""
-
-T_COMPILES_DIRECT = {
-    **T_COMPILES, (True, 64, 2): (128, 28696), (True, 64, 3): (153, 45104), (True, 64, 4): (142, 61496),
-    (True, 128, 2): (224, 55320),
-}
-"""The same with ``direct`` (16 ids, page table; uncapped: fp8 64-key 3-stage 153 registers, 128 and
-no spills under :data:`DIRECT_FP8_MAXNREG`, loop 439 SASS instructions and 10 barriers against 421
-without ``direct``, 388 and 7 with ``lsum``; bf16 72 registers, loop 320 against 308)."""
+"""(fp8, keys, stages): (registers, shared memory bytes) of the uncapped sm_90 compile of the M3
+tile (16 heads, 4 warps, unsplit, 16 ids, page table, token-major cache; bf16 and fp16 alike),
+read with cuobjdump. No spills; QGMMA (fp8 Sᵀ) and HGMMA in the SASS, no ptxas warning."""
 
 _SM90_SHARED = 233472  # bytes per SM (228 KB); each resident program also reserves 1 KB
 _SM90_REGS = 65536
@@ -133,36 +101,19 @@ def decode_t_heads(ratio: int) -> int:
     return max(16, triton.next_power_of_2(ratio))
 
 
-def t_direct(is_fp8: bool) -> bool:
-    """Whether the decode program builds its block list itself (no ``_msa_union_kernel`` launch)."""
-    return bool(DECODE_VARIANT[("fp8_" if is_fp8 else "") + "direct"])
-
-
 def t_config(is_fp8: bool) -> tuple[int, int, int | None]:
     """(keys per tile, stages, register cap) of the transposed kernel for this cache dtype."""
     pre = "fp8_" if is_fp8 else ""
     cap = DECODE_VARIANT[pre + "maxnreg"]
-    if not cap and is_fp8 and t_direct(is_fp8):
-        cap = DIRECT_FP8_MAXNREG
     return int(DECODE_VARIANT[pre + "keys"]), int(DECODE_VARIANT[pre + "stages"]), int(cap) if cap else None
-
-
-def t_constexprs(is_fp8: bool) -> dict:
-    """Variant constexprs of :func:`msa_decode_t_kernel` for this cache dtype."""
-    pre = "fp8_" if is_fp8 else ""
-    return {"LSUM": bool(DECODE_VARIANT[pre + "lsum"]), "KVH_FAST": bool(DECODE_VARIANT[pre + "kvh_fast"]),
-            "DIRECT": t_direct(is_fp8)}
 
 
 def t_programs_per_sm(is_fp8: bool) -> int:
     """Programs of the transposed kernel resident on one SM (registers and shared memory of
-    :data:`T_COMPILES` / :data:`T_COMPILES_DIRECT`; an unlisted configuration is estimated), at most 5."""
+    :data:`T_COMPILES`; an unlisted configuration is estimated), at most 5."""
     keys, stages, cap = t_config(is_fp8)
     tile = keys * 128 * (1 if is_fp8 else 2)
-    table = T_COMPILES_DIRECT if t_direct(is_fp8) else T_COMPILES
-    regs, smem = table.get((is_fp8, keys, stages), (128, 2 * tile * stages + 16384))
-    if DECODE_VARIANT[("fp8_" if is_fp8 else "") + "lsum"]:
-        regs = max(regs, 152)  # uncapped fp8 64-key compile: 151
+    regs, smem = T_COMPILES.get((is_fp8, keys, stages), (128, 2 * tile * stages + 16384))
     if cap:
         regs = min(regs, cap)
     by_regs = _SM90_REGS // (-(-regs // 8) * 8 * 128)
@@ -211,8 +162,8 @@ def token_block_list(
     Returns (position, KV length, kept count); an invalid token gets (-1, 0, 0). The count goes
     through ``cnt_ptr`` (the splits of a token and KV head store the same value there): read
     back from one address it is warp-uniform for ptxas, so the loop keeps its bounds, list
-    addresses and TMA coordinates in uniform registers (sm_90 fp8: 468 instead of 421 loop
-    instructions with the reduction's value, 29 R2UR; bf16 400 instead of 308)."""
+    addresses and TMA coordinates in uniform registers (sm_90 fp8: 468 instead of 439 loop
+    instructions with the reduction's value, 29 R2UR; bf16 400 instead of 320)."""
     tvalid = t < tl.load(qo_indptr_ptr + B)
     w = tl.arange(0, BLOCK_W)
     ids = tl.load(idx_ptr + t.to(tl.int64) * stride_it + kvh * stride_ih + w, mask=tvalid & (w < W), other=-1)
@@ -257,7 +208,6 @@ def token_block_list(
 def msa_decode_t_kernel(
     q_ptr, stride_qt, stride_qh,
     k_desc, v_desc,
-    tok_pos_ptr, tok_kvlen_ptr,
     u_page_ptr, u_blk_ptr, u_cnt_ptr,
     o_ptr, stride_ot, stride_oh, lse_ptr, stride_lt,
     op_ptr, lp_ptr,
@@ -266,18 +216,12 @@ def msa_decode_t_kernel(
     page_table_ptr, stride_pt, n_cols, kv_indices_ptr, kv_page_indptr_ptr, n_indices, num_pages, W,
     GP: tl.constexpr, C: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
     CAUSAL: tl.constexpr, IS_FP8: tl.constexpr, HEAD_MAJOR: tl.constexpr, FLAT: tl.constexpr = True,
-    KEYS: tl.constexpr = 128, LSUM: tl.constexpr = False, DIRECT: tl.constexpr = False,
-    KVH_FAST: tl.constexpr = False, BLOCK_W: tl.constexpr = 16, USE_PAGE_TABLE: tl.constexpr = True,
+    KEYS: tl.constexpr = 128, BLOCK_W: tl.constexpr = 16, USE_PAGE_TABLE: tl.constexpr = True,
     HAS_QO_OFFSET: tl.constexpr = False,
 ):
-    if KVH_FAST:  # grid (KV heads, tokens, splits)
-        kvh = tl.program_id(0)
-        t = tl.program_id(1)
-        n_kvh = tl.num_programs(0)
-    else:  # grid (tokens, KV heads, splits)
-        t = tl.program_id(0)
-        kvh = tl.program_id(1)
-        n_kvh = tl.num_programs(1)
+    t = tl.program_id(0)  # grid (tokens, KV heads, splits)
+    kvh = tl.program_id(1)
+    n_kvh = tl.num_programs(1)
     split = tl.program_id(2)
     ubase = (t.to(tl.int64) * n_kvh + kvh) * C
     hl = tl.arange(0, GP)
@@ -288,22 +232,17 @@ def msa_decode_t_kernel(
     # Qᵀ [D, GP], d contiguous per head column (K-major B operand, as fp8 wgmma requires)
     qt = tl.load(q_ptr + t.to(tl.int64) * stride_qt + h[None, :] * stride_qh + offs_d[:, None],
                  mask=hvalid[None, :], other=0.0)
-    if DIRECT:  # q is loaded first: its latency overlaps the list's
-        pos, kv_len, cnt = token_block_list(
-            t, kvh, split, ubase, idx_ptr, stride_it, stride_ih, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, B,
-            n_iter, page_table_ptr, stride_pt, n_cols, kv_indices_ptr, kv_page_indptr_ptr, n_indices, num_pages,
-            W, u_page_ptr, u_blk_ptr, u_cnt_ptr + t * n_kvh + kvh, BLOCK_W, NUM_SPLITS, CAUSAL, USE_PAGE_TABLE,
-            HAS_QO_OFFSET)
+    # q is loaded first: its latency overlaps the list's
+    pos, kv_len, cnt = token_block_list(
+        t, kvh, split, ubase, idx_ptr, stride_it, stride_ih, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, B,
+        n_iter, page_table_ptr, stride_pt, n_cols, kv_indices_ptr, kv_page_indptr_ptr, n_indices, num_pages,
+        W, u_page_ptr, u_blk_ptr, u_cnt_ptr + t * n_kvh + kvh, BLOCK_W, NUM_SPLITS, CAUSAL, USE_PAGE_TABLE,
+        HAS_QO_OFFSET)
     qt = dot_operand(qt)
-    if not DIRECT:
-        pos = tl.load(tok_pos_ptr + t)
-        kv_len = tl.load(tok_kvlen_ptr + t)
-        cnt = tl.load(u_cnt_ptr + t * n_kvh + kvh)
     limit = visible_limit(pos, kv_len, CAUSAL)
     e0, e1 = split_entries(cnt, split, NUM_SPLITS)
     m_i = tl.full([GP], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([GP], dtype=tl.float32)
-    l_2d = tl.zeros([KEYS, GP], dtype=tl.float32)  # LSUM: per-key partial sums, reduced once at the end
     acc = tl.zeros([HEAD_DIM, GP], dtype=tl.float32)
     KPB: tl.constexpr = 128 // KEYS  # key sub-blocks per selected block
     # the next entry's page and block, loaded one step ahead: the TMA loads then depend on
@@ -339,10 +278,7 @@ def msa_decode_t_kernel(
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
         p = tl.exp2(s - m_use[None, :])
         alpha = tl.exp2(m_i - m_use)
-        if LSUM:
-            l_2d = l_2d * alpha[None, :] + p
-        else:
-            l_i = l_i * alpha + tl.sum(p, axis=0)
+        l_i = l_i * alpha + tl.sum(p, axis=0)
         if IS_FP8:
             vt = vt.to(tl.float16)  # exact for e4m3
         pv = to_out_dtype(p, vt.dtype)
@@ -351,8 +287,6 @@ def msa_decode_t_kernel(
         else:
             acc = acc * alpha[None, :] + tl.dot(tl.trans(vt), pv)
         m_i = m_new
-    if LSUM:
-        l_i = tl.sum(l_2d, axis=0)
     l_safe, lse = finish_softmax(m_i, l_i)
     if NUM_SPLITS == 1:
         o = acc / l_safe[None, :] * v_scale
