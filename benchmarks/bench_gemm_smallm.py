@@ -1,15 +1,22 @@
-"""Small-M groupwise FP8 GEMM: ``auto`` against tile / split-K / pipeline candidates and DeepGEMM.
+"""Small-M groupwise FP8 GEMM: ``auto`` against Gluon kernel candidates and DeepGEMM.
 
     python benchmarks/bench_gemm_smallm.py [--budget SECONDS] [--only M,N,K]
 
 For each (M, N, K) it times, interleaved (``time_interleaved``, CUDA-graph replays over
 rotated inputs), ``gemm_fp8_nt_groupwise(backend="auto")``, each candidate config of the
-TMA kernel (launched directly, bypassing the table) and DeepGEMM ``fp8_gemm_nt``, and prints
-us, TFLOP/s, GB/s (operand bytes once), the ratio DeepGEMM time / time (bar: >= 0.95), the
-max relative error against the fp32 reference (max |out - ref| / max |ref|, NaN-poisoned
-output) and whether two runs are bitwise equal. Compiles (Triton candidates, DeepGEMM JIT)
-are warmed up in parallel worker processes first, which fill the on-disk caches.
-Candidate names: ``BMxBN sSPLIT_K stSTAGES wWARPS``, L: ``REDUCE="launch"``.
+Gluon kernel (``groupwise_gluon.py``, launched through ``groupwise_gemm_triton`` with
+``GLUON``, bypassing the table) and DeepGEMM ``fp8_gemm_nt``, all with MN-major scales, and
+prints us, TFLOP/s, GB/s (operand bytes once), the ratio DeepGEMM time / time (bar: >= 0.95),
+the max relative error against the fp32 reference (max |out - ref| / max |ref|, NaN-poisoned
+output) and whether two runs are bitwise equal; the note of each shape's first candidate
+holds its error with K-major scales. Compiles (candidates, DeepGEMM JIT) are warmed up in parallel worker processes
+first, which fill the on-disk caches.
+Candidate names: ``BMxBN cCONSUMERS [splitN] [ring] stSTAGES`` (ring: ``SCALE_RING``, the
+producer copies the scales into the ring slots; without it the consumers load them one K
+block ahead). DeepGEMM's picks (DG_PRINT_CONFIGS, H200): (64, 2112, 7168) 64x16 16 stages,
+(64, 4096, 7168) 64x32 16, (128, 2112, 7168) 64x32 16, (128, 4096, 7168) 64x64 13,
+(64, 7168, 2048) 64x64 13, (128, 7168, 2048) 64x112 9, (64, 24576, 1536) 64x96 2-CTA
+cluster 10, (128, 24576, 1536) 128x192 4; one TMA and one math warpgroup, no split-K.
 """
 
 from __future__ import annotations
@@ -27,43 +34,57 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:  # spawned warm-up workers import mate too
     sys.path.insert(0, ROOT)
 
-DEVICE = "cuda"  # a CPU dry run of this script (interpreter) sets it to "cpu"
+DEVICE = "cuda"
 SHAPES = ((64, 2112, 7168), (64, 4096, 7168), (128, 2112, 7168), (128, 4096, 7168),
-          (64, 24576, 1536), (128, 24576, 1536))
+          (64, 7168, 2048), (128, 7168, 2048), (64, 24576, 1536), (128, 24576, 1536))
 
 
-def _c(bm, bn, split, stages, warps=4, launch=False):
-    name = f"{bm}x{bn} s{split} st{stages} w{warps}" + (" L" if launch else "")
-    cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "SPLIT_K": split, "num_stages": stages, "num_warps": warps, "GROUP_M": 8}
-    if launch:
-        cfg["REDUCE"] = "launch"
+def _g(bm, bn, stages, consumers=2, split_n=False, ring=True):
+    name = f"{bm}x{bn} c{consumers}{' splitN' if split_n else ''}{' ring' if ring else ''} st{stages}"
+    cfg = {"GLUON": True, "BLOCK_M": bm, "BLOCK_N": bn, "num_stages": stages, "CONSUMERS": consumers,
+           "SPLIT_N": split_n, "SCALE_RING": ring, "GROUP_M": 8, "num_warps": 4}
     return name, cfg
 
 
-# grid sizes in the comments: programs (CTAs per SM that fit in shared memory); each shape
-# times auto against its neighbours in pipeline depth (tuning._stages) and the best other tile
+# tiles in the comments (132 SMs: one wave up to 132)
 CANDIDATES = {
     (64, 2112, 7168): dict([
-        _c(64, 64, 4, 6),  # 132 (2), auto: 5 stages
-        _c(64, 64, 4, 8),  # 132 (1)
+        _g(64, 16, 16, 1),  # 132, DeepGEMM's tile
+        _g(64, 16, 16, 1, ring=False),  # the ring's effect
+        _g(64, 32, 16, 2, split_n=True),  # 66, two warpgroups of 64x16
     ]),
     (64, 4096, 7168): dict([
-        _c(64, 64, 2, 5),  # 128 (2), auto: 6 stages
-        _c(64, 64, 2, 8),  # 128 (1)
+        _g(64, 32, 16, 1),  # 128, DeepGEMM's tile
+        _g(64, 32, 16, 2, split_n=True),  # 128
+        _g(64, 64, 13, 2, split_n=True),  # 64
     ]),
     (128, 2112, 7168): dict([
-        _c(64, 64, 4, 6),  # 264 (2), auto: 5 stages
+        _g(64, 32, 16, 1),  # 132, DeepGEMM's tile
+        _g(128, 16, 10, 2),  # 132, weights read once
+        _g(64, 16, 16, 1),  # 264
     ]),
     (128, 4096, 7168): dict([
-        _c(64, 64, 2, 5),  # 256 (2), auto: 6 stages
+        _g(64, 64, 13, 1),  # 128, DeepGEMM's tile
+        _g(128, 32, 10, 2),  # 128, weights read once
+        _g(64, 32, 16, 1),  # 256
+    ]),
+    (64, 7168, 2048): dict([
+        _g(64, 64, 13, 1),  # 112, DeepGEMM's tile
+        _g(64, 64, 13, 2, split_n=True),  # 112
+        _g(64, 32, 16, 1),  # 224
+    ]),
+    (128, 7168, 2048): dict([
+        _g(64, 128, 8, 1),  # 112 (DeepGEMM: 64x112, 128)
+        _g(128, 64, 8, 2),  # 112, weights read once
+        _g(64, 64, 13, 1),  # 224
     ]),
     (64, 24576, 1536): dict([
-        _c(64, 128, 1, 4),  # 192 (2), auto: 64x64 4 stages
-        _c(64, 128, 1, 3),  # 192 (3)
+        _g(64, 128, 8, 1),  # 192
+        _g(64, 128, 8, 2, split_n=True),  # 192
     ]),
     (128, 24576, 1536): dict([
-        _c(64, 128, 1, 4),  # 384 (2), auto: 3 stages
-        _c(64, 64, 1, 3),  # 768 (4)
+        _g(128, 128, 6, 2),  # 192
+        _g(128, 192, 4, 2, ring=False),  # 128, DeepGEMM's tile (scales one K block ahead)
     ]),
 }
 
@@ -76,6 +97,12 @@ def _operands(m, n, k, seed=0):
     sb = torch.rand(-(-n // 128), k // 128, device=DEVICE, generator=g) * 0.01 + 0.001
     # MN-major scales, as benchmarks/bench_gemm.py times auto: [kb, m] and [kb, nb]
     return a, b, sa.t().contiguous(), sb.t().contiguous()
+
+
+def _k_major(x):
+    """The operands with K-major scales, as [kb, m] / [kb, nb] views."""
+    a, b, sa_mn, sb_mn = x
+    return a, b, sa_mn.t().contiguous().t(), sb_mn.t().contiguous().t()
 
 
 def _mate_fn(x, out, cfg):
@@ -109,6 +136,8 @@ def _warm(task):
             import deep_gemm
 
             _dg_fn(deep_gemm, x, out)()
+        elif name.startswith("K-major "):
+            _mate_fn(_k_major(x), out, CANDIDATES[shape][name[8:]])()
         else:
             _mate_fn(x, out, None if name == "auto" else CANDIDATES[shape][name])()
         torch.cuda.synchronize()
@@ -149,7 +178,7 @@ def _check(fn, out, ref):
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--budget", type=float, default=100.0, help="seconds; later shapes are skipped past it")
+    ap.add_argument("--budget", type=float, default=105.0, help="seconds; later shapes are skipped past it")
     ap.add_argument("--only", default="", help="M,N,K of one shape")
     ap.add_argument("--no-warm", action="store_true", help="skip the parallel compile warm-up")
     args = ap.parse_args()
@@ -167,6 +196,7 @@ def main() -> int:
     if not args.no_warm:
         tasks = [(s, "deepgemm") for s in shapes if dg is not None]
         tasks += [(s, "auto") for s in shapes] + [(s, n) for s in shapes for n in CANDIDATES[s]]
+        tasks += [(s, "K-major " + next(iter(CANDIDATES[s]))) for s in shapes]
         _warm_all(tasks, t0 + 0.45 * args.budget)
         print(f"warm-up done at {time.time() - t0:.0f}s ({len(tasks)} tasks)", flush=True)
     best, dg_us = {}, {}
@@ -192,6 +222,9 @@ def main() -> int:
                 fns = [_mate_fn(x, o, cfg) for x, o in zip(sets, outs)]
                 checks[name] = _check(fns[0], outs[0], ref)
                 cases[name] = fns
+                if name == next(iter(CANDIDATES[shape])):  # the first candidate also with K-major scales
+                    k_err, _ = _check(_mate_fn(_k_major(sets[0]), outs[0], cfg), outs[0], ref)
+                    notes[name] = f"K-major {k_err:.1e}" + ("" if k_err < 1e-2 else " FAIL")
             except Exception as exc:
                 notes[name] = f"FAILED {type(exc).__name__}: {str(exc)[:120]}"
         if dg is not None:

@@ -26,22 +26,33 @@ from mate.testing.sass import SMEM_LIMIT, compile_sm90, divisibility_attrs
 
 PATTERN = re.compile(r"\b(QGMMA\.\S+|UTMALDG\S*|SYNCS\.\S+|BAR\.\S+|WARPGROUP\.\S+|STL\S*|LDL\S*|USETMAXREG\S*)")
 
-# name: (LAYOUT, BLOCK_M, BLOCK_N, STAGES, SPLIT_N[, SCALE_AHEAD, EPI_TMA])
+# name: (LAYOUT, BLOCK_M, BLOCK_N, STAGES, SPLIT_N[, CONSUMERS, SCALE_RING, EPI_TMA, MN])
+# MN: MN-major scales (stride_asm and stride_bsn 1, specialized at launch as in the small-M API calls)
 CONFIGS = {
-    "contig 128x128 st6": (1, 128, 128, 6, False),
-    "contig 128x128 st5": (1, 128, 128, 5, False),
-    "contig 128x128 st5 ahead": (1, 128, 128, 5, False, True, False),
-    "contig 128x128 st5 tma": (1, 128, 128, 5, False, False, True),
-    "contig 128x128 st5 ahead tma": (1, 128, 128, 5, False, True, True),
+    "contig 128x192 st4 tma (grouped default)": (1, 128, 192, 4, False, 2, False, True),
     "contig 128x192 st4": (1, 128, 192, 4, False),
-    "contig 128x192 st4 ahead": (1, 128, 192, 4, False, True, False),
-    "contig 128x192 st4 ahead tma": (1, 128, 192, 4, False, True, True),
-    "contig 128x256 st4 ahead": (1, 128, 256, 4, False, True, False),
-    "contig 128x256 st3 ahead tma": (1, 128, 256, 3, False, True, True),
+    "contig 128x128 st5 tma": (1, 128, 128, 5, False, 2, False, True),
     "plain 128x128 st6": (0, 128, 128, 6, False),
     "plain 128x64 st8": (0, 128, 64, 8, False),
     "plain 64x256 splitN st4": (0, 64, 256, 4, True),
     "plain 64x128 splitN st6": (0, 64, 128, 6, True),
+    # small M: scales copied into the ring by the producer; one or two consumer warpgroups
+    "plain 64x16 c1 ring st16 MN": (0, 64, 16, 16, False, 1, True, False, True),
+    "plain 64x32 c1 ring st16 MN": (0, 64, 32, 16, False, 1, True, False, True),
+    "plain 64x64 c1 ring st13 MN": (0, 64, 64, 13, False, 1, True, False, True),
+    "plain 64x128 c1 ring st8 MN": (0, 64, 128, 8, False, 1, True, False, True),
+    "plain 64x32 splitN ring st16 MN": (0, 64, 32, 16, True, 2, True, False, True),
+    "plain 64x64 splitN ring st13 MN": (0, 64, 64, 13, True, 2, True, False, True),
+    "plain 128x16 ring st10 MN": (0, 128, 16, 10, False, 2, True, False, True),
+    "plain 128x32 ring st10 MN": (0, 128, 32, 10, False, 2, True, False, True),
+    "plain 128x64 ring st8 MN": (0, 128, 64, 8, False, 2, True, False, True),
+    "plain 128x128 ring st6 MN": (0, 128, 128, 6, False, 2, True, False, True),
+    "plain 64x64 c1 ring st13 K": (0, 64, 64, 13, False, 1, True, False, False),
+    "contig 128x128 ring st5": (1, 128, 128, 5, False, 2, True, False),
+    "plain 64x64 c1 st13 MN": (0, 64, 64, 13, False, 1, False, False, True),
+    "plain 64x16 c1 st16 MN": (0, 64, 16, 16, False, 1, False, False, True),
+    "plain 64x128 splitN ring st8 MN": (0, 64, 128, 8, True, 2, True, False, True),
+    "plain 128x192 st4 MN": (0, 128, 192, 4, False, 2, False, False, True),
 }
 
 
@@ -50,7 +61,8 @@ def _desc_type(block_rows: int, cols: int = 128, dtype=gl.float8e4nv, name: str 
     return f"tensordesc<{name}[{block_rows}, {cols}],{layout}>"
 
 
-def compile_one(name, layout, bm, bn, stages, split_n, ahead=False, epi_tma=False, out_dir=None, keep=False) -> bool:
+def compile_one(name, layout, bm, bn, stages, split_n, consumers=2, ring=False, epi_tma=False, mn=False, out_dir=None,
+                keep=False) -> bool:
     wide = bn > 128 and not split_n
     bx = 128 if wide else bn
     b_type = _desc_type(bx)
@@ -64,11 +76,15 @@ def compile_one(name, layout, bm, bn, stages, split_n, ahead=False, epi_tma=Fals
            "stride_asm": "i32", "stride_ask": "i32", "stride_bsg": "i32", "stride_bsn": "i32", "stride_bsk": "i32",
            "stride_cm": "i32"}
     constexprs = {"LAYOUT": layout, "BLOCK_M": bm, "BLOCK_N": bn, "GROUP_M": 8, "STAGES": stages,
-                  "SPLIT_N": split_n, "SCALE_AHEAD": ahead, "EPI_TMA": epi_tma}
-    sig.update({k: "constexpr" for k in constexprs})
+                  "SPLIT_N": split_n, "CONSUMERS": consumers, "SCALE_RING": ring, "EPI_TMA": epi_tma}
     # the launcher's pointers are 16-byte aligned; N, K and the strides of the benchmark shapes
-    # are multiples of 16 (Triton specializes such integers at launch)
-    aligned = ("as_ptr", "bs_ptr", "c_ptr", "idx_ptr", "N", "K", "stride_asm", "stride_cm")
+    # are multiples of 16 (Triton specializes such integers at launch, and those equal to 1)
+    if mn:
+        constexprs.update(stride_asm=1, stride_bsn=1)
+        aligned = ("as_ptr", "bs_ptr", "c_ptr", "idx_ptr", "N", "K", "stride_ask", "stride_cm")
+    else:
+        aligned = ("as_ptr", "bs_ptr", "c_ptr", "idx_ptr", "N", "K", "stride_asm", "stride_cm")
+    sig.update({k: "constexpr" for k in constexprs})
     src = GluonASTSource(fn=gg.fp8_groupwise_gluon_kernel, signature=sig, constexprs=constexprs,
                          attrs=divisibility_attrs(sig, aligned))
     rep = compile_sm90(src, {"num_warps": 4, "maxnreg": gg.GLUON_MAX_REGS}, pattern=PATTERN, out_dir=out_dir,

@@ -49,7 +49,7 @@ def main() -> int:
     seen = set()
     for cands in CANDIDATES.values():
         for name, cfg in cands.items():
-            if name in seen:
+            if name in seen or cfg.get("GLUON"):  # Gluon candidates: benchmarks/compile_gemm_gluon.py
                 continue
             seen.add(name)
             try:

@@ -1,4 +1,4 @@
-"""The experimental Gluon groupwise kernel (``config["GLUON"]``) against the reference on Hopper.
+"""The Gluon groupwise kernel (``config["GLUON"]``) against the reference on Hopper.
 
 On a machine without a Hopper GPU only the dispatch is checked: the option falls back to
 the plain-Triton kernel (interpreter), with the same results as without it.
@@ -10,15 +10,22 @@ import pytest
 import torch
 
 from mate.ops.gemm import reference as R
+from mate.ops.gemm import tuning
 from mate.ops.gemm.groupwise import CONTIGUOUS, PLAIN, groupwise_gemm_triton
-from mate.testing import assert_close, poisoned
-from tests.gemm._inputs import fp8_block_operands, grouped_contiguous_operands
+from mate.testing import assert_close, poisoned, rand_fp8
+from tests.gemm._inputs import fp8_block_operands
 
 CONFIGS = {
     "128x128 st6": {"BLOCK_M": 128, "BLOCK_N": 128, "num_stages": 6},
     "128x64 st8": {"BLOCK_M": 128, "BLOCK_N": 64, "num_stages": 8},
     "64x256 splitN st4": {"BLOCK_M": 64, "BLOCK_N": 256, "num_stages": 4, "SPLIT_N": True},
     "64x128 splitN st6": {"BLOCK_M": 64, "BLOCK_N": 128, "num_stages": 6, "SPLIT_N": True},
+    # small M: one consumer warpgroup and/or the scales copied into the ring by the producer
+    "64x64 c1 st13": {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 13, "CONSUMERS": 1},
+    "64x16 c1 ring st16": {"BLOCK_M": 64, "BLOCK_N": 16, "num_stages": 16, "CONSUMERS": 1, "SCALE_RING": True},
+    "64x128 c1 ring st8": {"BLOCK_M": 64, "BLOCK_N": 128, "num_stages": 8, "CONSUMERS": 1, "SCALE_RING": True},
+    "64x32 splitN ring st16": {"BLOCK_M": 64, "BLOCK_N": 32, "num_stages": 16, "SPLIT_N": True, "SCALE_RING": True},
+    "128x32 ring st10": {"BLOCK_M": 128, "BLOCK_N": 32, "num_stages": 10, "SCALE_RING": True},
 }
 
 
@@ -31,6 +38,31 @@ def _plain(a, b, sa, sb, out, cfg):
                           layout=PLAIN, config={"GLUON": True, "GROUP_M": 8, "num_warps": 4, **cfg})
 
 
+def _grouped_operands(rows, n, k, device, tail=0):
+    """Contiguous MoE inputs: group g has rows[g] rows padded to a multiple of 128 with index
+    -1, then ``tail`` more -1 rows; weight scales [G, ceil(n / 128), k / 128]."""
+    idx = []
+    for g, r in enumerate(rows):
+        idx += [g] * r + [-1] * (-(-r // 128) * 128 - r)
+    idx = torch.tensor(idx + [-1] * tail, dtype=torch.int32, device=device)
+    m, G = idx.numel(), len(rows)
+    a = rand_fp8((m, k), device=device, scale=2.0)
+    sa = torch.rand(m, k // 128, device=device) * 0.02 + 0.005
+    b = rand_fp8((G, n, k), device=device, scale=2.0)
+    sb = torch.rand(G, -(-n // 128), k // 128, device=device) * 0.02 + 0.005
+    return idx, a, sa, b, sb
+
+
+def _grouped(cfg, idx, a, sa, b, sb):
+    out = poisoned((idx.numel(), b.shape[1]), torch.bfloat16, a.device.type)
+    groupwise_gemm_triton(a, b, sa, (0, sa.stride(0), 1), sb, (sb.stride(0), sb.stride(1), 1), out, None,
+                          layout=CONTIGUOUS, config=cfg, m_indices=idx)
+    ref = R.grouped_contiguous_ref(a, b, sa, sb, idx, torch.float32)
+    valid = idx >= 0
+    assert_close(out[valid], ref[valid], max_rel_error=1e-2)
+    assert torch.isnan(out[~valid].float()).all()  # padding rows are not written
+
+
 def test_gluon_option_falls_back_off_hopper():
     if _hopper():
         pytest.skip("covered by the GPU tests")
@@ -38,6 +70,21 @@ def test_gluon_option_falls_back_off_hopper():
     out = poisoned((64, 192), torch.bfloat16, "cpu")
     _plain(a, b, sa, sb, out, {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 2})
     assert_close(out, R.groupwise_fp32_ref(a, b, sa, sb), max_rel_error=1e-2)
+
+
+def test_grouped_default_falls_back_off_hopper():
+    """The grouped default's Gluon overrides (a 192-wide tile) do not reach the Triton kernel."""
+    if _hopper():
+        pytest.skip("covered by the GPU tests")
+    cfg = tuning.grouped_config(1 << 20, 4096, 7168)
+    assert isinstance(cfg["GLUON"], dict) and cfg["GLUON"]["BLOCK_N"] == 192 and cfg["BLOCK_N"] == 128
+    _grouped(cfg, *_grouped_operands([70, 0, 128], 192, 256, "cpu"))
+
+
+def test_grouped_default_config():
+    cfg = tuning.grouped_config(4 * 8192, 4096, 7168)
+    assert {**cfg, **cfg["GLUON"]}["BLOCK_N"] == 192 and cfg["GLUON"]["EPI_TMA"]
+    assert "GLUON" not in tuning.grouped_config(256, 4096, 7168)  # below GLUON_GROUPED_MIN_TILES
 
 
 @pytest.mark.gpu
@@ -59,15 +106,16 @@ def test_gluon_plain(name, m, n, k):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _hopper(), reason="the Gluon kernel needs a Hopper GPU")
-@pytest.mark.parametrize("name", ["128x128 st6", "128x64 st8"])
-def test_gluon_grouped_contiguous(name):
-    n, k, rows = 4096, 7168, [300, 0, 128, 517]
-    idx, a, sa, b, sb = grouped_contiguous_operands(rows, n, k, device="cuda")
-    m = idx.numel()
-    out = poisoned((m, n), torch.bfloat16, "cuda")
-    groupwise_gemm_triton(a, b, sa, (0, sa.stride(0), 1), sb, (sb.stride(0), sb.stride(1), 1), out, None,
-                          layout=CONTIGUOUS, config={"GLUON": True, "GROUP_M": 8, **CONFIGS[name]}, m_indices=idx)
-    ref = R.grouped_contiguous_ref(a, b, sa, sb, idx, torch.float32)
-    valid = idx >= 0
-    assert_close(out[valid], ref[valid], max_rel_error=1e-2)
-    assert torch.isnan(out[~valid].float()).all()  # padding rows are not written
+@pytest.mark.parametrize("name", ["default", "128x128 st6", "128x64 st8", "128x32 ring st10"])
+@pytest.mark.parametrize("rows,n,k,tail", [
+    ([300, 0, 128, 517], 4096, 7168, 0),  # padding rows, an empty group; N = 21 x 192 + 64
+    ([256, 128, 384], 2112, 1024, 0),  # 128-row aligned groups: every tile by the TMA-store epilogue
+    ([129, 1000], 4160, 512, 128),  # N not a multiple of 128 (last tile starts mid-block); an all-padding tile
+])
+def test_gluon_grouped_contiguous(name, rows, n, k, tail):
+    if name == "default":
+        cfg = tuning.grouped_config(1 << 20, n, k)  # the Gluon config of large problems
+        assert cfg["GLUON"]["BLOCK_N"] == 192
+    else:
+        cfg = {"GLUON": True, "GROUP_M": 8, **CONFIGS[name]}
+    _grouped(cfg, *_grouped_operands(rows, n, k, "cuda", tail))

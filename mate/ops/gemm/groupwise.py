@@ -351,7 +351,9 @@ def groupwise_gemm_triton(
     product during the next step, so a wgmma overlaps the scaling; default False) and
     GLUON (PLAIN/CONTIGUOUS layouts, bf16/fp16 output, on a Hopper GPU: the persistent
     warp-specialized kernel of ``groupwise_gluon.py`` with BLOCK_M, BLOCK_N, num_stages,
-    GROUP_M and SPLIT_N; SPLIT_K is ignored; elsewhere the option is ignored).
+    GROUP_M, SPLIT_N, CONSUMERS, SCALE_RING and EPI_TMA; SPLIT_K is ignored; elsewhere the
+    option is ignored. True: the config as is; a dict: its keys override the config's for
+    the Gluon kernel, whose other keys still serve the plain-Triton kernel elsewhere).
     """
     M, K = a.shape[-2], a.shape[-1]
     N = b.shape[-2]
@@ -363,8 +365,9 @@ def groupwise_gemm_triton(
         from mate.ops.gemm.groupwise_gluon import gluon_supported, groupwise_gemm_gluon
 
         if gluon_supported(a, b, out):
+            gluon_cfg = {**config, **config["GLUON"]} if isinstance(config["GLUON"], dict) else config
             groupwise_gemm_gluon(a, b, a_scale, a_scale_strides, b_scale, b_scale_strides, out, layout=layout,
-                                 config=config, m_indices=m_indices)
+                                 config=gluon_cfg, m_indices=m_indices)
             return
     use_tma = config.get("TMA", True) and _tma_ok(a) and _tma_ok(b)
     bm, bn = config["BLOCK_M"], config["BLOCK_N"]

@@ -6,25 +6,32 @@ the schedule DeepGEMM uses, which plain Triton cannot express on sm_90:
 
 * persistent programs (one per SM) walk the output tiles in grouped order;
 * a 1-warp producer partition issues the TMA loads of A [BLOCK_M, 128] and B [BLOCK_N, 128]
-  into a ring of ``STAGES`` shared-memory slots (mbarriers: ``ready`` = both tiles landed,
-  ``empty`` = both consumers are done with the slot);
-* two 4-warp consumer partitions (warpgroups) each own half of the tile (half the rows, or
-  with ``SPLIT_N`` half the columns, so a 64-row tile still feeds both): per 128-wide K
-  block an FP8 wgmma (QGMMA) into a fresh fp32 product, then acc += product * a_scale[row]
-  * b_scale on the CUDA cores. While one warpgroup scales, the other's wgmma runs. (Issuing
-  the next K block's wgmma before scaling the previous product, with two products in
-  registers, spilled and made ptxas serialize the wgmmas in the sm_90 compile: not kept.)
+  into a ring of ``STAGES`` shared-memory slots (mbarriers: ``ready`` = the slot's bytes
+  landed, ``empty`` = every consumer is done with the slot);
+* ``CONSUMERS`` 4-warp consumer partitions (warpgroups). Two: each owns half of the tile
+  (half the rows, or with ``SPLIT_N`` half the columns, so a 64-row tile still feeds both);
+  one: the whole 64-row tile (the small-M shape of DeepGEMM: 64 x 16..128 tiles, one wave,
+  a deep ring). Per 128-wide K block an FP8 wgmma (QGMMA) into a fresh fp32 product, then
+  acc += product * a_scale[row] * b_scale on the CUDA cores; with two consumers one
+  warpgroup's wgmma runs while the other scales. (Issuing the next K block's wgmma before
+  scaling the previous product, with two products in registers, spilled and made ptxas
+  serialize the wgmmas in the sm_90 compile: not kept.)
+* the scales: by default each consumer loads those of K block kb + 1 from global memory
+  during block kb (measured on the grouped benchmark: 901 against 870 TFLOP/s at 128x192).
+  With ``SCALE_RING`` (BLOCK_N <= 128) the producer also copies the K block's BLOCK_M
+  activation scales and its weight scale (cp.async, 4-byte pieces, any scale strides, so
+  K- and MN-major alike) into the ring slot, tracked by the slot's ``ready`` barrier: the
+  consumers read them from shared memory, STAGES K blocks after the copy was issued, which
+  takes the global-load latency off short K-block steps (small M);
 * the epilogue stores the warpgroup's fp32 tile as bf16/fp16 with row/column masks, through
-  shared memory in 16-byte row pieces, while the producer already loads the next tile.
+  shared memory in 16-byte row pieces, while the producer already loads the next tile; with
+  ``EPI_TMA`` tiles without padding rows go out by an asynchronous TMA store from shared
+  memory, waited for before the buffer's next use.
 
-Options under A/B (``tuning.GROUPED_GLUON_VARIANTS``): ``SCALE_AHEAD`` loads the scales one
-K block ahead (in the default's sm_90 SASS the scale product sits between the first wgmma
-arrive and the first QGMMA, so each K block's wgmma issue waits for its own scale loads);
-``EPI_TMA`` stores tiles without padding rows by an asynchronous TMA store from shared
-memory, waited for before the buffer's next use; BLOCK_N 192 / 256 (BLOCK_M 128) split each
-warpgroup's 64 rows into a 128-column part and a 64/128-column part, each inside one
-weight-scale block, loaded into two rings (a 192-wide tile that starts mid-block loads its
-first 64 columns into the small ring).
+BLOCK_N 192 (BLOCK_M 128, two consumers) splits each warpgroup's 64 rows into a 128-column
+part and a 64-column part, each inside one weight-scale block, loaded into two rings (a tile
+that starts mid-block loads its first 64 columns into the small ring); both wgmmas are in
+flight at once (64 + 32 product registers).
 
 Selected with ``config["GLUON"] = True`` in ``groupwise_gemm_triton`` (Hopper GPUs only; the
 interpreter and other GPUs run the plain-Triton kernel). Checked against the reference by
@@ -37,6 +44,7 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
@@ -77,10 +85,12 @@ def _tile_expert(idx_ptr, pid_m, M, G, LAYOUT: gl.constexpr, BLOCK_M: gl.constex
 
 
 @gluon.jit
-def _producer(a_desc, b_desc, b2_desc, idx_ptr, a_bufs, b_bufs, b2_bufs, ready, empty, M, N, K, G,
+def _producer(a_desc, b_desc, b2_desc, idx_ptr, as_ptr, bs_ptr, a_bufs, b_bufs, b2_bufs, sa_bufs, sb_bufs, ready,
+              empty, M, N, K, G, stride_asm, stride_ask, stride_bsg, stride_bsn, stride_bsk,
               LAYOUT: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr,
-              STAGES: gl.constexpr, WIDE: gl.constexpr):
+              STAGES: gl.constexpr, WIDE: gl.constexpr, SCALE_RING: gl.constexpr):
     IDX_L: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    SC_L: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
     num_pid_m = gl.cdiv(M, BLOCK_M)
     num_pid_n = gl.cdiv(N, BLOCK_N)
     num_kb = K // BLOCK_K
@@ -96,9 +106,21 @@ def _producer(a_desc, b_desc, b2_desc, idx_ptr, a_bufs, b_bufs, b2_bufs, ready, 
                 off_x = (pid_n * BLOCK_N) % 128
                 b2_row = b_row + 128 - 2 * off_x
                 b_row += off_x
+            if SCALE_RING:  # the tile's BLOCK_M activation-scale rows; its one weight scale, in every lane
+                offs_m = a_row + gl.arange(0, BLOCK_M, layout=SC_L)
+                in_a = offs_m < M
+                as_ptrs = as_ptr + offs_m.to(gl.int64) * stride_asm
+                bs_ptrs = (bs_ptr + expert.to(gl.int64) * stride_bsg + (pid_n * BLOCK_N // 128) * stride_bsn
+                           + gl.zeros([BLOCK_M], gl.int32, SC_L))
             for kb in range(num_kb):
                 s = it % STAGES
                 mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
+                if SCALE_RING:
+                    # each lane's pending arrival is counted on ``ready`` now, before the TMA
+                    # expect's arrival, and completed when its copies have landed
+                    async_copy.async_copy_global_to_shared(sa_bufs.index(s), as_ptrs + kb * stride_ask, mask=in_a)
+                    async_copy.async_copy_global_to_shared(sb_bufs.index(s), bs_ptrs + kb * stride_bsk)
+                    async_copy.mbarrier_arrive(ready.index(s), increment_count=True)
                 mbarrier.expect(ready.index(s), nbytes)
                 tma.async_copy_global_to_shared(a_desc, [a_row, kb * BLOCK_K], ready.index(s), a_bufs.index(s))
                 tma.async_copy_global_to_shared(b_desc, [b_row, kb * BLOCK_K], ready.index(s), b_bufs.index(s))
@@ -106,8 +128,6 @@ def _producer(a_desc, b_desc, b2_desc, idx_ptr, a_bufs, b_bufs, b2_bufs, ready, 
                     tma.async_copy_global_to_shared(b2_desc, [b2_row, kb * BLOCK_K], ready.index(s),
                                                     b2_bufs.index(s))
                 it += 1
-
-
 @gluon.jit
 def _operands(a_bufs, b_bufs, s, HALF: gl.constexpr, SUB_M: gl.constexpr, SUB_N: gl.constexpr,
               SPLIT_N: gl.constexpr):
@@ -160,12 +180,13 @@ def _epilogue(c_ptr, idx_ptr, c_buf, c_desc, acc, m0, n0, M, N, expert, full, st
 
 
 @gluon.jit
-def _narrow_tile(a_bufs, b_bufs, ready, empty, c_buf, c_desc, as_ptr, bs_ptr, c_ptr, idx_ptr, it, pid_m, pid_n,
-                 expert, full, M, N, K, stride_asm, stride_ask, stride_bsg, stride_bsn, stride_bsk, stride_cm,
-                 HALF: gl.constexpr, LAYOUT: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                 STAGES: gl.constexpr, SPLIT_N: gl.constexpr, SCALE_AHEAD: gl.constexpr, EPI_TMA: gl.constexpr):
+def _narrow_tile(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_buf, c_desc, as_ptr, bs_ptr, c_ptr, idx_ptr, it,
+                 pid_m, pid_n, expert, full, M, N, K, stride_asm, stride_ask, stride_bsg, stride_bsn, stride_bsk,
+                 stride_cm, HALF: gl.constexpr, LAYOUT: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                 STAGES: gl.constexpr, SPLIT_N: gl.constexpr, CONSUMERS: gl.constexpr, SCALE_RING: gl.constexpr,
+                 EPI_TMA: gl.constexpr):
     """One output tile, one wgmma per K block (SUB_N <= 128): returns the ring counter."""
-    SUB_M: gl.constexpr = BLOCK_M if SPLIT_N else BLOCK_M // 2
+    SUB_M: gl.constexpr = BLOCK_M if SPLIT_N else BLOCK_M // CONSUMERS
     SUB_N: gl.constexpr = BLOCK_N // 2 if SPLIT_N else BLOCK_N
     OFF_M: gl.constexpr = 0 if SPLIT_N else HALF * SUB_M
     OFF_N: gl.constexpr = HALF * SUB_N if SPLIT_N else 0
@@ -174,35 +195,32 @@ def _narrow_tile(a_bufs, b_bufs, ready, empty, c_buf, c_desc, as_ptr, bs_ptr, c_
     ROW_L: gl.constexpr = gl.SliceLayout(1, MMA_L)
     num_kb = K // BLOCK_K
     zero = gl.zeros([SUB_M, SUB_N], gl.float32, MMA_L)
-    offs_m = pid_m * BLOCK_M + OFF_M + gl.arange(0, SUB_M, layout=ROW_L)
-    in_a = offs_m < M
-    nblk = (pid_n * BLOCK_N + OFF_N) // 128
-    as_ptrs = as_ptr + offs_m.to(gl.int64) * stride_asm
-    bs_base = bs_ptr + expert.to(gl.int64) * stride_bsg + nblk * stride_bsn
-    nb_ok = nblk < gl.cdiv(N, 128)
-    if SCALE_AHEAD:  # the scales of K block kb + 1 load during block kb: their latency is off the wgmma issue
+    if not SCALE_RING:  # the scales of K block kb + 1 load during block kb
+        offs_m = pid_m * BLOCK_M + OFF_M + gl.arange(0, SUB_M, layout=ROW_L)
+        in_a = offs_m < M
+        nblk = (pid_n * BLOCK_N + OFF_N) // 128
+        as_ptrs = as_ptr + offs_m.to(gl.int64) * stride_asm
+        bs_base = bs_ptr + expert.to(gl.int64) * stride_bsg + nblk * stride_bsn
+        nb_ok = nblk < gl.cdiv(N, 128)
         sa_n = gl.load(as_ptrs, mask=in_a, other=0.0)
         sb_n = gl.load(bs_base, mask=nb_ok, other=0.0)
     acc = zero
     for kb in range(num_kb):
-        if SCALE_AHEAD:
+        s = it % STAGES
+        if not SCALE_RING:
             sc = sa_n * sb_n
             more = kb + 1 < num_kb
             sa_n = gl.load(as_ptrs + (kb + 1) * stride_ask, mask=in_a & more, other=0.0)
             sb_n = gl.load(bs_base + (kb + 1) * stride_bsk, mask=nb_ok & more, other=0.0)
-        else:
-            sa = gl.load(as_ptrs + kb * stride_ask, mask=in_a, other=0.0)
-            sb = gl.load(bs_base + kb * stride_bsk, mask=nb_ok, other=0.0)
-        s = it % STAGES
         mbarrier.wait(ready.index(s), (it // STAGES) & 1)
         a_s, b_s = _operands(a_bufs, b_bufs, s, HALF, SUB_M, SUB_N, SPLIT_N)
         prod = warpgroup_mma(a_s, b_s, zero, use_acc=False, is_async=True)
+        if SCALE_RING:  # read while the wgmma runs
+            sc = (sa_bufs.index(s).slice(OFF_M, SUB_M).load(ROW_L)
+                  * sb_bufs.index(s).slice(OFF_M, SUB_M).load(ROW_L))
         prod = warpgroup_mma_wait(num_outstanding=0, deps=(prod, ))
         mbarrier.arrive(empty.index(s), count=1)
-        if SCALE_AHEAD:
-            acc += prod * sc[:, None]
-        else:
-            acc += prod * (sa * sb)[:, None]
+        acc += prod * sc[:, None]
         it += 1
     _epilogue(c_ptr, idx_ptr, c_buf, c_desc, acc, pid_m * BLOCK_M + OFF_M, pid_n * BLOCK_N + OFF_N, M, N, expert,
               full, stride_cm, LAYOUT, SUB_M, SUB_N, EPI_TMA)
@@ -213,21 +231,17 @@ def _narrow_tile(a_bufs, b_bufs, ready, empty, c_buf, c_desc, as_ptr, bs_ptr, c_
 def _wide_tile(a_bufs, b_bufs, b2_bufs, ready, empty, c_buf, c2_buf, c_desc, c2_desc, as_ptr, bs_ptr, c_ptr,
                idx_ptr, it, pid_m, pid_n, expert, full, M, N, K, stride_asm, stride_ask, stride_bsg, stride_bsn,
                stride_bsk, stride_cm, HALF: gl.constexpr, LAYOUT: gl.constexpr, BLOCK_M: gl.constexpr,
-               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, SCALE_AHEAD: gl.constexpr, EPI_TMA: gl.constexpr):
-    """One output tile of BLOCK_N 192 or 256 columns, the warpgroup's 64 rows in two column
-    parts that each lie inside one 128-column weight-scale block: X (128 columns, ring
-    ``b_bufs``) and Y (BLOCK_N - 128, ``b2_bufs``). A 192-wide tile that starts 64 columns
-    into a scale block has Y first ([n0, n0 + 64)) and X after it. BLOCK_N 192: both
-    wgmmas in flight at once (64 + 32 product registers); 256: one after the other, so one
-    64-register product serves both parts."""
-    WY: gl.constexpr = BLOCK_N - 128
-    SERIAL: gl.constexpr = BLOCK_N > 192
+               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, EPI_TMA: gl.constexpr):
+    """One 192-column output tile, the warpgroup's 64 rows in two column parts that each lie
+    inside one 128-column weight-scale block: X (128 columns, ring ``b_bufs``) and Y (64,
+    ``b2_bufs``). A tile that starts 64 columns into a scale block has Y first ([n0, n0 +
+    64)) and X after it."""
     LX: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 128, 32])
-    LY: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, WY, 32])
+    LY: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 32])
     ROW_L: gl.constexpr = gl.SliceLayout(1, LX)
     num_kb = K // BLOCK_K
     zero_x = gl.zeros([64, 128], gl.float32, LX)
-    zero_y = gl.zeros([64, WY], gl.float32, LY)
+    zero_y = gl.zeros([64, 64], gl.float32, LY)
     m0 = pid_m * BLOCK_M + HALF * 64
     n0 = pid_n * BLOCK_N
     off_x = n0 % 128
@@ -242,58 +256,42 @@ def _wide_tile(a_bufs, b_bufs, b2_bufs, ready, empty, c_buf, c2_buf, c_desc, c2_
     by_ptr = bs_ptr + expert.to(gl.int64) * stride_bsg + blk_y * stride_bsn
     x_ok = blk_x < num_nb
     y_ok = blk_y < num_nb
-    if SCALE_AHEAD:
-        sa_n = gl.load(as_ptrs, mask=in_a, other=0.0)
-        sx_n = gl.load(bx_ptr, mask=x_ok, other=0.0)
-        sy_n = gl.load(by_ptr, mask=y_ok, other=0.0)
+    sa_n = gl.load(as_ptrs, mask=in_a, other=0.0)  # the scales of K block kb + 1 load during block kb
+    sx_n = gl.load(bx_ptr, mask=x_ok, other=0.0)
+    sy_n = gl.load(by_ptr, mask=y_ok, other=0.0)
     acc_x = zero_x
     acc_y = zero_y
     for kb in range(num_kb):
-        if SCALE_AHEAD:
-            sa = sa_n
-            sx = sx_n
-            sy = sy_n
-            more = kb + 1 < num_kb
-            sa_n = gl.load(as_ptrs + (kb + 1) * stride_ask, mask=in_a & more, other=0.0)
-            sx_n = gl.load(bx_ptr + (kb + 1) * stride_bsk, mask=x_ok & more, other=0.0)
-            sy_n = gl.load(by_ptr + (kb + 1) * stride_bsk, mask=y_ok & more, other=0.0)
-        else:
-            sa = gl.load(as_ptrs + kb * stride_ask, mask=in_a, other=0.0)
-            sx = gl.load(bx_ptr + kb * stride_bsk, mask=x_ok, other=0.0)
-            sy = gl.load(by_ptr + kb * stride_bsk, mask=y_ok, other=0.0)
+        sa = sa_n
+        sx = sx_n
+        sy = sy_n
+        more = kb + 1 < num_kb
+        sa_n = gl.load(as_ptrs + (kb + 1) * stride_ask, mask=in_a & more, other=0.0)
+        sx_n = gl.load(bx_ptr + (kb + 1) * stride_bsk, mask=x_ok & more, other=0.0)
+        sy_n = gl.load(by_ptr + (kb + 1) * stride_bsk, mask=y_ok & more, other=0.0)
         s = it % STAGES
         mbarrier.wait(ready.index(s), (it // STAGES) & 1)
         a_s = a_bufs.index(s).slice(HALF * 64, 64, dim=0)
-        b_x = b_bufs.index(s).permute((1, 0))
-        b_y = b2_bufs.index(s).permute((1, 0))
-        if SERIAL:
-            px = warpgroup_mma(a_s, b_x, zero_x, use_acc=False, is_async=True)
-            px = warpgroup_mma_wait(num_outstanding=0, deps=(px, ))
-            acc_x += px * (sa * sx)[:, None]
-            py = warpgroup_mma(a_s, b_y, zero_y, use_acc=False, is_async=True)
-            py = warpgroup_mma_wait(num_outstanding=0, deps=(py, ))
-            mbarrier.arrive(empty.index(s), count=1)
-        else:
-            px = warpgroup_mma(a_s, b_x, zero_x, use_acc=False, is_async=True)
-            py = warpgroup_mma(a_s, b_y, zero_y, use_acc=False, is_async=True)
-            px, py = warpgroup_mma_wait(num_outstanding=0, deps=(px, py))
-            mbarrier.arrive(empty.index(s), count=1)
-            acc_x += px * (sa * sx)[:, None]
+        px = warpgroup_mma(a_s, b_bufs.index(s).permute((1, 0)), zero_x, use_acc=False, is_async=True)
+        py = warpgroup_mma(a_s, b2_bufs.index(s).permute((1, 0)), zero_y, use_acc=False, is_async=True)
+        px, py = warpgroup_mma_wait(num_outstanding=0, deps=(px, py))
+        mbarrier.arrive(empty.index(s), count=1)
+        acc_x += px * (sa * sx)[:, None]
         acc_y += py * gl.convert_layout(sa * sy, gl.SliceLayout(1, LY))[:, None]
         it += 1
     _epilogue(c_ptr, idx_ptr, c_buf, c_desc, acc_x, m0, n0 + off_x, M, N, expert, full, stride_cm, LAYOUT, 64, 128,
               EPI_TMA)
-    _epilogue(c_ptr, idx_ptr, c2_buf, c2_desc, acc_y, m0, n0 + off_y, M, N, expert, full, stride_cm, LAYOUT, 64, WY,
+    _epilogue(c_ptr, idx_ptr, c2_buf, c2_desc, acc_y, m0, n0 + off_y, M, N, expert, full, stride_cm, LAYOUT, 64, 64,
               EPI_TMA)
     return it
 
 
 @gluon.jit
-def _consumer(a_bufs, b_bufs, b2_bufs, c_bufs, c2_bufs, ready, empty, c_desc, c2_desc, as_ptr, bs_ptr, c_ptr, idx_ptr,
-              M, N, K, G, stride_asm, stride_ask, stride_bsg, stride_bsn, stride_bsk, stride_cm,
-              HALF: gl.constexpr, LAYOUT: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+def _consumer(a_bufs, b_bufs, b2_bufs, sa_bufs, sb_bufs, c_bufs, c2_bufs, ready, empty, c_desc, c2_desc, as_ptr,
+              bs_ptr, c_ptr, idx_ptr, M, N, K, G, stride_asm, stride_ask, stride_bsg, stride_bsn, stride_bsk,
+              stride_cm, HALF: gl.constexpr, LAYOUT: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               GROUP_M: gl.constexpr, STAGES: gl.constexpr, SPLIT_N: gl.constexpr, WIDE: gl.constexpr,
-              SCALE_AHEAD: gl.constexpr, EPI_TMA: gl.constexpr):
+              CONSUMERS: gl.constexpr, SCALE_RING: gl.constexpr, EPI_TMA: gl.constexpr):
     IDX_L: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     num_pid_m = gl.cdiv(M, BLOCK_M)
     num_pid_n = gl.cdiv(N, BLOCK_N)
@@ -308,12 +306,12 @@ def _consumer(a_bufs, b_bufs, b2_bufs, c_bufs, c2_bufs, ready, empty, c_desc, c2
                 it = _wide_tile(a_bufs, b_bufs, b2_bufs, ready, empty, c_buf, c2_buf, c_desc, c2_desc, as_ptr, bs_ptr,
                                 c_ptr, idx_ptr, it, pid_m, pid_n, expert, full, M, N, K, stride_asm, stride_ask,
                                 stride_bsg, stride_bsn, stride_bsk, stride_cm, HALF, LAYOUT, BLOCK_M, BLOCK_N, STAGES,
-                                SCALE_AHEAD, EPI_TMA)
+                                EPI_TMA)
             else:
-                it = _narrow_tile(a_bufs, b_bufs, ready, empty, c_buf, c_desc, as_ptr, bs_ptr, c_ptr, idx_ptr, it,
-                                  pid_m, pid_n, expert, full, M, N, K, stride_asm, stride_ask, stride_bsg, stride_bsn,
-                                  stride_bsk, stride_cm, HALF, LAYOUT, BLOCK_M, BLOCK_N, STAGES, SPLIT_N,
-                                  SCALE_AHEAD, EPI_TMA)
+                it = _narrow_tile(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_buf, c_desc, as_ptr, bs_ptr, c_ptr,
+                                  idx_ptr, it, pid_m, pid_n, expert, full, M, N, K, stride_asm, stride_ask,
+                                  stride_bsg, stride_bsn, stride_bsk, stride_cm, HALF, LAYOUT, BLOCK_M, BLOCK_N,
+                                  STAGES, SPLIT_N, CONSUMERS, SCALE_RING, EPI_TMA)
     if EPI_TMA:
         tma.store_wait(0)
 
@@ -324,17 +322,22 @@ def fp8_groupwise_gluon_kernel(
     M, N, K, G,
     stride_asm, stride_ask, stride_bsg, stride_bsn, stride_bsk, stride_cm,
     LAYOUT: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr,
-    STAGES: gl.constexpr, SPLIT_N: gl.constexpr, SCALE_AHEAD: gl.constexpr = False, EPI_TMA: gl.constexpr = False,
+    STAGES: gl.constexpr, SPLIT_N: gl.constexpr, CONSUMERS: gl.constexpr = 2, SCALE_RING: gl.constexpr = False,
+    EPI_TMA: gl.constexpr = False,
 ):
     """Persistent grid (at most one program per SM); ``a_desc`` covers a [M, K] with blocks
     [BLOCK_M, 128], ``b_desc`` covers b as [G * N, K] with blocks [min(BLOCK_N, 128), 128]
-    (BLOCK_N 192/256 without SPLIT_N: ``b2_desc`` with blocks [BLOCK_N - 128, 128], else
-    unused); with ``EPI_TMA`` ``c_desc`` covers c [M, N] with blocks [64, min(BLOCK_N, 128)]
-    and ``c2_desc`` with blocks [64, BLOCK_N - 128] (wide tiles; unused otherwise)."""
+    (BLOCK_N 192: ``b2_desc`` with blocks [64, 128], else unused); with ``EPI_TMA``
+    ``c_desc`` covers c [M, N] with blocks [64, min(BLOCK_N, 128)] and ``c2_desc`` with
+    blocks [64, 64] (BLOCK_N 192; unused otherwise)."""
     WIDE: gl.constexpr = BLOCK_N > 128 and not SPLIT_N
-    gl.static_assert(BLOCK_M // 2 == 64 or (SPLIT_N and BLOCK_M == 64))
-    gl.static_assert((BLOCK_N // 2 if SPLIT_N else BLOCK_N) <= 128 or (BLOCK_M == 128 and BLOCK_N <= 256))
-    gl.static_assert(not EPI_TMA or (BLOCK_M == 128 and not SPLIT_N and BLOCK_N >= 128))
+    if CONSUMERS == 1:
+        gl.static_assert(BLOCK_M == 64 and not SPLIT_N and BLOCK_N <= 128)
+    else:
+        gl.static_assert(CONSUMERS == 2 and (BLOCK_M == 128 or (SPLIT_N and BLOCK_M == 64)))
+    gl.static_assert((BLOCK_N // 2 if SPLIT_N else BLOCK_N) <= 128 or (BLOCK_M == 128 and BLOCK_N == 192))
+    gl.static_assert(not SCALE_RING or BLOCK_N <= 128)
+    gl.static_assert(not EPI_TMA or (not SPLIT_N and BLOCK_N >= 128))
     BX: gl.constexpr = 128 if WIDE else BLOCK_N
     a_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
     b_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BX, BLOCK_K], b_desc.layout)
@@ -342,8 +345,15 @@ def fp8_groupwise_gluon_kernel(
         b2_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N - 128, BLOCK_K], b2_desc.layout)
     else:
         b2_bufs = b_bufs
+    if SCALE_RING:
+        SC_SL: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])  # per ring slot
+        sa_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], SC_SL)
+        sb_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], SC_SL)
+    else:  # placeholders, never used
+        sa_bufs = a_bufs
+        sb_bufs = a_bufs
     if EPI_TMA:
-        c_bufs = gl.allocate_shared_memory(c_ptr.dtype.element_ty, [2, 64, BX], c_desc.layout)
+        c_bufs = gl.allocate_shared_memory(c_ptr.dtype.element_ty, [CONSUMERS, 64, BX], c_desc.layout)
         if WIDE:
             c2_bufs = gl.allocate_shared_memory(c_ptr.dtype.element_ty, [2, 64, BLOCK_N - 128], c2_desc.layout)
         else:
@@ -355,18 +365,32 @@ def fp8_groupwise_gluon_kernel(
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=2)  # one arrival per consumer warpgroup
+        mbarrier.init(empty.index(i), count=CONSUMERS)  # one arrival per consumer warpgroup
 
-    gl.warp_specialize([
-        (_consumer, (a_bufs, b_bufs, b2_bufs, c_bufs, c2_bufs, ready, empty, c_desc, c2_desc, as_ptr, bs_ptr, c_ptr,
-                     idx_ptr, M, N, K, G, stride_asm, stride_ask, stride_bsg, stride_bsn, stride_bsk, stride_cm,
-                     0, LAYOUT, BLOCK_M, BLOCK_N, GROUP_M, STAGES, SPLIT_N, WIDE, SCALE_AHEAD, EPI_TMA)),
-        (_consumer, (a_bufs, b_bufs, b2_bufs, c_bufs, c2_bufs, ready, empty, c_desc, c2_desc, as_ptr, bs_ptr, c_ptr,
-                     idx_ptr, M, N, K, G, stride_asm, stride_ask, stride_bsg, stride_bsn, stride_bsk, stride_cm,
-                     1, LAYOUT, BLOCK_M, BLOCK_N, GROUP_M, STAGES, SPLIT_N, WIDE, SCALE_AHEAD, EPI_TMA)),
-        (_producer, (a_desc, b_desc, b2_desc, idx_ptr, a_bufs, b_bufs, b2_bufs, ready, empty, M, N, K, G,
-                     LAYOUT, BLOCK_M, BLOCK_N, GROUP_M, STAGES, WIDE)),
-    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    if CONSUMERS == 1:
+        gl.warp_specialize([
+            (_consumer, (a_bufs, b_bufs, b2_bufs, sa_bufs, sb_bufs, c_bufs, c2_bufs, ready, empty, c_desc, c2_desc,
+                         as_ptr, bs_ptr, c_ptr, idx_ptr, M, N, K, G, stride_asm, stride_ask, stride_bsg, stride_bsn,
+                         stride_bsk, stride_cm, 0, LAYOUT, BLOCK_M, BLOCK_N, GROUP_M, STAGES, SPLIT_N, WIDE,
+                         CONSUMERS, SCALE_RING, EPI_TMA)),
+            (_producer, (a_desc, b_desc, b2_desc, idx_ptr, as_ptr, bs_ptr, a_bufs, b_bufs, b2_bufs, sa_bufs, sb_bufs,
+                         ready, empty, M, N, K, G, stride_asm, stride_ask, stride_bsg, stride_bsn, stride_bsk, LAYOUT,
+                         BLOCK_M, BLOCK_N, GROUP_M, STAGES, WIDE, SCALE_RING)),
+        ], [1], [PRODUCER_REGS])
+    else:
+        gl.warp_specialize([
+            (_consumer, (a_bufs, b_bufs, b2_bufs, sa_bufs, sb_bufs, c_bufs, c2_bufs, ready, empty, c_desc, c2_desc,
+                         as_ptr, bs_ptr, c_ptr, idx_ptr, M, N, K, G, stride_asm, stride_ask, stride_bsg, stride_bsn,
+                         stride_bsk, stride_cm, 0, LAYOUT, BLOCK_M, BLOCK_N, GROUP_M, STAGES, SPLIT_N, WIDE,
+                         CONSUMERS, SCALE_RING, EPI_TMA)),
+            (_consumer, (a_bufs, b_bufs, b2_bufs, sa_bufs, sb_bufs, c_bufs, c2_bufs, ready, empty, c_desc, c2_desc,
+                         as_ptr, bs_ptr, c_ptr, idx_ptr, M, N, K, G, stride_asm, stride_ask, stride_bsg, stride_bsn,
+                         stride_bsk, stride_cm, 1, LAYOUT, BLOCK_M, BLOCK_N, GROUP_M, STAGES, SPLIT_N, WIDE,
+                         CONSUMERS, SCALE_RING, EPI_TMA)),
+            (_producer, (a_desc, b_desc, b2_desc, idx_ptr, as_ptr, bs_ptr, a_bufs, b_bufs, b2_bufs, sa_bufs, sb_bufs,
+                         ready, empty, M, N, K, G, stride_asm, stride_ask, stride_bsg, stride_bsn, stride_bsk, LAYOUT,
+                         BLOCK_M, BLOCK_N, GROUP_M, STAGES, WIDE, SCALE_RING)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
 def gluon_supported(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> bool:
@@ -402,20 +426,27 @@ def groupwise_gemm_gluon(a, b, a_scale, a_scale_strides, b_scale, b_scale_stride
                          config: dict, m_indices: torch.Tensor | None = None, num_sms: int | None = None) -> None:
     """Launches the Gluon kernel (``gluon_supported`` must hold; layout PLAIN or CONTIGUOUS).
 
-    ``config``: BLOCK_M (128, or 64 with SPLIT_N), BLOCK_N (<= 128; 192 or 256 with BLOCK_M
-    128; up to 256 with SPLIT_N), GROUP_M, num_stages (ring slots), SPLIT_N, SCALE_AHEAD
-    (scales loaded one K block ahead) and EPI_TMA (TMA-store epilogue for tiles without
-    padding rows; BLOCK_M 128, BLOCK_N >= 128, ignored where the output's rows are not
+    ``config``: BLOCK_M, BLOCK_N, GROUP_M, num_stages (ring slots), SPLIT_N, CONSUMERS (2,
+    the default: BLOCK_M 128, or 64 with SPLIT_N; BLOCK_N <= 128, 192 with BLOCK_M 128, up
+    to 256 with SPLIT_N. 1: BLOCK_M 64, BLOCK_N <= 128), SCALE_RING (the producer copies the
+    scales into the ring; BLOCK_N <= 128) and EPI_TMA (TMA-store epilogue for tiles without
+    padding rows; BLOCK_N >= 128 without SPLIT_N, ignored where the output's rows are not
     16-byte aligned). See the module docstring.
     """
     M, K = a.shape
     N = b.shape[-2]
     G = b.shape[0] if b.dim() == 3 else 1
     bm, bn = config["BLOCK_M"], config["BLOCK_N"]
-    split_n = bool(config.get("SPLIT_N", bm == 64))
-    if not split_n and bn > 128 and (bm != 128 or bn not in (192, 256)):
-        raise ValueError(f"BLOCK_N {bn} needs SPLIT_N, or BLOCK_M 128 with BLOCK_N 192 or 256")
-    epi_tma = (bool(config.get("EPI_TMA", False)) and bm == 128 and bn >= 128 and not split_n
+    consumers = int(config.get("CONSUMERS", 2))
+    split_n = bool(config.get("SPLIT_N", bm == 64 and consumers == 2))
+    if consumers == 1 and (bm != 64 or split_n or bn > 128):
+        raise ValueError(f"CONSUMERS 1 needs BLOCK_M 64, BLOCK_N <= 128 and no SPLIT_N, got {bm}x{bn}")
+    if not split_n and bn > 128 and (bm != 128 or bn != 192):
+        raise ValueError(f"BLOCK_N {bn} needs SPLIT_N, or BLOCK_M 128 with BLOCK_N 192")
+    scale_ring = bool(config.get("SCALE_RING", False))
+    if scale_ring and bn > 128:
+        raise ValueError(f"SCALE_RING needs BLOCK_N <= 128, got {bn}")
+    epi_tma = (bool(config.get("EPI_TMA", False)) and bn >= 128 and not split_n
                and out.dim() == 2 and out.data_ptr() % 16 == 0 and (out.stride(0) * out.element_size()) % 16 == 0)
     tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
     if num_sms is None:
@@ -433,7 +464,6 @@ def groupwise_gemm_gluon(a, b, a_scale, a_scale_strides, b_scale, b_scale_stride
         M, N, K, G,
         a_scale_strides[1], a_scale_strides[2], *b_scale_strides, out.stride(-2),
         LAYOUT=layout, BLOCK_M=bm, BLOCK_N=bn, GROUP_M=config.get("GROUP_M", 8),
-        STAGES=config.get("num_stages", 4), SPLIT_N=split_n,
-        SCALE_AHEAD=bool(config.get("SCALE_AHEAD", False)), EPI_TMA=epi_tma,
-        num_warps=4, maxnreg=GLUON_MAX_REGS,
+        STAGES=config.get("num_stages", 4), SPLIT_N=split_n, CONSUMERS=consumers, SCALE_RING=scale_ring,
+        EPI_TMA=epi_tma, num_warps=4, maxnreg=GLUON_MAX_REGS,
     )

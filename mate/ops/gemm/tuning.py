@@ -152,50 +152,30 @@ GLUON_GROUPED_MIN_TILES = 4096
 """128x128 output tiles from which the contiguous layout runs the persistent Gluon kernel."""
 
 
-GROUPED_GLUON_VARIANTS: dict[str, dict] = {
-    "128x128 st5": {},
-    "128x128 st5 ahead": {"SCALE_AHEAD": True},
-    "128x128 st5 tma": {"EPI_TMA": True},
-    "128x128 st5 ahead tma": {"SCALE_AHEAD": True, "EPI_TMA": True},
-    "128x192 st4": {"BLOCK_N": 192, "num_stages": 4},
-    "128x192 st4 ahead": {"BLOCK_N": 192, "num_stages": 4, "SCALE_AHEAD": True},
-    "128x192 st4 ahead tma": {"BLOCK_N": 192, "num_stages": 4, "SCALE_AHEAD": True, "EPI_TMA": True},
-    "128x256 st4 ahead": {"BLOCK_N": 256, "num_stages": 4, "SCALE_AHEAD": True},
-    "128x256 st3 ahead tma": {"BLOCK_N": 256, "num_stages": 3, "SCALE_AHEAD": True, "EPI_TMA": True},
-}
-"""Overrides of the Gluon grouped config, candidates for the H200 A/B of
-``/tmp/devreq/gemm_grouped.sh`` (not measured yet; the default is the first). SCALE_AHEAD:
-scales loaded one K block ahead (in the sm_90 SASS the default's scale product waits for
-that K block's scale loads before the first QGMMA is issued); EPI_TMA: asynchronous
-TMA-store epilogue; BLOCK_N 192/256: wider tiles (17% / 25% less operand traffic per
-FLOP). All compile without spills except 128x256 (per-tile spills outside the K loop)."""
-
-
-def grouped_config(m: int, n: int, k: int, variant: str | None = None) -> dict:
+def grouped_config(m: int, n: int, k: int) -> dict:
     """Contiguous MoE layout: groups are 128-row aligned, so BLOCK_M divides 128.
 
-    Measured on the H200 (4 experts x 8192 rows, N=4096, K=7168): the persistent
-    warp-specialized Gluon kernel (``groupwise_gluon.py``; Hopper only, elsewhere the
-    option is ignored) with 128x128 tiles and 5 stages, timed interleaved with DeepGEMM
-    (1490 us, 1292 TFLOP/s): 2002 us (961 TFLOP/s; 6 stages 949). Its epilogue stores whole
-    32-byte sectors; storing from the wgmma layout (4-byte pieces) ran 2152 us (894). Tried
-    and not kept (2026-11-29, same shape): activation/weight scales loaded one or two K
-    blocks ahead (909 / 893 against 936 without), 256x128 tiles with two 64-row waves per
-    warpgroup (883-903 against 925; 4096^2 x 7168 874 against 925), the next K block's wgmma
-    issued before the scaling (unrolled by two: ptxas serializes the wgmmas and spills), the
-    next tile's m_indices loaded a tile ahead (886 against 894). DeepGEMM uses 128x192 tiles
-    with 2-CTA TMA multicast, which Gluon in Triton 3.6 cannot express. The Triton kernel
-    with 128x128 tiles, 8 warps, 4 stages: 2059-2202 us (874-935 TFLOP/s). The Gluon kernel
-    is used from ``GLUON_GROUPED_MIN_TILES`` tiles (the measured class: many waves of a
-    persistent grid); on plain GEMMs with a few waves it was slower than the Triton kernel
-    (M=4096, N=2112, K=7168: 180 us against 161). ``variant`` names an entry of
-    ``GROUPED_GLUON_VARIANTS`` (candidates awaiting the GPU).
+    From ``GLUON_GROUPED_MIN_TILES`` 128x128 tiles (the measured class: many waves of a
+    persistent grid) the persistent warp-specialized Gluon kernel (``groupwise_gluon.py``;
+    Hopper only, elsewhere the option is ignored) with 128x192 tiles, 4 stages, the scales
+    loaded one K block ahead and the TMA-store epilogue. Measured on the H200 (4 experts x
+    8192 rows, N=4096, K=7168, interleaved in one run with DeepGEMM 1502 us = 1281 TFLOP/s;
+    TFLOP/s, all within 3e-3 of the reference, padding rows untouched): 128x192 st4 ahead
+    tma 1028.5 (1870.8 us); 128x192 st4 870, ahead 901; 128x128 st5 878 (2191.6 us), ahead
+    893, tma 976, ahead tma 939; 128x256 st4 ahead 936, st3 ahead tma 1040 (within noise
+    of 128x192, but it spills: removed). Earlier (2026-11-29): storing from the wgmma layout
+    (4-byte pieces) instead of 16-byte row pieces -6%; 256x128 tiles with two 64-row waves
+    per warpgroup, the next K block's wgmma issued before the scaling (ptxas serializes the
+    wgmmas and spills), the next tile's m_indices loaded a tile ahead: no gain. DeepGEMM
+    uses 128x192 tiles with 2-CTA TMA multicast, which Gluon in Triton 3.6 cannot express.
+    The Triton kernel with 128x128 tiles, 8 warps, 4 stages: 874-935 TFLOP/s. On plain
+    GEMMs with a few waves the Gluon kernel (128x128) was slower than the Triton kernel
+    (M=4096, N=2112, K=7168: 180 us against 161), hence the tile threshold. ``GLUON`` holds
+    the Gluon kernel's overrides of the Triton config (which runs where Gluon cannot).
     """
     triton_cfg = {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 4, "GROUP_M": 8}
-    if variant is not None:  # a named candidate of GROUPED_GLUON_VARIANTS, whatever the size
-        return {**triton_cfg, "GLUON": True, "num_stages": 5, **GROUPED_GLUON_VARIANTS[variant]}
     if -(-m // 128) * -(-n // 128) >= GLUON_GROUPED_MIN_TILES:
-        return {**triton_cfg, "GLUON": True, "num_stages": 5}
+        return {**triton_cfg, "GLUON": {"BLOCK_N": 192, "num_stages": 4, "EPI_TMA": True}}
     return triton_cfg
 
 
