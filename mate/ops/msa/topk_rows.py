@@ -1,34 +1,32 @@
 """MSA top-k selection with rows on threads (``rows`` variant of :mod:`mate.ops.msa.topk`).
 
-A program holds ``ROWS`` rows as ``[4, ROWS, NC, 4]`` fp32 scores (block ``16 c + 4 r + v``):
-four threads per row, each with 4 consecutive blocks of every 16-block chunk (16-byte loads,
-8 rows per warp instruction), so per-row work is mostly thread-local and a row reduction is
-2 shuffle stages instead of the 5 of a one-warp row. Selection of a long row (``n > W``):
+A program holds ``ROWS`` rows as ``[4 (r), ROWS, NC (c), 4 (v)]`` fp32 scores, block
+``4 NC r + 4 c + v``: 16-byte vectors, four threads per row, each with ``4 NC`` consecutive
+blocks (sm_90 TTGIR: ``sizePerThread [1, 1, 1, 4], threadsPerWarp [4, 8, 1, 1]``, 8 rows per
+warp), so a row reduction is 2 shuffle stages. Selection of a long row (``n > W``):
 
-1. the group maxima (4 blocks per thread per chunk, NaN-propagating) and a bisection on their
-   order-preserving keys to ``lo`` with ``W <= count(max >= lo) <= W + SLACK``: those W groups
-   hold at most ``fb + fe`` forced blocks, so at least ``C = W - fb - fe`` candidates are
-   ``>= lo``;
-2. a bisection on the scores themselves (fp32 compares against the float of a key) from
-   ``lo`` to the largest group max, counting candidates as all blocks ``>=`` the threshold
-   less the forced ones (loaded apart, ``[ROWS, FP]``), until exactly C candidates are
-   ``>= lo`` or the interval is one key (a tie at the C-th place: the first ties in block
-   order by a prefix sum);
-3. the chosen candidates and the forced blocks get their output slots by a prefix sum in
-   block order.
+1. the group maxima (4 blocks, NaN-propagating) and a bisection on their order-preserving
+   keys to ``lo`` with ``W <= count(max >= lo) <= W + SLACK``: those W groups hold at most
+   ``fb + fe`` forced blocks, so at least ``C = W - fb - fe`` candidates are ``>= lo``;
+2. a bisection on the candidates' scores (others -inf; fp32 compares against the float of a
+   key) from ``lo`` until exactly C are ``>= lo`` or the interval is one key (a tie at the
+   C-th place: the first ties in block order by popcount prefixes);
+3. each thread writes its chosen blocks (a 64-bit mask, lowest bit first) after the earlier
+   threads' counts (one row sum of bytes): ascending ids without a prefix scan.
 
-Rows with a NaN, or whose bound is -inf (fewer than W finite groups), take a key path on the
-same registers (forced blocks lifted to the largest key, invalid blocks to 0, the W-th
-largest key by bisection). Rows with ``n <= W`` are the identity.
+Rows with a NaN or a -inf bound (fewer than W finite groups, or invalid blocks at the
+threshold) are redone one at a time in the same program by the lanes kernel's full-row
+selection (:func:`mate.ops.msa.topk._lanes_full_row`). Rows with ``n <= W`` are the identity.
 """
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 from mate._core.triton_helpers import INTERPRET
-from mate.ops.msa.topk import _dummy_positions, _float_of_key, _lane_keys, _max_nan
+from mate.ops.msa.topk import _dummy_positions, _float_of_key, _lane_keys, _lanes_full_row, _max_nan
 
 __all__ = ["topk_rows_launch", "ROWS_CONFIGS"]
 
@@ -37,15 +35,62 @@ KEY_NEG_INF = tl.constexpr(0x007FFFFF)
 
 
 @triton.jit
+def _popc(x):
+    """Set bits of each uint32 (the interpreter has no ``libdevice.popc``)."""
+    if INTERPRET:
+        x = x - ((x >> 1) & 0x55555555)
+        x = (x & 0x33333333) + ((x >> 2) & 0x33333333)
+        x = (x + (x >> 4)) & 0x0F0F0F0F
+        return ((x * 0x01010101) >> 24).to(tl.int32)
+    else:
+        return libdevice.popc(x.to(tl.int32, bitcast=True))
+
+
+@triton.jit
+def _thread_masks(x):
+    """A thread's 0/1 ``[4, ROWS, NC, 4]`` values as bit masks of its ``4 NC <= 64``
+    blocks in order (``[4, ROWS, 1, 1]`` uint32 each: blocks 0-31, 32-63 of the thread)."""
+    j = tl.arange(0, x.shape[2])[None, None, :, None] * 4 + tl.arange(0, 4)[None, None, None, :]
+    bit = tl.full([1, 1, 1, 1], 1, tl.uint32) << (j & 31).to(tl.uint32)
+    ml = tl.sum(tl.sum(tl.where(x & (j < 32), bit, 0), axis=3, keep_dims=True), axis=2, keep_dims=True)
+    mh = tl.sum(tl.sum(tl.where(x & (j >= 32), bit, 0), axis=3, keep_dims=True), axis=2, keep_dims=True)
+    return ml, mh
+
+
+@triton.jit
+def _threads_before(t):
+    """Exclusive prefix over the 4 threads of a row of ``t`` ([4, ROWS, 1, 1], 0 <= t <= 64):
+    one row sum of the values packed in bytes."""
+    sh = tl.arange(0, 4)[:, None, None, None] * 8
+    p = tl.sum(t << sh, axis=0, keep_dims=True)  # byte r: thread r's value
+    return (((p & ((1 << sh) - 1)) * 0x01010101) >> 24) & 0xFF  # bytes below r
+
+
+@triton.jit
 def _prefix4(x):
-    """Inclusive prefix sum of an int32 ``[4 (r), ROWS, NC (c), 4 (v)]`` tensor in block
-    order (``16 c + 4 r + v``) along each row."""
-    tv = tl.sum(x, axis=3)
-    tr = tl.sum(tv, axis=0)
-    in_v = tl.cumsum(x, axis=3)
-    ex_r = tl.cumsum(tv, axis=0) - tv
-    ex_c = tl.cumsum(tr, axis=1) - tr
-    return in_v + ex_r[:, :, :, None] + ex_c[None, :, :, None]
+    """Inclusive prefix sum of a 0/1 ``[4 (r), ROWS, NC (c), 4 (v)]`` tensor (bool) in block
+    order (``4 NC r + 4 c + v``) along each row: popcounts of the thread's bit masks, then
+    the earlier threads' totals."""
+    ml, mh = _thread_masks(x)
+    j = tl.arange(0, x.shape[2])[None, None, :, None] * 4 + tl.arange(0, 4)[None, None, None, :]
+    bit = tl.full([1, 1, 1, 1], 1, tl.uint32) << (j & 31).to(tl.uint32)
+    upto = bit | (bit - 1)
+    cl = _popc(ml)
+    own = tl.where(j < 32, _popc(ml & upto), cl + _popc(mh & upto))
+    return own + _threads_before(cl + _popc(mh))
+
+
+@triton.jit
+def _count_ge(x, t):
+    """``count(x >= t)`` of each row of fp32 ``x`` ([4, ROWS, NC, 4]; ``t`` [ROWS]): on the
+    GPU one ``set`` (-1 / 0) per score and 3-input adds."""
+    if INTERPRET:
+        return _rsum((x >= t[None, :, None, None]).to(tl.int32))
+    else:
+        m = tl.inline_asm_elementwise("set.ge.s32.f32 $0, $1, $2;", "=r,f,f",
+                                      [x, tl.zeros_like(x) + t[None, :, None, None]], dtype=tl.int32,
+                                      is_pure=True, pack=1)
+        return -_rsum(m)
 
 
 @triton.jit
@@ -64,19 +109,20 @@ def _rsum3(x):
 def _ties_chosen(gt, eq, K):
     """Keys above the threshold and the first ``K - count(gt)`` ties in block order."""
     take = K - _rsum(gt.to(tl.int32))
-    rank = _prefix4(eq.to(tl.int32)) - 1
+    rank = _prefix4(eq) - 1
     return gt | (eq & (rank < take[None, :, None, None]))
 
 
-@triton.jit(do_not_specialize=["n_rows", "num_tiles", "num_valid_pages", "H", "fb", "fe", "W"])
+@triton.jit(do_not_specialize=["n_rows", "num_valid_pages", "H", "fb", "fe", "W"])
 def _topk_rows_kernel(
     s_ptr, out_ptr, qpos_ptr,
     n_rows, num_tiles, num_valid_pages, H, fb, fe, W,
-    ROWS: tl.constexpr, NC: tl.constexpr, FP: tl.constexpr, W_P2: tl.constexpr, SLACK: tl.constexpr,
-    HAS_QPOS: tl.constexpr, FULL: tl.constexpr,
+    ROWS: tl.constexpr, NC: tl.constexpr, W_P2: tl.constexpr, SLACK: tl.constexpr, G1: tl.constexpr,
+    HAS_QPOS: tl.constexpr, FULL: tl.constexpr, ALL_FULL: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    rows = pid * ROWS + tl.arange(0, ROWS)
+    ri = tl.arange(0, ROWS)
+    rows = pid * ROWS + ri
     row_ok = rows < n_rows
     n = tl.zeros([ROWS], tl.int32) + num_valid_pages
     if HAS_QPOS:
@@ -84,101 +130,99 @@ def _topk_rows_kernel(
         n = tl.where(pos < 0, 0, tl.minimum(pos // 128 + 1, num_valid_pages)).to(tl.int32)
     n = tl.where(row_ok, n, 0)
     long = n > W
-    # [4 (r), ROWS, NC (c), 4 (v)]: Triton's load layout puts v in a thread (16-byte
-    # vectors), then r and the rows on the lanes, the chunks in registers
+    # [4 (r), ROWS, NC (c), 4 (v)], block 4 NC r + 4 c + v: 16-byte vectors (num_tiles % 16 == 0
+    # is specialized), then r and the rows on the lanes, the chunks in registers: a thread
+    # holds 4 NC consecutive blocks
     rr = tl.arange(0, 4)[:, None, None, None]
     cc = tl.arange(0, NC)[None, None, :, None]
     vv = tl.arange(0, 4)[None, None, None, :]
-    idx = cc * 16 + rr * 4 + vv  # [4, 1, NC, 4]
-    r64 = rows.to(tl.int64)[None, :, None, None]
-    s_row = s_ptr + tl.minimum(r64, n_rows - 1) * num_tiles  # rows past the end read the last row
-    o_row = out_ptr + r64 * W
+    idx = rr * (4 * NC) + cc * 4 + vv  # [4, 1, NC, 4]
+    r64 = tl.minimum(rows, n_rows - 1).to(tl.int64)[None, :, None, None]
+    s_row = s_ptr + r64 * num_tiles
     n4 = n[None, :, None, None]
-    valid = idx < n4
-    any_long = tl.max(long.to(tl.int32), axis=0) > 0
-    chosen = valid
-    if any_long:
-        if FULL:
+    main = long
+    C = W - fb - fe
+    if tl.max(long.to(tl.int32), axis=0) > 0:
+        valid = idx < n4
+        if ALL_FULL:
             x = tl.load(s_row + idx)
-            if tl.min(tl.where(row_ok, n, num_tiles), axis=0) < num_tiles:
-                x = tl.where(valid, x, float("-inf"))
+        elif FULL:
+            # whole 16-byte vectors (in the row), blocks >= n set to -inf after
+            x = tl.load(s_row + idx, mask=(idx - vv) < n4, other=float("-inf"))
+            x = tl.where(valid, x, float("-inf"))
         else:
             x = tl.load(s_row + idx, mask=valid, other=float("-inf"))
-        C = W - fb - fe
-        # 1. bound from the group maxima
-        m = tl.reduce(x, 3, _max_nan)  # [NC, ROWS, 4]
-        mk = _lane_keys(m)
-        nan_row = tl.max(tl.max(tl.where(m != m, 1, 0), axis=2), axis=0) > 0
+        # 1. a bound from the group maxima (NaN-propagating; a NaN's key is the largest)
+        mk = _lane_keys(tl.reduce(x, 3, _max_nan))  # [4, ROWS, NC]
         lo = tl.min(tl.min(mk, axis=2), axis=0)
         hm = tl.max(tl.max(mk, axis=2), axis=0)
         clo = tl.zeros([ROWS], tl.int32) + NC * 4
-        work = long & ~nan_row & (NC * 4 >= W)
-        pending = tl.max(tl.where(work & (clo > W + SLACK) & (lo != hm), 1, 0), axis=0)
-        while pending > 0:
+        work = long & (hm <= 0xFF800000) & (NC * 4 >= W)
+        while tl.max((work & (clo > W + SLACK) & (lo != hm)).to(tl.int32), axis=0) > 0:
             mid = lo + ((hm - lo) >> 1) + 1
             c = _rsum3((mk >= mid[None, :, None]).to(tl.int32))
             take = c >= W
             lo = tl.where(take, mid, lo)
             clo = tl.where(take, c, clo)
             hm = tl.where(take, hm, mid - 1)
-            pending = tl.max(tl.where(work & (clo > W + SLACK) & (lo != hm), 1, 0), axis=0)
-        fallback = long & ~(work & (lo > KEY_NEG_INF))
-        # 2. bisection on the scores; forced blocks' scores are subtracted from the counts
-        jj = tl.arange(0, FP)[None, :]
-        fid = tl.where(jj < fb, jj, n[:, None] - fe + (jj - fb))
-        fok = (jj < fb + fe) & long[:, None]
-        fv = tl.load(s_ptr + rows.to(tl.int64)[:, None] * num_tiles + fid, mask=fok, other=float("-inf"))
-        main = long & ~fallback
+        # NaN rows and rows whose bound is -inf (invalid blocks are -inf too) take the
+        # lanes kernel's full-row selection below
+        main = work & (lo > KEY_NEG_INF)
+        # 2. the exact C-th largest candidate (fb <= id < n - fe) by bisection on the scores
+        cand = (idx >= fb) & (idx < n4 - fe)
+        xc = tl.where(cand, x, float("-inf"))
         hm = tl.max(tl.max(mk, axis=2), axis=0)
         clo = tl.zeros([ROWS], tl.int32) + C + 1  # unknown, >= C
-        pending = tl.max(tl.where(main & (clo != C) & (lo != hm), 1, 0), axis=0)
-        while pending > 0:
+        while tl.max((main & (clo != C) & (lo != hm) & (C > 0)).to(tl.int32), axis=0) > 0:
             mid = lo + ((hm - lo) >> 1) + 1
-            t = _float_of_key(mid)
-            c = _rsum((x >= t[None, :, None, None]).to(tl.int32)) - tl.sum((fv >= t[:, None]).to(tl.int32), axis=1)
+            c = _count_ge(xc, _float_of_key(mid))
             take = c >= C
             lo = tl.where(take, mid, lo)
             clo = tl.where(take, c, clo)
             hm = tl.where(take, hm, mid - 1)
-            pending = tl.max(tl.where(main & (clo != C) & (lo != hm), 1, 0), axis=0)
         tau = _float_of_key(lo)[None, :, None, None]
-        cand = (idx >= fb) & (idx < n4 - fe)
-        forced = valid & ~cand
-        if tl.max(tl.where(main & (clo != C), 1, 0), axis=0) > 0:
-            sel = _ties_chosen((x > tau) & cand, (x == tau) & cand, C)
+        if tl.max((main & (clo != C) & (C > 0)).to(tl.int32), axis=0) > 0:
+            sel = _ties_chosen(xc > tau, xc == tau, C)  # a tie straddles the C-th place
         else:
-            sel = (x >= tau) & cand
-        chosen = tl.where(main[None, :, None, None], sel | forced, chosen)
-        if tl.max(fallback.to(tl.int32), axis=0) > 0:
-            # 3'. keys: forced blocks largest, invalid blocks 0; the W-th largest key
-            xf = tl.load(s_row + idx, mask=valid & fallback[None, :, None, None], other=0.0)  # rare: reloaded
-            u = tl.where(valid, tl.where(cand, _lane_keys(xf), 0xFFFFFFFF), 0)
-            klo = tl.zeros([ROWS], tl.uint32)
-            khm = tl.max(tl.max(tl.max(u, axis=3), axis=2), axis=0)
-            kc = tl.zeros([ROWS], tl.int32) + W + 1
-            pending = tl.max(tl.where(fallback & (kc != W) & (klo != khm), 1, 0), axis=0)
-            while pending > 0:
-                mid = klo + ((khm - klo) >> 1) + 1
-                c = _rsum((u >= mid[None, :, None, None]).to(tl.int32))
-                take = c >= W
-                klo = tl.where(take, mid, klo)
-                kc = tl.where(take, c, kc)
-                khm = tl.where(take, khm, mid - 1)
-                pending = tl.max(tl.where(fallback & (kc != W) & (klo != khm), 1, 0), axis=0)
-            kt = klo[None, :, None, None]
-            sel_k = _ties_chosen(u > kt, u == kt, W)
-            chosen = tl.where(fallback[None, :, None, None], sel_k, chosen)
-    # 3. output slots in block order
-    slot = _prefix4(chosen.to(tl.int32)) - 1
-    tl.store(o_row + slot, idx + tl.zeros_like(slot), mask=chosen & row_ok[None, :, None, None])
+            sel = xc >= tau
+        chosen = tl.where(long[None, :, None, None], (sel & (C > 0)) | (valid & ~cand), valid)
+    else:
+        chosen = idx < n4
+    # 3. output: each thread writes its chosen blocks in order after the earlier threads'
+    ml, mh = _thread_masks(chosen & (main | ~long)[None, :, None, None])
+    cnt = _popc(ml) + _popc(mh)  # [4, ROWS, 1, 1]
+    o_thr = out_ptr + rows.to(tl.int64)[None, :, None, None] * W + _threads_before(cnt)
+    id0 = rr * (4 * NC)
+    for k in range(tl.max(tl.max(tl.max(tl.max(cnt, axis=3), axis=2), axis=1), axis=0)):
+        low = ml != 0
+        w = tl.where(low, ml, mh)
+        j = _popc((w & (0 - w)) - 1) + tl.where(low, 0, 32)
+        tl.store(o_thr + k, id0 + j, mask=k < cnt)
+        ml = tl.where(low, ml & (ml - 1), ml)
+        mh = tl.where(low, mh, mh & (mh - 1))
     short = row_ok & ~long
     if tl.max(short.to(tl.int32), axis=0) > 0:
         wc = tl.arange(0, W_P2)[None, :]
         tl.store(out_ptr + rows.to(tl.int64)[:, None] * W + wc, tl.full([ROWS, W_P2], -1, tl.int32),
                  mask=short[:, None] & (wc < W) & (wc >= n[:, None]))
+    rest = long & ~main
+    if tl.max(rest.to(tl.int32), axis=0) > 0:
+        # rare rows (NaN, -inf bound): one at a time on the lanes kernel's full-row path
+        R: tl.constexpr = NC // 2
+        jj = tl.arange(0, R)[:, None]
+        ll = tl.arange(0, 32)[None, :]
+        idx2 = jj * 32 + ll
+        while tl.max(rest.to(tl.int32), axis=0) > 0:
+            r = tl.min(tl.where(rest, ri, ROWS), axis=0)
+            rest = rest & (ri != r)
+            n1 = tl.sum(tl.where(ri == r, n, 0), axis=0)
+            row = (pid * ROWS + r).to(tl.int64)
+            s1 = tl.load(s_ptr + row * num_tiles + idx2, mask=idx2 < n1, other=float("-inf"))
+            _lanes_full_row(_lane_keys(s1), idx2, n1, fb, fe, W, C, out_ptr + row * W, G1)
 
 
 ROWS_CONFIGS = {
+    "rows8": dict(ROWS=8, num_warps=1),
     "rows32": dict(ROWS=32, num_warps=4),
     "rows16": dict(ROWS=16, num_warps=2),
     "rows64": dict(ROWS=64, num_warps=8),
@@ -203,11 +247,13 @@ def topk_rows_launch(max_score, output, query_positions, num_valid_pages: int, f
     if INTERPRET:
         rows = min(rows, 8)
     n_rows = total_q * H
-    nc = max(triton.next_power_of_2(max(T, 1)), 16) // 16
+    nc = max(triton.next_power_of_2(max(T, 1)), 32) // 16
     qpos = query_positions if query_positions is not None else _dummy_positions(max_score.device)
     _topk_rows_kernel[(triton.cdiv(n_rows, rows),)](
         max_score, output, qpos,
         n_rows, T, num_valid_pages, H, fb, fe, W,
-        ROWS=rows, NC=nc, FP=max(1, triton.next_power_of_2(max(fb + fe, 1))), W_P2=64, SLACK=slack,
-        HAS_QPOS=query_positions is not None, FULL=nc * 16 == T, num_warps=cfg["num_warps"] if not INTERPRET else 1,
+        ROWS=rows, NC=nc, W_P2=64, SLACK=slack, G1=max(16, triton.next_power_of_2(max(W - fb - fe, 1))),
+        HAS_QPOS=query_positions is not None, FULL=nc * 16 == T,
+        ALL_FULL=nc * 16 == T and query_positions is None and num_valid_pages >= T,
+        num_warps=cfg["num_warps"] if not INTERPRET else 1,
     )
