@@ -1,6 +1,6 @@
 """Small-H sparse MLA decode on the H200: the default plan against the 8-warp small-H kernel.
 
-    python benchmarks/bench_sparse_mla_small_h.py [--budget SECONDS] [--no-probe] [--variants]
+    python benchmarks/bench_sparse_mla_small_h.py [--budget SECONDS] [--no-probe]
 
 Shapes (top-k 2048, page 64): B=128 q1 H=16, B=64 q1 H=16, B=64 q2 H=16, B=32 q2 H=16,
 B=128 q1 H=32. Candidates per shape: ``default`` (the public op with the default plan:
@@ -9,15 +9,10 @@ the plan of the 8-warp small-H kernel, ``decode_gluon_small_h.py``: the default 
 one-warpgroup kernel; at H=32 both run it). Each row: median time (CUDA-graph replays, all
 candidates of a shape interleaved), GB/s of the gathered rows (B * q_len * top-k * 576 bytes),
 that rate as a fraction of the measured copy bandwidth (read + write of 1 GiB), the max abs
-error of out / lse against ``sparse_mla_decode_reference`` (bf16 out is ~1, lse ~10) and ``ok``
-when every element is within the GPU tolerances of the tests. Writes nothing.
-
-``--variants``: shapes B=128 q1 H=16, B=64 q2 H=16 (and B=128 q1 H=32 with the default only,
-as a guard); candidates: the default, the variant kernels of ``decode_gluon_small_h3.py``
-(``early``: ring slot refilled before Sᵀ; ``fused``: the last split merges, no combine
-launch; both) on the default plan, and the default and ``early+fused`` kernels on a 4-split
-plan. Each candidate is also checked (column ``adv``) on a problem of the same shape with
-10% -1 and 5% out-of-range entries and random seq_lens (one 0, one 1, the others in [1, top-k]).
+error of out / lse against ``sparse_mla_decode_reference`` (bf16 out is ~1, lse ~10), ``ok``
+when every element is within the GPU tolerances of the tests, and ``adv``: the same check on a
+problem of the same shape with 10% -1 and 5% out-of-range entries and random seq_lens (one 0,
+one 1, the others in [1, top-k]). Writes nothing.
 """
 
 from __future__ import annotations
@@ -58,36 +53,6 @@ def _api_fn(s, kv, md):
                                          lse=s["lse"], bmm1_scale=SCALE, metadata=md)
 
 
-def _var_fn(s, kv, md, early: bool, fused: bool):
-    """The variant launcher on the plan ``md`` (int32 counters of its own when ``fused``)."""
-    from mate.ops.sparse_mla.decode_gluon_small_h3 import sparse_mla_decode_gluon_small_h_wg_var
-
-    B, q_len = s["q"].shape[:2]
-    counters = torch.zeros(B * q_len, dtype=torch.int32, device="cuda") if fused else None
-    kv_rows = kv.view(-1, 576)
-    return lambda: sparse_mla_decode_gluon_small_h_wg_var(s["q"], kv_rows, s["idx"], s["sl"], s["out"], s["lse"],
-                                                          md.partial_o, md.partial_lse, SCALE, 1.0, md.block_h,
-                                                          md.num_splits, md.split_blocks, early, counters)
-
-
-def _variant_cands(B: int, q_len: int, H: int, sets, kv) -> dict:
-    """label -> (per-set fns, plan, fn factory for another input set)."""
-    md = plan_decode(B, q_len, H, TOP_K, "cuda")
-    cands = {"default": ([_api_fn(s, kv, md) for s in sets], md, lambda s, md=md: _api_fn(s, kv, md))}
-    if H > 16:
-        return cands
-    md4 = plan_decode(B, q_len, H, TOP_K, "cuda", gluon=True, transposed=True, num_warps=4, num_splits=4)
-    for label, plan, early, fused in (("early", md, True, False), ("fused", md, False, True),
-                                      ("early+fused", md, True, True), ("default sp4", md4, False, False),
-                                      ("early+fused sp4", md4, True, True)):
-        if label == "default sp4":
-            cands[label] = ([_api_fn(s, kv, md4) for s in sets], md4, lambda s, md=md4: _api_fn(s, kv, md))
-            continue
-        cands[label] = ([_var_fn(s, kv, plan, early, fused) for s in sets], plan,
-                        lambda s, plan=plan, early=early, fused=fused: _var_fn(s, kv, plan, early, fused))
-    return cands
-
-
 def _adversarial(B: int, q_len: int, H: int, tokens: int):
     """A problem with -1 / out-of-range entries and short or empty rows (GPU tensors)."""
     g = torch.Generator(device="cuda").manual_seed(B * 100 + q_len * 10 + H)
@@ -113,47 +78,6 @@ def _check(fn, s, ref_o, ref_l):
             _within(s["out"], ref_o, 3e-3, 3e-2) and _within(s["lse"], ref_l, 1.5e-2, 2e-3))
 
 
-def variants(ceiling: float, budget: float, t0: float) -> None:
-    """The ``--variants`` table."""
-    print(f"{'shape':<16} {'candidate':<17} {'us':>6} {'GB/s':>5} {'%copy':>6} {'out err':>8} {'lse err':>8} ok  "
-          f"{'adv':<3} plan")
-    for B, q_len, H in ((128, 1, 16), (64, 2, 16), (128, 1, 32)):
-        if time.time() - t0 > budget:
-            print(f"B={B} q{q_len} H={H}: skipped (budget)", flush=True)
-            continue
-        shape = f"B={B} q{q_len} H={H}"
-        kv, sets = _inputs(B, q_len, H)
-        s0 = sets[0]
-        ref = sparse_mla_decode_reference(s0["q"], kv, s0["idx"], s0["sl"], SCALE, 1.0)
-        adv = _adversarial(B, q_len, H, kv.shape[0] * PAGE)
-        ref_adv = sparse_mla_decode_reference(adv["q"], kv, adv["idx"], adv["sl"], SCALE, 1.0)
-        cands = _variant_cands(B, q_len, H, sets, kv)
-        errs = {}
-        for label, (fns, _, make) in cands.items():
-            try:
-                fn_adv = make(adv)
-                fn_adv()  # the checked call is the second (split counters must be back at 0)
-                errs[label] = _check(fns[0], s0, *ref) + (_check(fn_adv, adv, *ref_adv)[2],)
-            except Exception as exc:  # reported in the table
-                errs[label] = exc
-        times = time_interleaved({k: v[0] for k, v in cands.items() if not isinstance(errs[k], Exception)})
-        nbytes = B * q_len * TOP_K * 576
-        for label, (_, mdc, _) in cands.items():
-            plan = f"splits={mdc.num_splits} warps={mdc.num_warps}"
-            e = errs[label]
-            t = times.get(label, e)
-            if isinstance(t, Exception):
-                print(f"{shape:<16} {label:<17} {'-':>6} {'-':>5} {'-':>6} {'-':>8} {'-':>8} -   -   "
-                      f"{type(t).__name__}: {str(t)[:150]}", flush=True)
-                continue
-            gbps = nbytes / (t * 1e-6) / 1e9
-            print(f"{shape:<16} {label:<17} {t:6.1f} {gbps:5.0f} {100 * gbps / ceiling:5.1f}% {e[0]:8.1e} {e[1]:8.1e} "
-                  f"{'ok ' if e[2] else 'BAD'} {'ok ' if e[3] else 'BAD'} {plan}", flush=True)
-        del sets, kv, cands, adv
-        torch.cuda.empty_cache()
-    print(f"total {time.time() - t0:.0f} s")
-
-
 def _within(x: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) -> bool:
     x, ref = x.float(), ref.float()
     # equal infinities (lse of an empty row is +inf) match; inf - inf would be NaN
@@ -164,7 +88,6 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--budget", type=float, default=100.0, help="seconds; later shapes are skipped past it")
     ap.add_argument("--no-probe", action="store_true", help="skip the self-check in a child process")
-    ap.add_argument("--variants", action="store_true", help="the candidate variants' table (see the docstring)")
     args = ap.parse_args()
     t0 = time.time()
     print(torch.cuda.get_device_name(), flush=True)
@@ -176,10 +99,8 @@ def main() -> int:
               f"{'passed' if reason is None else reason}", flush=True)
     ceiling = measure_ceilings()["copy_GBps"]
     print(f"copy bandwidth {ceiling:.0f} GB/s (read + write)", flush=True)
-    if args.variants:
-        variants(ceiling, args.budget, t0)
-        return 0
-    print(f"{'shape':<18} {'candidate':<34} {'us':>7} {'GB/s':>6} {'%copy':>6} {'out err':>8} {'lse err':>8} ok  plan")
+    print(f"{'shape':<18} {'candidate':<20} {'us':>7} {'GB/s':>6} {'%copy':>6} {'out err':>8} {'lse err':>8} ok  adv "
+          "plan")
     for B, q_len, H in SHAPES:
         if time.time() - t0 > args.budget:
             print(f"B={B} q{q_len} H={H}: skipped (budget)", flush=True)
@@ -187,39 +108,34 @@ def main() -> int:
         shape = f"B={B} q{q_len} H={H}"
         kv, sets = _inputs(B, q_len, H)
         s0 = sets[0]
-        ref_o, ref_l = sparse_mla_decode_reference(s0["q"], kv, s0["idx"], s0["sl"], SCALE, 1.0)
-        cands = {}  # label -> (list of fns, plan note)
+        ref = sparse_mla_decode_reference(s0["q"], kv, s0["idx"], s0["sl"], SCALE, 1.0)
+        adv = _adversarial(B, q_len, H, kv.shape[0] * PAGE)
+        ref_adv = sparse_mla_decode_reference(adv["q"], kv, adv["idx"], adv["sl"], SCALE, 1.0)
         md = plan_decode(B, q_len, H, TOP_K, "cuda")
-        cands["default"] = ([_api_fn(s, kv, md) for s in sets], md)
         md8 = plan_decode(B, q_len, H, TOP_K, "cuda", gluon=True, transposed=True, num_warps=8)
-        cands["8warp (old default)"] = ([_api_fn(s, kv, md8) for s in sets], md8)
-        errs = {}
-        for label, (fns, _) in cands.items():
+        cands = {"default": md, "8warp (old default)": md8}  # label -> plan
+        fns, errs = {}, {}
+        for label, mdc in cands.items():
+            fns[label] = [_api_fn(s, kv, mdc) for s in sets]
             try:
-                s0["out"].fill_(float("nan"))
-                s0["lse"].fill_(float("nan"))
-                fns[0]()
-                torch.cuda.synchronize()
-                errs[label] = ((s0["out"].float() - ref_o.float()).abs().nan_to_num(float("inf")).max().item(),
-                               (s0["lse"] - ref_l).abs().nan_to_num(float("inf")).max().item(),
-                               _within(s0["out"], ref_o, 3e-3, 3e-2) and _within(s0["lse"], ref_l, 1.5e-2, 2e-3))
+                errs[label] = _check(fns[label][0], s0, *ref) + (_check(_api_fn(adv, kv, mdc), adv, *ref_adv)[2],)
             except Exception as exc:  # reported in the table
                 errs[label] = exc
-        times = time_interleaved({k: v[0] for k, v in cands.items() if not isinstance(errs[k], Exception)})
+        times = time_interleaved({k: v for k, v in fns.items() if not isinstance(errs[k], Exception)})
         nbytes = B * q_len * TOP_K * 576
-        for label, (_, mdc) in cands.items():
+        for label, mdc in cands.items():
             plan = (f"block_h={mdc.block_h} splits={mdc.num_splits} warps={mdc.num_warps} stages={mdc.num_stages} "
                     f"gluon={mdc.gluon}")
             e = errs[label]
             t = times.get(label, e)
             if isinstance(t, Exception):
-                print(f"{shape:<18} {label:<34} {'-':>7} {'-':>6} {'-':>6} {'-':>8} {'-':>8} -   "
+                print(f"{shape:<18} {label:<20} {'-':>7} {'-':>6} {'-':>6} {'-':>8} {'-':>8} -   -   "
                       f"{type(t).__name__}: {str(t)[:150]}", flush=True)
                 continue
             gbps = nbytes / (t * 1e-6) / 1e9
-            print(f"{shape:<18} {label:<34} {t:7.1f} {gbps:6.0f} {100 * gbps / ceiling:5.1f}% {e[0]:8.1e} "
-                  f"{e[1]:8.1e} {'ok ' if e[2] else 'BAD'} {plan}", flush=True)
-        del sets, kv, cands
+            print(f"{shape:<18} {label:<20} {t:7.1f} {gbps:6.0f} {100 * gbps / ceiling:5.1f}% {e[0]:8.1e} "
+                  f"{e[1]:8.1e} {'ok ' if e[2] else 'BAD'} {'ok ' if e[3] else 'BAD'} {plan}", flush=True)
+        del sets, kv, fns, adv
         torch.cuda.empty_cache()
     print(f"total {time.time() - t0:.0f} s")
     return 0

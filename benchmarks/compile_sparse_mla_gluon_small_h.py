@@ -21,12 +21,11 @@ import tempfile
 
 from mate.ops.sparse_mla import decode_gluon_small_h as dg
 from mate.ops.sparse_mla import decode_gluon_small_h2 as dw
-from mate.ops.sparse_mla import decode_gluon_small_h3 as dv
-from mate.ops.sparse_mla.metadata import GLUON_SMALL_H_STAGES, GLUON_WG_STAGES, HEAD_DIM_ROPE, HEAD_DIM_V
-from mate.testing.sass import SMEM_LIMIT, compile_sm90, divisibility_attrs
+from mate.ops.sparse_mla.metadata import GLUON_SMALL_H_STAGES, GLUON_WG_STAGES
+from mate.testing.sass import SMEM_LIMIT
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compile_sparse_mla_gluon import POINTERS, compile_decode  # noqa: E402
+from compile_sparse_mla_gluon import compile_decode  # noqa: E402
 
 PATTERN = re.compile(r"\b(QGMMA\.\S+|HGMMA\.\S+|LDGSTS\S*|BAR\.SYNC\S*|WARPGROUP\.DEPBAR\S*|STL\S*|LDL\S*|"
                      r"SHFL\S*|LDS\S*|STS\S*|F2FP\S*|PRMT|LDSM\S*)")
@@ -92,43 +91,17 @@ def compile_wg(block_h: int, split: bool, out_dir: str) -> bool:
     return rep.shared <= dw.WG_SMEM_LIMIT and has_mma and loop_spills == 0  # spills outside the loop: prologue
 
 
-def compile_var(split: bool, early: bool, fused: bool, out_dir: str) -> bool:
-    """A variant of ``decode_gluon_small_h3.py`` at 16 heads (same limits as ``compile_wg``)."""
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    sig = {"q_ptr": "*fp8e4nv", "kv_ptr": "*fp8e4nv", "idx_ptr": "*i32", "seq_lens_ptr": "*i32",
-           "out_ptr": "*bf16", "lse_ptr": "*fp32", "po_ptr": "*fp16" if split else "*bf16", "plse_ptr": "*fp32",
-           "num_tokens": "i32", "qk_scale_log2": "fp32", "out_scale": "fp32", "H": "i32", "q_len": "i32",
-           "top_k": "i32", "split_blocks": "i32", "num_splits": "i32", "counter_ptr": "*i32"}
-    constexprs = {"SPLIT": split, "HAS_SEQ_LENS": True, "STAGES": 2, "BLOCK_H": 16, "BLOCK_N": dw.WG_BLOCK_N,
-                  "D_V": HEAD_DIM_V, "D_R": HEAD_DIM_ROPE, "EARLY_REFILL": early, "FUSE_COMBINE": fused}
-    sig.update({k: "constexpr" for k in constexprs})
-    src = GluonASTSource(fn=dv.sparse_mla_decode_small_h_wg_var_kernel, signature=sig, constexprs=constexprs,
-                         attrs=divisibility_attrs(sig, POINTERS + ("counter_ptr",)))
-    tag = f"wgvar16_split{int(split)}_early{int(early)}_fused{int(fused)}"
-    rep = compile_sm90(src, {"num_warps": dw.WG_NUM_WARPS}, pattern=PATTERN, out_dir=out_dir, tag=tag,
-                       keep_text=True)
-    has_mma = report(tag, rep)
-    loop_spills = sum(1 for t in loop_body(rep.sass) or () if re.search(r"\b(STL|LDL)", t))
-    return rep.shared <= dw.WG_SMEM_LIMIT and has_mma and loop_spills == 0
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None, help="where to keep the cubins (default: a temporary folder)")
     ap.add_argument("--quick", action="store_true", help="only the default specializations")
     ap.add_argument("--wg-only", action="store_true", help="only the one-warpgroup kernel")
-    ap.add_argument("--variants", action="store_true", help="also the candidate variants (decode_gluon_small_h3.py)")
     args = ap.parse_args()
     out_dir = args.out or tempfile.mkdtemp(prefix="mate_gluon_small_h_")
     os.makedirs(out_dir, exist_ok=True)
     ok = True
     for split in (True,) if args.quick else (True, False):
         ok &= compile_wg(16, split, out_dir)
-    if args.variants:
-        for split, early, fused in ((True, False, False), (True, True, False), (True, False, True),
-                                    (True, True, True), (False, True, False)):
-            ok &= compile_var(split, early, fused, out_dir)
     for v_early in () if args.wg_only else (True, False):
         for block_h in (16, 32):
             for split in (False, True):

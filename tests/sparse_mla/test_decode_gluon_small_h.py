@@ -172,6 +172,30 @@ def test_gpu_small_h_one_warpgroup_kernel(small_h_ok, H, B, q_len, splits, stage
     _check(out, lse, q, kv, idx, sl, S1, 1.25, gpu=True)
 
 
+@gpu
+@pytest.mark.parametrize("H,splits,stages", [(16, 1, 2), (16, 2, 2), (16, 3, 2), (12, 3, 3), (16, 2, 3)])
+def test_gpu_small_h_one_warpgroup_short_and_empty_rows(small_h_ok, H, splits, stages):
+    """The one-warpgroup kernel (early ring refill) on 1-3 splits with -1 / out-of-range /
+    INT_MIN slots and seq_lens 0, 1, 2, 65 (one block and one slot past it), 700 (inside the
+    11-block split 0 of 3), 704 and 705 (at a split boundary and one past), full: splits with
+    no valid slot, single-slot blocks and partial last blocks."""
+    from mate.ops.sparse_mla.decode_gluon_small_h2 import sparse_mla_decode_gluon_small_h_wg
+
+    top_k = 2048
+    seq_lens = [0, 1, 2, 65, 700, 704, 705, top_k]
+    B, q_len = len(seq_lens), 2
+    q, kv, idx, sl = _make(B, q_len, H, top_k, pages=64, page_size=64, device="cuda", seq_lens=seq_lens)
+    md = _plan(B, q_len, H, top_k, num_splits=splits)
+    assert md.num_warps == 4 and md.num_splits == splits
+    out = poisoned((B, q_len, H, 512), torch.bfloat16, "cuda")
+    lse = poisoned((B, q_len, H), torch.float32, "cuda")
+    sparse_mla_decode_gluon_small_h_wg(q, kv.view(-1, 576), idx, sl, out, lse, md.partial_o, md.partial_lse, S1, 1.25,
+                                       md.block_h, md.num_splits, md.split_blocks, stages)
+    _check(out, lse, q, kv, idx, sl, S1, 1.25, gpu=True)
+    assert_equal(out[0], torch.zeros_like(out[0]))
+    assert_equal(lse[0], torch.full_like(lse[0], float("inf")))
+
+
 def test_small_h_one_warpgroup_perm_half_is_the_renaming_of_load_vt_half():
     d = torch.arange(256)
     renamed = d.view(4, 8, 4, 2).permute(2, 0, 3, 1).reshape(256)

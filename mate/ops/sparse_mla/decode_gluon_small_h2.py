@@ -13,19 +13,29 @@ online softmax over the rows, and Oᵀ [512, BLOCK_H] += Vᵀ·Pᵀ in two halve
 (HGMMA, Vᵀ from registers as in the 8-warp kernel, value rows permuted, see ``_perm_half``).
 Sᵀ of block it + 1 is issued before the P·V of block it.
 
-The ring keeps ``STAGES`` (2) whole 576-byte rows per slot: the gather of block it + 2 is
-issued once Vᵀ half 1 of block it is read, and waited for at the top of iteration it + 1.
-sm_90, 16 heads, split plans: 746 instructions and 5 CTA barriers per block, 255 registers,
-no spills in the loop. H200 (top-k 2048, interleaved, copy 4188 GB/s; us): B=128 q1 2 splits
-61.5 (58.6% of copy) against 68.8 for the 8-warp kernel, B=64 q1 4 splits 40.4 against 43.2,
-B=64 q2 2 splits 58.4 against 66.0, B=32 q2 38.9 against 42.7.
+The ring keeps ``STAGES`` (2) whole 576-byte rows per slot. Early refill: the slot of block it
+is refilled (gather of block it + 2) as soon as every thread holds the e4m3 bytes of Vᵀ half 1
+of block it (widened after the barrier), before Sᵀ of block it + 1 is issued; refilled after
+the Sᵀ / P·V half 0 wait as before, that gather had about half an iteration to land before the
+wait at the top of iteration it + 1, now about one. Cost: P and the landed block get separate
+fence + barrier pairs (6 CTA barriers per block instead of 5), the bytes of Vᵀ half 1 stay in
+32 registers across the barrier. sm_90, 16 heads, split plans: 766 instructions and 6 CTA
+barriers per block (746 and 5 before), 255 registers, no spills in the loop.
 
-Tried and removed (same run, us at B=128 q1 / B=64 q1 / B=64 q2 / B=32 q2): a split ring
+H200 (top-k 2048, interleaved CUDA-graph replays, copy 4200 GB/s; us): B=128 q1 2 splits 58.2
+(61.8% of copy; 59.8 with the late refill), B=64 q2 2 splits 57.4 (58.4). Earlier run (copy
+4188 GB/s, late refill) against the 8-warp kernel: B=128 q1 61.5 vs 68.8, B=64 q1 4 splits
+40.4 vs 43.2, B=64 q2 58.4 vs 66.0, B=32 q2 38.9 vs 42.7.
+
+Tried and removed (the earlier run, us at B=128 q1 / B=64 q1 / B=64 q2 / B=32 q2): a split ring
 (values [0, 256) and the rotary part in 2 slots, values [256, 512) in 3, each part issued
 1-1.5 iterations ahead, 101 KB; sm_90 834 instructions, 6 barriers) 65.8 / 43.8 / 62.1 /
 41.8; the row max folded into the ring-slot barrier (each warp's maxima through shared
 memory, 3 barriers per block instead of 5, 739 instructions) 63.3 / 41.1 (46.0 at 2 splits) /
-60.5 / 39.9; both 67.1 / 44.3 / 64.1 / 43.0.
+60.5 / 39.9; both 67.1 / 44.3 / 64.1 / 43.0. Later run (the early-refill run above, us at
+B=128 q1 / B=64 q2): the combine folded into the last split (atomic split counter reset by the
+merging split, no combine launch) 59.4 / 58.3 with the late refill, 60.0 / 58.7 with the early
+one; 4 splits instead of 2: 74.7 / 73.2 (late refill), 75.6 / 74.7 (early, folded combine).
 """
 
 from __future__ import annotations
@@ -145,22 +155,22 @@ def sparse_mla_decode_small_h_wg_kernel(
     acc1 = gl.zeros([256, BLOCK_H], gl.float32, layout=O_L)
     vt0 = _load_vt_half(k_ring.index(0).slice(0, 256, dim=1), VL_L, A_L, BLOCK_N)
     for it in range(n_iter):
-        # block it + 1 landed; P and Vᵀ half 0 of block it staged (its slot is refilled once
-        # Vᵀ half 1 is read, after the second barrier)
-        async_copy.wait_group(STAGES - 2)
-        fence_async_shared()
-        gl.thread_barrier()
-        cur = it % STAGES  # (computed first: the sm_90 compile of the rest then does not spill)
-        s = _issue_qk(k_ring, r_ring, (it + 1) % STAGES, q_smem, qr_smem, s_zero)
+        cur = it % STAGES
         p_op = p_smem.index(it % 2).permute((1, 0))
+        fence_async_shared()  # P of block it (stored by every thread) read by the wgmma
+        gl.thread_barrier()
         acc0 = warpgroup_mma(vt0, p_op, acc0, is_async=True)
-        vt1 = _load_vt_half(k_ring.index(cur).slice(256, 256, dim=1), VL_L, A_L, BLOCK_N)
+        raw1 = k_ring.index(cur).slice(256, 256, dim=1).load(VL_L)  # Vᵀ half 1 of block it, still e4m3
+        async_copy.wait_group(STAGES - 2)  # block it + 1 landed
+        fence_async_shared()
+        gl.thread_barrier()  # ... for every thread, and every thread has read block it's slot: refill it
+        tok_g, tok_r = _gather_next(kv_ptr, idx_row, tok_g, tok_r, it + STAGES, hi, num_tokens, k_ring, r_ring, lo,
+                                    STAGES, BLOCK_N, D_V, D_R, G_L, R_L)
+        s = _issue_qk(k_ring, r_ring, (it + 1) % STAGES, q_smem, qr_smem, s_zero)
+        vt1 = _widen_vt_half(raw1, A_L, BLOCK_N)
         acc1 = warpgroup_mma(vt1, p_op, acc1, is_async=True)
         s, acc0 = warpgroup_mma_wait(num_outstanding=1, deps=(s, acc0))  # Sᵀ of it + 1 and P·V half 0 done
         tok = tok_s
-        gl.thread_barrier()  # every thread has read Vᵀ half 1 of block it: refill its slot
-        tok_g, tok_r = _gather_next(kv_ptr, idx_row, tok_g, tok_r, it + STAGES, hi, num_tokens, k_ring, r_ring, lo,
-                                    STAGES, BLOCK_N, D_V, D_R, G_L, R_L)
         slots_next = lo + (it + 2) * BLOCK_N + offs_ns
         tok_s = gl.load(idx_row + slots_next, mask=slots_next < hi, other=-1)
         p, alpha, m_i, l_acc = _online_softmax(s, tok, num_tokens, qk_scale_log2, m_i, l_acc)

@@ -135,12 +135,10 @@ def _store_result(acc, m_i, l_i, h_o, d_o, h_l, out_ptr, lse_ptr, po_ptr, plse_p
 def launch_decode(kernel, head_tiles: tuple, query: torch.Tensor, kv_rows: torch.Tensor, block_tables: torch.Tensor,
                   seq_lens: torch.Tensor | None, out: torch.Tensor, lse: torch.Tensor, partial_o: torch.Tensor,
                   partial_lse: torch.Tensor, bmm1_scale: float, bmm2_scale: float, num_splits: int,
-                  split_blocks: int, plain_config: tuple, num_warps: int, combine: bool = True,
-                  **constexprs) -> None:
+                  split_blocks: int, plain_config: tuple, num_warps: int, **constexprs) -> None:
     """Launches a Gluon decode ``kernel`` (the argument list both kernels share) on grid
-    ``(*head_tiles, num_splits, B * q_len)``, then the combine kernel of a split plan
-    (unless ``combine`` is False: a kernel that merges its splits itself); nothing for an
-    empty batch. ``constexprs`` may also carry extra runtime arguments by name.
+    ``(*head_tiles, num_splits, B * q_len)``, then the combine kernel of a split plan;
+    nothing for an empty batch.
     cp.async moves 16-byte pieces: a cache view that is not 16-byte aligned (rows are 576
     bytes, so only the base matters) takes ``sparse_mla_decode_triton`` with the same plan
     and ``plain_config`` = (block_h, num_warps, num_stages, block_n, transposed)."""
@@ -182,7 +180,7 @@ def launch_decode(kernel, head_tiles: tuple, query: torch.Tensor, kv_rows: torch
         num_warps=num_warps,
         **constexprs,
     )
-    if split and combine:
+    if split:
         launch_combine(partial_o, partial_lse, out, lse, bmm2_scale, H, num_splits, rows)
 
 
