@@ -11,9 +11,9 @@ the max relative error against the fp32 reference (max |out - ref| / max |ref|, 
 output) and whether two runs are bitwise equal; the note of each shape's first candidate
 holds its error with K-major scales. Compiles (candidates, DeepGEMM JIT) are warmed up in parallel worker processes
 first, which fill the on-disk caches.
-Candidate names: ``BMxBN cCONSUMERS [splitN] [ring] stSTAGES`` (ring: ``SCALE_RING``, the
-producer copies the scales into the ring slots; without it the consumers load them one K
-block ahead). DeepGEMM's picks (DG_PRINT_CONFIGS, H200): (64, 2112, 7168) 64x16 16 stages,
+Candidate names: ``BMxBN stSTAGES`` (BLOCK_M 64: the two math warpgroups split the
+columns; 128: the rows; the producer copies the scales into the ring for BLOCK_N <= 128).
+DeepGEMM's picks (DG_PRINT_CONFIGS, H200): (64, 2112, 7168) 64x16 16 stages,
 (64, 4096, 7168) 64x32 16, (128, 2112, 7168) 64x32 16, (128, 4096, 7168) 64x64 13,
 (64, 7168, 2048) 64x64 13, (128, 7168, 2048) 64x112 9, (64, 24576, 1536) 64x96 2-CTA
 cluster 10, (128, 24576, 1536) 128x192 4; one TMA and one math warpgroup, no split-K.
@@ -39,52 +39,43 @@ SHAPES = ((64, 2112, 7168), (64, 4096, 7168), (128, 2112, 7168), (128, 4096, 716
           (64, 7168, 2048), (128, 7168, 2048), (64, 24576, 1536), (128, 24576, 1536))
 
 
-def _g(bm, bn, stages, consumers=2, split_n=False, ring=True):
-    name = f"{bm}x{bn} c{consumers}{' splitN' if split_n else ''}{' ring' if ring else ''} st{stages}"
-    cfg = {"GLUON": True, "BLOCK_M": bm, "BLOCK_N": bn, "num_stages": stages, "CONSUMERS": consumers,
-           "SPLIT_N": split_n, "SCALE_RING": ring, "GROUP_M": 8, "num_warps": 4}
-    return name, cfg
+def _g(bm, bn, stages):
+    cfg = {"GLUON": True, "BLOCK_M": bm, "BLOCK_N": bn, "num_stages": stages, "GROUP_M": 8, "num_warps": 4}
+    return f"{bm}x{bn} st{stages}", cfg
 
 
 # tiles in the comments (132 SMs: one wave up to 132)
 CANDIDATES = {
     (64, 2112, 7168): dict([
-        _g(64, 16, 16, 1),  # 132, DeepGEMM's tile
-        _g(64, 16, 16, 1, ring=False),  # the ring's effect
-        _g(64, 32, 16, 2, split_n=True),  # 66, two warpgroups of 64x16
+        _g(64, 32, 16),  # 66
+        _g(128, 16, 10),  # 132
     ]),
     (64, 4096, 7168): dict([
-        _g(64, 32, 16, 1),  # 128, DeepGEMM's tile
-        _g(64, 32, 16, 2, split_n=True),  # 128
-        _g(64, 64, 13, 2, split_n=True),  # 64
+        _g(64, 32, 16),  # 128
+        _g(64, 64, 13),  # 64
     ]),
     (128, 2112, 7168): dict([
-        _g(64, 32, 16, 1),  # 132, DeepGEMM's tile
-        _g(128, 16, 10, 2),  # 132, weights read once
-        _g(64, 16, 16, 1),  # 264
+        _g(64, 32, 16),  # 132
+        _g(128, 16, 10),  # 132, weights read once
     ]),
     (128, 4096, 7168): dict([
-        _g(64, 64, 13, 1),  # 128, DeepGEMM's tile
-        _g(128, 32, 10, 2),  # 128, weights read once
-        _g(64, 32, 16, 1),  # 256
+        _g(64, 64, 13),  # 128
+        _g(128, 32, 10),  # 128, weights read once
     ]),
     (64, 7168, 2048): dict([
-        _g(64, 64, 13, 1),  # 112, DeepGEMM's tile
-        _g(64, 64, 13, 2, split_n=True),  # 112
-        _g(64, 32, 16, 1),  # 224
+        _g(64, 64, 13),  # 112 (auto)
+        _g(64, 32, 16),  # 224
     ]),
     (128, 7168, 2048): dict([
-        _g(64, 128, 8, 1),  # 112 (DeepGEMM: 64x112, 128)
-        _g(128, 64, 8, 2),  # 112, weights read once
-        _g(64, 64, 13, 1),  # 224
+        _g(128, 64, 8),  # 112, weights read once (auto)
+        _g(64, 128, 8),  # 112
     ]),
     (64, 24576, 1536): dict([
-        _g(64, 128, 8, 1),  # 192
-        _g(64, 128, 8, 2, split_n=True),  # 192
+        _g(64, 128, 8),  # 192
     ]),
     (128, 24576, 1536): dict([
-        _g(128, 128, 6, 2),  # 192
-        _g(128, 192, 4, 2, ring=False),  # 128, DeepGEMM's tile (scales one K block ahead)
+        _g(128, 128, 6),  # 192
+        _g(128, 192, 4),  # 128, DeepGEMM's tile (scales one K block ahead)
     ]),
 }
 
@@ -216,6 +207,9 @@ def main() -> int:
         auto_cfg = tuning.groupwise_config(m, n, k, False)
         notes["auto"] = (f"{tuning.groupwise_backend(m, n, k)} {auto_cfg['BLOCK_M']}x{auto_cfg['BLOCK_N']} "
                          f"s{auto_cfg['SPLIT_K']} st{auto_cfg['num_stages']} w{auto_cfg['num_warps']}")
+        if "GLUON" in auto_cfg:
+            g = {**auto_cfg, **auto_cfg["GLUON"]}
+            notes["auto"] = f"gluon {g['BLOCK_M']}x{g['BLOCK_N']} st{g['num_stages']} (Hopper)"
         impls = {"auto": None, **CANDIDATES[shape]}
         for name, cfg in impls.items():
             try:

@@ -26,33 +26,27 @@ from mate.testing.sass import SMEM_LIMIT, compile_sm90, divisibility_attrs
 
 PATTERN = re.compile(r"\b(QGMMA\.\S+|UTMALDG\S*|SYNCS\.\S+|BAR\.\S+|WARPGROUP\.\S+|STL\S*|LDL\S*|USETMAXREG\S*)")
 
-# name: (LAYOUT, BLOCK_M, BLOCK_N, STAGES, SPLIT_N[, CONSUMERS, SCALE_RING, EPI_TMA, MN])
+# name: (LAYOUT, BLOCK_M, BLOCK_N, STAGES[, EPI_TMA, MN])
 # MN: MN-major scales (stride_asm and stride_bsn 1, specialized at launch as in the small-M API calls)
 CONFIGS = {
-    "contig 128x192 st4 tma (grouped default)": (1, 128, 192, 4, False, 2, False, True),
-    "contig 128x192 st4": (1, 128, 192, 4, False),
-    "contig 128x128 st5 tma": (1, 128, 128, 5, False, 2, False, True),
-    "plain 128x128 st6": (0, 128, 128, 6, False),
-    "plain 128x64 st8": (0, 128, 64, 8, False),
-    "plain 64x256 splitN st4": (0, 64, 256, 4, True),
-    "plain 64x128 splitN st6": (0, 64, 128, 6, True),
-    # small M: scales copied into the ring by the producer; one or two consumer warpgroups
-    "plain 64x16 c1 ring st16 MN": (0, 64, 16, 16, False, 1, True, False, True),
-    "plain 64x32 c1 ring st16 MN": (0, 64, 32, 16, False, 1, True, False, True),
-    "plain 64x64 c1 ring st13 MN": (0, 64, 64, 13, False, 1, True, False, True),
-    "plain 64x128 c1 ring st8 MN": (0, 64, 128, 8, False, 1, True, False, True),
-    "plain 64x32 splitN ring st16 MN": (0, 64, 32, 16, True, 2, True, False, True),
-    "plain 64x64 splitN ring st13 MN": (0, 64, 64, 13, True, 2, True, False, True),
-    "plain 128x16 ring st10 MN": (0, 128, 16, 10, False, 2, True, False, True),
-    "plain 128x32 ring st10 MN": (0, 128, 32, 10, False, 2, True, False, True),
-    "plain 128x64 ring st8 MN": (0, 128, 64, 8, False, 2, True, False, True),
-    "plain 128x128 ring st6 MN": (0, 128, 128, 6, False, 2, True, False, True),
-    "plain 64x64 c1 ring st13 K": (0, 64, 64, 13, False, 1, True, False, False),
-    "contig 128x128 ring st5": (1, 128, 128, 5, False, 2, True, False),
-    "plain 64x64 c1 st13 MN": (0, 64, 64, 13, False, 1, False, False, True),
-    "plain 64x16 c1 st16 MN": (0, 64, 16, 16, False, 1, False, False, True),
-    "plain 64x128 splitN ring st8 MN": (0, 64, 128, 8, True, 2, True, False, True),
-    "plain 128x192 st4 MN": (0, 128, 192, 4, False, 2, False, False, True),
+    "contig 128x192 st4 tma (grouped default)": (1, 128, 192, 4, True),
+    "contig 128x192 st4": (1, 128, 192, 4),
+    "contig 128x128 st5 tma": (1, 128, 128, 5, True),
+    "contig 128x128 st5": (1, 128, 128, 5),
+    "plain 128x128 st6": (0, 128, 128, 6),
+    "plain 64x128 st6": (0, 64, 128, 6),
+    # the small-M overrides of tuning.GROUPWISE_GLUON ((64 | 128, 7168, 2048)), both scale modes
+    "plain 64x64 st13 MN (auto M 64, N 7168, K 2048)": (0, 64, 64, 13, False, True),
+    "plain 64x64 st13 K": (0, 64, 64, 13, False, False),
+    "plain 128x64 st8 MN (auto M 128, N 7168, K 2048)": (0, 128, 64, 8, False, True),
+    "plain 128x64 st8 K": (0, 128, 64, 8, False, False),
+    # other small-M candidates of benchmarks/bench_gemm_smallm.py
+    "plain 64x32 st16 MN": (0, 64, 32, 16, False, True),
+    "plain 64x128 st8 MN": (0, 64, 128, 8, False, True),
+    "plain 128x16 st10 MN": (0, 128, 16, 10, False, True),
+    "plain 128x32 st10 MN": (0, 128, 32, 10, False, True),
+    "plain 128x128 st6 MN": (0, 128, 128, 6, False, True),
+    "plain 128x192 st4 MN": (0, 128, 192, 4, False, True),
 }
 
 
@@ -61,9 +55,8 @@ def _desc_type(block_rows: int, cols: int = 128, dtype=gl.float8e4nv, name: str 
     return f"tensordesc<{name}[{block_rows}, {cols}],{layout}>"
 
 
-def compile_one(name, layout, bm, bn, stages, split_n, consumers=2, ring=False, epi_tma=False, mn=False, out_dir=None,
-                keep=False) -> bool:
-    wide = bn > 128 and not split_n
+def compile_one(name, layout, bm, bn, stages, epi_tma=False, mn=False, out_dir=None, keep=False) -> bool:
+    wide = bn > 128
     bx = 128 if wide else bn
     b_type = _desc_type(bx)
     b2_type = _desc_type(bn - 128) if wide else b_type
@@ -75,8 +68,7 @@ def compile_one(name, layout, bm, bn, stages, split_n, consumers=2, ring=False, 
            "c_ptr": "*bf16", "idx_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "G": "i32",
            "stride_asm": "i32", "stride_ask": "i32", "stride_bsg": "i32", "stride_bsn": "i32", "stride_bsk": "i32",
            "stride_cm": "i32"}
-    constexprs = {"LAYOUT": layout, "BLOCK_M": bm, "BLOCK_N": bn, "GROUP_M": 8, "STAGES": stages,
-                  "SPLIT_N": split_n, "CONSUMERS": consumers, "SCALE_RING": ring, "EPI_TMA": epi_tma}
+    constexprs = {"LAYOUT": layout, "BLOCK_M": bm, "BLOCK_N": bn, "GROUP_M": 8, "STAGES": stages, "EPI_TMA": epi_tma}
     # the launcher's pointers are 16-byte aligned; N, K and the strides of the benchmark shapes
     # are multiples of 16 (Triton specializes such integers at launch, and those equal to 1)
     if mn:

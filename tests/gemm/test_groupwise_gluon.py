@@ -18,14 +18,12 @@ from tests.gemm._inputs import fp8_block_operands
 CONFIGS = {
     "128x128 st6": {"BLOCK_M": 128, "BLOCK_N": 128, "num_stages": 6},
     "128x64 st8": {"BLOCK_M": 128, "BLOCK_N": 64, "num_stages": 8},
-    "64x256 splitN st4": {"BLOCK_M": 64, "BLOCK_N": 256, "num_stages": 4, "SPLIT_N": True},
-    "64x128 splitN st6": {"BLOCK_M": 64, "BLOCK_N": 128, "num_stages": 6, "SPLIT_N": True},
-    # small M: one consumer warpgroup and/or the scales copied into the ring by the producer
-    "64x64 c1 st13": {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 13, "CONSUMERS": 1},
-    "64x16 c1 ring st16": {"BLOCK_M": 64, "BLOCK_N": 16, "num_stages": 16, "CONSUMERS": 1, "SCALE_RING": True},
-    "64x128 c1 ring st8": {"BLOCK_M": 64, "BLOCK_N": 128, "num_stages": 8, "CONSUMERS": 1, "SCALE_RING": True},
-    "64x32 splitN ring st16": {"BLOCK_M": 64, "BLOCK_N": 32, "num_stages": 16, "SPLIT_N": True, "SCALE_RING": True},
-    "128x32 ring st10": {"BLOCK_M": 128, "BLOCK_N": 32, "num_stages": 10, "SCALE_RING": True},
+    "64x128 st6": {"BLOCK_M": 64, "BLOCK_N": 128, "num_stages": 6},
+    "64x32 st16": {"BLOCK_M": 64, "BLOCK_N": 32, "num_stages": 16},
+    "128x16 st10": {"BLOCK_M": 128, "BLOCK_N": 16, "num_stages": 10},
+    "128x192 st4": {"BLOCK_M": 128, "BLOCK_N": 192, "num_stages": 4},
+    # the configs backend="auto" picks (tuning.GROUPWISE_GLUON)
+    **{f"auto {key}": cfg for key, cfg in tuning.GROUPWISE_GLUON.items()},
 }
 
 
@@ -81,6 +79,40 @@ def test_grouped_default_falls_back_off_hopper():
     _grouped(cfg, *_grouped_operands([70, 0, 128], 192, 256, "cpu"))
 
 
+def test_auto_gluon_configs():
+    """Gluon overrides only for bf16/fp16 output; the Triton config beside them is unchanged."""
+    cfg = tuning.groupwise_config(64, 7168, 2048, fp8_out=False)
+    assert cfg["GLUON"] == {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 13}
+    assert (cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["SPLIT_K"], cfg["num_stages"]) == (64, 64, 1, 5)
+    cfg = tuning.groupwise_config(100, 7168, 2048, fp8_out=False)
+    assert cfg["GLUON"] == {"BLOCK_M": 128, "BLOCK_N": 64, "num_stages": 8}
+    assert (cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["SPLIT_K"], cfg["num_stages"]) == (64, 128, 1, 5)
+    assert "GLUON" not in tuning.groupwise_config(64, 7168, 2048, fp8_out=True)
+    assert "GLUON" not in tuning.groupwise_config(16, 7168, 2048, fp8_out=False)
+    assert "GLUON" not in tuning.groupwise_config(64, 2112, 7168, fp8_out=False)
+
+
+def test_auto_gluon_config_falls_back_off_hopper():
+    if _hopper():
+        pytest.skip("covered by the GPU tests")
+    a, b, sa, sb = fp8_block_operands(64, 192, 256)
+    out = poisoned((64, 192), torch.bfloat16, "cpu")
+    cfg = tuning.groupwise_config(64, 7168, 2048, fp8_out=False)
+    groupwise_gemm_triton(a, b, sa, (0, sa.stride(0), sa.stride(1)), sb, (0, sb.stride(0), sb.stride(1)), out, None,
+                          layout=PLAIN, config=cfg)
+    assert_close(out, R.groupwise_fp32_ref(a, b, sa, sb), max_rel_error=1e-2)
+
+
+def test_gluon_rejects_unknown_tiles():
+    from mate.ops.gemm.groupwise_gluon import groupwise_gemm_gluon
+
+    a, b, sa, sb = fp8_block_operands(64, 192, 256)
+    out = torch.empty(64, 192, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="no 64x256 tile"):
+        groupwise_gemm_gluon(a, b, sa, (0, sa.stride(0), 1), sb, (0, sb.stride(0), 1), out, layout=PLAIN,
+                             config={"BLOCK_M": 64, "BLOCK_N": 256})
+
+
 def test_grouped_default_config():
     cfg = tuning.grouped_config(4 * 8192, 4096, 7168)
     assert {**cfg, **cfg["GLUON"]}["BLOCK_N"] == 192 and cfg["GLUON"]["EPI_TMA"]
@@ -106,7 +138,7 @@ def test_gluon_plain(name, m, n, k):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _hopper(), reason="the Gluon kernel needs a Hopper GPU")
-@pytest.mark.parametrize("name", ["default", "128x128 st6", "128x64 st8", "128x32 ring st10"])
+@pytest.mark.parametrize("name", ["default", "128x128 st6", "128x64 st8", "128x16 st10"])
 @pytest.mark.parametrize("rows,n,k,tail", [
     ([300, 0, 128, 517], 4096, 7168, 0),  # padding rows, an empty group; N = 21 x 192 + 64
     ([256, 128, 384], 2112, 1024, 0),  # 128-row aligned groups: every tile by the TMA-store epilogue
@@ -119,3 +151,29 @@ def test_gluon_grouped_contiguous(name, rows, n, k, tail):
     else:
         cfg = {"GLUON": True, "GROUP_M": 8, **CONFIGS[name]}
     _grouped(cfg, *_grouped_operands(rows, n, k, "cuda", tail))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="the Gluon kernel needs a Hopper GPU")
+@pytest.mark.parametrize("m", [33, 64, 100, 128])
+def test_auto_runs_gluon(m, monkeypatch):
+    """backend="auto" at (m, 7168, 2048) runs the Gluon kernel (both scale modes)."""
+    from mate import gemm
+    from mate.ops.gemm import groupwise_gluon
+
+    calls = []
+    launch = groupwise_gluon.groupwise_gemm_gluon
+    monkeypatch.setattr(groupwise_gluon, "groupwise_gemm_gluon",
+                        lambda *args, **kw: calls.append(kw["config"]["BLOCK_M"]) or launch(*args, **kw))
+    n, k = 7168, 2048
+    a, b, sa, sb = fp8_block_operands(m, n, k, "cuda")
+    ref = R.groupwise_fp32_ref(a, b, sa, sb)
+    for mode in ("K", "MN"):
+        out = poisoned((m, n), torch.bfloat16, "cuda")
+        if mode == "K":
+            gemm.gemm_fp8_nt_groupwise(a, b, sa, sb, scale_major_mode="K", out=out, backend="auto")
+        else:
+            gemm.gemm_fp8_nt_groupwise(a, b, sa.t().contiguous(), sb.t().contiguous(), scale_major_mode="MN",
+                                       out=out, backend="auto")
+        assert_close(out, ref, max_rel_error=1e-2, name=f"auto m={m} {mode}")
+    assert calls == [64 if m <= 64 else 128] * 2

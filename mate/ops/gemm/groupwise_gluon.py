@@ -8,21 +8,23 @@ the schedule DeepGEMM uses, which plain Triton cannot express on sm_90:
 * a 1-warp producer partition issues the TMA loads of A [BLOCK_M, 128] and B [BLOCK_N, 128]
   into a ring of ``STAGES`` shared-memory slots (mbarriers: ``ready`` = the slot's bytes
   landed, ``empty`` = every consumer is done with the slot);
-* ``CONSUMERS`` 4-warp consumer partitions (warpgroups). Two: each owns half of the tile
-  (half the rows, or with ``SPLIT_N`` half the columns, so a 64-row tile still feeds both);
-  one: the whole 64-row tile (the small-M shape of DeepGEMM: 64 x 16..128 tiles, one wave,
-  a deep ring). Per 128-wide K block an FP8 wgmma (QGMMA) into a fresh fp32 product, then
-  acc += product * a_scale[row] * b_scale on the CUDA cores; with two consumers one
-  warpgroup's wgmma runs while the other scales. (Issuing the next K block's wgmma before
-  scaling the previous product, with two products in registers, spilled and made ptxas
-  serialize the wgmmas in the sm_90 compile: not kept.)
-* the scales: by default each consumer loads those of K block kb + 1 from global memory
-  during block kb (measured on the grouped benchmark: 901 against 870 TFLOP/s at 128x192).
-  With ``SCALE_RING`` (BLOCK_N <= 128) the producer also copies the K block's BLOCK_M
+* two 4-warp consumer partitions (warpgroups), each owning half of the tile: half the
+  rows of a 128-row tile, half the columns of a 64-row tile. Per 128-wide K block an FP8
+  wgmma (QGMMA) into a fresh fp32 product, then acc += product * a_scale[row] * b_scale on
+  the CUDA cores; one warpgroup's wgmma runs while the other scales. (Issuing the next K
+  block's wgmma before scaling the previous product, with two products in registers,
+  spilled and made ptxas serialize the wgmmas in the sm_90 compile: not kept. One consumer
+  warpgroup owning a whole 64-row tile, DeepGEMM's small-M schedule, was removed: on the
+  H200 it was 0.1 us faster than the split-column tile at (64, 7168, 2048), 8.2 us against
+  8.3, and lost to the Triton kernel wherever it beat the split-column tile.)
+* the scales: for tiles up to 128 columns the producer copies the K block's BLOCK_M
   activation scales and its weight scale (cp.async, 4-byte pieces, any scale strides, so
   K- and MN-major alike) into the ring slot, tracked by the slot's ``ready`` barrier: the
   consumers read them from shared memory, STAGES K blocks after the copy was issued, which
-  takes the global-load latency off short K-block steps (small M);
+  takes the global-load latency off short K-block steps (H200, (64, 2112, 7168), one
+  warpgroup on 64x16 with 16 stages: 13.6 us against 28.6 with the scales loaded by it). The 192-column
+  tile's consumers load the scales of K block kb + 1 from global memory during block kb
+  (grouped benchmark: 901 against 870 TFLOP/s without loading ahead);
 * the epilogue stores the warpgroup's fp32 tile as bf16/fp16 with row/column masks, through
   shared memory in 16-byte row pieces, while the producer already loads the next tile; with
   ``EPI_TMA`` tiles without padding rows go out by an asynchronous TMA store from shared
@@ -33,7 +35,7 @@ part and a 64-column part, each inside one weight-scale block, loaded into two r
 that starts mid-block loads its first 64 columns into the small ring); both wgmmas are in
 flight at once (64 + 32 product registers).
 
-Selected with ``config["GLUON"] = True`` in ``groupwise_gemm_triton`` (Hopper GPUs only; the
+Selected with ``config["GLUON"]`` in ``groupwise_gemm_triton`` (Hopper GPUs only; the
 interpreter and other GPUs run the plain-Triton kernel). Checked against the reference by
 the GPU tests in ``tests/gemm/test_groupwise_gluon.py``.
 """
@@ -88,7 +90,7 @@ def _tile_expert(idx_ptr, pid_m, M, G, LAYOUT: gl.constexpr, BLOCK_M: gl.constex
 def _producer(a_desc, b_desc, b2_desc, idx_ptr, as_ptr, bs_ptr, a_bufs, b_bufs, b2_bufs, sa_bufs, sb_bufs, ready,
               empty, M, N, K, G, stride_asm, stride_ask, stride_bsg, stride_bsn, stride_bsk,
               LAYOUT: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr,
-              STAGES: gl.constexpr, WIDE: gl.constexpr, SCALE_RING: gl.constexpr):
+              STAGES: gl.constexpr, WIDE: gl.constexpr):
     IDX_L: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
     SC_L: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
     num_pid_m = gl.cdiv(M, BLOCK_M)
@@ -106,7 +108,7 @@ def _producer(a_desc, b_desc, b2_desc, idx_ptr, as_ptr, bs_ptr, a_bufs, b_bufs, 
                 off_x = (pid_n * BLOCK_N) % 128
                 b2_row = b_row + 128 - 2 * off_x
                 b_row += off_x
-            if SCALE_RING:  # the tile's BLOCK_M activation-scale rows; its one weight scale, in every lane
+            else:  # the tile's BLOCK_M activation-scale rows; its one weight scale, in every lane
                 offs_m = a_row + gl.arange(0, BLOCK_M, layout=SC_L)
                 in_a = offs_m < M
                 as_ptrs = as_ptr + offs_m.to(gl.int64) * stride_asm
@@ -115,7 +117,7 @@ def _producer(a_desc, b_desc, b2_desc, idx_ptr, as_ptr, bs_ptr, a_bufs, b_bufs, 
             for kb in range(num_kb):
                 s = it % STAGES
                 mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
-                if SCALE_RING:
+                if not WIDE:
                     # each lane's pending arrival is counted on ``ready`` now, before the TMA
                     # expect's arrival, and completed when its copies have landed
                     async_copy.async_copy_global_to_shared(sa_bufs.index(s), as_ptrs + kb * stride_ask, mask=in_a)
@@ -128,6 +130,8 @@ def _producer(a_desc, b_desc, b2_desc, idx_ptr, as_ptr, bs_ptr, a_bufs, b_bufs, 
                     tma.async_copy_global_to_shared(b2_desc, [b2_row, kb * BLOCK_K], ready.index(s),
                                                     b2_bufs.index(s))
                 it += 1
+
+
 @gluon.jit
 def _operands(a_bufs, b_bufs, s, HALF: gl.constexpr, SUB_M: gl.constexpr, SUB_N: gl.constexpr,
               SPLIT_N: gl.constexpr):
@@ -183,10 +187,10 @@ def _epilogue(c_ptr, idx_ptr, c_buf, c_desc, acc, m0, n0, M, N, expert, full, st
 def _narrow_tile(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_buf, c_desc, as_ptr, bs_ptr, c_ptr, idx_ptr, it,
                  pid_m, pid_n, expert, full, M, N, K, stride_asm, stride_ask, stride_bsg, stride_bsn, stride_bsk,
                  stride_cm, HALF: gl.constexpr, LAYOUT: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                 STAGES: gl.constexpr, SPLIT_N: gl.constexpr, CONSUMERS: gl.constexpr, SCALE_RING: gl.constexpr,
-                 EPI_TMA: gl.constexpr):
-    """One output tile, one wgmma per K block (SUB_N <= 128): returns the ring counter."""
-    SUB_M: gl.constexpr = BLOCK_M if SPLIT_N else BLOCK_M // CONSUMERS
+                 STAGES: gl.constexpr, SPLIT_N: gl.constexpr, EPI_TMA: gl.constexpr):
+    """One output tile (BLOCK_N <= 128), one wgmma per K block, the scales from the ring:
+    returns the ring counter."""
+    SUB_M: gl.constexpr = BLOCK_M if SPLIT_N else BLOCK_M // 2
     SUB_N: gl.constexpr = BLOCK_N // 2 if SPLIT_N else BLOCK_N
     OFF_M: gl.constexpr = 0 if SPLIT_N else HALF * SUB_M
     OFF_N: gl.constexpr = HALF * SUB_N if SPLIT_N else 0
@@ -195,29 +199,14 @@ def _narrow_tile(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_buf, c_desc, 
     ROW_L: gl.constexpr = gl.SliceLayout(1, MMA_L)
     num_kb = K // BLOCK_K
     zero = gl.zeros([SUB_M, SUB_N], gl.float32, MMA_L)
-    if not SCALE_RING:  # the scales of K block kb + 1 load during block kb
-        offs_m = pid_m * BLOCK_M + OFF_M + gl.arange(0, SUB_M, layout=ROW_L)
-        in_a = offs_m < M
-        nblk = (pid_n * BLOCK_N + OFF_N) // 128
-        as_ptrs = as_ptr + offs_m.to(gl.int64) * stride_asm
-        bs_base = bs_ptr + expert.to(gl.int64) * stride_bsg + nblk * stride_bsn
-        nb_ok = nblk < gl.cdiv(N, 128)
-        sa_n = gl.load(as_ptrs, mask=in_a, other=0.0)
-        sb_n = gl.load(bs_base, mask=nb_ok, other=0.0)
     acc = zero
-    for kb in range(num_kb):
+    for _ in range(num_kb):
         s = it % STAGES
-        if not SCALE_RING:
-            sc = sa_n * sb_n
-            more = kb + 1 < num_kb
-            sa_n = gl.load(as_ptrs + (kb + 1) * stride_ask, mask=in_a & more, other=0.0)
-            sb_n = gl.load(bs_base + (kb + 1) * stride_bsk, mask=nb_ok & more, other=0.0)
         mbarrier.wait(ready.index(s), (it // STAGES) & 1)
         a_s, b_s = _operands(a_bufs, b_bufs, s, HALF, SUB_M, SUB_N, SPLIT_N)
         prod = warpgroup_mma(a_s, b_s, zero, use_acc=False, is_async=True)
-        if SCALE_RING:  # read while the wgmma runs
-            sc = (sa_bufs.index(s).slice(OFF_M, SUB_M).load(ROW_L)
-                  * sb_bufs.index(s).slice(OFF_M, SUB_M).load(ROW_L))
+        # read while the wgmma runs
+        sc = sa_bufs.index(s).slice(OFF_M, SUB_M).load(ROW_L) * sb_bufs.index(s).slice(OFF_M, SUB_M).load(ROW_L)
         prod = warpgroup_mma_wait(num_outstanding=0, deps=(prod, ))
         mbarrier.arrive(empty.index(s), count=1)
         acc += prod * sc[:, None]
@@ -291,7 +280,7 @@ def _consumer(a_bufs, b_bufs, b2_bufs, sa_bufs, sb_bufs, c_bufs, c2_bufs, ready,
               bs_ptr, c_ptr, idx_ptr, M, N, K, G, stride_asm, stride_ask, stride_bsg, stride_bsn, stride_bsk,
               stride_cm, HALF: gl.constexpr, LAYOUT: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               GROUP_M: gl.constexpr, STAGES: gl.constexpr, SPLIT_N: gl.constexpr, WIDE: gl.constexpr,
-              CONSUMERS: gl.constexpr, SCALE_RING: gl.constexpr, EPI_TMA: gl.constexpr):
+              EPI_TMA: gl.constexpr):
     IDX_L: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     num_pid_m = gl.cdiv(M, BLOCK_M)
     num_pid_n = gl.cdiv(N, BLOCK_N)
@@ -311,7 +300,7 @@ def _consumer(a_bufs, b_bufs, b2_bufs, sa_bufs, sb_bufs, c_bufs, c2_bufs, ready,
                 it = _narrow_tile(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_buf, c_desc, as_ptr, bs_ptr, c_ptr,
                                   idx_ptr, it, pid_m, pid_n, expert, full, M, N, K, stride_asm, stride_ask,
                                   stride_bsg, stride_bsn, stride_bsk, stride_cm, HALF, LAYOUT, BLOCK_M, BLOCK_N,
-                                  STAGES, SPLIT_N, CONSUMERS, SCALE_RING, EPI_TMA)
+                                  STAGES, SPLIT_N, EPI_TMA)
     if EPI_TMA:
         tma.store_wait(0)
 
@@ -322,38 +311,33 @@ def fp8_groupwise_gluon_kernel(
     M, N, K, G,
     stride_asm, stride_ask, stride_bsg, stride_bsn, stride_bsk, stride_cm,
     LAYOUT: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr,
-    STAGES: gl.constexpr, SPLIT_N: gl.constexpr, CONSUMERS: gl.constexpr = 2, SCALE_RING: gl.constexpr = False,
-    EPI_TMA: gl.constexpr = False,
+    STAGES: gl.constexpr, EPI_TMA: gl.constexpr = False,
 ):
     """Persistent grid (at most one program per SM); ``a_desc`` covers a [M, K] with blocks
     [BLOCK_M, 128], ``b_desc`` covers b as [G * N, K] with blocks [min(BLOCK_N, 128), 128]
     (BLOCK_N 192: ``b2_desc`` with blocks [64, 128], else unused); with ``EPI_TMA``
     ``c_desc`` covers c [M, N] with blocks [64, min(BLOCK_N, 128)] and ``c2_desc`` with
-    blocks [64, 64] (BLOCK_N 192; unused otherwise)."""
-    WIDE: gl.constexpr = BLOCK_N > 128 and not SPLIT_N
-    if CONSUMERS == 1:
-        gl.static_assert(BLOCK_M == 64 and not SPLIT_N and BLOCK_N <= 128)
-    else:
-        gl.static_assert(CONSUMERS == 2 and (BLOCK_M == 128 or (SPLIT_N and BLOCK_M == 64)))
-    gl.static_assert((BLOCK_N // 2 if SPLIT_N else BLOCK_N) <= 128 or (BLOCK_M == 128 and BLOCK_N == 192))
-    gl.static_assert(not SCALE_RING or BLOCK_N <= 128)
+    blocks [64, 64] (BLOCK_N 192; unused otherwise). BLOCK_M 64: the warpgroups split the
+    columns (BLOCK_N 32..128); BLOCK_M 128: the rows (BLOCK_N 16..128 or 192)."""
+    SPLIT_N: gl.constexpr = BLOCK_M == 64
+    WIDE: gl.constexpr = BLOCK_N > 128
+    gl.static_assert(BLOCK_M == 128 or BLOCK_M == 64)
+    gl.static_assert(BLOCK_N <= 128 or (BLOCK_M == 128 and BLOCK_N == 192))
     gl.static_assert(not EPI_TMA or (not SPLIT_N and BLOCK_N >= 128))
     BX: gl.constexpr = 128 if WIDE else BLOCK_N
     a_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
     b_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BX, BLOCK_K], b_desc.layout)
     if WIDE:
         b2_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N - 128, BLOCK_K], b2_desc.layout)
+        sa_bufs = a_bufs  # placeholders, never used
+        sb_bufs = a_bufs
     else:
         b2_bufs = b_bufs
-    if SCALE_RING:
         SC_SL: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])  # per ring slot
         sa_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], SC_SL)
         sb_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], SC_SL)
-    else:  # placeholders, never used
-        sa_bufs = a_bufs
-        sb_bufs = a_bufs
     if EPI_TMA:
-        c_bufs = gl.allocate_shared_memory(c_ptr.dtype.element_ty, [CONSUMERS, 64, BX], c_desc.layout)
+        c_bufs = gl.allocate_shared_memory(c_ptr.dtype.element_ty, [2, 64, BX], c_desc.layout)
         if WIDE:
             c2_bufs = gl.allocate_shared_memory(c_ptr.dtype.element_ty, [2, 64, BLOCK_N - 128], c2_desc.layout)
         else:
@@ -365,32 +349,19 @@ def fp8_groupwise_gluon_kernel(
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=CONSUMERS)  # one arrival per consumer warpgroup
+        mbarrier.init(empty.index(i), count=2)  # one arrival per consumer warpgroup
 
-    if CONSUMERS == 1:
-        gl.warp_specialize([
-            (_consumer, (a_bufs, b_bufs, b2_bufs, sa_bufs, sb_bufs, c_bufs, c2_bufs, ready, empty, c_desc, c2_desc,
-                         as_ptr, bs_ptr, c_ptr, idx_ptr, M, N, K, G, stride_asm, stride_ask, stride_bsg, stride_bsn,
-                         stride_bsk, stride_cm, 0, LAYOUT, BLOCK_M, BLOCK_N, GROUP_M, STAGES, SPLIT_N, WIDE,
-                         CONSUMERS, SCALE_RING, EPI_TMA)),
-            (_producer, (a_desc, b_desc, b2_desc, idx_ptr, as_ptr, bs_ptr, a_bufs, b_bufs, b2_bufs, sa_bufs, sb_bufs,
-                         ready, empty, M, N, K, G, stride_asm, stride_ask, stride_bsg, stride_bsn, stride_bsk, LAYOUT,
-                         BLOCK_M, BLOCK_N, GROUP_M, STAGES, WIDE, SCALE_RING)),
-        ], [1], [PRODUCER_REGS])
-    else:
-        gl.warp_specialize([
-            (_consumer, (a_bufs, b_bufs, b2_bufs, sa_bufs, sb_bufs, c_bufs, c2_bufs, ready, empty, c_desc, c2_desc,
-                         as_ptr, bs_ptr, c_ptr, idx_ptr, M, N, K, G, stride_asm, stride_ask, stride_bsg, stride_bsn,
-                         stride_bsk, stride_cm, 0, LAYOUT, BLOCK_M, BLOCK_N, GROUP_M, STAGES, SPLIT_N, WIDE,
-                         CONSUMERS, SCALE_RING, EPI_TMA)),
-            (_consumer, (a_bufs, b_bufs, b2_bufs, sa_bufs, sb_bufs, c_bufs, c2_bufs, ready, empty, c_desc, c2_desc,
-                         as_ptr, bs_ptr, c_ptr, idx_ptr, M, N, K, G, stride_asm, stride_ask, stride_bsg, stride_bsn,
-                         stride_bsk, stride_cm, 1, LAYOUT, BLOCK_M, BLOCK_N, GROUP_M, STAGES, SPLIT_N, WIDE,
-                         CONSUMERS, SCALE_RING, EPI_TMA)),
-            (_producer, (a_desc, b_desc, b2_desc, idx_ptr, as_ptr, bs_ptr, a_bufs, b_bufs, b2_bufs, sa_bufs, sb_bufs,
-                         ready, empty, M, N, K, G, stride_asm, stride_ask, stride_bsg, stride_bsn, stride_bsk, LAYOUT,
-                         BLOCK_M, BLOCK_N, GROUP_M, STAGES, WIDE, SCALE_RING)),
-        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    gl.warp_specialize([
+        (_consumer, (a_bufs, b_bufs, b2_bufs, sa_bufs, sb_bufs, c_bufs, c2_bufs, ready, empty, c_desc, c2_desc,
+                     as_ptr, bs_ptr, c_ptr, idx_ptr, M, N, K, G, stride_asm, stride_ask, stride_bsg, stride_bsn,
+                     stride_bsk, stride_cm, 0, LAYOUT, BLOCK_M, BLOCK_N, GROUP_M, STAGES, SPLIT_N, WIDE, EPI_TMA)),
+        (_consumer, (a_bufs, b_bufs, b2_bufs, sa_bufs, sb_bufs, c_bufs, c2_bufs, ready, empty, c_desc, c2_desc,
+                     as_ptr, bs_ptr, c_ptr, idx_ptr, M, N, K, G, stride_asm, stride_ask, stride_bsg, stride_bsn,
+                     stride_bsk, stride_cm, 1, LAYOUT, BLOCK_M, BLOCK_N, GROUP_M, STAGES, SPLIT_N, WIDE, EPI_TMA)),
+        (_producer, (a_desc, b_desc, b2_desc, idx_ptr, as_ptr, bs_ptr, a_bufs, b_bufs, b2_bufs, sa_bufs, sb_bufs,
+                     ready, empty, M, N, K, G, stride_asm, stride_ask, stride_bsg, stride_bsn, stride_bsk, LAYOUT,
+                     BLOCK_M, BLOCK_N, GROUP_M, STAGES, WIDE)),
+    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
 def gluon_supported(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> bool:
@@ -426,34 +397,27 @@ def groupwise_gemm_gluon(a, b, a_scale, a_scale_strides, b_scale, b_scale_stride
                          config: dict, m_indices: torch.Tensor | None = None, num_sms: int | None = None) -> None:
     """Launches the Gluon kernel (``gluon_supported`` must hold; layout PLAIN or CONTIGUOUS).
 
-    ``config``: BLOCK_M, BLOCK_N, GROUP_M, num_stages (ring slots), SPLIT_N, CONSUMERS (2,
-    the default: BLOCK_M 128, or 64 with SPLIT_N; BLOCK_N <= 128, 192 with BLOCK_M 128, up
-    to 256 with SPLIT_N. 1: BLOCK_M 64, BLOCK_N <= 128), SCALE_RING (the producer copies the
-    scales into the ring; BLOCK_N <= 128) and EPI_TMA (TMA-store epilogue for tiles without
-    padding rows; BLOCK_N >= 128 without SPLIT_N, ignored where the output's rows are not
-    16-byte aligned). See the module docstring.
+    ``config``: BLOCK_M (64: the two warpgroups split the columns, BLOCK_N 32, 64 or 128;
+    128: they split the rows, BLOCK_N 16, 32, 64, 128 or 192), BLOCK_N, GROUP_M, num_stages
+    (ring slots) and EPI_TMA (TMA-store epilogue for tiles without padding rows; BLOCK_M 128
+    with BLOCK_N >= 128, ignored elsewhere and where the output's rows are not 16-byte
+    aligned). See the module docstring.
     """
     M, K = a.shape
     N = b.shape[-2]
     G = b.shape[0] if b.dim() == 3 else 1
     bm, bn = config["BLOCK_M"], config["BLOCK_N"]
-    consumers = int(config.get("CONSUMERS", 2))
-    split_n = bool(config.get("SPLIT_N", bm == 64 and consumers == 2))
-    if consumers == 1 and (bm != 64 or split_n or bn > 128):
-        raise ValueError(f"CONSUMERS 1 needs BLOCK_M 64, BLOCK_N <= 128 and no SPLIT_N, got {bm}x{bn}")
-    if not split_n and bn > 128 and (bm != 128 or bn != 192):
-        raise ValueError(f"BLOCK_N {bn} needs SPLIT_N, or BLOCK_M 128 with BLOCK_N 192")
-    scale_ring = bool(config.get("SCALE_RING", False))
-    if scale_ring and bn > 128:
-        raise ValueError(f"SCALE_RING needs BLOCK_N <= 128, got {bn}")
-    epi_tma = (bool(config.get("EPI_TMA", False)) and bn >= 128 and not split_n
+    if (bm, bn) not in {(64, 32), (64, 64), (64, 128), (128, 16), (128, 32), (128, 64), (128, 128), (128, 192)}:
+        raise ValueError(f"the Gluon GEMM has no {bm}x{bn} tile (BLOCK_M 64: BLOCK_N 32, 64, 128; "
+                         "BLOCK_M 128: 16, 32, 64, 128, 192)")
+    epi_tma = (bool(config.get("EPI_TMA", False)) and bm == 128 and bn >= 128
                and out.dim() == 2 and out.data_ptr() % 16 == 0 and (out.stride(0) * out.element_size()) % 16 == 0)
     tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
     if num_sms is None:
         num_sms = torch.cuda.get_device_properties(a.device).multi_processor_count
     grid = (max(1, min(num_sms, tiles)), )
     idx = m_indices if m_indices is not None else out
-    wide = bn > 128 and not split_n
+    wide = bn > 128
     a_desc = _desc(a, M, bm)
     b_desc = _desc(b, G * N, 128 if wide else bn)
     b2_desc = _desc(b, G * N, bn - 128) if wide else b_desc
@@ -464,6 +428,5 @@ def groupwise_gemm_gluon(a, b, a_scale, a_scale_strides, b_scale, b_scale_stride
         M, N, K, G,
         a_scale_strides[1], a_scale_strides[2], *b_scale_strides, out.stride(-2),
         LAYOUT=layout, BLOCK_M=bm, BLOCK_N=bn, GROUP_M=config.get("GROUP_M", 8),
-        STAGES=config.get("num_stages", 4), SPLIT_N=split_n, CONSUMERS=consumers, SCALE_RING=scale_ring,
-        EPI_TMA=epi_tma, num_warps=4, maxnreg=GLUON_MAX_REGS,
+        STAGES=config.get("num_stages", 4), EPI_TMA=epi_tma, num_warps=4, maxnreg=GLUON_MAX_REGS,
     )

@@ -34,8 +34,30 @@ the split-K candidates beside auto ran the FAST_REDUCE reduce, bitwise the same 
 
 No tile, split-K or stage choice of the Triton kernel reaches 0.95x DeepGEMM at K = 7168 (the
 best candidate of each shape: 0.79-0.91), and a split-K reduce with all partial loads in flight
-(a FAST_REDUCE option, since removed) gained nothing. The remaining lever is sharing the
-activation tiles between SMs (clusters with multicast TMA): a Gluon kernel of its own.
+(a FAST_REDUCE option, since removed) gained nothing.
+
+DeepGEMM's schedule at K = 7168 and 2048 (DG_PRINT_CONFIGS, H200) uses no multicast: 64-row
+tiles with narrow columns (64x16 / 64x32 / 64x64, 13-16 stages; 64x112 at (128, 7168, 2048)),
+one wave, one TMA and one math warpgroup, full K (no split-K); only (64, 24576, 1536) runs a
+2-CTA cluster (64x96). The Gluon kernel (``groupwise_gluon.py``) with that schedule, the scales copied
+into the TMA ring by the producer, still reaches only 0.72-0.79x DeepGEMM at K = 7168, below
+the Triton kernel's split-K; where it wins (K = 2048) ``GROUPWISE_GLUON`` selects it.
+Measured (H200, same bench, MN-major scales; us; DG/t = DeepGEMM time / time; ``c1``: one
+math warpgroup on a 64-row tile, ``c2``: two, splitting its columns (64 rows) or rows
+(128); ``ring``: scales in the ring; all within 3.4e-3 and deterministic):
+
+    (M, N, K)          auto (Triton)        best Gluon                  DeepGEMM
+    64, 2112, 7168     10.8                 64x16 c1 ring st16 13.6     9.9  (no ring: 28.6)
+    64, 4096, 7168     14.1                 64x32 c1 ring st16 14.8     11.7
+    128, 2112, 7168    12.7                 64x32 c1 ring st16 14.3     10.8
+    128, 4096, 7168    16.4                 64x64 c1 ring st13 16.8     12.9 (128x32 c2 19.5)
+    64, 7168, 2048     8.9 (64x64 st5)      64x64 c1 / c2 ring 8.2/8.3  7.2  -> Gluon 64x64 c2
+    128, 7168, 2048    9.6 (64x128 st5)     128x64 c2 ring st8 9.2      8.7  -> Gluon 128x64 c2
+    64, 24576, 1536    13.5                 64x128 c2 ring st8 15.4     14.3
+    128, 24576, 1536   15.3                 128x128 c2 ring st6 18.0    15.4 (128x192 st4 28.3)
+
+The one-warpgroup tile (c1) is removed: where Gluon wins, c2 is within 0.1 us of it (8.3 vs
+8.2); at K = 7168 it beat c2 (64x32: 14.8 vs 15.7 us) but not the Triton kernel.
 A swap-AB Gluon kernel without multicast (weights on the wgmma M side, TMA ring, split-K
 reduced by the last, every or a second program) was tried and removed: on the H200
 (2026-11-29, same bench; us, auto / best Triton candidate / best Gluon / DeepGEMM) (64, 2112,
@@ -94,6 +116,16 @@ GROUPWISE_OVERRIDES: dict[str, dict] = {
 # END TABLE
 
 
+# (bucket, n, k): the Gluon kernel's config (``groupwise_gluon.py``), which replaces the Triton
+# config above on Hopper GPUs (elsewhere, and for FP8 output, the Triton config runs).
+# Measured on the H200 (bench_gemm_smallm, see the module docstring): (64, 7168, 2048) 8.3 us
+# against 8.9 for Triton 64x64 st5; (128, 7168, 2048) 9.2 against 9.6 for Triton 64x128 st5.
+GROUPWISE_GLUON: dict[str, dict] = {
+    "m64,7168,2048": {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 13},
+    "m128,7168,2048": {"BLOCK_M": 128, "BLOCK_N": 64, "num_stages": 8},
+}
+
+
 def m_bucket(m: int) -> str:
     for b in M_BUCKETS:
         if m <= b:
@@ -131,7 +163,8 @@ def groupwise_config(m: int, n: int, k: int, fp8_out: bool) -> dict:
     """Triton config for the plain groupwise kernel (BLOCK_N 128 for FP8 output).
 
     Keys: BLOCK_M, BLOCK_N, num_warps, num_stages, SPLIT_K, GROUP_M and, when the table
-    holds them, REDUCE (``"fused"``/``"launch"``) and TMA (see ``groupwise_gemm_triton``).
+    holds them, REDUCE (``"fused"``/``"launch"``) and TMA (see ``groupwise_gemm_triton``);
+    GLUON (a dict of Gluon overrides) for the shapes of ``GROUPWISE_GLUON``, bf16/fp16 output.
     The table's num_stages is a cap, lowered for short K loops (``_stages``).
     """
     e = dict(_entry(m, n, k))
@@ -145,6 +178,9 @@ def groupwise_config(m: int, n: int, k: int, fp8_out: bool) -> dict:
         e["SPLIT_K"] = 1
     e["num_stages"] = _stages(e["num_stages"], -(-(k // 128) // e["SPLIT_K"]))
     e["GROUP_M"] = 8
+    gluon = GROUPWISE_GLUON.get(f"{m_bucket(m)},{n},{k}")
+    if gluon is not None and not fp8_out:
+        e["GLUON"] = dict(gluon)
     return e
 
 
