@@ -34,23 +34,27 @@ VARIANTS = {  # name: (method, rows per program[, warps])
     "lanes_novote": ("lanes_novote", 1),
     "lanes_fast": ("lanes_fast", 1),
     "lanes_fast_qpos": ("lanes_fast_qpos", 1),
-    "rows8": ("rows", 8),
-    "rows16": ("rows", 16),
-    "rows32": ("rows", 32),
-    "rows8_qpos": ("rows_qpos", 8),
+    "surv8": ("rows", "surv8"),
+    "surv16": ("rows", "surv16"),
+    "surv32": ("rows", "surv32"),
+    "surv8_qpos": ("rows_qpos", "surv8"),
+    "rows8": ("rows", "rows8"),
+    "rows32": ("rows", "rows32"),
 }
 
 
-def compile_rows(name: str, rows: int, chunk: int, k: int, sass_dir: str | None) -> None:
-    """The rows kernel (four threads per row), slack 2, top-k + 1 forced end block; full
-    rows (no query positions) or causal ones; num_tiles specialized as a multiple of 16."""
+def compile_rows(name: str, config: str, chunk: int, k: int, sass_dir: str | None) -> None:
+    """The rows kernel (four threads per row; ``config`` a key of its ``ROWS_CONFIGS``),
+    slack 2, top-k + 1 forced end block; full rows (no query positions) or causal ones;
+    num_tiles specialized as a multiple of 16."""
     qpos = name.endswith("qpos")
-    cfg = dict(tkr.ROWS_CONFIGS[f"rows{rows}"])
+    cfg = dict(tkr.ROWS_CONFIGS[config])
+    rows = cfg["ROWS"]
     sig = {"s_ptr": "*fp32", "out_ptr": "*i32", "qpos_ptr": "*i64", "n_rows": "i32", "num_tiles": "i32",
            "num_valid_pages": "i32", "H": "i32", "fb": "i32", "fe": "i32", "W": "i32"}
     nc = max(chunk, 32) // 16
     constexprs = {"ROWS": rows, "NC": nc, "W_P2": 64, "SLACK": 2, "G1": max(16, triton.next_power_of_2(k)),
-                  "HAS_QPOS": qpos, "FULL": True, "ALL_FULL": not qpos}
+                  "SLOTS": cfg["SLOTS"], "HAS_QPOS": qpos, "FULL": True, "ALL_FULL": not qpos}
     sig.update({c: "constexpr" for c in constexprs})
     aligned = ["s_ptr", "out_ptr", "qpos_ptr"] + (["num_tiles"] if chunk % 16 == 0 else [])
     src = ASTSource(fn=tkr._topk_rows_kernel, signature=sig, constexprs=constexprs,

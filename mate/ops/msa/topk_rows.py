@@ -8,15 +8,19 @@ warp), so a row reduction is 2 shuffle stages. Selection of a long row (``n > W`
 1. the group maxima (4 blocks, NaN-propagating) and a bisection on their order-preserving
    keys to ``lo`` with ``W <= count(max >= lo) <= W + SLACK``: those W groups hold at most
    ``fb + fe`` forced blocks, so at least ``C = W - fb - fe`` candidates are ``>= lo``;
-2. a bisection on the candidates' scores (others -inf; fp32 compares against the float of a
-   key) from ``lo`` until exactly C are ``>= lo`` or the interval is one key (a tie at the
-   C-th place: the first ties in block order by popcount prefixes);
-3. each thread writes its chosen blocks (a 64-bit mask, lowest bit first) after the earlier
-   threads' counts (one row sum of bytes): ascending ids without a prefix scan.
+2. the survivors (candidates ``fb <= id < n - fe`` with scores ``>= lo``, ~20 per row, at
+   least C) into ``SLOTS`` slots per thread in block order (``SLOTS / 2`` from each 32 blocks,
+   by bit masks), their scores reloaded (L1 hits); ``SLOTS`` 0 (``rows*`` configs) keeps all
+   64 blocks of a thread instead;
+3. a bisection on those scores (others -inf; fp32 compares against the float of a key) from
+   ``lo`` until exactly C are ``>= lo`` or the interval is one key (a tie at the C-th place:
+   the first ties in block order by popcount prefixes);
+4. each thread writes its chosen blocks after the earlier threads' counts (one row sum of
+   bytes): ascending ids without a prefix scan; the forced blocks first and last.
 
-Rows with a NaN or a -inf bound (fewer than W finite groups, or invalid blocks at the
-threshold) are redone one at a time in the same program by the lanes kernel's full-row
-selection (:func:`mate.ops.msa.topk._lanes_full_row`). Rows with ``n <= W`` are the identity.
+Rows with a NaN, a -inf bound (fewer than W finite groups, or invalid blocks at the
+threshold) or more survivors than slots in 32 blocks are redone one at a time in the same
+program by the lanes kernel's full-row selection (:func:`mate.ops.msa.topk._lanes_full_row`). Rows with ``n <= W`` are the identity.
 """
 
 from __future__ import annotations
@@ -113,12 +117,60 @@ def _ties_chosen(gt, eq, K):
     return gt | (eq & (rank < take[None, :, None, None]))
 
 
+@triton.jit
+def _ctz(w):
+    """Index of the lowest set bit of each uint32 (garbage for 0)."""
+    if INTERPRET:
+        return _popc((w & (0 - w)) - 1)
+    else:
+        return tl.inline_asm_elementwise("{ .reg .b32 t; brev.b32 t, $1; bfind.shiftamt.u32 $0, t; }", "=r,r",
+                                         [w], dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _below(k):
+    """uint32 masks of the bits below ``k`` (clamped to 0 .. 32)."""
+    k = tl.minimum(tl.maximum(k, 0), 32)
+    return tl.where(k >= 32, 0xFFFFFFFF, (tl.full(k.shape, 1, tl.uint32) << k.to(tl.uint32)) - 1)
+
+
+@triton.jit
+def _survivor_slots(ml, mh, id0, SLOTS: tl.constexpr):
+    """Block ids of the set bits (lowest first) of each thread's masks ``ml`` (bit j: block
+    ``id0 + j``) and ``mh`` (``id0 + 32 + j``), ``[4, ROWS, 1, 1]`` uint32 with at most
+    ``SLOTS // 2`` bits each, as ``[4, ROWS, SLOTS // 4, 4]``: slot ``4 c + v < SLOTS // 2``
+    from ``ml``, the others from ``mh`` (every register a constant slot: the selects fold
+    away)."""
+    ss = tl.arange(0, SLOTS // 4)[None, None, :, None] * 4 + tl.arange(0, 4)[None, None, None, :]
+    sid = tl.zeros([ml.shape[0], ml.shape[1], SLOTS // 4, 4], tl.int32)
+    for k in tl.static_range(SLOTS // 2):
+        sid = tl.where(ss == k, id0 + _ctz(ml), sid)
+        sid = tl.where(ss == k + SLOTS // 2, id0 + 32 + _ctz(mh), sid)
+        ml = ml & (ml - 1)
+        mh = mh & (mh - 1)
+    return sid
+
+
+@triton.jit
+def _slot_prefix(x):
+    """:func:`_prefix4` of a 0/1 ``[4, ROWS, S, 4]`` tensor whose elements are all in one
+    thread's registers (constant slots: a running sum, the selects and sums fold away)."""
+    ss = tl.arange(0, x.shape[2])[None, None, :, None] * 4 + tl.arange(0, 4)[None, None, None, :]
+    xi = x.to(tl.int32)
+    acc = tl.zeros([x.shape[0], x.shape[1], 1, 1], tl.int32)
+    pre = tl.zeros_like(xi)
+    for k in tl.static_range(x.shape[2] * 4):
+        acc += tl.sum(tl.sum(tl.where(ss == k, xi, 0), axis=3, keep_dims=True), axis=2, keep_dims=True)
+        pre = tl.where(ss == k, acc, pre)
+    return pre + _threads_before(acc)
+
+
 @triton.jit(do_not_specialize=["n_rows", "num_valid_pages", "H", "fb", "fe", "W"])
 def _topk_rows_kernel(
     s_ptr, out_ptr, qpos_ptr,
     n_rows, num_tiles, num_valid_pages, H, fb, fe, W,
     ROWS: tl.constexpr, NC: tl.constexpr, W_P2: tl.constexpr, SLACK: tl.constexpr, G1: tl.constexpr,
-    HAS_QPOS: tl.constexpr, FULL: tl.constexpr, ALL_FULL: tl.constexpr,
+    SLOTS: tl.constexpr, HAS_QPOS: tl.constexpr, FULL: tl.constexpr, ALL_FULL: tl.constexpr,
 ):
     pid = tl.program_id(0)
     ri = tl.arange(0, ROWS)
@@ -139,7 +191,9 @@ def _topk_rows_kernel(
     idx = rr * (4 * NC) + cc * 4 + vv  # [4, 1, NC, 4]
     r64 = tl.minimum(rows, n_rows - 1).to(tl.int64)[None, :, None, None]
     s_row = s_ptr + r64 * num_tiles
+    o_row = out_ptr + rows.to(tl.int64)[None, :, None, None] * W
     n4 = n[None, :, None, None]
+    id0 = rr * (4 * NC)
     main = long
     C = W - fb - fe
     if tl.max(long.to(tl.int32), axis=0) > 0:
@@ -168,11 +222,34 @@ def _topk_rows_kernel(
         # NaN rows and rows whose bound is -inf (invalid blocks are -inf too) take the
         # lanes kernel's full-row selection below
         main = work & (lo > KEY_NEG_INF)
-        # 2. the exact C-th largest candidate (fb <= id < n - fe) by bisection on the scores
-        cand = (idx >= fb) & (idx < n4 - fe)
-        xc = tl.where(cand, x, float("-inf"))
-        hm = tl.max(tl.max(mk, axis=2), axis=0)
-        clo = tl.zeros([ROWS], tl.int32) + C + 1  # unknown, >= C
+        if SLOTS > 0:
+            # 2. the survivors (candidates >= lo, at least C) into SLOTS slots per thread in
+            # block order (half from each 32 blocks), their scores reloaded (L1 hits); rows
+            # with more take the lanes path
+            # (bits of the 64 blocks of a thread, candidates only: fb <= id < n - fe)
+            ml, mh = _thread_masks(x >= _float_of_key(lo)[None, :, None, None])
+            a = fb - id0
+            b = n4 - fe - id0
+            ml = ml & (_below(b) ^ _below(a))  # a < b
+            mh = mh & (_below(b - 32) ^ _below(a - 32))
+            cl = _popc(ml)
+            ch = _popc(mh)  # [4, ROWS, 1, 1]
+            main = main & (tl.max(tl.max(tl.max(tl.maximum(cl, ch), axis=3), axis=2), axis=0) <= SLOTS // 2)
+            ss = tl.arange(0, SLOTS // 4)[None, None, :, None] * 4 + vv
+            sid = _survivor_slots(ml, mh, id0, SLOTS)
+            sok = tl.where(ss < SLOTS // 2, ss < cl, ss - SLOTS // 2 < ch) & main[None, :, None, None]
+            xc = tl.load(s_row + sid, mask=sok, other=float("-inf"))
+            clo = _rsum(cl + ch)
+            hm = _lane_keys(tl.max(tl.max(tl.max(xc, axis=3), axis=2), axis=0))
+        else:
+            # 2. all candidates (others -inf)
+            cand = (idx >= fb) & (idx < n4 - fe)
+            xc = tl.where(cand, x, float("-inf"))
+            hm = tl.max(tl.max(mk, axis=2), axis=0)
+            clo = tl.zeros([ROWS], tl.int32) + C + 1  # unknown, >= C
+        # 3. the exact C-th largest candidate by bisection on the scores from lo until exactly
+        # C are >= lo or the interval is one key (a tie at the C-th place: the first ties in
+        # block order by popcount prefixes)
         while tl.max((main & (clo != C) & (lo != hm) & (C > 0)).to(tl.int32), axis=0) > 0:
             mid = lo + ((hm - lo) >> 1) + 1
             c = _count_ge(xc, _float_of_key(mid))
@@ -185,29 +262,46 @@ def _topk_rows_kernel(
             sel = _ties_chosen(xc > tau, xc == tau, C)  # a tie straddles the C-th place
         else:
             sel = xc >= tau
-        chosen = tl.where(long[None, :, None, None], (sel & (C > 0)) | (valid & ~cand), valid)
+        if SLOTS > 0:
+            sel = sel & sok & (C > 0)
+            tl.store(o_row + fb + _slot_prefix(sel) - 1, sid, mask=sel)
+        else:
+            chosen = tl.where(long[None, :, None, None], (sel & (C > 0)) | (valid & ~cand), valid)
     else:
-        chosen = idx < n4
-    # 3. output: each thread writes its chosen blocks in order after the earlier threads'
-    ml, mh = _thread_masks(chosen & (main | ~long)[None, :, None, None])
-    cnt = _popc(ml) + _popc(mh)  # [4, ROWS, 1, 1]
-    o_thr = out_ptr + rows.to(tl.int64)[None, :, None, None] * W + _threads_before(cnt)
-    id0 = rr * (4 * NC)
-    for k in range(tl.max(tl.max(tl.max(tl.max(cnt, axis=3), axis=2), axis=1), axis=0)):
-        low = ml != 0
-        w = tl.where(low, ml, mh)
-        j = _popc((w & (0 - w)) - 1) + tl.where(low, 0, 32)
-        tl.store(o_thr + k, id0 + j, mask=k < cnt)
-        ml = tl.where(low, ml & (ml - 1), ml)
-        mh = tl.where(low, mh, mh & (mh - 1))
-    short = row_ok & ~long
-    if tl.max(short.to(tl.int32), axis=0) > 0:
-        wc = tl.arange(0, W_P2)[None, :]
-        tl.store(out_ptr + rows.to(tl.int64)[:, None] * W + wc, tl.full([ROWS, W_P2], -1, tl.int32),
-                 mask=short[:, None] & (wc < W) & (wc >= n[:, None]))
+        if SLOTS == 0:
+            chosen = idx < n4
+    if SLOTS > 0:
+        # forced blocks of the selected rows: 0 .. fb-1 first, n-fe .. n-1 last
+        for q in range(0, fb + fe, 4):
+            e = q + rr  # [4, 1, 1, 1]: forced block e of the row in thread e % 4
+            tl.store(o_row + tl.where(e < fb, e, W - fb - fe + e), tl.where(e < fb, e, n4 - fb - fe + e),
+                     mask=main[None, :, None, None] & (e < fb + fe))
+        short = row_ok & ~long
+        if tl.max(short.to(tl.int32), axis=0) > 0:
+            # identity rows: 0 .. n-1, then -1 (position p = 8 r + 4 c + v)
+            p = rr * 8 + tl.arange(0, 2)[None, None, :, None] * 4 + vv
+            tl.store(o_row + p, tl.where(p < n4, p, -1), mask=short[None, :, None, None] & (p < W))
+    else:
+        # output: each thread writes its chosen blocks in order after the earlier threads'
+        ml, mh = _thread_masks(chosen & (main | ~long)[None, :, None, None])
+        cnt = _popc(ml) + _popc(mh)  # [4, ROWS, 1, 1]
+        o_thr = o_row + _threads_before(cnt)
+        for k in range(tl.max(tl.max(tl.max(tl.max(cnt, axis=3), axis=2), axis=1), axis=0)):
+            low = ml != 0
+            w = tl.where(low, ml, mh)
+            j = _popc((w & (0 - w)) - 1) + tl.where(low, 0, 32)
+            tl.store(o_thr + k, id0 + j, mask=k < cnt)
+            ml = tl.where(low, ml & (ml - 1), ml)
+            mh = tl.where(low, mh, mh & (mh - 1))
+        short = row_ok & ~long
+        if tl.max(short.to(tl.int32), axis=0) > 0:
+            wc = tl.arange(0, W_P2)[None, :]
+            tl.store(out_ptr + rows.to(tl.int64)[:, None] * W + wc, tl.full([ROWS, W_P2], -1, tl.int32),
+                     mask=short[:, None] & (wc < W) & (wc >= n[:, None]))
     rest = long & ~main
     if tl.max(rest.to(tl.int32), axis=0) > 0:
-        # rare rows (NaN, -inf bound): one at a time on the lanes kernel's full-row path
+        # rare rows (NaN, -inf bound, more survivors than slots): one at a time on the lanes
+        # kernel's full-row path
         R: tl.constexpr = NC // 2
         jj = tl.arange(0, R)[:, None]
         ll = tl.arange(0, 32)[None, :]
@@ -222,12 +316,15 @@ def _topk_rows_kernel(
 
 
 ROWS_CONFIGS = {
-    "rows8": dict(ROWS=8, num_warps=1),
-    "rows32": dict(ROWS=32, num_warps=4),
-    "rows16": dict(ROWS=16, num_warps=2),
-    "rows64": dict(ROWS=64, num_warps=8),
+    "surv8": dict(ROWS=8, num_warps=1, SLOTS=16),
+    "surv16": dict(ROWS=16, num_warps=2, SLOTS=16),
+    "surv32": dict(ROWS=32, num_warps=4, SLOTS=16),
+    "rows8": dict(ROWS=8, num_warps=1, SLOTS=0),
+    "rows32": dict(ROWS=32, num_warps=4, SLOTS=0),
 }
-"""Named configurations of :func:`topk_rows_launch` (8 rows per warp: 4 threads per row)."""
+"""Named configurations of :func:`topk_rows_launch` (8 rows per warp: 4 threads per row):
+``surv*`` select among up to ``SLOTS`` survivors per thread, ``rows*`` (``SLOTS`` 0)
+bisect all 64 blocks of a thread."""
 
 ROWS_MAX_TILES = 256
 """Longest row (tiles) of the rows kernel; longer rows take the other methods."""
@@ -238,7 +335,7 @@ def topk_rows_supported(num_tiles: int, width: int) -> bool:
 
 
 def topk_rows_launch(max_score, output, query_positions, num_valid_pages: int, fb: int, fe: int,
-                     config: str = "rows32", slack: int = 2) -> None:
+                     config: str = "surv8", slack: int = 2) -> None:
     """Launches :func:`_topk_rows_kernel` on validated tensors (``num_tiles <= 256``, W <= 32)."""
     total_q, H, T = max_score.shape
     W = output.shape[2]
@@ -253,6 +350,7 @@ def topk_rows_launch(max_score, output, query_positions, num_valid_pages: int, f
         max_score, output, qpos,
         n_rows, T, num_valid_pages, H, fb, fe, W,
         ROWS=rows, NC=nc, W_P2=64, SLACK=slack, G1=max(16, triton.next_power_of_2(max(W - fb - fe, 1))),
+        SLOTS=cfg["SLOTS"],
         HAS_QPOS=query_positions is not None, FULL=nc * 16 == T,
         ALL_FULL=nc * 16 == T and query_positions is None and num_valid_pages >= T,
         num_warps=cfg["num_warps"] if not INTERPRET else 1,
