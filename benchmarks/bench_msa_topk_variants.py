@@ -2,11 +2,6 @@
 
     python benchmarks/bench_msa_topk_variants.py          # every shape and variant
     python benchmarks/bench_msa_topk_variants.py --bar    # the bar shape: default vs lanes
-    python benchmarks/bench_msa_topk_variants.py --rows   # the bar shape: lanes vs the rows kernel
-
-``--rows``: one launch of each rows configuration first (a compile error fails fast), then
-the bar with :data:`ROWS_VARIANTS` (``surv*``: exact step on up to 16 survivors per thread;
-``rows8``: on all 64 blocks of a thread) against the fast lanes kernel and 300 random cases.
 
 ``--bar``: 32768 x 4 x 256 (and the same with causal query positions), the classic
 ``lanes`` kernel against the ``fast`` one (slack 2; one row per one-warp program) and two
@@ -49,12 +44,6 @@ VARIANTS = [  # label, launcher keywords, tile counts it runs at (None: all)
 BAR_VARIANTS = [  # label, launcher keywords, checked on the random cases
     ("lanes classic slack2", dict(method="lanes", lanes_kernel="classic"), False),
     ("lanes fast slack2", dict(method="lanes", lanes_kernel="fast"), True),
-]
-ROWS_VARIANTS = [  # the random cases check lanes and surv8 only (each checked config compiles ~10 specializations)
-    ("lanes fast slack2", dict(method="lanes", lanes_kernel="fast"), True),
-    ("surv8 (1 warp, 16 slots)", dict(method="rows", rows_config="surv8"), True),
-    ("surv32 (4 warps, 16 slots)", dict(method="rows", rows_config="surv32"), False),
-    ("rows8 (1 warp, old exact)", dict(method="rows", rows_config="rows8"), False),
 ]
 
 
@@ -107,16 +96,15 @@ FLOORS = [  # label, launcher(scores, out)
 ]
 
 
-def bar(ceiling: float, total_q: int = 32768, variants=None) -> int:
+def bar(ceiling: float, total_q: int = 32768) -> int:
     """The bar shape (and its causal twin): times and exact checks; returns failures."""
-    variants = BAR_VARIANTS if variants is None else variants
     bad = 0
     tiles = 256
     nbytes = total_q * H * tiles * 4
     scores = [torch.randn(total_q, H, tiles, device="cuda") for _ in range(4)]
     scores[0][:, :, ::7] = 0.5  # ties across the threshold in the checked set
     out = torch.empty(total_q, H, K + 1, device="cuda", dtype=torch.int32)
-    outs = {label: torch.empty_like(out) for label, _, _ in variants}
+    outs = {label: torch.empty_like(out) for label, _, _ in BAR_VARIANTS}
     for causal in (False, True):
         qpos = None
         if causal:
@@ -127,7 +115,7 @@ def bar(ceiling: float, total_q: int = 32768, variants=None) -> int:
         shape = f"{total_q}x{H}x{tiles}" + (" causal" if causal else "")
         cases = {}
         exact = {}
-        for label, v, _ in variants:
+        for label, v, _ in BAR_VARIANTS:
             o = outs[label]
             o.fill_(-7)
             try:
@@ -156,7 +144,7 @@ def bar(ceiling: float, total_q: int = 32768, variants=None) -> int:
     return bad
 
 
-def l2_resident(total_q: int = 4096, variants=None) -> None:
+def l2_resident(total_q: int = 4096) -> None:
     """The bar's rows from one 16 MB score set that stays in the L2 (no rotation): the
     selection's compute cost with DRAM out of the way, printed per 32768 tokens to set
     beside the bar rows."""
@@ -165,8 +153,7 @@ def l2_resident(total_q: int = 4096, variants=None) -> None:
     out = torch.empty(total_q, H, K + 1, device="cuda", dtype=torch.int32)
     kw = dict(query_positions=None, num_valid_pages=tiles, topk=K, force_begin_blocks=0, force_end_blocks=1,
               force_blocks_count_in_topk=False)
-    variants = BAR_VARIANTS if variants is None else variants
-    cases = {label: (lambda v=v: tk.sparse_topk_select_triton(s, out, **kw, **v)) for label, v, _ in variants}
+    cases = {label: (lambda v=v: tk.sparse_topk_select_triton(s, out, **kw, **v)) for label, v, _ in BAR_VARIANTS}
     for label, fn in FLOORS:
         cases[label] = lambda fn=fn: fn(s, out)
     scale = 32768 / total_q
@@ -177,12 +164,12 @@ def l2_resident(total_q: int = 4096, variants=None) -> None:
         print(f"L2 {total_q}x{H}x{tiles:<9d} {label:28s} {t:8.1f} us, x{scale:.0f} = {t * scale:7.1f} us", flush=True)
 
 
-def random_checks(cases: int = 200, variants=None) -> int:
+def random_checks(cases: int = 200) -> int:
     """The variants marked in :data:`BAR_VARIANTS` on ``cases`` random cases (ties,
     NaN/+-inf/-0.0, forced blocks, short rows, query positions, lengths 17..256) against
     the reference; returns failures."""
     bad = 0
-    todo = [(label, v) for label, v, check in (BAR_VARIANTS if variants is None else variants) if check]
+    todo = [(label, v) for label, v, check in BAR_VARIANTS if check]
     ok = {label: 0 for label, _ in todo}
     rng = random.Random(99)
     gen = torch.Generator().manual_seed(99)
@@ -271,44 +258,8 @@ def run_shape(total_q: int, tiles: int, causal: bool, todo: list, ceiling: float
     return bad
 
 
-def rows_first_launch() -> int:
-    """One launch of each rows configuration on a small input (compiles it): failures."""
-    s = torch.randn(64, H, 256, device="cuda")
-    bad = 0
-    for label, v, _ in ROWS_VARIANTS[1:]:
-        out = torch.full((64, H, K + 1), -7, device="cuda", dtype=torch.int32)
-        try:
-            tk.sparse_topk_select_triton(s, out, query_positions=None, num_valid_pages=256, topk=K,
-                                         force_begin_blocks=0, force_end_blocks=1,
-                                         force_blocks_count_in_topk=False, **v)
-            torch.cuda.synchronize()
-            ok = torch.equal(out, topk_select_reference(s, query_positions=None, num_valid_pages=256, topk=K,
-                                                        force_begin_blocks=0, force_end_blocks=1,
-                                                        force_blocks_count_in_topk=False))
-            print(f"first launch {label:22s} {'exact' if ok else 'MISMATCH'}", flush=True)
-            bad += not ok
-        except Exception as exc:
-            print(f"first launch {label:22s} failed: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
-            bad += 1
-    return bad
-
-
 def main() -> int:
     torch.manual_seed(0)
-    if "--rows" in sys.argv:
-        if rows_first_launch():
-            print("rows kernel: first launch failed or MISMATCH, stopping")
-            return 1
-        from mate.testing.bench import measure_ceilings
-        ceiling = measure_ceilings()["copy_GBps"]
-        print(f"copy bandwidth {ceiling:.0f} GB/s (bar: 50% = {ceiling / 2:.0f} GB/s, "
-              f"{32768 * H * 256 * 4 / (ceiling / 2) / 1e3:.1f} us)")
-        print(f"{'shape':22s} {'variant':28s} {'us':>8s} {'GB/s':>7s} {'of copy':>7s}  check")
-        bad = bar(ceiling, variants=ROWS_VARIANTS)
-        l2_resident(variants=ROWS_VARIANTS)
-        bad += random_checks(300, variants=ROWS_VARIANTS)
-        print("all exact" if bad == 0 else f"{bad} MISMATCH or failed")
-        return int(bad != 0)
     ceiling = copy_gbps()
     print(f"copy bandwidth {ceiling:.0f} GB/s")
     print(f"{'shape':26s} {'variant':28s} {'us':>8s} {'GB/s':>7s} {'of copy':>7s}  check")

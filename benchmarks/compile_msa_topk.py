@@ -17,7 +17,6 @@ import triton
 from triton.compiler import ASTSource
 
 from mate.ops.msa import topk as tk
-from mate.ops.msa import topk_rows as tkr
 from mate.testing.sass import compile_sm90, divisibility_attrs
 
 VARIANTS = {  # name: (method, rows per program[, warps])
@@ -34,34 +33,7 @@ VARIANTS = {  # name: (method, rows per program[, warps])
     "lanes_novote": ("lanes_novote", 1),
     "lanes_fast": ("lanes_fast", 1),
     "lanes_fast_qpos": ("lanes_fast_qpos", 1),
-    "surv8": ("rows", "surv8"),
-    "surv16": ("rows", "surv16"),
-    "surv32": ("rows", "surv32"),
-    "surv8_qpos": ("rows_qpos", "surv8"),
-    "rows8": ("rows", "rows8"),
-    "rows32": ("rows", "rows32"),
 }
-
-
-def compile_rows(name: str, config: str, chunk: int, k: int, sass_dir: str | None) -> None:
-    """The rows kernel (four threads per row; ``config`` a key of its ``ROWS_CONFIGS``),
-    slack 2, top-k + 1 forced end block; full rows (no query positions) or causal ones;
-    num_tiles specialized as a multiple of 16."""
-    qpos = name.endswith("qpos")
-    cfg = dict(tkr.ROWS_CONFIGS[config])
-    rows = cfg["ROWS"]
-    sig = {"s_ptr": "*fp32", "out_ptr": "*i32", "qpos_ptr": "*i64", "n_rows": "i32", "num_tiles": "i32",
-           "num_valid_pages": "i32", "H": "i32", "fb": "i32", "fe": "i32", "W": "i32"}
-    nc = max(chunk, 32) // 16
-    constexprs = {"ROWS": rows, "NC": nc, "W_P2": 64, "SLACK": 2, "G1": max(16, triton.next_power_of_2(k)),
-                  "SLOTS": cfg["SLOTS"], "HAS_QPOS": qpos, "FULL": True, "ALL_FULL": not qpos}
-    sig.update({c: "constexpr" for c in constexprs})
-    aligned = ["s_ptr", "out_ptr", "qpos_ptr"] + (["num_tiles"] if chunk % 16 == 0 else [])
-    src = ASTSource(fn=tkr._topk_rows_kernel, signature=sig, constexprs=constexprs,
-                    attrs=divisibility_attrs(sig, aligned))
-    rep = compile_sm90(src, {"num_warps": cfg["num_warps"]}, out_dir=sass_dir, tag=f"topk_{name}_{chunk}",
-                       keep_text=True)
-    report(name, chunk, rows, cfg["num_warps"], rep)
 
 
 def compile_fast(name: str, method: str, chunk: int, k: int, sass_dir: str | None) -> None:
@@ -79,10 +51,6 @@ def compile_fast(name: str, method: str, chunk: int, k: int, sass_dir: str | Non
 
 def compile_one(name: str, chunk: int, k: int, sass_dir: str | None) -> None:
     method, rows, *warps = VARIANTS[name]
-    if method.startswith("rows"):
-        if chunk <= tkr.ROWS_MAX_TILES:
-            compile_rows(name, rows, chunk, k, sass_dir)
-        return
     if method.startswith("lanes_fast"):
         compile_fast(name, method, chunk, k, sass_dir)
         return

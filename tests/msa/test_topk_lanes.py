@@ -25,7 +25,7 @@ def _check_lanes(s, topk, kw, qpos, **extra):
                 force_blocks_count_in_topk=kw["force_blocks_count_in_topk"])
     ref = topk_select_reference(s, **args)
     out = poisoned(ref.shape, torch.int32, s.device)
-    sparse_topk_select_triton(s, out, **args, **{"method": "lanes", **extra})
+    sparse_topk_select_triton(s, out, **args, method="lanes", **extra)
     assert_equal(out, ref)
 
 

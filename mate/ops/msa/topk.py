@@ -56,6 +56,18 @@ prefetched, registers capped at 64; copy 4,179 GB/s, all exact) gained at most 5
 10-18% causal: P = 2 / 4 / 8 / 16 83.2 / 79.7 (40.3% of copy; 81.9 uncapped) / 80.2 / 84.8 us
 against one row 83.8 (38.3%) and classic 87.0, floor at P = 4 41.5; causal 103.6 / 97.3
 (98.6) / 96.5 / 101.2 against 87.8 and 93.6.
+
+Also tried and removed (H200, 2026-11-29), a rows-on-threads kernel: 4 threads per row, 8
+rows per warp, the bound from the row's 64 group maxima, blocks at or above it compacted
+into 16 slots per thread (``surv``; more survivors: the lanes full-row path), the exact
+step an fp32 bisection on the slots (~260-285 estimated warp-instructions per row against
+~365 for the fast kernel). Slower on plain rows and 2x slower on causal ones, where the
+rows of a warp differ in length; its compute cost is higher in the L2 too. 32768 x 4 x 256
+(copy 4,266 GB/s, all exact, 300 random cases exact): fast lanes 82.7 us (38.0% of copy),
+surv 1 warp 90.9 (34.6%), surv 4 warps 125.5, the exact step on all 64 blocks of a thread
+224.6; floors 81.1 (one row per one-warp program) / 41.1 (4 rows); causal 86.1 against
+166.9 / 365.0 / 302.5. Scores in the L2 (4096 tokens): 14.3 against 18.5 / 22.6 / 33.8,
+floors 13.2 / 8.4.
 """
 
 from __future__ import annotations
@@ -775,7 +787,6 @@ def sparse_topk_select_triton(
     lanes_slack: int = 2,
     lanes_vote: bool = True,
     lanes_kernel: str | None = None,
-    rows_config: str = "surv8",
 ) -> None:
     """Launches the selection on validated tensors (contiguous fp32 scores, int32 output).
     ``max_chunk`` (a power of two >= 16; default :data:`INTERVAL_MAX_CHUNK` for ``interval``,
@@ -792,21 +803,10 @@ def sparse_topk_select_triton(
     ``vote.ballot``.
     ``lanes_kernel`` (default :data:`LANES_KERNEL`) picks the ``lanes`` kernel: ``"classic"``
     (:func:`_topk_lanes_kernel`) or ``"fast"`` (:func:`_topk_lanes_fast_kernel`).
-    ``rows_per_program`` and ``num_warps`` override :func:`topk_config` (experiments).
-    ``method="rows"`` (experimental, :mod:`mate.ops.msa.topk_rows`: four threads per row,
-    ``rows_config`` a key of its ``ROWS_CONFIGS``) runs rows of up to 256 tiles and W <= 32,
-    ``lanes`` the others."""
+    ``rows_per_program`` and ``num_warps`` override :func:`topk_config` (experiments)."""
     method = TOPK_METHOD if method is None else method
     if lanes_kernel not in (None, "classic", "fast"):
         raise ValueError(f"lanes_kernel must be 'classic' or 'fast', got {lanes_kernel!r}")
-    if method == "rows":
-        from mate.ops.msa import topk_rows
-
-        if topk_rows.topk_rows_supported(max_score.shape[2], output.shape[2]) and max_score.shape[0]:
-            topk_rows.topk_rows_launch(max_score, output, query_positions, num_valid_pages, force_begin_blocks,
-                                       force_end_blocks, rows_config, lanes_slack)
-            return
-        method = "lanes"
     if method not in TOPK_METHODS:
         raise ValueError(f"method must be one of {TOPK_METHODS}, got {method!r}")
     if max_chunk is None:
