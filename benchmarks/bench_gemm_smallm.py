@@ -1,6 +1,6 @@
 """Small-M groupwise FP8 GEMM: ``auto`` against Gluon kernel candidates and DeepGEMM.
 
-    python benchmarks/bench_gemm_smallm.py [--budget SECONDS] [--only M,N,K]
+    python benchmarks/bench_gemm_smallm.py [--budget SECONDS] [--only M,N,K] [--kps]
 
 For each (M, N, K) it times, interleaved (``time_interleaved``, CUDA-graph replays over
 rotated inputs), ``gemm_fp8_nt_groupwise(backend="auto")``, each candidate config of the
@@ -11,7 +11,8 @@ the max relative error against the fp32 reference (max |out - ref| / max |ref|, 
 output) and whether two runs are bitwise equal; the note of each shape's first candidate
 holds its error with K-major scales. Compiles (candidates, DeepGEMM JIT) are warmed up in parallel worker processes
 first, which fill the on-disk caches.
-Candidate names: ``BMxBN stSTAGES`` (BLOCK_M 64: the two math warpgroups split the
+Candidate names: ``BMxBN stSTAGES[ kpsKPS]`` (KPS: K blocks per ring stage; ``--kps`` times
+``KPS_CANDIDATES`` instead of ``CANDIDATES``; BLOCK_M 64: the two math warpgroups split the
 columns; 128: the rows; the producer copies the scales into the ring for BLOCK_N <= 128).
 DeepGEMM's picks (DG_PRINT_CONFIGS, H200): (64, 2112, 7168) 64x16 16 stages,
 (64, 4096, 7168) 64x32 16, (128, 2112, 7168) 64x32 16, (128, 4096, 7168) 64x64 13,
@@ -39,9 +40,11 @@ SHAPES = ((64, 2112, 7168), (64, 4096, 7168), (128, 2112, 7168), (128, 4096, 716
           (64, 7168, 2048), (128, 7168, 2048), (64, 24576, 1536), (128, 24576, 1536))
 
 
-def _g(bm, bn, stages):
+def _g(bm, bn, stages, kps=1):
     cfg = {"GLUON": True, "BLOCK_M": bm, "BLOCK_N": bn, "num_stages": stages, "GROUP_M": 8, "num_warps": 4}
-    return f"{bm}x{bn} st{stages}", cfg
+    if kps > 1:
+        cfg["KPS"] = kps
+    return f"{bm}x{bn} st{stages}" + (f" kps{kps}" if kps > 1 else ""), cfg
 
 
 # tiles in the comments (132 SMs: one wave up to 132)
@@ -77,6 +80,18 @@ CANDIDATES = {
         _g(128, 128, 6),  # 192
         _g(128, 192, 4),  # 128, DeepGEMM's tile (scales one K block ahead)
     ]),
+}
+
+
+# --kps: K blocks per ring stage (KPS 2/4: half/a quarter of the barriers per K block) beside
+# the KPS 1 Gluon config they derive from (where auto is not already that config)
+KPS_CANDIDATES = {
+    (64, 2112, 7168): dict([_g(64, 32, 16), _g(64, 32, 8, 2), _g(64, 32, 4, 4)]),
+    (64, 4096, 7168): dict([_g(64, 32, 16), _g(64, 32, 8, 2), _g(64, 32, 4, 4)]),
+    (128, 2112, 7168): dict([_g(64, 32, 16), _g(64, 32, 8, 2), _g(64, 32, 4, 4)]),
+    (128, 4096, 7168): dict([_g(64, 64, 13), _g(64, 64, 6, 2), _g(128, 32, 5, 2)]),
+    (64, 7168, 2048): dict([_g(64, 64, 6, 2), _g(64, 32, 8, 2)]),  # auto: Gluon 64x64 st13
+    (128, 7168, 2048): dict([_g(128, 64, 4, 2), _g(64, 64, 6, 2)]),  # auto: Gluon 128x64 st8
 }
 
 
@@ -116,6 +131,11 @@ def _dg_fn(dg, x, out):
     return lambda: dg.fp8_gemm_nt((a, sa_dg), (b, sb), out)
 
 
+def _candidate(shape, name):
+    """A candidate's config (also in the spawned workers, which see neither table's --kps swap)."""
+    return {**CANDIDATES.get(shape, {}), **KPS_CANDIDATES.get(shape, {})}[name]
+
+
 def _warm(task):
     """Worker: one call of one implementation on one shape (fills the compile caches)."""
     shape, name = task
@@ -128,9 +148,9 @@ def _warm(task):
 
             _dg_fn(deep_gemm, x, out)()
         elif name.startswith("K-major "):
-            _mate_fn(_k_major(x), out, CANDIDATES[shape][name[8:]])()
+            _mate_fn(_k_major(x), out, _candidate(shape, name[8:]))()
         else:
-            _mate_fn(x, out, None if name == "auto" else CANDIDATES[shape][name])()
+            _mate_fn(x, out, None if name == "auto" else _candidate(shape, name))()
         torch.cuda.synchronize()
         return task, f"{time.time() - t0:.1f}s"
     except Exception as exc:
@@ -172,13 +192,17 @@ def main() -> int:
     ap.add_argument("--budget", type=float, default=105.0, help="seconds; later shapes are skipped past it")
     ap.add_argument("--only", default="", help="M,N,K of one shape")
     ap.add_argument("--no-warm", action="store_true", help="skip the parallel compile warm-up")
+    ap.add_argument("--kps", action="store_true", help="the KPS candidates (KPS_CANDIDATES) on their six shapes")
     args = ap.parse_args()
+    if args.kps:
+        CANDIDATES.clear()
+        CANDIDATES.update(KPS_CANDIDATES)
     t0 = time.time()
     from mate.ops.gemm import reference as R
     from mate.ops.gemm import tuning
     from mate.testing.bench import rotation_count, time_interleaved
 
-    shapes = [s for s in SHAPES if not args.only or ",".join(map(str, s)) == args.only]
+    shapes = [s for s in SHAPES if s in CANDIDATES and (not args.only or ",".join(map(str, s)) == args.only)]
     try:
         import deep_gemm as dg
     except Exception as exc:

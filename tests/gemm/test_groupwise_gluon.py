@@ -113,6 +113,17 @@ def test_gluon_rejects_unknown_tiles():
                              config={"BLOCK_M": 64, "BLOCK_N": 256})
 
 
+def test_gluon_rejects_bad_kps():
+    from mate.ops.gemm.groupwise_gluon import groupwise_gemm_gluon
+
+    a, b, sa, sb = fp8_block_operands(64, 192, 256)
+    out = torch.empty(64, 192, dtype=torch.bfloat16)
+    for kps in (0, 5, 2.0):
+        with pytest.raises(ValueError, match="KPS"):
+            groupwise_gemm_gluon(a, b, sa, (0, sa.stride(0), 1), sb, (0, sb.stride(0), 1), out, layout=PLAIN,
+                                 config={"BLOCK_M": 64, "BLOCK_N": 64, "KPS": kps})
+
+
 def test_grouped_default_config():
     cfg = tuning.grouped_config(4 * 8192, 4096, 7168)
     assert {**cfg, **cfg["GLUON"]}["BLOCK_N"] == 192 and cfg["GLUON"]["EPI_TMA"]
@@ -177,3 +188,50 @@ def test_auto_runs_gluon(m, monkeypatch):
                                        out=out, backend="auto")
         assert_close(out, ref, max_rel_error=1e-2, name=f"auto m={m} {mode}")
     assert calls == [64 if m <= 64 else 128] * 2
+
+
+# two (four) K blocks per ring stage: half (a quarter of) the mbarrier waits/arrivals and their CTA barriers
+KPS_CONFIGS = {
+    "64x32 st8 kps2": {"BLOCK_M": 64, "BLOCK_N": 32, "num_stages": 8, "KPS": 2},
+    "64x64 st6 kps2": {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 6, "KPS": 2},
+    "128x64 st4 kps2": {"BLOCK_M": 128, "BLOCK_N": 64, "num_stages": 4, "KPS": 2},
+    "128x32 st5 kps2": {"BLOCK_M": 128, "BLOCK_N": 32, "num_stages": 5, "KPS": 2},
+    "64x32 st4 kps4": {"BLOCK_M": 64, "BLOCK_N": 32, "num_stages": 4, "KPS": 4},
+}
+KPS_GROUPED = {
+    "128x192 st2 kps2 tma": {"BLOCK_N": 192, "num_stages": 2, "KPS": 2, "EPI_TMA": True},
+    "128x128 st2 kps2 tma": {"BLOCK_N": 128, "num_stages": 2, "KPS": 2, "EPI_TMA": True},
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="the Gluon kernel needs a Hopper GPU")
+@pytest.mark.parametrize("name", list(KPS_CONFIGS))
+@pytest.mark.parametrize("m,n,k", [
+    (1, 256, 128),  # one K block: the only stage's other blocks reload it with zero scales
+    (64, 2112, 1152),  # 9 K blocks (odd): a last stage with one block
+    (100, 4160, 7168),  # 56 K blocks (even); N not a multiple of 128
+])
+def test_gluon_plain_kps(name, m, n, k):
+    a, b, sa, sb = fp8_block_operands(m, n, k, "cuda")
+    ref = R.groupwise_fp32_ref(a, b, sa, sb)
+    for mode in ("K", "MN"):
+        out = poisoned((m, n), torch.bfloat16, "cuda")
+        if mode == "K":
+            _plain(a, b, sa, sb, out, KPS_CONFIGS[name])
+        else:
+            _plain(a, b, sa.t().contiguous().t(), sb.t().contiguous().t(), out, KPS_CONFIGS[name])
+        assert_close(out, ref, max_rel_error=1e-2, name=f"{name} {mode}")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="the Gluon kernel needs a Hopper GPU")
+@pytest.mark.parametrize("name", list(KPS_GROUPED))
+@pytest.mark.parametrize("rows,n,k,tail", [
+    ([300, 0, 128, 517], 4096, 1152, 0),  # padding rows, an empty group; 9 K blocks (odd)
+    ([129, 1000], 4160, 1024, 128),  # 8 K blocks (even); N not a multiple of 128; an all-padding tile
+    ([256, 128], 2112, 128, 0),  # one K block
+])
+def test_gluon_grouped_kps(name, rows, n, k, tail):
+    _grouped({"GLUON": True, "GROUP_M": 8, "BLOCK_M": 128, **KPS_GROUPED[name]},
+             *_grouped_operands(rows, n, k, "cuda", tail))

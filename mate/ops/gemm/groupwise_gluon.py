@@ -30,6 +30,15 @@ the schedule DeepGEMM uses, which plain Triton cannot express on sm_90:
   ``EPI_TMA`` tiles without padding rows go out by an asynchronous TMA store from shared
   memory, waited for before the buffer's next use.
 
+``KPS`` K blocks per ring stage (default 1): the producer loads KPS consecutive 128-wide K
+blocks (and their scales) into a stage under one expect-bytes, the consumers wait once, run
+the KPS wgmmas each followed by its own scaling, and release the stage once. Each mbarrier
+wait and arrival costs a consumer warpgroup a CTA-barrier (``bar.sync``) that Triton's
+shared-memory analysis inserts around it, which dominates the short K-block steps of narrow
+tiles (ncu, H200, (64, 4096, 7168), 64x32 st16: 41% of the stall cycles at a barrier);
+KPS 2 halves them per K block. With an odd count of K blocks the last stage's missing block
+reloads the last one with zero scales (its product adds 0).
+
 BLOCK_N 192 (BLOCK_M 128, two consumers) splits each warpgroup's 64 rows into a 128-column
 part and a 64-column part, each inside one weight-scale block, loaded into two rings (a tile
 that starts mid-block loads its first 64 columns into the small ring); both wgmmas are in
@@ -90,13 +99,14 @@ def _tile_expert(idx_ptr, pid_m, M, G, LAYOUT: gl.constexpr, BLOCK_M: gl.constex
 def _producer(a_desc, b_desc, b2_desc, idx_ptr, as_ptr, bs_ptr, a_bufs, b_bufs, b2_bufs, sa_bufs, sb_bufs, ready,
               empty, M, N, K, G, stride_asm, stride_ask, stride_bsg, stride_bsn, stride_bsk,
               LAYOUT: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr,
-              STAGES: gl.constexpr, WIDE: gl.constexpr):
+              STAGES: gl.constexpr, WIDE: gl.constexpr, KPS: gl.constexpr):
     IDX_L: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
     SC_L: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
     num_pid_m = gl.cdiv(M, BLOCK_M)
     num_pid_n = gl.cdiv(N, BLOCK_N)
     num_kb = K // BLOCK_K
-    nbytes: gl.constexpr = (BLOCK_M + BLOCK_N) * BLOCK_K
+    num_ks = gl.cdiv(num_kb, KPS)
+    nbytes: gl.constexpr = (BLOCK_M + BLOCK_N) * BLOCK_K * KPS
     it = 0
     for t in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
         pid_m, pid_n = tile_coords(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
@@ -114,21 +124,37 @@ def _producer(a_desc, b_desc, b2_desc, idx_ptr, as_ptr, bs_ptr, a_bufs, b_bufs, 
                 as_ptrs = as_ptr + offs_m.to(gl.int64) * stride_asm
                 bs_ptrs = (bs_ptr + expert.to(gl.int64) * stride_bsg + (pid_n * BLOCK_N // 128) * stride_bsn
                            + gl.zeros([BLOCK_M], gl.int32, SC_L))
-            for kb in range(num_kb):
+            for ks in range(num_ks):
                 s = it % STAGES
                 mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
                 if not WIDE:
+                    for j in gl.static_range(KPS):
+                        if KPS == 1:
+                            async_copy.async_copy_global_to_shared(sa_bufs.index(s), as_ptrs + ks * stride_ask,
+                                                                   mask=in_a)
+                            async_copy.async_copy_global_to_shared(sb_bufs.index(s), bs_ptrs + ks * stride_bsk)
+                        else:  # a K block past the end (odd count): zero scales, so its product adds 0
+                            kb = gl.minimum(ks * KPS + j, num_kb - 1)
+                            k_ok = (ks * KPS + j + gl.zeros([BLOCK_M], gl.int32, SC_L)) < num_kb
+                            async_copy.async_copy_global_to_shared(sa_bufs.index(s * KPS + j),
+                                                                   as_ptrs + kb * stride_ask, mask=in_a & k_ok)
+                            async_copy.async_copy_global_to_shared(sb_bufs.index(s * KPS + j),
+                                                                   bs_ptrs + kb * stride_bsk, mask=k_ok)
                     # each lane's pending arrival is counted on ``ready`` now, before the TMA
                     # expect's arrival, and completed when its copies have landed
-                    async_copy.async_copy_global_to_shared(sa_bufs.index(s), as_ptrs + kb * stride_ask, mask=in_a)
-                    async_copy.async_copy_global_to_shared(sb_bufs.index(s), bs_ptrs + kb * stride_bsk)
                     async_copy.mbarrier_arrive(ready.index(s), increment_count=True)
                 mbarrier.expect(ready.index(s), nbytes)
-                tma.async_copy_global_to_shared(a_desc, [a_row, kb * BLOCK_K], ready.index(s), a_bufs.index(s))
-                tma.async_copy_global_to_shared(b_desc, [b_row, kb * BLOCK_K], ready.index(s), b_bufs.index(s))
-                if WIDE:
-                    tma.async_copy_global_to_shared(b2_desc, [b2_row, kb * BLOCK_K], ready.index(s),
-                                                    b2_bufs.index(s))
+                for j in gl.static_range(KPS):
+                    # KPS > 1: a K block past the end reloads the last one (its scales are 0)
+                    kb = ks if KPS == 1 else gl.minimum(ks * KPS + j, num_kb - 1)
+                    slot = s if KPS == 1 else s * KPS + j
+                    tma.async_copy_global_to_shared(a_desc, [a_row, kb * BLOCK_K], ready.index(s),
+                                                    a_bufs.index(slot))
+                    tma.async_copy_global_to_shared(b_desc, [b_row, kb * BLOCK_K], ready.index(s),
+                                                    b_bufs.index(slot))
+                    if WIDE:
+                        tma.async_copy_global_to_shared(b2_desc, [b2_row, kb * BLOCK_K], ready.index(s),
+                                                        b2_bufs.index(slot))
                 it += 1
 
 
@@ -187,9 +213,9 @@ def _epilogue(c_ptr, idx_ptr, c_buf, c_desc, acc, m0, n0, M, N, expert, full, st
 def _narrow_tile(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_buf, c_desc, as_ptr, bs_ptr, c_ptr, idx_ptr, it,
                  pid_m, pid_n, expert, full, M, N, K, stride_asm, stride_ask, stride_bsg, stride_bsn, stride_bsk,
                  stride_cm, HALF: gl.constexpr, LAYOUT: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                 STAGES: gl.constexpr, SPLIT_N: gl.constexpr, EPI_TMA: gl.constexpr):
-    """One output tile (BLOCK_N <= 128), one wgmma per K block, the scales from the ring:
-    returns the ring counter."""
+                 STAGES: gl.constexpr, SPLIT_N: gl.constexpr, EPI_TMA: gl.constexpr, KPS: gl.constexpr):
+    """One output tile (BLOCK_N <= 128), one wgmma per K block (KPS per ring stage), the
+    scales from the ring: returns the ring counter."""
     SUB_M: gl.constexpr = BLOCK_M if SPLIT_N else BLOCK_M // 2
     SUB_N: gl.constexpr = BLOCK_N // 2 if SPLIT_N else BLOCK_N
     OFF_M: gl.constexpr = 0 if SPLIT_N else HALF * SUB_M
@@ -197,19 +223,23 @@ def _narrow_tile(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_buf, c_desc, 
     MMA_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                     instr_shape=[16, SUB_N, 32])
     ROW_L: gl.constexpr = gl.SliceLayout(1, MMA_L)
-    num_kb = K // BLOCK_K
+    num_ks = gl.cdiv(K // BLOCK_K, KPS)
     zero = gl.zeros([SUB_M, SUB_N], gl.float32, MMA_L)
     acc = zero
-    for _ in range(num_kb):
+    for _ in range(num_ks):
         s = it % STAGES
         mbarrier.wait(ready.index(s), (it // STAGES) & 1)
-        a_s, b_s = _operands(a_bufs, b_bufs, s, HALF, SUB_M, SUB_N, SPLIT_N)
-        prod = warpgroup_mma(a_s, b_s, zero, use_acc=False, is_async=True)
-        # read while the wgmma runs
-        sc = sa_bufs.index(s).slice(OFF_M, SUB_M).load(ROW_L) * sb_bufs.index(s).slice(OFF_M, SUB_M).load(ROW_L)
-        prod = warpgroup_mma_wait(num_outstanding=0, deps=(prod, ))
-        mbarrier.arrive(empty.index(s), count=1)
-        acc += prod * sc[:, None]
+        for j in gl.static_range(KPS):
+            slot = s if KPS == 1 else s * KPS + j
+            a_s, b_s = _operands(a_bufs, b_bufs, slot, HALF, SUB_M, SUB_N, SPLIT_N)
+            prod = warpgroup_mma(a_s, b_s, zero, use_acc=False, is_async=True)
+            # read while the wgmma runs
+            sc = (sa_bufs.index(slot).slice(OFF_M, SUB_M).load(ROW_L)
+                  * sb_bufs.index(slot).slice(OFF_M, SUB_M).load(ROW_L))
+            prod = warpgroup_mma_wait(num_outstanding=0, deps=(prod, ))
+            if j == KPS - 1:
+                mbarrier.arrive(empty.index(s), count=1)
+            acc += prod * sc[:, None]
         it += 1
     _epilogue(c_ptr, idx_ptr, c_buf, c_desc, acc, pid_m * BLOCK_M + OFF_M, pid_n * BLOCK_N + OFF_N, M, N, expert,
               full, stride_cm, LAYOUT, SUB_M, SUB_N, EPI_TMA)
@@ -220,7 +250,7 @@ def _narrow_tile(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_buf, c_desc, 
 def _wide_tile(a_bufs, b_bufs, b2_bufs, ready, empty, c_buf, c2_buf, c_desc, c2_desc, as_ptr, bs_ptr, c_ptr,
                idx_ptr, it, pid_m, pid_n, expert, full, M, N, K, stride_asm, stride_ask, stride_bsg, stride_bsn,
                stride_bsk, stride_cm, HALF: gl.constexpr, LAYOUT: gl.constexpr, BLOCK_M: gl.constexpr,
-               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, EPI_TMA: gl.constexpr):
+               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, EPI_TMA: gl.constexpr, KPS: gl.constexpr):
     """One 192-column output tile, the warpgroup's 64 rows in two column parts that each lie
     inside one 128-column weight-scale block: X (128 columns, ring ``b_bufs``) and Y (64,
     ``b2_bufs``). A tile that starts 64 columns into a scale block has Y first ([n0, n0 +
@@ -250,23 +280,29 @@ def _wide_tile(a_bufs, b_bufs, b2_bufs, ready, empty, c_buf, c2_buf, c_desc, c2_
     sy_n = gl.load(by_ptr, mask=y_ok, other=0.0)
     acc_x = zero_x
     acc_y = zero_y
-    for kb in range(num_kb):
-        sa = sa_n
-        sx = sx_n
-        sy = sy_n
-        more = kb + 1 < num_kb
-        sa_n = gl.load(as_ptrs + (kb + 1) * stride_ask, mask=in_a & more, other=0.0)
-        sx_n = gl.load(bx_ptr + (kb + 1) * stride_bsk, mask=x_ok & more, other=0.0)
-        sy_n = gl.load(by_ptr + (kb + 1) * stride_bsk, mask=y_ok & more, other=0.0)
-        s = it % STAGES
-        mbarrier.wait(ready.index(s), (it // STAGES) & 1)
-        a_s = a_bufs.index(s).slice(HALF * 64, 64, dim=0)
-        px = warpgroup_mma(a_s, b_bufs.index(s).permute((1, 0)), zero_x, use_acc=False, is_async=True)
-        py = warpgroup_mma(a_s, b2_bufs.index(s).permute((1, 0)), zero_y, use_acc=False, is_async=True)
-        px, py = warpgroup_mma_wait(num_outstanding=0, deps=(px, py))
-        mbarrier.arrive(empty.index(s), count=1)
-        acc_x += px * (sa * sx)[:, None]
-        acc_y += py * gl.convert_layout(sa * sy, gl.SliceLayout(1, LY))[:, None]
+    for ks in range(gl.cdiv(num_kb, KPS)):
+        for j in gl.static_range(KPS):
+            # KPS > 1: a K block past the end (odd count) has zero scales (``more`` false before it)
+            kb = ks * KPS + j
+            sa = sa_n
+            sx = sx_n
+            sy = sy_n
+            more = kb + 1 < num_kb
+            sa_n = gl.load(as_ptrs + (kb + 1) * stride_ask, mask=in_a & more, other=0.0)
+            sx_n = gl.load(bx_ptr + (kb + 1) * stride_bsk, mask=x_ok & more, other=0.0)
+            sy_n = gl.load(by_ptr + (kb + 1) * stride_bsk, mask=y_ok & more, other=0.0)
+            s = it % STAGES
+            if j == 0:
+                mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+            slot = s if KPS == 1 else s * KPS + j
+            a_s = a_bufs.index(slot).slice(HALF * 64, 64, dim=0)
+            px = warpgroup_mma(a_s, b_bufs.index(slot).permute((1, 0)), zero_x, use_acc=False, is_async=True)
+            py = warpgroup_mma(a_s, b2_bufs.index(slot).permute((1, 0)), zero_y, use_acc=False, is_async=True)
+            px, py = warpgroup_mma_wait(num_outstanding=0, deps=(px, py))
+            if j == KPS - 1:
+                mbarrier.arrive(empty.index(s), count=1)
+            acc_x += px * (sa * sx)[:, None]
+            acc_y += py * gl.convert_layout(sa * sy, gl.SliceLayout(1, LY))[:, None]
         it += 1
     _epilogue(c_ptr, idx_ptr, c_buf, c_desc, acc_x, m0, n0 + off_x, M, N, expert, full, stride_cm, LAYOUT, 64, 128,
               EPI_TMA)
@@ -280,7 +316,7 @@ def _consumer(a_bufs, b_bufs, b2_bufs, sa_bufs, sb_bufs, c_bufs, c2_bufs, ready,
               bs_ptr, c_ptr, idx_ptr, M, N, K, G, stride_asm, stride_ask, stride_bsg, stride_bsn, stride_bsk,
               stride_cm, HALF: gl.constexpr, LAYOUT: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               GROUP_M: gl.constexpr, STAGES: gl.constexpr, SPLIT_N: gl.constexpr, WIDE: gl.constexpr,
-              EPI_TMA: gl.constexpr):
+              EPI_TMA: gl.constexpr, KPS: gl.constexpr):
     IDX_L: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     num_pid_m = gl.cdiv(M, BLOCK_M)
     num_pid_n = gl.cdiv(N, BLOCK_N)
@@ -295,12 +331,12 @@ def _consumer(a_bufs, b_bufs, b2_bufs, sa_bufs, sb_bufs, c_bufs, c2_bufs, ready,
                 it = _wide_tile(a_bufs, b_bufs, b2_bufs, ready, empty, c_buf, c2_buf, c_desc, c2_desc, as_ptr, bs_ptr,
                                 c_ptr, idx_ptr, it, pid_m, pid_n, expert, full, M, N, K, stride_asm, stride_ask,
                                 stride_bsg, stride_bsn, stride_bsk, stride_cm, HALF, LAYOUT, BLOCK_M, BLOCK_N, STAGES,
-                                EPI_TMA)
+                                EPI_TMA, KPS)
             else:
                 it = _narrow_tile(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_buf, c_desc, as_ptr, bs_ptr, c_ptr,
                                   idx_ptr, it, pid_m, pid_n, expert, full, M, N, K, stride_asm, stride_ask,
                                   stride_bsg, stride_bsn, stride_bsk, stride_cm, HALF, LAYOUT, BLOCK_M, BLOCK_N,
-                                  STAGES, SPLIT_N, EPI_TMA)
+                                  STAGES, SPLIT_N, EPI_TMA, KPS)
     if EPI_TMA:
         tma.store_wait(0)
 
@@ -311,31 +347,34 @@ def fp8_groupwise_gluon_kernel(
     M, N, K, G,
     stride_asm, stride_ask, stride_bsg, stride_bsn, stride_bsk, stride_cm,
     LAYOUT: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr,
-    STAGES: gl.constexpr, EPI_TMA: gl.constexpr = False,
+    STAGES: gl.constexpr, EPI_TMA: gl.constexpr = False, KPS: gl.constexpr = 1,
 ):
     """Persistent grid (at most one program per SM); ``a_desc`` covers a [M, K] with blocks
     [BLOCK_M, 128], ``b_desc`` covers b as [G * N, K] with blocks [min(BLOCK_N, 128), 128]
     (BLOCK_N 192: ``b2_desc`` with blocks [64, 128], else unused); with ``EPI_TMA``
     ``c_desc`` covers c [M, N] with blocks [64, min(BLOCK_N, 128)] and ``c2_desc`` with
     blocks [64, 64] (BLOCK_N 192; unused otherwise). BLOCK_M 64: the warpgroups split the
-    columns (BLOCK_N 32..128); BLOCK_M 128: the rows (BLOCK_N 16..128 or 192)."""
+    columns (BLOCK_N 32..128); BLOCK_M 128: the rows (BLOCK_N 16..128 or 192). Each of the
+    ``STAGES`` ring stages holds ``KPS`` consecutive K blocks (one wait and one arrival)."""
     SPLIT_N: gl.constexpr = BLOCK_M == 64
     WIDE: gl.constexpr = BLOCK_N > 128
     gl.static_assert(BLOCK_M == 128 or BLOCK_M == 64)
     gl.static_assert(BLOCK_N <= 128 or (BLOCK_M == 128 and BLOCK_N == 192))
     gl.static_assert(not EPI_TMA or (not SPLIT_N and BLOCK_N >= 128))
+    gl.static_assert(KPS >= 1)
     BX: gl.constexpr = 128 if WIDE else BLOCK_N
-    a_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
-    b_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BX, BLOCK_K], b_desc.layout)
+    SLOTS: gl.constexpr = STAGES * KPS  # slot s * KPS + j: K block j of stage s
+    a_bufs = gl.allocate_shared_memory(gl.float8e4nv, [SLOTS, BLOCK_M, BLOCK_K], a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(gl.float8e4nv, [SLOTS, BX, BLOCK_K], b_desc.layout)
     if WIDE:
-        b2_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N - 128, BLOCK_K], b2_desc.layout)
+        b2_bufs = gl.allocate_shared_memory(gl.float8e4nv, [SLOTS, BLOCK_N - 128, BLOCK_K], b2_desc.layout)
         sa_bufs = a_bufs  # placeholders, never used
         sb_bufs = a_bufs
     else:
         b2_bufs = b_bufs
         SC_SL: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])  # per ring slot
-        sa_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], SC_SL)
-        sb_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], SC_SL)
+        sa_bufs = gl.allocate_shared_memory(gl.float32, [SLOTS, BLOCK_M], SC_SL)
+        sb_bufs = gl.allocate_shared_memory(gl.float32, [SLOTS, BLOCK_M], SC_SL)
     if EPI_TMA:
         c_bufs = gl.allocate_shared_memory(c_ptr.dtype.element_ty, [2, 64, BX], c_desc.layout)
         if WIDE:
@@ -354,13 +393,15 @@ def fp8_groupwise_gluon_kernel(
     gl.warp_specialize([
         (_consumer, (a_bufs, b_bufs, b2_bufs, sa_bufs, sb_bufs, c_bufs, c2_bufs, ready, empty, c_desc, c2_desc,
                      as_ptr, bs_ptr, c_ptr, idx_ptr, M, N, K, G, stride_asm, stride_ask, stride_bsg, stride_bsn,
-                     stride_bsk, stride_cm, 0, LAYOUT, BLOCK_M, BLOCK_N, GROUP_M, STAGES, SPLIT_N, WIDE, EPI_TMA)),
+                     stride_bsk, stride_cm, 0, LAYOUT, BLOCK_M, BLOCK_N, GROUP_M, STAGES, SPLIT_N, WIDE, EPI_TMA,
+                     KPS)),
         (_consumer, (a_bufs, b_bufs, b2_bufs, sa_bufs, sb_bufs, c_bufs, c2_bufs, ready, empty, c_desc, c2_desc,
                      as_ptr, bs_ptr, c_ptr, idx_ptr, M, N, K, G, stride_asm, stride_ask, stride_bsg, stride_bsn,
-                     stride_bsk, stride_cm, 1, LAYOUT, BLOCK_M, BLOCK_N, GROUP_M, STAGES, SPLIT_N, WIDE, EPI_TMA)),
+                     stride_bsk, stride_cm, 1, LAYOUT, BLOCK_M, BLOCK_N, GROUP_M, STAGES, SPLIT_N, WIDE, EPI_TMA,
+                     KPS)),
         (_producer, (a_desc, b_desc, b2_desc, idx_ptr, as_ptr, bs_ptr, a_bufs, b_bufs, b2_bufs, sa_bufs, sb_bufs,
                      ready, empty, M, N, K, G, stride_asm, stride_ask, stride_bsg, stride_bsn, stride_bsk, LAYOUT,
-                     BLOCK_M, BLOCK_N, GROUP_M, STAGES, WIDE)),
+                     BLOCK_M, BLOCK_N, GROUP_M, STAGES, WIDE, KPS)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -399,9 +440,11 @@ def groupwise_gemm_gluon(a, b, a_scale, a_scale_strides, b_scale, b_scale_stride
 
     ``config``: BLOCK_M (64: the two warpgroups split the columns, BLOCK_N 32, 64 or 128;
     128: they split the rows, BLOCK_N 16, 32, 64, 128 or 192), BLOCK_N, GROUP_M, num_stages
-    (ring slots) and EPI_TMA (TMA-store epilogue for tiles without padding rows; BLOCK_M 128
-    with BLOCK_N >= 128, ignored elsewhere and where the output's rows are not 16-byte
-    aligned). See the module docstring.
+    (ring stages), KPS (K blocks per ring stage, default 1; each stage holds KPS blocks,
+    waited for and released once, so shared memory grows with num_stages * KPS) and EPI_TMA
+    (TMA-store epilogue for tiles without padding rows; BLOCK_M 128 with BLOCK_N >= 128,
+    ignored elsewhere and where the output's rows are not 16-byte aligned). See the module
+    docstring.
     """
     M, K = a.shape
     N = b.shape[-2]
@@ -410,6 +453,9 @@ def groupwise_gemm_gluon(a, b, a_scale, a_scale_strides, b_scale, b_scale_stride
     if (bm, bn) not in {(64, 32), (64, 64), (64, 128), (128, 16), (128, 32), (128, 64), (128, 128), (128, 192)}:
         raise ValueError(f"the Gluon GEMM has no {bm}x{bn} tile (BLOCK_M 64: BLOCK_N 32, 64, 128; "
                          "BLOCK_M 128: 16, 32, 64, 128, 192)")
+    kps = config.get("KPS", 1)
+    if not isinstance(kps, int) or not 1 <= kps <= 4:
+        raise ValueError(f"the Gluon GEMM's KPS (K blocks per ring stage) must be 1, 2, 3 or 4, got {kps!r}")
     epi_tma = (bool(config.get("EPI_TMA", False)) and bm == 128 and bn >= 128
                and out.dim() == 2 and out.data_ptr() % 16 == 0 and (out.stride(0) * out.element_size()) % 16 == 0)
     tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
@@ -428,5 +474,5 @@ def groupwise_gemm_gluon(a, b, a_scale, a_scale_strides, b_scale, b_scale_stride
         M, N, K, G,
         a_scale_strides[1], a_scale_strides[2], *b_scale_strides, out.stride(-2),
         LAYOUT=layout, BLOCK_M=bm, BLOCK_N=bn, GROUP_M=config.get("GROUP_M", 8),
-        STAGES=config.get("num_stages", 4), EPI_TMA=epi_tma, num_warps=4, maxnreg=GLUON_MAX_REGS,
+        STAGES=config.get("num_stages", 4), EPI_TMA=epi_tma, KPS=kps, num_warps=4, maxnreg=GLUON_MAX_REGS,
     )
