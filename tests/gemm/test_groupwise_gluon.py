@@ -82,10 +82,10 @@ def test_grouped_default_falls_back_off_hopper():
 def test_auto_gluon_configs():
     """Gluon overrides only for bf16/fp16 output; the Triton config beside them is unchanged."""
     cfg = tuning.groupwise_config(64, 7168, 2048, fp8_out=False)
-    assert cfg["GLUON"] == {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 13}
+    assert cfg["GLUON"] == {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 6, "KPS": 2}
     assert (cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["SPLIT_K"], cfg["num_stages"]) == (64, 64, 1, 5)
     cfg = tuning.groupwise_config(100, 7168, 2048, fp8_out=False)
-    assert cfg["GLUON"] == {"BLOCK_M": 128, "BLOCK_N": 64, "num_stages": 8}
+    assert cfg["GLUON"] == {"BLOCK_M": 128, "BLOCK_N": 64, "num_stages": 4, "KPS": 2}
     assert (cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["SPLIT_K"], cfg["num_stages"]) == (64, 128, 1, 5)
     assert "GLUON" not in tuning.groupwise_config(64, 7168, 2048, fp8_out=True)
     assert "GLUON" not in tuning.groupwise_config(16, 7168, 2048, fp8_out=False)

@@ -351,7 +351,7 @@ def groupwise_gemm_triton(
     product during the next step, so a wgmma overlaps the scaling; default False) and
     GLUON (PLAIN/CONTIGUOUS layouts, bf16/fp16 output, on a Hopper GPU: the persistent
     warp-specialized kernel of ``groupwise_gluon.py`` with BLOCK_M, BLOCK_N, num_stages,
-    GROUP_M and EPI_TMA; SPLIT_K is ignored; elsewhere the
+    GROUP_M, EPI_TMA and KPS (K blocks per ring stage); SPLIT_K is ignored; elsewhere the
     option is ignored. True: the config as is; a dict: its keys override the config's for
     the Gluon kernel, whose other keys still serve the plain-Triton kernel elsewhere).
     """

@@ -58,6 +58,14 @@ math warpgroup on a 64-row tile, ``c2``: two, splitting its columns (64 rows) or
 
 The one-warpgroup tile (c1) is removed: where Gluon wins, c2 is within 0.1 us of it (8.3 vs
 8.2); at K = 7168 it beat c2 (64x32: 14.8 vs 15.7 us) but not the Triton kernel.
+ncu at (64, 4096, 7168) put 41% of the Gluon kernel's stall cycles at CTA barriers (Triton
+puts a bar.sync before each mbarrier arrive and wait, two per K block). With two or four K
+blocks per ring stage (``KPS``; one wait and one arrival per stage) the same run measured (us,
+auto / KPS 1 / KPS 2 / KPS 4 / DeepGEMM): (64, 2112, 7168) 10.8 / 15.1 / 14.0 / 13.4 / 9.9;
+(64, 4096, 7168) 14.4 / 15.9 / 15.0 / 14.5 / 11.8; (128, 2112, 7168) 12.4 / 15.5 / 14.4 / 13.8
+/ 10.8; (128, 4096, 7168) 16.5 / 16.8 (64x64 st13) / 16.0 (64x64 st6) / - / 13.1; so the
+barriers cost 7-12% there but do not explain the gap to DeepGEMM at K = 7168 (0.74-0.82x).
+The grouped 128x192 shape did not change (1878.7 us with KPS 2 against 1872.3).
 A swap-AB Gluon kernel without multicast (weights on the wgmma M side, TMA ring, split-K
 reduced by the last, every or a second program) was tried and removed: on the H200
 (2026-11-29, same bench; us, auto / best Triton candidate / best Gluon / DeepGEMM) (64, 2112,
@@ -120,9 +128,12 @@ GROUPWISE_OVERRIDES: dict[str, dict] = {
 # config above on Hopper GPUs (elsewhere, and for FP8 output, the Triton config runs).
 # Measured on the H200 (bench_gemm_smallm, see the module docstring): (64, 7168, 2048) 8.3 us
 # against 8.9 for Triton 64x64 st5; (128, 7168, 2048) 9.2 against 9.6 for Triton 64x128 st5.
+# Two K blocks per ring stage (KPS 2: one wait and one arrival, so half the bar.syncs per K
+# block) then took them to 8.0 (64x64 st6) and 8.9 (128x64 st4) against 8.3 / 9.3 for the
+# KPS 1 configs and DeepGEMM's 7.2 / 8.7 in the same run (bench_gemm_smallm --kps).
 GROUPWISE_GLUON: dict[str, dict] = {
-    "m64,7168,2048": {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 13},
-    "m128,7168,2048": {"BLOCK_M": 128, "BLOCK_N": 64, "num_stages": 8},
+    "m64,7168,2048": {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 6, "KPS": 2},
+    "m128,7168,2048": {"BLOCK_M": 128, "BLOCK_N": 64, "num_stages": 4, "KPS": 2},
 }
 
 
