@@ -2,6 +2,7 @@
 
     python benchmarks/bench_msa_topk_variants.py          # every shape and variant
     python benchmarks/bench_msa_topk_variants.py --bar    # the bar shape: default vs lanes
+    python benchmarks/bench_msa_topk_variants.py --warps  # the bar shape: fast vs NW one-row warps
 
 ``--bar``: 32768 x 4 x 256 (and the same with causal query positions), the classic
 ``lanes`` kernel against the ``fast`` one (slack 2; one row per one-warp program) and two
@@ -44,6 +45,14 @@ VARIANTS = [  # label, launcher keywords, tile counts it runs at (None: all)
 BAR_VARIANTS = [  # label, launcher keywords, checked on the random cases
     ("lanes classic slack2", dict(method="lanes", lanes_kernel="classic"), False),
     ("lanes fast slack2", dict(method="lanes", lanes_kernel="fast"), True),
+]
+WARPS_VARIANTS = [  # --warps: the fast kernel with NW one-row warps per program (topk_warps.py)
+    ("lanes fast 1 warp", dict(method="lanes", lanes_kernel="fast"), True),
+    ("warps2", dict(method="lanes", lanes_warps=2), True),
+    ("warps4", dict(method="lanes", lanes_warps=4), True),
+    ("warps8", dict(method="lanes", lanes_warps=8), True),
+    ("warps4 maxnreg32", dict(method="lanes", lanes_warps=4, lanes_maxnreg=32), True),
+    ("warps8 maxnreg32", dict(method="lanes", lanes_warps=8, lanes_maxnreg=32), True),
 ]
 
 
@@ -96,15 +105,16 @@ FLOORS = [  # label, launcher(scores, out)
 ]
 
 
-def bar(ceiling: float, total_q: int = 32768) -> int:
+def bar(ceiling: float, total_q: int = 32768, variants=None) -> int:
     """The bar shape (and its causal twin): times and exact checks; returns failures."""
+    variants = BAR_VARIANTS if variants is None else variants
     bad = 0
     tiles = 256
     nbytes = total_q * H * tiles * 4
     scores = [torch.randn(total_q, H, tiles, device="cuda") for _ in range(4)]
     scores[0][:, :, ::7] = 0.5  # ties across the threshold in the checked set
     out = torch.empty(total_q, H, K + 1, device="cuda", dtype=torch.int32)
-    outs = {label: torch.empty_like(out) for label, _, _ in BAR_VARIANTS}
+    outs = {label: torch.empty_like(out) for label, _, _ in variants}
     for causal in (False, True):
         qpos = None
         if causal:
@@ -115,7 +125,7 @@ def bar(ceiling: float, total_q: int = 32768) -> int:
         shape = f"{total_q}x{H}x{tiles}" + (" causal" if causal else "")
         cases = {}
         exact = {}
-        for label, v, _ in BAR_VARIANTS:
+        for label, v, _ in variants:
             o = outs[label]
             o.fill_(-7)
             try:
@@ -144,7 +154,7 @@ def bar(ceiling: float, total_q: int = 32768) -> int:
     return bad
 
 
-def l2_resident(total_q: int = 4096) -> None:
+def l2_resident(total_q: int = 4096, variants=None) -> None:
     """The bar's rows from one 16 MB score set that stays in the L2 (no rotation): the
     selection's compute cost with DRAM out of the way, printed per 32768 tokens to set
     beside the bar rows."""
@@ -153,7 +163,8 @@ def l2_resident(total_q: int = 4096) -> None:
     out = torch.empty(total_q, H, K + 1, device="cuda", dtype=torch.int32)
     kw = dict(query_positions=None, num_valid_pages=tiles, topk=K, force_begin_blocks=0, force_end_blocks=1,
               force_blocks_count_in_topk=False)
-    cases = {label: (lambda v=v: tk.sparse_topk_select_triton(s, out, **kw, **v)) for label, v, _ in BAR_VARIANTS}
+    cases = {label: (lambda v=v: tk.sparse_topk_select_triton(s, out, **kw, **v))
+             for label, v, _ in (BAR_VARIANTS if variants is None else variants)}
     for label, fn in FLOORS:
         cases[label] = lambda fn=fn: fn(s, out)
     scale = 32768 / total_q
@@ -164,17 +175,18 @@ def l2_resident(total_q: int = 4096) -> None:
         print(f"L2 {total_q}x{H}x{tiles:<9d} {label:28s} {t:8.1f} us, x{scale:.0f} = {t * scale:7.1f} us", flush=True)
 
 
-def random_checks(cases: int = 200) -> int:
+def random_checks(cases: int = 200, tiles=(17, 40, 100, 200, 256, 256), variants=None) -> int:
     """The variants marked in :data:`BAR_VARIANTS` on ``cases`` random cases (ties,
     NaN/+-inf/-0.0, forced blocks, short rows, query positions, lengths 17..256) against
     the reference; returns failures."""
     bad = 0
-    todo = [(label, v) for label, v, check in BAR_VARIANTS if check]
+    todo = [(label, v) for label, v, check in (BAR_VARIANTS if variants is None else variants) if check]
     ok = {label: 0 for label, _ in todo}
+    failed = set()
     rng = random.Random(99)
     gen = torch.Generator().manual_seed(99)
     for i in range(cases):
-        T = rng.choice([17, 40, 100, 200, 256, 256])
+        T = rng.choice(tiles)
         tq, h = rng.randint(1, 48), rng.randint(1, 4)
         levels = rng.choice([2, 3, 8, 64, None])
         if levels:
@@ -201,7 +213,13 @@ def random_checks(cases: int = 200) -> int:
         ref = topk_select_reference(s, **args)
         for label, v in todo:
             o = torch.full((tq, h, width), -7, dtype=torch.int32, device=s.device)
-            tk.sparse_topk_select_triton(s, o, **args, **v)
+            try:
+                tk.sparse_topk_select_triton(s, o, **args, **v)
+            except Exception as exc:  # counted as a mismatch; the other variants still run
+                if label not in failed:
+                    print(f"random cases {label:28s} failed: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+                failed.add(label)
+                continue
             ok[label] += bool(torch.equal(o, ref))
     for label, _ in todo:
         bad += cases - ok[label]
@@ -258,11 +276,39 @@ def run_shape(total_q: int, tiles: int, causal: bool, todo: list, ceiling: float
     return bad
 
 
+def fail_fast() -> int:
+    """One small launch of the 4-warp kernel against the reference (a build or launch error
+    stops the run before the long part)."""
+    s = torch.randn(37, 3, 256, device="cuda")
+    s[:, :, ::5] = 0.25
+    kw = dict(query_positions=None, num_valid_pages=256, topk=K, force_begin_blocks=1, force_end_blocks=1,
+              force_blocks_count_in_topk=False)
+    o = torch.full((37, 3, K + 2), -7, dtype=torch.int32, device="cuda")
+    try:
+        tk.sparse_topk_select_triton(s, o, **kw, method="lanes", lanes_warps=4)
+        torch.cuda.synchronize()
+    except Exception as exc:
+        print(f"fail-fast: warps4 failed: {type(exc).__name__}: {str(exc)[:400]}", flush=True)
+        return 1
+    ok = bool(torch.equal(o, topk_select_reference(s, **kw)))
+    print(f"fail-fast: warps4 37x3x256 {'exact' if ok else 'MISMATCH'}", flush=True)
+    return int(not ok)
+
+
 def main() -> int:
     torch.manual_seed(0)
     ceiling = copy_gbps()
     print(f"copy bandwidth {ceiling:.0f} GB/s")
     print(f"{'shape':26s} {'variant':28s} {'us':>8s} {'GB/s':>7s} {'of copy':>7s}  check")
+    if "--warps" in sys.argv:
+        bad = fail_fast()
+        if bad:
+            return 1
+        bad = bar(ceiling, variants=WARPS_VARIANTS)
+        l2_resident(variants=WARPS_VARIANTS)
+        bad += random_checks(tiles=(100, 256, 256), variants=WARPS_VARIANTS)
+        print("all exact" if bad == 0 else f"{bad} MISMATCH or failed")
+        return int(bad != 0)
     if "--bar" in sys.argv:
         bad = bar(ceiling)
         l2_resident()

@@ -33,6 +33,10 @@ VARIANTS = {  # name: (method, rows per program[, warps])
     "lanes_novote": ("lanes_novote", 1),
     "lanes_fast": ("lanes_fast", 1),
     "lanes_fast_qpos": ("lanes_fast_qpos", 1),
+    "lanes_warps2": ("lanes_warps", 2, 2),
+    "lanes_warps4": ("lanes_warps", 4, 4),
+    "lanes_warps8": ("lanes_warps", 8, 8),
+    "lanes_warps4_qpos": ("lanes_warps_qpos", 4, 4),
 }
 
 
@@ -49,8 +53,31 @@ def compile_fast(name: str, method: str, chunk: int, k: int, sass_dir: str | Non
     report(name, chunk, 1, 1, rep)
 
 
+def compile_warps(name: str, method: str, nw: int, chunk: int, sass_dir: str | None) -> None:
+    """The Gluon kernel of NW one-row warps per program (topk_warps.py), slack 2, full rows.
+    A correct build has no shared memory and no barrier (the warps never talk)."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from mate.ops.msa import topk_warps as tw
+    sig = {"s_ptr": "*fp32", "out_ptr": "*i32", "qpos_ptr": "*i64", "n_rows": "i32", "num_tiles": "i32",
+           "num_valid_pages": "i32", "H": "i32", "fb": "i32", "fe": "i32", "W": "i32"}
+    constexprs = {"R": max(chunk, 32) // 32, "NW": nw, "SLACK": 2, "HAS_QPOS": method.endswith("qpos"),
+                  "FULL": True}
+    sig.update({c: "constexpr" for c in constexprs})
+    src = GluonASTSource(fn=tw._topk_lanes_warps_kernel, signature=sig, constexprs=constexprs,
+                         attrs=divisibility_attrs(sig, ["s_ptr", "out_ptr", "qpos_ptr"]))
+    rep = compile_sm90(src, {"num_warps": nw}, out_dir=sass_dir, tag=f"topk_{name}_{chunk}", keep_text=True)
+    sync = sum(bool(re.search(r"\b(BAR|LDS|STS|MEMBAR)\b", ln)) for ln in rep.sass.splitlines())
+    report(name, chunk, nw, nw, rep)
+    print(f"{'':22s} shared {rep.shared} B, {sync} BAR/LDS/STS/MEMBAR instrs")
+
+
 def compile_one(name: str, chunk: int, k: int, sass_dir: str | None) -> None:
     method, rows, *warps = VARIANTS[name]
+    if method.startswith("lanes_warps"):
+        if chunk <= 256:
+            compile_warps(name, method, rows, chunk, sass_dir)
+        return
     if method.startswith("lanes_fast"):
         compile_fast(name, method, chunk, k, sass_dir)
         return

@@ -97,11 +97,60 @@ def test_lanes_fast_fallback_and_tie_rows(counted, device, triton_backend):
     _check_fast(s.to(device), 8, dict(kw, num_valid_pages=250), qpos, lanes_slack=0)
 
 
+def test_lanes_warps_cpu_path_and_bad_argument(device, triton_backend):
+    """``lanes_warps`` > 1 (Gluon, GPU only) runs the one-row fast kernel under the
+    interpreter: same exact result; other warp counts are refused."""
+    s, topk, kw, qpos = _random_case([100, 256], 8, 3, device)
+    _check_fast(s, topk, kw, qpos, lanes_warps=4)
+    with pytest.raises(ValueError, match="lanes_warps"):
+        _check_fast(s, topk, kw, qpos, lanes_warps=3)
+
+
+_SM90_BUILD = """
+import json, re, sys
+from triton.experimental.gluon._runtime import GluonASTSource
+from mate.ops.msa.topk_warps import _topk_lanes_warps_kernel
+from mate.testing.sass import compile_sm90, divisibility_attrs
+nw = int(sys.argv[1])
+sig = {"s_ptr": "*fp32", "out_ptr": "*i32", "qpos_ptr": "*i64", "n_rows": "i32", "num_tiles": "i32",
+       "num_valid_pages": "i32", "H": "i32", "fb": "i32", "fe": "i32", "W": "i32"}
+constexprs = {"R": 8, "NW": nw, "SLACK": 2, "HAS_QPOS": True, "FULL": True}
+sig.update({c: "constexpr" for c in constexprs})
+rep = compile_sm90(GluonASTSource(fn=_topk_lanes_warps_kernel, signature=sig, constexprs=constexprs,
+                                  attrs=divisibility_attrs(sig, ["s_ptr", "out_ptr", "qpos_ptr"])), {"num_warps": nw})
+print(json.dumps(dict(shared=rep.shared, local=rep.local, sync=len(re.findall(r"\\b(BAR|LDS|STS|MEMBAR)\\b", rep.sass)),
+                      votes=len(re.findall(r"\\bVOTE\\.ANY\\b", rep.sass)))))
+"""
+
+
+def test_lanes_warps_sm90_build_has_no_shared_memory_or_barrier():
+    """The 4-warp program compiles for sm_90 on the CPU (a child process without the
+    interpreter) with warps that never talk: no shared memory, no barrier, no spills, and
+    the ballots of the row."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
+    res = subprocess.run([sys.executable, "-c", _SM90_BUILD, "4"], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rep = json.loads(res.stdout.strip().splitlines()[-1])
+    assert rep["shared"] == 0 and rep["local"] == 0 and rep["sync"] == 0, rep
+    assert rep["votes"] >= 8, rep
+
+
 # ----------------------------------------------------------------------------- GPU
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", [dict(lanes_kernel="classic"), dict(lanes_kernel="fast")], ids=["classic", "fast"])
+@pytest.mark.parametrize("variant", [dict(lanes_kernel="classic"), dict(lanes_kernel="fast"),
+                                     dict(lanes_kernel="fast", lanes_warps=2), dict(lanes_kernel="fast", lanes_warps=4),
+                                     dict(lanes_kernel="fast", lanes_warps=8)],
+                         ids=["classic", "fast", "warps2", "warps4", "warps8"])
 def test_gpu_lanes_thousand_random_cases_with_ties(variant):
     rng = random.Random(777)
     gen = torch.Generator().manual_seed(777)

@@ -727,6 +727,10 @@ LANES_KERNEL = "fast"
 ``"classic"`` (:func:`_topk_lanes_kernel`, the same selection with more instructions per
 row)."""
 
+LANES_WARPS = 1
+"""One-row warps per program of the fast ``lanes`` kernel (1: :func:`_topk_lanes_fast_kernel`
+on the (token, head) grid; 2, 4, 8: :mod:`mate.ops.msa.topk_warps`)."""
+
 LANES_MAX_CHUNK = 256
 """Longest row (tiles, rounded up to a power of two) of the ``lanes`` kernel (one warp;
 up to 32 keys per thread); longer rows take ``interval``."""
@@ -787,6 +791,8 @@ def sparse_topk_select_triton(
     lanes_slack: int = 2,
     lanes_vote: bool = True,
     lanes_kernel: str | None = None,
+    lanes_warps: int | None = None,
+    lanes_maxnreg: int | None = None,
 ) -> None:
     """Launches the selection on validated tensors (contiguous fp32 scores, int32 output).
     ``max_chunk`` (a power of two >= 16; default :data:`INTERVAL_MAX_CHUNK` for ``interval``,
@@ -803,10 +809,18 @@ def sparse_topk_select_triton(
     ``vote.ballot``.
     ``lanes_kernel`` (default :data:`LANES_KERNEL`) picks the ``lanes`` kernel: ``"classic"``
     (:func:`_topk_lanes_kernel`) or ``"fast"`` (:func:`_topk_lanes_fast_kernel`).
+    ``lanes_warps`` (default :data:`LANES_WARPS`; 1, 2, 4 or 8) runs the fast kernel with that
+    many one-row warps per program (:mod:`mate.ops.msa.topk_warps`, Gluon, GPU only: under
+    the interpreter the one-row kernel runs); ``lanes_maxnreg`` caps its registers per thread
+    (sm_90 build: 48 uncapped, 42 resident warps per SM; no spills at 32 without query
+    positions, 64 warps).
     ``rows_per_program`` and ``num_warps`` override :func:`topk_config` (experiments)."""
     method = TOPK_METHOD if method is None else method
     if lanes_kernel not in (None, "classic", "fast"):
         raise ValueError(f"lanes_kernel must be 'classic' or 'fast', got {lanes_kernel!r}")
+    nw = LANES_WARPS if lanes_warps is None else lanes_warps
+    if nw not in (1, 2, 4, 8):
+        raise ValueError(f"lanes_warps must be 1, 2, 4 or 8, got {lanes_warps!r}")
     if method not in TOPK_METHODS:
         raise ValueError(f"method must be one of {TOPK_METHODS}, got {method!r}")
     if max_chunk is None:
@@ -822,6 +836,16 @@ def sparse_topk_select_triton(
         chunk = max(triton.next_power_of_2(max(T, 1)), 32)
         if chunk <= min(LANES_MAX_CHUNK, max_chunk) and W <= 32 and total_q and \
                 (LANES_KERNEL if lanes_kernel is None else lanes_kernel) == "fast":
+            if nw > 1 and not INTERPRET:
+                from mate.ops.msa.topk_warps import _topk_lanes_warps_kernel
+                _topk_lanes_warps_kernel[(triton.cdiv(n_rows, nw),)](
+                    max_score, output,
+                    query_positions if query_positions is not None else _dummy_positions(max_score.device),
+                    n_rows, T, num_valid_pages, H, force_begin_blocks, force_end_blocks, W,
+                    R=chunk // 32, NW=nw, SLACK=lanes_slack, HAS_QPOS=query_positions is not None,
+                    FULL=chunk == T, num_warps=nw, **({} if lanes_maxnreg is None else {"maxnreg": lanes_maxnreg}),
+                )
+                return
             _topk_lanes_fast_kernel[(total_q, H)](
                 max_score, output,
                 query_positions if query_positions is not None else _dummy_positions(max_score.device),

@@ -1,0 +1,267 @@
+"""The fast ``lanes`` top-k selection (:func:`mate.ops.msa.topk._topk_lanes_fast_kernel`)
+with NW one-row warps per program, in Gluon (the GPU only; the interpreter keeps the
+one-row Triton kernel).
+
+A one-warp program per row caps an SM at 32 resident warps (32 blocks per SM): half the
+warp slots stay empty. Here a program of NW warps selects NW rows, warp ``w`` the row
+``NW * pid + w``, with the one-row kernel's algorithm and instruction count per row. The
+warps never talk to each other: every per-row tensor has a layout whose warps hold copies
+(``size_per_thread`` covers the row, warps along a dimension of extent 1 in the tile), so
+the compiler sees replicated data and keeps every reduction inside a warp, while each
+warp actually loads its own row through a warp-dependent row index (``%tid.x / 32`` from
+inline PTX). Scalars therefore differ between warps, which only steers each warp's own
+branches (no shared memory, no barrier). Stores would be issued by warp 0 only on a
+replicated layout, so each store goes through a [NW, ...] layout with one warp per
+leading index, where warp ``w`` holds (and writes) its own row's values.
+"""
+
+from __future__ import annotations
+
+import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+
+@gluon.jit
+def _warp_id(x):
+    """This thread's warp in the program (``x``: any int32 scalar, unused)."""
+    return gl.inline_asm_elementwise("{ mov.u32 $0, %tid.x; shr.u32 $0, $0, 5; }", "=r,r", [x],
+                                     dtype=gl.int32, is_pure=True, pack=1)
+
+
+@gluon.jit
+def _popc(x):
+    return gl.inline_asm_elementwise("popc.b32 $0, $1;", "=r,r", [x.to(gl.int32, bitcast=True)],
+                                     dtype=gl.int32, is_pure=True, pack=1)
+
+
+@gluon.jit
+def _ballot(p):
+    """Per element: the bit mask of the lanes of its register whose ``p`` (int32) is nonzero."""
+    return gl.inline_asm_elementwise(
+        "{ .reg .pred q; setp.ne.u32 q, $1, 0; vote.sync.ballot.b32 $0, q, -1; }", "=r,r",
+        [p.to(gl.int32)], dtype=gl.uint32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _ballot_ge_f(s, t):
+    return gl.inline_asm_elementwise(
+        "{ .reg .pred q; setp.ge.f32 q, $1, $2; vote.sync.ballot.b32 $0, q, -1; }", "=r,f,f",
+        [s, gl.zeros_like(s) + t], dtype=gl.uint32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _max_nan(a, b):
+    return gl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@gluon.jit
+def _lane_keys(s):
+    bits = (s + 0.0).to(gl.int32, bitcast=True)
+    u = (bits ^ ((bits >> 31) | -2147483648)).to(gl.uint32, bitcast=True)
+    return gl.where(s != s, 0xFFC00000, u)
+
+
+@gluon.jit
+def _float_of_key(u):
+    ui = u.to(gl.int32, bitcast=True)
+    return (ui ^ (((~ui) >> 31) | -2147483648)).to(gl.float32, bitcast=True)
+
+
+@gluon.jit
+def _below_lane(b, lane):
+    return _popc(b & ((gl.full(lane.shape, 1, gl.uint32, lane.type.layout) << lane.to(gl.uint32)) - 1))
+
+
+@gluon.jit
+def _nth_lane(b, r):
+    p = gl.zeros_like(r)
+    for step in gl.static_range(5):
+        t = p + (16 >> step)
+        p = gl.where(_below_lane(b, t) <= r, t, p)
+    return p
+
+
+@gluon.jit
+def _lane_bisect(k, lo, clo, hm, K, SLACK: gl.constexpr):
+    while (clo > K + SLACK) & (lo != hm):
+        mid = lo + ((hm - lo) >> 1) + 1
+        c = gl.sum((k >= mid).to(gl.int32), axis=0)
+        if c >= K:
+            lo = mid
+            clo = c
+        else:
+            hm = mid - 1
+    return lo, clo
+
+
+@gluon.jit
+def _store_lanes(o_row, offs, vals, mask, NW: gl.constexpr):
+    """``o_row[offs] = vals`` where ``mask`` for [32] lane tensors, by every warp for its own row."""
+    LS: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [NW, 1], [1, 0])
+    L1: gl.constexpr = gl.SliceLayout(0, LS)
+    z = gl.zeros([NW, 32], gl.int32, LS)
+    o2 = gl.expand_dims(gl.convert_layout(offs, L1), 0) + z
+    v2 = gl.expand_dims(gl.convert_layout(vals, L1), 0) + z
+    m2 = gl.expand_dims(gl.convert_layout(mask.to(gl.int32), L1), 0) + z
+    gl.store(o_row + o2, v2, mask=m2 != 0)
+
+
+@gluon.jit
+def _store_row(o_row, offs, vals, mask, NW: gl.constexpr):
+    """:func:`_store_lanes` for [R, 32] tensors."""
+    R: gl.constexpr = offs.shape[0]
+    L3: gl.constexpr = gl.BlockedLayout([1, R, 1], [1, 1, 32], [NW, 1, 1], [2, 1, 0])
+    L2: gl.constexpr = gl.SliceLayout(0, L3)
+    z = gl.zeros([NW, R, 32], gl.int32, L3)
+    o3 = gl.expand_dims(gl.convert_layout(offs, L2), 0) + z
+    v3 = gl.expand_dims(gl.convert_layout(vals, L2), 0) + z
+    m3 = gl.expand_dims(gl.convert_layout(mask.to(gl.int32), L2), 0) + z
+    gl.store(o_row + o3, v3, mask=m3 != 0)
+
+
+@gluon.jit
+def _prefix_ballot(x, jj, lane):
+    """Inclusive prefix sum in block order (block ``32 j + l``) of the 0/1 int32 [R, 32] ``x``."""
+    mask = _ballot(x)
+    cnt = _popc(mask)
+    off = gl.associative_scan(cnt, 0, _add) - cnt
+    return off + _below_lane(mask, gl.expand_dims(lane, 0) + gl.zeros_like(x)) + x
+
+
+@gluon.jit
+def _add(a, b):
+    return a + b
+
+
+@gluon.jit
+def _sum2(x):
+    return gl.sum(gl.sum(x, axis=0), axis=0)
+
+
+@gluon.jit
+def _lanes_finish(kl, cand, src, tau0, C, fb, fe, n1, W, o_row, NW: gl.constexpr):
+    lane = gl.arange(0, 32, layout=kl.type.layout)
+    clo = gl.sum(cand.to(gl.int32), axis=0)
+    tau, clo = _lane_bisect(kl, tau0, clo, gl.maximum(gl.max(kl, axis=0), tau0), C, 0)
+    if clo > C:
+        eq = kl == tau
+        eball = gl.sum(eq.to(gl.uint32) << lane.to(gl.uint32), axis=0)
+        take = C - clo + _popc(eball)
+        chosen = (kl > tau) | (eq & (_below_lane(gl.zeros_like(lane).to(gl.uint32) + eball, lane) < take))
+    else:
+        chosen = kl >= tau
+    chosen = chosen & cand & (C > 0)
+    cball = gl.sum(chosen.to(gl.uint32) << lane.to(gl.uint32), axis=0)
+    slot = fb + _below_lane(gl.zeros_like(lane).to(gl.uint32) + cball, lane)
+    end = lane - fb
+    first = lane < fb
+    # the chosen candidates, then the forced blocks: 0 .. fb-1 first, n-fe .. n-1 last (disjoint slots)
+    _store_lanes(o_row, slot, src, chosen, NW)
+    _store_lanes(o_row, gl.where(first, lane, W - fe + end), gl.where(first, lane, n1 - fe + end),
+                 lane < fb + fe, NW)
+
+
+@gluon.jit
+def _lanes_full_row(u, jj, ll, n1, fb, fe, W, C, o_row, NW: gl.constexpr):
+    """The full-row fallback (NaN or more than 32 survivors): bisection on the row's keys
+    ``u`` ([R, 32]) with the forced blocks lifted to the top, from the smallest lane max of
+    the candidates (32 keys at or above it, so at least W), ties and slots by ballot prefixes."""
+    idx = jj * 32 + ll
+    lane = gl.arange(0, 32, layout=gl.SliceLayout(0, u.type.layout))
+    forced = ((idx - (n1 - fe)).to(gl.uint32) < fe.to(gl.uint32)) | (idx < fb)
+    uf = gl.where(forced, 0xFFFFFFFF, u)
+    u_lo = gl.where(forced, 0, u)
+    lm = gl.max(u_lo, axis=0)
+    lo = gl.min(lm, axis=0)
+    hm = gl.max(lm, axis=0)
+    if C == 0:
+        lo = 0xFFFFFFFF
+        hm = 0xFFFFFFFF
+    clo = _sum2((uf >= lo).to(gl.int32))
+    while (clo != W) & (lo != hm):
+        mid = lo + ((hm - lo) >> 1) + 1
+        c = _sum2((uf >= mid).to(gl.int32))
+        if c >= W:
+            lo = mid
+            clo = c
+        else:
+            hm = mid - 1
+    if clo > W:
+        eqf = uf == lo
+        take_f = W - clo + _sum2(eqf.to(gl.int32))
+        rank_f = _prefix_ballot(eqf.to(gl.int32), jj, lane) - 1
+        sel_f = (uf > lo) | (eqf & (rank_f < take_f))
+    else:
+        sel_f = uf >= lo
+    slot_f = _prefix_ballot(sel_f.to(gl.int32), jj, lane) - 1
+    _store_row(o_row, slot_f, idx, sel_f, NW)
+
+
+@gluon.jit
+def _lanes_warps_row(s_row, o_row, n1, fb, fe, W, R: gl.constexpr, NW: gl.constexpr, SLACK: gl.constexpr,
+                     FULL: gl.constexpr):
+    """:func:`mate.ops.msa.topk._lanes_fast_row` of one row (``n1 > W``) on this warp."""
+    L2: gl.constexpr = gl.BlockedLayout([R, 1], [1, 32], [NW, 1], [1, 0])
+    LL: gl.constexpr = gl.SliceLayout(0, L2)
+    jj = gl.expand_dims(gl.arange(0, R, layout=gl.SliceLayout(1, L2)), 1)
+    ll = gl.expand_dims(gl.arange(0, 32, layout=LL), 0)
+    ptrs = (s_row + ll) + jj * 32
+    if FULL:
+        if n1 >= R * 32:
+            s = gl.load(ptrs)
+        else:
+            s = gl.load(ptrs, mask=jj * 32 + ll < n1, other=float("-inf"))
+    else:
+        s = gl.load(ptrs, mask=jj * 32 + ll < n1, other=float("-inf"))
+    lane = gl.arange(0, 32, layout=LL)
+    C = W - fb - fe
+    m = _lane_keys(gl.reduce(s, 0, _max_nan))
+    m_hi = gl.max(m, axis=0)
+    if m_hi <= 0xFF800000:
+        tau0, _c0 = _lane_bisect(m, gl.min(m, axis=0), gl.to_tensor(32), m_hi, W, SLACK)
+        ball = _ballot_ge_f(s, _float_of_key(tau0))
+        S = gl.zeros_like(lane)
+        b = gl.zeros_like(lane).to(gl.uint32)
+        base = gl.zeros_like(lane)
+        jstar = gl.zeros_like(lane)
+        for j in gl.static_range(R):
+            bj = gl.sum(gl.where(jj == j, ball, 0), axis=0)
+            at = lane >= S
+            b = gl.where(at, bj, b)
+            base = gl.where(at, S, base)
+            jstar = gl.where(at, j, jstar)
+            S += _popc(bj)
+        S1 = gl.max(S, axis=0)
+        if S1 <= 32:
+            src = jstar * 32 + _nth_lane(b, lane - base)
+            cand = (lane < S) & (src >= fb) & (src < n1 - fe)
+            kl = gl.where(cand, _lane_keys(gl.load(s_row + src, mask=cand, other=0.0)), 0)
+            _lanes_finish(kl, cand, src, tau0, C, fb, fe, n1, W, o_row, NW)
+        else:
+            _lanes_full_row(_lane_keys(s), jj, ll, n1, fb, fe, W, C, o_row, NW)
+    else:
+        _lanes_full_row(_lane_keys(s), jj, ll, n1, fb, fe, W, C, o_row, NW)
+
+
+@gluon.jit(do_not_specialize=["n_rows", "num_tiles", "num_valid_pages", "H", "fb", "fe", "W"])
+def _topk_lanes_warps_kernel(
+    s_ptr, out_ptr, qpos_ptr,
+    n_rows, num_tiles, num_valid_pages, H, fb, fe, W,
+    R: gl.constexpr, NW: gl.constexpr, SLACK: gl.constexpr, HAS_QPOS: gl.constexpr, FULL: gl.constexpr,
+):
+    """Rows ``NW * pid + w`` (w: the warp) of the fast ``lanes`` selection (``W <= 32``)."""
+    row = gl.program_id(0) * NW + _warp_id(gl.program_id(0))
+    if row < n_rows:
+        n1 = num_valid_pages
+        if HAS_QPOS:
+            pos = gl.load(qpos_ptr + row // H)
+            n1 = gl.where(pos < 0, 0, gl.minimum(pos // 128 + 1, num_valid_pages)).to(gl.int32)
+        s_row = s_ptr + row.to(gl.int64) * num_tiles
+        o_row = out_ptr + row.to(gl.int64) * W
+        if n1 > W:
+            _lanes_warps_row(s_row, o_row, n1, fb, fe, W, R, NW, SLACK, FULL)
+        else:
+            LL: gl.constexpr = gl.SliceLayout(0, gl.BlockedLayout([1, 1], [1, 32], [NW, 1], [1, 0]))
+            wc = gl.arange(0, 32, layout=LL)
+            _store_lanes(o_row, wc, gl.where(wc < n1, wc, -1), wc < W, NW)
