@@ -13,6 +13,10 @@ inline PTX). Scalars therefore differ between warps, which only steers each warp
 branches (no shared memory, no barrier). Stores would be issued by warp 0 only on a
 replicated layout, so each store goes through a [NW, ...] layout with one warp per
 leading index, where warp ``w`` holds (and writes) its own row's values.
+
+Status (2026-11-29): compiled for sm_90 only (48 registers, no shared memory, no barrier);
+not yet run on a GPU, so not the default. ``benchmarks/bench_msa_topk_variants.py --warps``
+times it against the one-row kernel and checks it against the reference.
 """
 
 from __future__ import annotations
