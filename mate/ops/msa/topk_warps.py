@@ -21,9 +21,11 @@ times it against the one-row kernel and checks it against the reference.
 
 from __future__ import annotations
 
-import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+
+# layout-free element-wise and reduction helpers of the one-row kernel, shared as they are
+from mate.ops.msa.topk import _float_of_key, _lane_bisect, _lane_keys, _max_nan
 
 
 @gluon.jit
@@ -55,24 +57,6 @@ def _ballot_ge_f(s, t):
 
 
 @gluon.jit
-def _max_nan(a, b):
-    return gl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
-
-
-@gluon.jit
-def _lane_keys(s):
-    bits = (s + 0.0).to(gl.int32, bitcast=True)
-    u = (bits ^ ((bits >> 31) | -2147483648)).to(gl.uint32, bitcast=True)
-    return gl.where(s != s, 0xFFC00000, u)
-
-
-@gluon.jit
-def _float_of_key(u):
-    ui = u.to(gl.int32, bitcast=True)
-    return (ui ^ (((~ui) >> 31) | -2147483648)).to(gl.float32, bitcast=True)
-
-
-@gluon.jit
 def _below_lane(b, lane):
     return _popc(b & ((gl.full(lane.shape, 1, gl.uint32, lane.type.layout) << lane.to(gl.uint32)) - 1))
 
@@ -84,19 +68,6 @@ def _nth_lane(b, r):
         t = p + (16 >> step)
         p = gl.where(_below_lane(b, t) <= r, t, p)
     return p
-
-
-@gluon.jit
-def _lane_bisect(k, lo, clo, hm, K, SLACK: gl.constexpr):
-    while (clo > K + SLACK) & (lo != hm):
-        mid = lo + ((hm - lo) >> 1) + 1
-        c = gl.sum((k >= mid).to(gl.int32), axis=0)
-        if c >= K:
-            lo = mid
-            clo = c
-        else:
-            hm = mid - 1
-    return lo, clo
 
 
 @gluon.jit
