@@ -220,21 +220,30 @@ def _flex_row(ceilings, idx, q, k, v, table, T) -> dict:
                       time_us=None, note=f"failed: {exc}"[:200])
 
 
-def _decode_rows(ceilings: dict, B: int, ctx: int, dtype: torch.dtype) -> list[dict]:
-    rows = []
+def decode_inputs(B: int, ctx: int, dtype: torch.dtype, sel: int = TOPK) -> dict:
+    """The decode bar's inputs (seeded): a shuffled page table over a ``dtype`` NHD cache and,
+    per token and KV head, ``sel - 1`` distinct blocks from a random ranking + the own (last)
+    block; keys named as ``sparse_attention``'s arguments."""
     g = torch.Generator(device="cuda").manual_seed(1)
     nb = ctx // BLK
     pages = B * nb
     k = (torch.randn(pages, BLK, HKV, D, device="cuda", generator=g) * 0.5).to(dtype)
     v = (torch.randn(pages, BLK, HKV, D, device="cuda", generator=g) * 0.5).to(dtype)
     table = torch.randperm(pages, device="cuda", generator=g).to(torch.int32).view(B, nb).contiguous()
-    # 15 distinct blocks from a random score ranking + the own (last) block
     scores = torch.rand(B, HKV, nb - 1, device="cuda", generator=g)
-    idx = torch.cat([scores.topk(TOPK - 1, -1).indices,
+    idx = torch.cat([scores.topk(sel - 1, -1).indices,
                      torch.full((B, HKV, 1), nb - 1, device="cuda")], -1).to(torch.int32).contiguous()
     q = (torch.randn(B, HQ, D, device="cuda", generator=g) * 0.5).to(dtype)
-    qo = torch.arange(B + 1, dtype=torch.int32, device="cuda")
-    kvl = torch.full((B,), ctx, dtype=torch.int32, device="cuda")
+    return dict(q=q, k=k, v=v, kv_block_indexes=idx, page_table=table,
+                qo_indptr=torch.arange(B + 1, dtype=torch.int32, device="cuda"),
+                kv_lens=torch.full((B,), ctx, dtype=torch.int32, device="cuda"))
+
+
+def _decode_rows(ceilings: dict, B: int, ctx: int, dtype: torch.dtype) -> list[dict]:
+    rows = []
+    pb = decode_inputs(B, ctx, dtype)
+    q, k, v, idx, table = pb["q"], pb["k"], pb["v"], pb["kv_block_indexes"], pb["page_table"]
+    qo, kvl = pb["qo_indptr"], pb["kv_lens"]
     out_dtype = torch.bfloat16
     out = torch.empty(B, HQ, D, device="cuda", dtype=out_dtype)
     lse = torch.empty(B, HQ, device="cuda")

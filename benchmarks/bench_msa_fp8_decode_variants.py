@@ -27,6 +27,8 @@ lsum 86.7, kvh_fast 87.6, 2 stages 92.0, 4 stages 98.5; bf16 145.9 against 139.6
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
 import torch
 
@@ -34,7 +36,9 @@ from mate.ops.msa import sparse_attention as sa
 from mate.ops.msa import sparse_decode as sd
 from mate.testing.bench import time_fn, time_interleaved
 
-HQ, HKV, D, BLK = 64, 4, 128, 128
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_msa_attention import BLK, HKV, HQ, D, decode_inputs  # noqa: E402
+
 SEL = 16
 TOL = {torch.bfloat16: 2e-2, torch.float8_e4m3fn: 3e-2}
 
@@ -70,19 +74,8 @@ def copy_gbps() -> float:
 
 
 def problem(B: int, ctx: int, dtype: torch.dtype) -> dict:
-    g = torch.Generator(device="cuda").manual_seed(1)
-    nb = ctx // BLK
-    pages = B * nb
-    k = (torch.randn(pages, BLK, HKV, D, device="cuda", generator=g) * 0.5).to(dtype)
-    v = (torch.randn(pages, BLK, HKV, D, device="cuda", generator=g) * 0.5).to(dtype)
-    table = torch.randperm(pages, device="cuda", generator=g).to(torch.int32).view(B, nb).contiguous()
-    scores = torch.rand(B, HKV, nb - 1, device="cuda", generator=g)
-    idx = torch.cat([scores.topk(SEL - 1, -1).indices, torch.full((B, HKV, 1), nb - 1, device="cuda")],
-                    -1).to(torch.int32).contiguous()
-    q = (torch.randn(B, HQ, D, device="cuda", generator=g) * 0.5).to(dtype)
-    return dict(q=q, k=k, v=v, kv_block_indexes=idx, page_table=table,
-                qo_indptr=torch.arange(B + 1, dtype=torch.int32, device="cuda"),
-                kv_lens=torch.full((B,), ctx, dtype=torch.int32, device="cuda"))
+    """``bench_msa_attention``'s decode inputs with ``SEL`` selected blocks."""
+    return decode_inputs(B, ctx, dtype, SEL)
 
 
 def reference(pb: dict) -> tuple[torch.Tensor, torch.Tensor]:
