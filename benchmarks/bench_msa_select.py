@@ -111,7 +111,8 @@ def _bench_topk(ceilings: dict, total_q: int, tiles: int, rows: list[dict], caus
     shape = f"total_q={total_q} H={H} tiles={tiles} top16+1" + (" causal positions" if causal_positions else "")
     rows.append(record(ceilings, family=FAMILY, op="sparse_topk_select", shape=shape, impl="mate",
                        time_us=time_fn(fns, iters=50), nbytes=nbytes, dtype="fp32", ceiling="copy_GBps",
-                       note=f"default threshold method: {topk_mod.TOPK_METHOD}"))
+                       note=f"default threshold method: {topk_mod.TOPK_METHOD} "
+                            f"({topk_mod.LANES_WARPS} one-row warps per program)"))
     # every threshold method side by side (the launcher on the same validated tensors)
     for method in topk_mod.TOPK_METHODS:
         var = [lambda s=s, m=method: topk_mod.sparse_topk_select_triton(

@@ -44,13 +44,13 @@ VARIANTS = [  # label, launcher keywords, tile counts it runs at (None: all)
 ]
 BAR_VARIANTS = [  # label, launcher keywords, checked on the random cases
     ("lanes classic slack2", dict(method="lanes", lanes_kernel="classic"), False),
-    ("lanes fast slack2", dict(method="lanes", lanes_kernel="fast"), True),
+    ("lanes fast slack2", dict(method="lanes", lanes_kernel="fast", lanes_warps=1), True),
 ]
 WARPS_VARIANTS = [  # --warps: the fast kernel with NW one-row warps per program (topk_warps.py)
-    ("lanes fast 1 warp", dict(method="lanes", lanes_kernel="fast"), True),
-    ("warps2", dict(method="lanes", lanes_warps=2), True),
-    ("warps4", dict(method="lanes", lanes_warps=4), True),
-    ("warps8", dict(method="lanes", lanes_warps=8), True),
+    ("lanes fast 1 warp", dict(method="lanes", lanes_kernel="fast", lanes_warps=1), True),
+    ("warps2", dict(method="lanes", lanes_warps=2, lanes_maxnreg=0), True),
+    ("warps4", dict(method="lanes", lanes_warps=4, lanes_maxnreg=0), True),
+    ("warps8", dict(method="lanes", lanes_warps=8, lanes_maxnreg=0), True),
     ("warps4 maxnreg32", dict(method="lanes", lanes_warps=4, lanes_maxnreg=32), True),
     ("warps8 maxnreg32", dict(method="lanes", lanes_warps=8, lanes_maxnreg=32), True),
 ]

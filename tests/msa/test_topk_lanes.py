@@ -109,6 +109,7 @@ def test_lanes_warps_cpu_path_and_bad_argument(device, triton_backend):
 _SM90_BUILD = """
 import json, re, sys
 from triton.experimental.gluon._runtime import GluonASTSource
+from mate.ops.msa.topk import LANES_MAXNREG
 from mate.ops.msa.topk_warps import _topk_lanes_warps_kernel
 from mate.testing.sass import compile_sm90, divisibility_attrs
 nw = int(sys.argv[1])
@@ -117,7 +118,8 @@ sig = {"s_ptr": "*fp32", "out_ptr": "*i32", "qpos_ptr": "*i64", "n_rows": "i32",
 constexprs = {"R": 8, "NW": nw, "SLACK": 2, "HAS_QPOS": True, "FULL": True}
 sig.update({c: "constexpr" for c in constexprs})
 rep = compile_sm90(GluonASTSource(fn=_topk_lanes_warps_kernel, signature=sig, constexprs=constexprs,
-                                  attrs=divisibility_attrs(sig, ["s_ptr", "out_ptr", "qpos_ptr"])), {"num_warps": nw})
+                                  attrs=divisibility_attrs(sig, ["s_ptr", "out_ptr", "qpos_ptr"])),
+                   {"num_warps": nw, "maxnreg": LANES_MAXNREG})
 print(json.dumps(dict(shared=rep.shared, local=rep.local, sync=len(re.findall(r"\\b(BAR|LDS|STS|MEMBAR)\\b", rep.sass)),
                       votes=len(re.findall(r"\\bVOTE\\.ANY\\b", rep.sass)))))
 """
@@ -125,7 +127,7 @@ print(json.dumps(dict(shared=rep.shared, local=rep.local, sync=len(re.findall(r"
 
 def test_lanes_warps_sm90_build_has_no_shared_memory_or_barrier():
     """The 4-warp program compiles for sm_90 on the CPU (a child process without the
-    interpreter) with warps that never talk: no shared memory, no barrier, no spills, and
+    interpreter), at the default register cap, with warps that never talk: no shared memory, no barrier, no spills, and
     the ballots of the row."""
     import json
     import os
@@ -147,7 +149,7 @@ def test_lanes_warps_sm90_build_has_no_shared_memory_or_barrier():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", [dict(lanes_kernel="classic"), dict(lanes_kernel="fast"),
+@pytest.mark.parametrize("variant", [dict(lanes_kernel="classic"), dict(lanes_kernel="fast", lanes_warps=1),
                                      dict(lanes_kernel="fast", lanes_warps=2), dict(lanes_kernel="fast", lanes_warps=4),
                                      dict(lanes_kernel="fast", lanes_warps=8)],
                          ids=["classic", "fast", "warps2", "warps4", "warps8"])

@@ -14,9 +14,10 @@ branches (no shared memory, no barrier). Stores would be issued by warp 0 only o
 replicated layout, so each store goes through a [NW, ...] layout with one warp per
 leading index, where warp ``w`` holds (and writes) its own row's values.
 
-Status (2026-11-29): compiled for sm_90 only (48 registers, no shared memory, no barrier);
-not yet run on a GPU, so not the default. ``benchmarks/bench_msa_topk_variants.py --warps``
-times it against the one-row kernel and checks it against the reference.
+Status (2026-11-29, H200): the default of the ``lanes`` method (4 warps, capped at 32
+registers: 64 resident warps per SM). 32768 x 4 x 256 rows, top 16 + 1 forced: 62.3 us
+(50.6% of copy) against 82.6 for one-warp programs; exact on 1,000 random GPU cases with
+ties. Numbers per variant: :data:`mate.ops.msa.topk.LANES_WARPS`.
 """
 
 from __future__ import annotations
