@@ -72,8 +72,10 @@ def _groupwise_rows(ceilings, m, n, k, dg, dg_note):
     shape = f"M={m} N={n} K={k}"
     op = "gemm_fp8_nt_groupwise"
     outs = [torch.empty(m, n, dtype=torch.bfloat16, device="cuda") for _ in sets]
-    # MN-major scales: the activation scale is what cuBLAS wants in place
-    mn = [(a, b, sa.t().contiguous(), sb.t().contiguous()) for a, b, sa, sb in sets]
+    # "MN" mode with the layouts every backend reads in place: the activation scale M-major
+    # (as a per-token-group quantizer writes it) and the weight scale the transposed view of
+    # the checkpoint's K-major [nb, kb]
+    mn = [(a, b, sa.t().contiguous(), sb.t()) for a, b, sa, sb in sets]
     from mate.ops.gemm import tuning
 
     cases = []

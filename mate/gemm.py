@@ -386,9 +386,12 @@ def gemm_fp8_nt_groupwise(
     b : torch.Tensor
         [n, k] float8_e4m3fn (or e5m2), k contiguous.
     a_scale, b_scale : torch.Tensor
-        fp32, contiguous, with kb = k / 128 and nb = ceil(n / 128):
+        fp32, any strides, with kb = k / 128 and nb = ceil(n / 128):
         ``scale_major_mode="K"``: [m, kb] and [nb, kb]; ``"MN"``: [kb, m] and [kb, nb].
-        Both layouts are read in place.
+        The Triton kernels read any layout in place. The cuBLAS path reads an M-major
+        activation scale and a K-major weight scale in place (e.g. ``"MN"`` with a
+        contiguous [kb, m] ``a_scale`` and ``b_scale`` the transposed view of a contiguous
+        [nb, kb]); it copies a scale given in the other layout on every call.
     scale_major_mode : {"K", "MN"}, optional
         Inferred from the scale shapes when None; a ``ValueError`` asks for it when both
         readings fit.
@@ -462,8 +465,8 @@ def gemm_fp8_nt_groupwise(
     _check_granularity(scale_granularity_mnk)
     _check_k(k)
     kb, nb = k // _BLOCK, -(-n // _BLOCK)
-    check_tensor("a_scale", a_scale, dtype=torch.float32, ndim=2, contiguous=True)
-    check_tensor("b_scale", b_scale, dtype=torch.float32, ndim=2, contiguous=True)
+    check_tensor("a_scale", a_scale, dtype=torch.float32, ndim=2)
+    check_tensor("b_scale", b_scale, dtype=torch.float32, ndim=2)
     mode = _scale_mode(scale_major_mode, a_scale, b_scale, m, kb, nb)
     device = check_same_device(a=a, b=b, a_scale=a_scale, b_scale=b_scale, out=out, output_scale=output_scale)
     if output_scale is not None:

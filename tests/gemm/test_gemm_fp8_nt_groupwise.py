@@ -109,6 +109,25 @@ def test_groupwise_launcher_gets_views_in_place(device, triton_backend, monkeypa
     assert seen == dict(a=a.data_ptr(), b=b.data_ptr(), sa=sa_mn.data_ptr(), sb=sb_mn.data_ptr(), a_str=(0, 1, 64))
 
 
+@pytest.mark.parametrize("mode", ["K", "MN"])
+def test_groupwise_strided_scales(device, triton_backend, mode):
+    """Scales of any strides (transposed views, a column slice of a wider buffer) are read
+    in place by the kernel."""
+    m, n, k = 40, 200, 384
+    a, b, sa, sb = fp8_block_operands(m, n, k, device)
+    if mode == "K":  # [m, kb] as the view of an M-major buffer; [nb, kb] a slice of a wider one
+        sa_in = sa.t().contiguous().t()
+        wide = torch.full((sb.shape[0], sb.shape[1] + 5), float("nan"), device=device)
+        wide[:, 2:2 + sb.shape[1]] = sb
+        sb_in = wide[:, 2:2 + sb.shape[1]]
+    else:  # [kb, m] contiguous; [kb, nb] the transposed view of the K-major [nb, kb]
+        sa_in, sb_in = sa.t().contiguous(), sb.t()
+    assert not (sa_in.is_contiguous() and sb_in.is_contiguous())
+    out = poisoned((m, n), torch.bfloat16, device)
+    gemm.gemm_fp8_nt_groupwise(a, b, sa_in, sb_in, scale_major_mode=mode, out=out, backend="triton")
+    assert_close(out, _ref(a, b, sa, sb))
+
+
 # ------------------------------------------------------------------ errors
 
 

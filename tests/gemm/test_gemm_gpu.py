@@ -37,6 +37,10 @@ def test_groupwise_deepseek_shapes(m, nk, backend):
             gemm.gemm_fp8_nt_groupwise(a, b, sa.t().contiguous(), sb.t().contiguous(), scale_major_mode="MN",
                                        out=out, backend=backend)
         assert_close(out, ref, max_rel_error=1e-2, name=f"{backend} {mode}")
+    # the cuBLAS path's in-place layouts: M-major activation scale, K-major weight scale
+    out = poisoned((m, n), torch.bfloat16, "cuda")
+    gemm.gemm_fp8_nt_groupwise(a, b, sa.t().contiguous(), sb.t(), scale_major_mode="MN", out=out, backend=backend)
+    assert_close(out, ref, max_rel_error=1e-2, name=f"{backend} MN with a K-major weight-scale view")
 
 
 @pytest.mark.parametrize("m,n,k", [(1, 2112, 7168), (64, 7168, 2048), (300, 4096, 7168)])
