@@ -137,6 +137,7 @@ class AttentionStep:
         # scale folding: logits use q * k / (Q_SCALE * KV_SCALE), values v / KV_SCALE
         self.bmm1_scale = softmax_scale / (Q_SCALE * KV_SCALE)
         self.bmm2_scale = 1.0 / KV_SCALE
+        self.w_o32 = layer.w_o.float()  # the fp32 output projection, converted once
 
     def __call__(self) -> torch.Tensor:
         """The partial output [B, hidden] (fp32) of these heads: sum over ranks = the layer's."""
@@ -156,7 +157,7 @@ class AttentionStep:
                               cfg.context + 1, sparse_mla_top_k=cfg.top_k, out=self.out,
                               bmm1_scale=self.bmm1_scale, bmm2_scale=self.bmm2_scale, metadata=self.metadata)
         o = torch.einsum("bhl,hlv->bhv", self.out.view(B, Hs, LATENT), L.w_uv)  # [B, Hs, 128] bf16
-        return torch.einsum("bhv,dhv->bd", o.float(), L.w_o.float())  # row-parallel partial, fp32
+        return torch.einsum("bhv,dhv->bd", o.float(), self.w_o32)  # row-parallel partial, fp32
 
 
 def fp32_layer(L: Layer, cfg: Config) -> torch.Tensor:
@@ -205,6 +206,29 @@ def _time_step(fn, device: torch.device, iters: int = 20) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize()
     return (time.perf_counter() - t0) / iters * 1e6
+
+
+def _time_step_graph(fn, iters: int = 50) -> float:
+    """Microseconds per replay of ``fn`` captured in a CUDA graph (NCCL collectives
+    included), as a serving engine runs its decode step."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / iters * 1e3
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -262,16 +286,22 @@ def main(argv: list[str] | None = None) -> None:
         assert err32 < 0.1, err32
     if args.time:
         t_tp = _time_step(tp_step, device)
+        t_tp_graph = _time_step_graph(tp_step) if cuda else None
         if rank == 0:
             full = AttentionStep(build(cfg, slice(0, cfg.heads), device), cfg)
             t_one = _time_step(full, device)
-            print(f"time per step: {t_tp:.1f} us on {world} ranks, {t_one:.1f} us with all heads on one")
+            t_one_graph = _time_step_graph(full) if cuda else None
+            print(f"time per step (eager): {t_tp:.1f} us on {world} ranks, {t_one:.1f} us with all heads on one")
+            if cuda:
+                print(f"time per step (CUDA graph replay): {t_tp_graph:.1f} us on {world} ranks, "
+                      f"{t_one_graph:.1f} us with all heads on one")
             if args.json:
                 import json
 
                 payload = {"world_size": world, "device": torch.cuda.get_device_name(device) if cuda else "cpu",
                            "backend": dist.get_backend(), "config": dataclasses.asdict(cfg),
-                           "us_per_step_tp": t_tp, "us_per_step_one_rank_all_heads": t_one}
+                           "us_per_step_tp": t_tp, "us_per_step_one_rank_all_heads": t_one,
+                           "us_per_step_tp_graph": t_tp_graph, "us_per_step_one_rank_all_heads_graph": t_one_graph}
                 with open(args.json, "w") as f:
                     json.dump(payload, f, indent=2)
     dist.barrier()
