@@ -1,6 +1,6 @@
 """Small-M groupwise FP8 GEMM: ``auto`` against Gluon kernel candidates and DeepGEMM.
 
-    python benchmarks/bench_gemm_smallm.py [--budget SECONDS] [--only M,N,K] [--kps]
+    python benchmarks/bench_gemm_smallm.py [--budget SECONDS] [--only M,N,K] [--kps | --kint]
 
 For each (M, N, K) it times, interleaved (``time_interleaved``, CUDA-graph replays over
 rotated inputs), ``gemm_fp8_nt_groupwise(backend="auto")``, each candidate config of the
@@ -14,6 +14,9 @@ first, which fill the on-disk caches.
 Candidate names: ``BMxBN stSTAGES[ kpsKPS]`` (KPS: K blocks per ring stage; ``--kps`` times
 ``KPS_CANDIDATES`` instead of ``CANDIDATES``; BLOCK_M 64: the two math warpgroups split the
 columns; 128: the rows; the producer copies the scales into the ring for BLOCK_N <= 128).
+``kint BMxBN stSTAGES[ kpsKPS][ sSPLIT]``: the K-interleaved kernel (``groupwise_gluon_kint.py``:
+both math warpgroups own the whole tile and take alternate ring stages; SPLIT K splits over
+programs, reduced in split order by the tile's last unit); ``--kint`` times ``KINT_CANDIDATES``.
 DeepGEMM's picks (DG_PRINT_CONFIGS, H200): (64, 2112, 7168) 64x16 16 stages,
 (64, 4096, 7168) 64x32 16, (128, 2112, 7168) 64x32 16, (128, 4096, 7168) 64x64 13,
 (64, 7168, 2048) 64x64 13, (128, 7168, 2048) 64x112 9, (64, 24576, 1536) 64x96 2-CTA
@@ -45,6 +48,12 @@ def _g(bm, bn, stages, kps=1):
     if kps > 1:
         cfg["KPS"] = kps
     return f"{bm}x{bn} st{stages}" + (f" kps{kps}" if kps > 1 else ""), cfg
+
+
+def _k(bm, bn, stages, kps=1, split=1):
+    """A config of the K-interleaved kernel (groupwise_gluon_kint.py), split-K over programs."""
+    name, cfg = _g(bm, bn, stages, kps)
+    return "kint " + name + (f" s{split}" if split > 1 else ""), {**cfg, "KINT": True, "SPLIT_K": split}
 
 
 # tiles in the comments (132 SMs: one wave up to 132)
@@ -95,6 +104,16 @@ KPS_CANDIDATES = {
 }
 
 
+# --kint: the K-interleaved kernel (both math warpgroups own the tile, K stages alternate between
+# them; split-K over programs with the fused deterministic reduce), (tiles x splits) units in comments
+KINT_CANDIDATES = {
+    (64, 2112, 7168): dict([_k(64, 16, 16), _k(64, 16, 8, 2), _k(64, 32, 8, 2, 2), _k(64, 64, 6, 2, 4)]),  # 132 each
+    (64, 4096, 7168): dict([_k(64, 32, 16), _k(64, 32, 8, 2), _k(64, 64, 6, 2, 2), _k(64, 128, 3, 2, 4)]),  # 128
+    (128, 2112, 7168): dict([_k(64, 32, 8, 2), _k(64, 32, 16), _k(128, 32, 4, 2, 2), _k(64, 64, 6, 2, 2)]),  # 132
+    (128, 4096, 7168): dict([_k(64, 64, 6, 2), _k(128, 32, 4, 2), _k(128, 64, 3, 2, 2), _k(64, 128, 3, 2, 2)]),
+}
+
+
 def _operands(m, n, k, seed=0):
     g = torch.Generator(device=DEVICE).manual_seed(seed)
     a = torch.randn(m, k, device=DEVICE, generator=g).to(torch.float8_e4m3fn)
@@ -133,7 +152,7 @@ def _dg_fn(dg, x, out):
 
 def _candidate(shape, name):
     """A candidate's config (also in the spawned workers, which see neither table's --kps swap)."""
-    return {**CANDIDATES.get(shape, {}), **KPS_CANDIDATES.get(shape, {})}[name]
+    return {**CANDIDATES.get(shape, {}), **KPS_CANDIDATES.get(shape, {}), **KINT_CANDIDATES.get(shape, {})}[name]
 
 
 def _warm(task):
@@ -193,10 +212,11 @@ def main() -> int:
     ap.add_argument("--only", default="", help="M,N,K of one shape")
     ap.add_argument("--no-warm", action="store_true", help="skip the parallel compile warm-up")
     ap.add_argument("--kps", action="store_true", help="the KPS candidates (KPS_CANDIDATES) on their six shapes")
+    ap.add_argument("--kint", action="store_true", help="the K-interleaved kernel (KINT_CANDIDATES), K = 7168")
     args = ap.parse_args()
-    if args.kps:
+    if args.kps or args.kint:
         CANDIDATES.clear()
-        CANDIDATES.update(KPS_CANDIDATES)
+        CANDIDATES.update(KINT_CANDIDATES if args.kint else KPS_CANDIDATES)
     t0 = time.time()
     from mate.ops.gemm import reference as R
     from mate.ops.gemm import tuning

@@ -22,6 +22,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
 
 from mate.ops.gemm import groupwise_gluon as gg
+from mate.ops.gemm import groupwise_gluon_kint as gk
 from mate.testing.sass import SMEM_LIMIT, compile_sm90, divisibility_attrs
 
 PATTERN = re.compile(r"\b(QGMMA\.\S+|UTMALDG\S*|SYNCS\.\S+|BAR\.\S+|WARPGROUP\.\S+|STL\S*|LDL\S*|USETMAXREG\S*)")
@@ -57,6 +58,23 @@ CONFIGS = {
     "plain 64x32 st4 kps4 MN": (0, 64, 32, 4, False, True, 4),
     "contig 128x192 st2 kps2 tma": (1, 128, 192, 2, True, False, 2),
     "contig 128x128 st2 kps2 tma": (1, 128, 128, 2, True, False, 2),
+}
+# the K-interleaved kernel (groupwise_gluon_kint.py), MN-major scales:
+# name: (BLOCK_M, BLOCK_N, STAGES, KPS, SPLIT_K)
+KINT_CONFIGS = {
+    "kint 64x16 st16": (64, 16, 16, 1, 1),
+    "kint 64x16 st8 kps2": (64, 16, 8, 2, 1),
+    "kint 64x32 st16": (64, 32, 16, 1, 1),
+    "kint 64x32 st8 kps2": (64, 32, 8, 2, 1),
+    "kint 64x64 st6 kps2": (64, 64, 6, 2, 1),
+    "kint 64x64 st6 kps2 s2": (64, 64, 6, 2, 2),
+    "kint 64x64 st6 kps2 s4": (64, 64, 6, 2, 4),
+    "kint 64x128 st3 kps2 s2": (64, 128, 3, 2, 2),
+    "kint 64x128 st3 kps2 s4": (64, 128, 3, 2, 4),
+    "kint 64x32 st8 kps2 s2": (64, 32, 8, 2, 2),
+    "kint 128x32 st4 kps2": (128, 32, 4, 2, 1),
+    "kint 128x32 st4 kps2 s2": (128, 32, 4, 2, 2),
+    "kint 128x64 st3 kps2 s2": (128, 64, 3, 2, 2),
 }
 # spills accepted: 12 tile-level values (48 B) stored outside the K loop, reloaded once per
 # tile; the K loop itself has none (the two K blocks of a stage, unrolled, hold more registers)
@@ -105,6 +123,28 @@ def compile_one(name, layout, bm, bn, stages, epi_tma=False, mn=False, kps=1, ou
     return rep.shared <= SMEM_LIMIT and has_mma and (rep.spills == 0 or name in SPILL_OK) and not rep.ptxas_warnings
 
 
+def compile_kint(name, bm, bn, stages, kps, split, out_dir=None, keep=False) -> bool:
+    sig = {"a_desc": _desc_type(bm), "b_desc": _desc_type(bn), "as_ptr": "*fp32", "bs_ptr": "*fp32",
+           "c_ptr": "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32",
+           "stride_asm": "i32", "stride_ask": "i32", "stride_bsn": "i32", "stride_bsk": "i32", "stride_cm": "i32"}
+    constexprs = {"BLOCK_M": bm, "BLOCK_N": bn, "GROUP_M": 8, "STAGES": stages, "KPS": kps, "SPLIT_K": split,
+                  "FUSED": split > 1, "stride_asm": 1, "stride_bsn": 1}
+    sig.update({k: "constexpr" for k in constexprs})
+    aligned = ("as_ptr", "bs_ptr", "c_ptr", "ws_ptr", "cnt_ptr", "N", "K", "stride_ask", "stride_cm")
+    src = GluonASTSource(fn=gk.fp8_groupwise_kint_kernel, signature=sig, constexprs=constexprs,
+                         attrs=divisibility_attrs(sig, aligned))
+    rep = compile_sm90(src, {"num_warps": 4, "maxnreg": gg.GLUON_MAX_REGS}, pattern=PATTERN, out_dir=out_dir,
+                       tag=re.sub(r"\W+", "_", name), ptxas=True, keep_text=keep)
+    print(f"{name}: {rep.registers} registers (launch), stack {rep.stack} B, local {rep.local} B, "
+          f"{rep.spills} spill instructions, shared {rep.shared} B ({rep.shared / 1024:.0f} KB)")
+    for w in rep.ptxas_warnings:
+        print("    ptxas:", w)
+    for k, n in sorted(rep.counts.items()):
+        print(f"    {k}: {n}")
+    has_mma = any(k.startswith("QGMMA") for k in rep.counts)
+    return rep.shared <= SMEM_LIMIT and has_mma and rep.spills == 0 and not rep.ptxas_warnings
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None, help="where to keep the cubins and PTX (default: a temporary folder)")
@@ -120,6 +160,14 @@ def main() -> int:
         try:
             ok &= compile_one(name, *cfg, out_dir=out_dir, keep=args.keep)
         except Exception as exc:  # report every config, then fail
+            print(f"{name}: FAILED {type(exc).__name__}: {str(exc)[:2000]}")
+            ok = False
+    for name, cfg in KINT_CONFIGS.items():
+        if args.only and args.only not in name:
+            continue
+        try:
+            ok &= compile_kint(name, *cfg, out_dir=out_dir, keep=args.keep)
+        except Exception as exc:
             print(f"{name}: FAILED {type(exc).__name__}: {str(exc)[:2000]}")
             ok = False
     print("cubins in", out_dir)

@@ -235,3 +235,119 @@ def test_gluon_plain_kps(name, m, n, k):
 def test_gluon_grouped_kps(name, rows, n, k, tail):
     _grouped({"GLUON": True, "GROUP_M": 8, "BLOCK_M": 128, **KPS_GROUPED[name]},
              *_grouped_operands(rows, n, k, "cuda", tail))
+
+
+# ----------------------------------------------------------------------------- K-interleaved kernel
+# (groupwise_gluon_kint.py: both math warpgroups own the tile, K blocks alternate between them)
+KINT_CONFIGS = {
+    "kint 64x16 st8 kps2": {"BLOCK_M": 64, "BLOCK_N": 16, "num_stages": 8, "KPS": 2},
+    "kint 64x32 st16": {"BLOCK_M": 64, "BLOCK_N": 32, "num_stages": 16},
+    "kint 64x64 st6 kps2 s4": {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 6, "KPS": 2, "SPLIT_K": 4},
+    "kint 128x32 st4 kps2 s2": {"BLOCK_M": 128, "BLOCK_N": 32, "num_stages": 4, "KPS": 2, "SPLIT_K": 2},
+    "kint 64x128 st3 kps2 s2 launch": {"BLOCK_M": 64, "BLOCK_N": 128, "num_stages": 3, "KPS": 2, "SPLIT_K": 2,
+                                       "REDUCE": "launch"},
+}
+
+
+def _kint(a, b, sa, sb, out, cfg, num_sms=None):
+    from mate.ops.gemm.groupwise_gluon import groupwise_gemm_gluon
+
+    groupwise_gemm_gluon(a, b, sa, (0, sa.stride(0), sa.stride(1)), sb, (0, sb.stride(0), sb.stride(1)), out,
+                         layout=PLAIN, config={"KINT": True, "GROUP_M": 8, **cfg}, num_sms=num_sms)
+
+
+def test_kint_config_falls_back_off_hopper():
+    """Off Hopper a KINT config runs the plain-Triton kernel (its SPLIT_K included)."""
+    if _hopper():
+        pytest.skip("covered by the GPU tests")
+    a, b, sa, sb = fp8_block_operands(64, 192, 512)
+    out = poisoned((64, 192), torch.bfloat16, "cpu")
+    _plain(a, b, sa, sb, out, {**KINT_CONFIGS["kint 64x64 st6 kps2 s4"], "KINT": True})
+    assert_close(out, R.groupwise_fp32_ref(a, b, sa, sb), max_rel_error=1e-2)
+
+
+def test_kint_rejects_bad_configs():
+    from mate.ops.gemm.groupwise_gluon import groupwise_gemm_gluon
+
+    a, b, sa, sb = fp8_block_operands(64, 192, 256)
+    out = torch.empty(64, 192, dtype=torch.bfloat16)
+    bad = [({"BLOCK_M": 128, "BLOCK_N": 128}, "no 128x128 tile"), ({"BLOCK_M": 64, "BLOCK_N": 16, "KPS": 5}, "KPS"),
+           ({"BLOCK_M": 64, "BLOCK_N": 16, "SPLIT_K": 0}, "SPLIT_K")]
+    for cfg, msg in bad:
+        with pytest.raises(ValueError, match=msg):
+            _kint(a, b, sa, sb, out, cfg)
+    with pytest.raises(ValueError, match="PLAIN"):
+        groupwise_gemm_gluon(a, b, sa, (0, sa.stride(0), 1), sb, (0, sb.stride(0), 1), out, layout=CONTIGUOUS,
+                             config={"KINT": True, "BLOCK_M": 64, "BLOCK_N": 16})
+
+
+_KINT_SM90_BUILD = """
+import json
+from triton.experimental.gluon._runtime import GluonASTSource
+from mate.ops.gemm import groupwise_gluon_kint as gk
+from mate.ops.gemm.groupwise_gluon import GLUON_MAX_REGS
+from mate.testing.sass import compile_sm90, divisibility_attrs
+from triton.experimental.gluon import language as gl
+
+def desc(rows):
+    layout = gl.NVMMASharedLayout.get_default_for([rows, 128], gl.float8e4nv)
+    return f"tensordesc<fp8e4nv[{rows}, 128],{layout}>"
+
+sig = {"a_desc": desc(64), "b_desc": desc(64), "as_ptr": "*fp32", "bs_ptr": "*fp32", "c_ptr": "*bf16",
+       "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "stride_asm": "i32",
+       "stride_ask": "i32", "stride_bsn": "i32", "stride_bsk": "i32", "stride_cm": "i32"}
+cx = {"BLOCK_M": 64, "BLOCK_N": 64, "GROUP_M": 8, "STAGES": 6, "KPS": 2, "SPLIT_K": 2, "FUSED": True}
+sig.update({c: "constexpr" for c in cx})
+rep = compile_sm90(GluonASTSource(fn=gk.fp8_groupwise_kint_kernel, signature=sig, constexprs=cx,
+                                  attrs=divisibility_attrs(sig, ["as_ptr", "bs_ptr", "c_ptr", "ws_ptr", "K"])),
+                   {"num_warps": 4, "maxnreg": GLUON_MAX_REGS})
+print(json.dumps(dict(shared=rep.shared, spills=rep.spills, mma=rep.sass.count("QGMMA"))))
+"""
+
+
+def test_kint_sm90_build():
+    """The K-interleaved kernel (64x64, 2 K blocks per stage, fused split-K) compiles for sm_90
+    on the CPU (a child process without the interpreter): no spills, fits shared memory, QGMMA."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from mate.testing.sass import SMEM_LIMIT
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
+    res = subprocess.run([sys.executable, "-c", _KINT_SM90_BUILD], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rep = json.loads(res.stdout.strip().splitlines()[-1])
+    assert rep["spills"] == 0 and rep["shared"] <= SMEM_LIMIT and rep["mma"] > 0, rep
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="the Gluon kernel needs a Hopper GPU")
+@pytest.mark.parametrize("name", list(KINT_CONFIGS))
+@pytest.mark.parametrize("m,n,k", [
+    (64, 2112, 7168),  # a measured shape
+    (130, 200, 1152),  # partial row and column tiles, 9 K blocks (odd: a zero-scale block with KPS 2)
+    (1, 320, 384),  # 3 K blocks: with 4 splits the last has none
+])
+def test_kint_plain(name, m, n, k):
+    a, b, sa, sb = fp8_block_operands(m, n, k, "cuda")
+    ref = R.groupwise_fp32_ref(a, b, sa, sb)
+    cfg = KINT_CONFIGS[name]
+    for mode in ("K", "MN"):
+        out = poisoned((m, n), torch.bfloat16, "cuda")
+        if mode == "K":
+            _kint(a, b, sa, sb, out, cfg)
+        else:
+            _kint(a, b, sa.t().contiguous().t(), sb.t().contiguous().t(), out, cfg)
+        assert_close(out, ref, max_rel_error=1e-2, name=f"{name} {mode}")
+    first = out.clone()
+    _kint(a, b, sa.t().contiguous().t(), sb.t().contiguous().t(), out, cfg)
+    assert torch.equal(first.view(torch.int16), out.view(torch.int16))  # deterministic (split-K included)
+    # persistent: more (tile, split) units than programs, several per program
+    out = poisoned((m, n), torch.bfloat16, "cuda")
+    _kint(a, b, sa, sb, out, cfg, num_sms=3)
+    assert_close(out, ref, max_rel_error=1e-2, name=f"{name} 3 programs")

@@ -444,8 +444,17 @@ def groupwise_gemm_gluon(a, b, a_scale, a_scale_strides, b_scale, b_scale_stride
     waited for and released once, so shared memory grows with num_stages * KPS) and EPI_TMA
     (TMA-store epilogue for tiles without padding rows; BLOCK_M 128 with BLOCK_N >= 128,
     ignored elsewhere and where the output's rows are not 16-byte aligned). See the module
-    docstring.
+    docstring. ``KINT``: the K-interleaved small-M kernel of ``groupwise_gluon_kint.py`` (PLAIN
+    only; it reads BLOCK_M, BLOCK_N, num_stages, KPS, SPLIT_K, GROUP_M, REDUCE).
     """
+    if config.get("KINT"):  # K blocks interleaved over the two math warpgroups (groupwise_gluon_kint.py)
+        if layout != 0:
+            raise ValueError("the K-interleaved Gluon GEMM (KINT) takes the PLAIN layout only")
+        from mate.ops.gemm.groupwise_gluon_kint import groupwise_gemm_kint
+
+        groupwise_gemm_kint(a, b, a_scale, a_scale_strides, b_scale, b_scale_strides, out, config=config,
+                            num_sms=num_sms)
+        return
     M, K = a.shape
     N = b.shape[-2]
     G = b.shape[0] if b.dim() == 3 else 1

@@ -1,0 +1,267 @@
+"""Gluon small-M kernel of the block-scaled FP8 GEMM (Hopper): K blocks interleaved over two
+math warpgroups, optional split-K over programs.
+
+Same problem as ``groupwise.py`` (PLAIN layout, 1x128 activation scales, 128x128 weight
+scales, fp32 accumulation, bf16/fp16 output). At small M and long K the tile is narrow and
+each 128-wide K block is a short chain (wait for the slot, wgmma, wait for it, release the
+slot, scale the product into the accumulator) that one math warpgroup runs back to back,
+with the tensor cores idle outside the wgmma. Here both math warpgroups own the whole
+output tile: warpgroup h takes ring stages h, h + 2, ... (each ``KPS`` K blocks) into its
+own accumulator, so one warpgroup's wgmma runs while the other waits, releases and scales;
+at the end warpgroup 1 hands its accumulator to warpgroup 0 through shared memory (two
+mbarriers) and warpgroup 0 adds it and stores the tile. A 1-warp producer fills the TMA
+ring as in ``groupwise_gluon.py`` (the K blocks' activation scales and weight scale copied
+into the slot by cp.async, tracked by the slot's ``ready`` barrier); each slot is released
+by the one warpgroup that read it.
+
+``SPLIT_K`` > 1: work units are (tile, K split) pairs, programs persistent over them; each
+unit's fp32 partial goes to a workspace [SPLIT_K, M, N] and the last unit of a tile to
+arrive (an atomic counter per tile, reset by it) sums the partials in split order and
+stores the tile, so the result is deterministic (without counters, e.g. first call inside
+a CUDA-graph capture, a second launch reduces).
+
+Selected with ``config["GLUON"] = {"KINT": True, ...}`` (see ``groupwise_gemm_kint``).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+
+from mate.ops.gemm.groupwise import tile_coords
+from mate.ops.gemm.groupwise_gluon import GLUON_MAX_REGS, _store_tile
+
+__all__ = ["fp8_groupwise_kint_kernel", "groupwise_gemm_kint", "KINT_TILES"]
+
+BLOCK_K = gl.constexpr(128)
+CONSUMER_REGS = gl.constexpr(232)
+PRODUCER_REGS = gl.constexpr(40)
+KINT_TILES = {(64, 16), (64, 32), (64, 64), (64, 128), (128, 16), (128, 32), (128, 64)}
+
+
+@gluon.jit
+def _unit(u, M, N, K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr,
+          SPLIT_K: gl.constexpr):
+    """Work unit u: its tile, K split, tile coordinates, first K block and K-block count."""
+    t = u // SPLIT_K
+    pid_k = u % SPLIT_K
+    pid_m, pid_n = tile_coords(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    num_kb = K // BLOCK_K
+    kb_per = gl.cdiv(num_kb, SPLIT_K)
+    kb_lo = pid_k * kb_per
+    nkb = gl.maximum(gl.minimum(num_kb - kb_lo, kb_per), 0)
+    return t, pid_k, pid_m, pid_n, kb_lo, nkb
+
+
+@gluon.jit
+def _producer(a_desc, b_desc, as_ptr, bs_ptr, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, M, N, K,
+              stride_asm, stride_ask, stride_bsn, stride_bsk, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              GROUP_M: gl.constexpr, STAGES: gl.constexpr, KPS: gl.constexpr, SPLIT_K: gl.constexpr):
+    SC_L: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
+    nbytes: gl.constexpr = (BLOCK_M + BLOCK_N) * BLOCK_K * KPS
+    num_units = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N) * SPLIT_K
+    zeros = gl.zeros([BLOCK_M], gl.int32, SC_L)
+    it = 0
+    for u in range(gl.program_id(0), num_units, gl.num_programs(0)):
+        _, _, pid_m, pid_n, kb_lo, nkb = _unit(u, M, N, K, BLOCK_M, BLOCK_N, GROUP_M, SPLIT_K)
+        a_row = pid_m * BLOCK_M
+        b_row = pid_n * BLOCK_N
+        offs_m = a_row + gl.arange(0, BLOCK_M, layout=SC_L)
+        in_a = offs_m < M
+        as_ptrs = as_ptr + offs_m.to(gl.int64) * stride_asm
+        bs_ptrs = bs_ptr + (b_row // 128) * stride_bsn + zeros  # the tile's one weight scale, in every lane
+        for ks in range(gl.cdiv(nkb, KPS)):
+            s = it % STAGES
+            mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
+            for j in gl.static_range(KPS):
+                # a K block past the split's end (nkb not a multiple of KPS) reloads its last
+                # block with zero scales, so its product adds 0
+                kb = kb_lo + gl.minimum(ks * KPS + j, nkb - 1)
+                k_ok = (ks * KPS + j + zeros) < nkb
+                async_copy.async_copy_global_to_shared(sa_bufs.index(s * KPS + j), as_ptrs + kb * stride_ask,
+                                                       mask=in_a & k_ok)
+                async_copy.async_copy_global_to_shared(sb_bufs.index(s * KPS + j), bs_ptrs + kb * stride_bsk,
+                                                       mask=k_ok)
+            async_copy.mbarrier_arrive(ready.index(s), increment_count=True)
+            mbarrier.expect(ready.index(s), nbytes)
+            for j in gl.static_range(KPS):
+                kb = kb_lo + gl.minimum(ks * KPS + j, nkb - 1)
+                tma.async_copy_global_to_shared(a_desc, [a_row, kb * BLOCK_K], ready.index(s),
+                                                a_bufs.index(s * KPS + j))
+                tma.async_copy_global_to_shared(b_desc, [b_row, kb * BLOCK_K], ready.index(s),
+                                                b_bufs.index(s * KPS + j))
+            it += 1
+
+
+@gluon.jit
+def _store_partial(c_ptr, ws_ptr, cnt_ptr, acc, t, pid_k, m0, n0, M, N, stride_cm, BLOCK_M: gl.constexpr,
+                   BLOCK_N: gl.constexpr, SPLIT_K: gl.constexpr, FUSED: gl.constexpr, LAYOUT: gl.constexpr):
+    """Split-K: the unit's partial into the workspace; with ``FUSED`` the tile's last unit to
+    arrive sums the partials in split order, stores the tile and resets the tile's counter.
+    Stored from the wgmma layout (4 lanes x 8 bytes: whole 32-byte sectors of fp32), so no
+    shared-memory scratch beside the ring."""
+    offs_m = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LAYOUT))
+    offs_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, LAYOUT))
+    mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+    mn = M.to(gl.int64) * N
+    w_ptrs = ws_ptr + offs_m.to(gl.int64)[:, None] * N + offs_n[None, :]
+    gl.store(w_ptrs + pid_k * mn, acc, mask=mask)
+    if FUSED:
+        gl.thread_barrier()  # every thread's partial is stored before the arrival is counted
+        arrived = gl.atomic_add(cnt_ptr + t, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLIT_K - 1:
+            tot = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, LAYOUT)
+            if BLOCK_N * SPLIT_K <= 256:  # all partials' loads in flight
+                for sp in gl.static_range(SPLIT_K):
+                    tot += gl.load(w_ptrs + sp * mn, mask=mask, other=0.0, cache_modifier=".cg")
+            else:  # one at a time (all at once spills at 64x128 with 4 splits)
+                for sp in range(SPLIT_K):
+                    tot += gl.load(w_ptrs + sp * mn, mask=mask, other=0.0, cache_modifier=".cg")
+            c_ptrs = c_ptr + offs_m.to(gl.int64)[:, None] * stride_cm + offs_n[None, :]
+            gl.store(c_ptrs, tot.to(c_ptr.dtype.element_ty), mask=mask)
+            gl.atomic_xchg(cnt_ptr + t, 0, sem="relaxed", scope="gpu")
+
+
+@gluon.jit
+def _consumer(a_bufs, b_bufs, sa_bufs, sb_bufs, red_buf, ready, empty, red_full, red_empty, c_ptr, ws_ptr,
+              cnt_ptr, M, N, K, stride_cm, HALF: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              GROUP_M: gl.constexpr, STAGES: gl.constexpr, KPS: gl.constexpr, SPLIT_K: gl.constexpr,
+              FUSED: gl.constexpr):
+    MMA_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                    instr_shape=[16, BLOCK_N, 32])
+    ROW_L: gl.constexpr = gl.SliceLayout(1, MMA_L)
+    num_units = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N) * SPLIT_K
+    zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, MMA_L)
+    it = 0
+    for u in range(gl.program_id(0), num_units, gl.num_programs(0)):
+        n = (u - gl.program_id(0)) // gl.num_programs(0)  # the program's unit count so far
+        t, pid_k, pid_m, pid_n, kb_lo, nkb = _unit(u, M, N, K, BLOCK_M, BLOCK_N, GROUP_M, SPLIT_K)
+        num_ks = gl.cdiv(nkb, KPS)
+        acc = zero
+        for ks in range(HALF, num_ks, 2):
+            q = it + ks
+            s = q % STAGES
+            mbarrier.wait(ready.index(s), (q // STAGES) & 1)
+            for j in gl.static_range(KPS):
+                slot = s * KPS + j
+                prod = warpgroup_mma(a_bufs.index(slot), b_bufs.index(slot).permute((1, 0)), zero, use_acc=False,
+                                     is_async=True)
+                sc = sa_bufs.index(slot).load(ROW_L) * sb_bufs.index(slot).load(ROW_L)  # while the wgmma runs
+                prod = warpgroup_mma_wait(num_outstanding=0, deps=(prod, ))
+                if j == KPS - 1:
+                    mbarrier.arrive(empty.index(s), count=1)
+                acc += prod * sc[:, None]
+        it += num_ks
+        if HALF == 1:
+            mbarrier.wait(red_empty.index(0), (n & 1) ^ 1)
+            red_buf.store(acc)
+            mbarrier.arrive(red_full.index(0), count=1)
+        else:
+            mbarrier.wait(red_full.index(0), n & 1)
+            acc += red_buf.load(MMA_L)
+            mbarrier.arrive(red_empty.index(0), count=1)
+            if SPLIT_K == 1:
+                _store_tile(c_ptr, c_ptr, acc, pid_m * BLOCK_M, pid_n * BLOCK_N, M, N, 0, stride_cm, 0, BLOCK_M,
+                            BLOCK_N)
+            else:
+                _store_partial(c_ptr, ws_ptr, cnt_ptr, acc, t, pid_k, pid_m * BLOCK_M, pid_n * BLOCK_N, M, N,
+                               stride_cm, BLOCK_M, BLOCK_N, SPLIT_K, FUSED, MMA_L)
+
+
+@gluon.jit
+def fp8_groupwise_kint_kernel(
+    a_desc, b_desc, as_ptr, bs_ptr, c_ptr, ws_ptr, cnt_ptr,
+    M, N, K,
+    stride_asm, stride_ask, stride_bsn, stride_bsk, stride_cm,
+    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
+    KPS: gl.constexpr = 1, SPLIT_K: gl.constexpr = 1, FUSED: gl.constexpr = False,
+):
+    """Persistent grid over (tile, K split) units; ``a_desc`` covers a [M, K] with blocks
+    [BLOCK_M, 128], ``b_desc`` b [N, K] with blocks [BLOCK_N, 128]. ``ws_ptr``/``cnt_ptr``:
+    the split-K workspace and per-tile counters (``FUSED``), unused when SPLIT_K is 1."""
+    gl.static_assert(BLOCK_M == 64 or BLOCK_M == 128)
+    gl.static_assert(BLOCK_N <= 128 and 128 % BLOCK_N == 0)
+    SLOTS: gl.constexpr = STAGES * KPS  # slot s * KPS + j: K block j of stage s
+    a_bufs = gl.allocate_shared_memory(gl.float8e4nv, [SLOTS, BLOCK_M, BLOCK_K], a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(gl.float8e4nv, [SLOTS, BLOCK_N, BLOCK_K], b_desc.layout)
+    SC_SL: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
+    sa_bufs = gl.allocate_shared_memory(gl.float32, [SLOTS, BLOCK_M], SC_SL)
+    sb_bufs = gl.allocate_shared_memory(gl.float32, [SLOTS, BLOCK_M], SC_SL)
+    RED_SL: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+    red_buf = gl.allocate_shared_memory(gl.float32, [BLOCK_M, BLOCK_N], RED_SL)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    red_full = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    red_empty = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)  # released by the one warpgroup that read it
+    mbarrier.init(red_full.index(0), count=1)
+    mbarrier.init(red_empty.index(0), count=1)
+
+    gl.warp_specialize([
+        (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, red_buf, ready, empty, red_full, red_empty, c_ptr, ws_ptr,
+                     cnt_ptr, M, N, K, stride_cm, 0, BLOCK_M, BLOCK_N, GROUP_M, STAGES, KPS, SPLIT_K, FUSED)),
+        (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, red_buf, ready, empty, red_full, red_empty, c_ptr, ws_ptr,
+                     cnt_ptr, M, N, K, stride_cm, 1, BLOCK_M, BLOCK_N, GROUP_M, STAGES, KPS, SPLIT_K, FUSED)),
+        (_producer, (a_desc, b_desc, as_ptr, bs_ptr, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, M, N, K,
+                     stride_asm, stride_ask, stride_bsn, stride_bsk, BLOCK_M, BLOCK_N, GROUP_M, STAGES, KPS,
+                     SPLIT_K)),
+    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+def _desc(t: torch.Tensor, block_rows: int):
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    layout = gl.NVMMASharedLayout.get_default_for([block_rows, 128], gl.float8e4nv)
+    return TensorDescriptor(t, list(t.shape), [t.shape[-1], 1], [block_rows, 128], layout)
+
+
+def groupwise_gemm_kint(a, b, a_scale, a_scale_strides, b_scale, b_scale_strides, out, *, config: dict,
+                        num_sms: int | None = None) -> None:
+    """Launches the kernel on a [M, K] x b [N, K]ᵀ (PLAIN; ``groupwise_gluon.gluon_supported``
+    must hold). ``config``: BLOCK_M (64 or 128), BLOCK_N (16, 32, 64, 128 for BLOCK_M 64;
+    16, 32, 64 for 128), num_stages (ring stages), KPS (K blocks per stage, 1-4), SPLIT_K
+    (K splits over programs, capped by K / 128), GROUP_M, REDUCE (``"fused"``, the default,
+    or ``"launch"``: a second kernel sums the split-K partials)."""
+    from mate.ops.gemm.groupwise import _TL_DTYPE, _tile_counters, splitk_reduce_kernel
+
+    if a.dim() != 2 or b.dim() != 2:
+        raise ValueError("the K-interleaved Gluon GEMM takes the PLAIN layout (2-D a and b) only")
+    M, K = a.shape
+    N = b.shape[0]
+    bm, bn = config["BLOCK_M"], config["BLOCK_N"]
+    if (bm, bn) not in KINT_TILES:
+        raise ValueError(f"the K-interleaved Gluon GEMM has no {bm}x{bn} tile (BLOCK_M 64: BLOCK_N 16, 32, 64, "
+                         "128; BLOCK_M 128: 16, 32, 64)")
+    kps = config.get("KPS", 1)
+    if not isinstance(kps, int) or not 1 <= kps <= 4:
+        raise ValueError(f"KPS (K blocks per ring stage) must be 1, 2, 3 or 4, got {kps!r}")
+    split = config.get("SPLIT_K", 1)
+    if not isinstance(split, int) or split < 1:
+        raise ValueError(f"SPLIT_K must be a positive int, got {split!r}")
+    split = min(split, max(1, K // 128))
+    tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
+    if num_sms is None:
+        num_sms = torch.cuda.get_device_properties(a.device).multi_processor_count
+    cnt = None
+    if split > 1 and config.get("REDUCE", "fused") == "fused":
+        cnt = _tile_counters(a.device, tiles)
+    ws = torch.empty((split, M, N), dtype=torch.float32, device=a.device) if split > 1 else out
+    fp8_groupwise_kint_kernel[(max(1, min(num_sms, tiles * split)), )](
+        _desc(a, bm), _desc(b, bn), a_scale, b_scale, out, ws, cnt if cnt is not None else ws,
+        M, N, K,
+        a_scale_strides[1], a_scale_strides[2], b_scale_strides[1], b_scale_strides[2], out.stride(0),
+        BLOCK_M=bm, BLOCK_N=bn, GROUP_M=config.get("GROUP_M", 8), STAGES=config.get("num_stages", 8), KPS=kps,
+        SPLIT_K=split, FUSED=cnt is not None, num_warps=4, maxnreg=GLUON_MAX_REGS,
+    )
+    if split > 1 and cnt is None:
+        splitk_reduce_kernel[(triton.cdiv(M, 32), triton.cdiv(N, 128))](
+            ws, out, out, M, N, out.stride(0), 0,
+            SPLIT_K=split, OUT_FP8=False, OUT_DTYPE=_TL_DTYPE[out.dtype],
+            BLOCK_M=32, BLOCK_N=128, num_warps=4,
+        )
