@@ -8,9 +8,11 @@ block = 128), ``--sel`` selected blocks per token and KV head (random + the own 
 default, ``bench_msa_attention``'s decode inputs (its bar row, 268 MB of selected fp8 K/V; the
 same generator, seed and construction), 17 for the earlier probes (285 MB). Every case calls
 ``sparse_attention`` as ``bench_msa_attention`` does (automatic split unless the case names
-one). Cases: the default (fp8 capped at 128 registers), fp8 uncapped (153 registers, 3 programs
-per SM), 2 splits (each split's program builds the whole list), the "heads" kernel (after the
-``_msa_union_kernel`` pre-kernel). The cases are timed interleaved (CUDA-graph replays,
+one). Cases: the default (fp8 capped at 128 registers), ``lazy 8`` (``DECODE_VARIANT``'s
+``lazy`` / ``fp8_lazy``: reference max kept until a logit exceeds it by 8, per-key sums; with a
+96-register cap: 5 programs per SM), fp8 uncapped (153 registers, 3 programs per SM), 2 splits
+(each split's program builds the whole list), the "heads" kernel (after the
+``_msa_union_kernel`` pre-kernel); ``--cases`` picks some by name. The cases are timed interleaved (CUDA-graph replays,
 ``time_interleaved``); ``%copy`` is the selected-bytes rate over the copy rate of
 ``measure_ceilings`` (1 GiB ``copy_``, read + write, timed alone before the cases; a copy
 inside the interleaved graphs read low). Cases are checked against an fp32 torch reference over
@@ -45,11 +47,14 @@ TOL = {torch.bfloat16: 2e-2, torch.float8_e4m3fn: 3e-2}
 # name: (DECODE_VARIANT updates, num_kv_splits)
 FP8_CASES = {
     "default (cap 128)": ({}, -1),
+    "lazy 8": ({"fp8_lazy": 8}, -1),
+    "lazy 8 cap 96": ({"fp8_lazy": 8, "fp8_maxnreg": 96}, -1),
     "uncapped": ({"fp8_maxnreg": None}, -1),
     "2 splits": ({}, 2),
     "heads kernel": ({"kernel": "heads"}, -1),
 }
-BF16_CASES = {"default": ({}, -1), "2 splits": ({}, 2), "heads kernel": ({"kernel": "heads"}, -1)}
+BF16_CASES = {"default": ({}, -1), "lazy 8": ({"lazy": 8}, -1), "2 splits": ({}, 2),
+              "heads kernel": ({"kernel": "heads"}, -1)}
 QUICK_FP8 = ("default (cap 128)", "uncapped")
 
 
@@ -184,11 +189,15 @@ def main() -> None:
     ap.add_argument("--sel", type=int, default=SEL, help="selected blocks per token and KV head (own block included)")
     ap.add_argument("--quick", action="store_true", help="fp8: the default and uncapped, no diagnostics")
     ap.add_argument("--no-bf16", action="store_true")
+    ap.add_argument("--cases", default=None, help="comma-separated case names to time (both dtypes; default all)")
     args = ap.parse_args()
     SEL = args.sel
     print(torch.cuda.get_device_name(), flush=True)
-    fp8_cases = {k: v for k, v in FP8_CASES.items() if not args.quick or k in QUICK_FP8}
-    jobs = [(torch.float8_e4m3fn, fp8_cases)] + ([] if args.no_bf16 else [(torch.bfloat16, BF16_CASES)])
+    keep = None if args.cases is None else {c.strip() for c in args.cases.split(",")}
+    fp8_cases = {k: v for k, v in FP8_CASES.items()
+                 if (not args.quick or k in QUICK_FP8) and (keep is None or k in keep)}
+    bf16_cases = {k: v for k, v in BF16_CASES.items() if keep is None or k in keep}
+    jobs = [(torch.float8_e4m3fn, fp8_cases)] + ([] if args.no_bf16 else [(torch.bfloat16, bf16_cases)])
     for dtype, cases in jobs:
         rate = copy_gbps()
         torch.cuda.empty_cache()

@@ -61,8 +61,31 @@ def test_transposed_decode_matches_reference(device, triton_backend, transposed,
     _check(o, l_, ro, rl, dtype)
 
 
-@pytest.mark.parametrize("splits", [1, 2])
-def test_transposed_decode_empty_and_invalid_selections(device, triton_backend, transposed, splits):
+# dtype, lazy threshold, sm_scale (a large one spreads the logits: the reference max rises often), splits
+LAZY_CASES = [
+    (torch.float8_e4m3fn, 1, 0.5, 1),
+    (torch.float8_e4m3fn, 8, None, 2),
+    (torch.bfloat16, 2, 0.5, 2),
+]
+
+
+@pytest.mark.parametrize("dtype,lazy,sm_scale,splits", LAZY_CASES)
+def test_transposed_decode_lazy_rescale(device, triton_backend, transposed, monkeypatch, dtype, lazy, sm_scale,
+                                        splits):
+    """``lazy``: the softmax keeps its reference max until a logit exceeds it by ``lazy``."""
+    monkeypatch.setitem(sd.DECODE_VARIANT, "lazy", lazy)
+    monkeypatch.setitem(sd.DECODE_VARIANT, "fp8_lazy", lazy)
+    pb = make_problem([1, 0, 2], [300, 50, 640], hq=16, hkv=1, width=8, dtype=dtype, device=device)
+    scale = (sm_scale, 2.0, 0.25) if dtype == torch.float8_e4m3fn else (sm_scale, 1.0, 1.0)
+    o, l_, ro, rl = run_case(device, pb, decode=True, splits=splits, sm_scale=scale[0], k_scale=scale[1],
+                             v_scale=scale[2])
+    _check(o, l_, ro, rl, dtype)
+
+
+@pytest.mark.parametrize("splits,lazy", [(1, 0), (2, 0), (1, 4)])
+def test_transposed_decode_empty_and_invalid_selections(device, triton_backend, transposed, monkeypatch, splits,
+                                                        lazy):
+    monkeypatch.setitem(sd.DECODE_VARIANT, "lazy", lazy)
     pb = make_problem([1, 1, 1], [384, 384, 200], hq=16, hkv=1, width=4, device=device)
     idx = pb["kv_block_indexes"]
     idx.fill_(-1)  # token 0: nothing selected
@@ -182,7 +205,9 @@ def test_transposed_decode_gpu_m3(transposed, dtype, layout, splits):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype,layout,splits,variant", [
     (torch.bfloat16, "NHD", -1, {}), (torch.float8_e4m3fn, "NHD", -1, {}), (torch.float8_e4m3fn, "HND", 3, {}),
-    (torch.bfloat16, "HND", 2, {"stages": 2}), (torch.float8_e4m3fn, "NHD", 1, {"fp8_stages": 2, "fp8_maxnreg": None})])
+    (torch.bfloat16, "HND", 2, {"stages": 2}), (torch.float8_e4m3fn, "NHD", 1, {"fp8_stages": 2, "fp8_maxnreg": None}),
+    (torch.float8_e4m3fn, "NHD", -1, {"fp8_lazy": 8}), (torch.float8_e4m3fn, "HND", 2, {"fp8_lazy": 1}),
+    (torch.bfloat16, "NHD", 1, {"lazy": 8})])
 def test_transposed_decode_gpu_m3_block_lists(transposed, monkeypatch, dtype, layout, splits, variant):
     """M3 geometry, width 16: one query per request (the common case) then requests of several
     queries and padding rows (the binary search), against the reference."""

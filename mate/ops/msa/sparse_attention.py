@@ -482,7 +482,7 @@ def sparse_attention_triton(
             GP=_sd.decode_t_heads(ratio), C=til.capacity, HEAD_DIM=d, NUM_SPLITS=splits, CAUSAL=causal,
             IS_FP8=is_fp8, HEAD_MAJOR=layout == "HND", FLAT=flat, KEYS=keys,
             BLOCK_W=til.block_w, USE_PAGE_TABLE=use_pt, HAS_QO_OFFSET=qo_offset is not None,
-            num_warps=4, num_stages=stages, **extra,
+            **_sd.t_constexprs(is_fp8), num_warps=4, num_stages=stages, **extra,
         )
         _combine(o_part, l_part, out, lse, total_q, hq, d, v_scale, splits)
         return

@@ -24,17 +24,20 @@ import triton.language as tl
 from mate._core.triton_helpers import INTERPRET, dot_operand, to_out_dtype
 from mate.ops.msa.softmax_helpers import finish_softmax, split_entries, visible_limit
 
-__all__ = ["DECODE_VARIANT", "msa_decode_t_kernel", "decode_t_heads", "t_config", "t_programs_per_sm",
-           "token_block_list"]
+__all__ = ["DECODE_VARIANT", "msa_decode_t_kernel", "decode_t_heads", "t_config", "t_constexprs",
+           "t_programs_per_sm", "token_block_list"]
 
-DECODE_VARIANT = {"kernel": "transposed", "keys": 64, "stages": 3, "maxnreg": None,
-                  "fp8_keys": 64, "fp8_stages": 3, "fp8_maxnreg": 128}
+DECODE_VARIANT = {"kernel": "transposed", "keys": 64, "stages": 3, "maxnreg": None, "lazy": 0,
+                  "fp8_keys": 64, "fp8_stages": 3, "fp8_maxnreg": 128, "fp8_lazy": 0}
 """Decode kernel of ``sparse_attention`` (module defaults; the benchmark times the others).
 
 ``kernel``: "heads" (``_msa_sparse_fwd_kernel`` with one-token 16-row tiles after
 ``_msa_union_kernel``) or "transposed" (:func:`msa_decode_t_kernel`). For the transposed kernel,
 ``keys`` / ``stages`` / ``maxnreg`` (16-bit caches) and the ``fp8_`` ones: keys per TMA tile
-(64: each selected block read as two halves), pipelining stages and a register cap. fp8 is
+(64: each selected block read as two halves), pipelining stages and a register cap; ``lazy``
+(0: off) keeps the softmax's reference max until a logit exceeds it by more than ``lazy``
+(log2 units) and sums the probabilities per key until the loop ends, so a tile without a
+new maximum has no cross-warp max or sum and no rescale (the ``LAZY`` kernel argument). fp8 is
 capped at 128 registers: uncapped the 64-key 3-stage compile takes 153 (3 programs per SM,
 two waves for ``bench_msa_attention``'s 512 programs; the cause of the first in-kernel list's
 108.5 against 80.1 us); 128 has no spills, 112 and 96 spill (19 / 52 spill instructions), and
@@ -106,6 +109,11 @@ def t_config(is_fp8: bool) -> tuple[int, int, int | None]:
     pre = "fp8_" if is_fp8 else ""
     cap = DECODE_VARIANT[pre + "maxnreg"]
     return int(DECODE_VARIANT[pre + "keys"]), int(DECODE_VARIANT[pre + "stages"]), int(cap) if cap else None
+
+
+def t_constexprs(is_fp8: bool) -> dict:
+    """Kernel arguments of :data:`DECODE_VARIANT` beyond :func:`t_config` for this cache dtype."""
+    return {"LAZY": int(DECODE_VARIANT[("fp8_" if is_fp8 else "") + "lazy"] or 0)}
 
 
 def t_programs_per_sm(is_fp8: bool) -> int:
@@ -217,7 +225,7 @@ def msa_decode_t_kernel(
     GP: tl.constexpr, C: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
     CAUSAL: tl.constexpr, IS_FP8: tl.constexpr, HEAD_MAJOR: tl.constexpr, FLAT: tl.constexpr = True,
     KEYS: tl.constexpr = 128, BLOCK_W: tl.constexpr = 16, USE_PAGE_TABLE: tl.constexpr = True,
-    HAS_QO_OFFSET: tl.constexpr = False,
+    HAS_QO_OFFSET: tl.constexpr = False, LAZY: tl.constexpr = 0,
 ):
     t = tl.program_id(0)  # grid (tokens, KV heads, splits)
     kvh = tl.program_id(1)
@@ -243,6 +251,8 @@ def msa_decode_t_kernel(
     e0, e1 = split_entries(cnt, split, NUM_SPLITS)
     m_i = tl.full([GP], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([GP], dtype=tl.float32)
+    if LAZY > 0:  # per-key partial sums, reduced after the loop
+        l_k = tl.zeros([KEYS, GP], dtype=tl.float32)
     acc = tl.zeros([HEAD_DIM, GP], dtype=tl.float32)
     KPB: tl.constexpr = 128 // KEYS  # key sub-blocks per selected block
     # the next entry's page and block, loaded one step ahead: the TMA loads then depend on
@@ -274,19 +284,43 @@ def msa_decode_t_kernel(
         s = tl.dot(dot_operand(kt), qt) * qk_scale  # Sᵀ [KEYS, GP]
         kpos = blk * 128 + k0 + offs_n
         s = tl.where((kpos <= limit)[:, None], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=0))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(s - m_use[None, :])
-        alpha = tl.exp2(m_i - m_use)
-        l_i = l_i * alpha + tl.sum(p, axis=0)
         if IS_FP8:
             vt = vt.to(tl.float16)  # exact for e4m3
-        pv = to_out_dtype(p, vt.dtype)
-        if INTERPRET:
-            acc = acc * alpha[None, :] + tl.dot(tl.trans(vt).to(tl.float32), pv.to(tl.float32))
+        if LAZY > 0:
+            # m_i is only a reference point, raised to the running max when a logit exceeds it
+            # by more than LAZY (log2 units, so p <= 2^LAZY): no cross-warp max, sum or
+            # rescale in the common tile
+            m_use = tl.where(m_i == float("-inf"), 0.0, m_i)
+            p = tl.exp2(s - m_use[None, :])
+            grow = tl.max(tl.max((s > (m_i + LAZY)[None, :]).to(tl.int32), axis=1), axis=0)
+            if grow != 0:
+                m_new = tl.maximum(m_i, tl.max(s, axis=0))
+                m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+                p = tl.exp2(s - m_use[None, :])
+                alpha = tl.exp2(m_i - m_use)
+                l_k = l_k * alpha[None, :]
+                acc = acc * alpha[None, :]
+                m_i = m_new
+            l_k += p
+            pv = to_out_dtype(p, vt.dtype)
+            if INTERPRET:
+                acc += tl.dot(tl.trans(vt).to(tl.float32), pv.to(tl.float32))
+            else:
+                acc += tl.dot(tl.trans(vt), pv)
         else:
-            acc = acc * alpha[None, :] + tl.dot(tl.trans(vt), pv)
-        m_i = m_new
+            m_new = tl.maximum(m_i, tl.max(s, axis=0))
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.exp2(s - m_use[None, :])
+            alpha = tl.exp2(m_i - m_use)
+            l_i = l_i * alpha + tl.sum(p, axis=0)
+            pv = to_out_dtype(p, vt.dtype)
+            if INTERPRET:
+                acc = acc * alpha[None, :] + tl.dot(tl.trans(vt).to(tl.float32), pv.to(tl.float32))
+            else:
+                acc = acc * alpha[None, :] + tl.dot(tl.trans(vt), pv)
+            m_i = m_new
+    if LAZY > 0:
+        l_i = tl.sum(l_k, axis=0)
     l_safe, lse = finish_softmax(m_i, l_i)
     if NUM_SPLITS == 1:
         o = acc / l_safe[None, :] * v_scale
