@@ -1,6 +1,6 @@
 """Small-H sparse MLA decode on the H200: the default plan against the 8-warp small-H kernel.
 
-    python benchmarks/bench_sparse_mla_small_h.py [--budget SECONDS] [--no-probe]
+    python benchmarks/bench_sparse_mla_small_h.py [--budget SECONDS] [--no-probe] [--variants]
 
 Shapes (top-k 2048, page 64): B=128 q1 H=16, B=64 q1 H=16, B=64 q2 H=16, B=32 q2 H=16,
 B=128 q1 H=32. Candidates per shape: ``default`` (the public op with the default plan:
@@ -13,6 +13,15 @@ error of out / lse against ``sparse_mla_decode_reference`` (bf16 out is ~1, lse 
 when every element is within the GPU tolerances of the tests, and ``adv``: the same check on a
 problem of the same shape with 10% -1 and 5% out-of-range entries and random seq_lens (one 0,
 one 1, the others in [1, top-k]). Writes nothing.
+
+``--variants``: the one-warpgroup kernel's candidates (launcher arguments of
+``sparse_mla_decode_gluon_small_h_wg``, default off) on the default plan at B=128 q1 H=16,
+B=32 q2 H=16 (B=64 q2 H=16 last, if the budget allows), interleaved with the default: ``gfirst`` (ring slot refilled
+before the wait for the next block), ``pdl256`` / ``pdl512`` (combine launched as a
+programmatic dependent of the decode, 256 / 512 values per combine program), ``gfirst+pdl256``;
+and ``combine only`` (the plan's combine launch alone, the split's cost). Extra column ``=def``:
+out and lse bit-identical to the default's (the candidates change the schedule, not the
+arithmetic). B=128 q1 H=32 (8-warp kernel, untouched) is timed as a guard.
 """
 
 from __future__ import annotations
@@ -84,10 +93,86 @@ def _within(x: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) -> boo
     return bool(((x == ref) | ((x - ref).abs() <= atol + rtol * ref.abs())).all())
 
 
+VARIANTS = {"gfirst": dict(gather_first=True), "pdl256": dict(pdl_combine=256), "pdl512": dict(pdl_combine=512),
+            "gfirst+pdl256": dict(gather_first=True, pdl_combine=256)}
+
+
+def _var_fn(s, kv, md, **kw):
+    """The one-warpgroup launcher with candidate arguments ``kw`` on the plan ``md``."""
+    from mate.ops.sparse_mla.decode_gluon_small_h2 import sparse_mla_decode_gluon_small_h_wg
+
+    kv_rows = kv.view(-1, 576)
+    return lambda: sparse_mla_decode_gluon_small_h_wg(s["q"], kv_rows, s["idx"], s["sl"], s["out"], s["lse"],
+                                                      md.partial_o, md.partial_lse, SCALE, 1.0, md.block_h,
+                                                      md.num_splits, md.split_blocks, md.num_stages, **kw)
+
+
+def _combine_fn(s, md):
+    from mate.ops.sparse_mla.decode import launch_combine
+
+    B, q_len, H = s["q"].shape[:3]
+    return lambda: launch_combine(md.partial_o, md.partial_lse, s["out"], s["lse"], 1.0, H, md.num_splits, B * q_len)
+
+
+def variants(ceiling: float, budget: float, t0: float) -> None:
+    """The ``--variants`` table."""
+    print(f"{'shape':<16} {'candidate':<14} {'us':>6} {'GB/s':>5} {'%copy':>6} {'out err':>8} {'lse err':>8} ok  adv "
+          "=def plan")
+    for B, q_len, H in ((128, 1, 16), (32, 2, 16), (128, 1, 32), (64, 2, 16)):
+        if time.time() - t0 > budget:
+            print(f"B={B} q{q_len} H={H}: skipped (budget)", flush=True)
+            continue
+        shape = f"B={B} q{q_len} H={H}"
+        kv, sets = _inputs(B, q_len, H)
+        s0 = sets[0]
+        ref = sparse_mla_decode_reference(s0["q"], kv, s0["idx"], s0["sl"], SCALE, 1.0)
+        adv = _adversarial(B, q_len, H, kv.shape[0] * PAGE)
+        ref_adv = sparse_mla_decode_reference(adv["q"], kv, adv["idx"], adv["sl"], SCALE, 1.0)
+        md = plan_decode(B, q_len, H, TOP_K, "cuda")
+        makes = {"default": lambda s, kv=kv, md=md: _api_fn(s, kv, md)}  # label -> fn factory for an input set
+        if md.gluon and md.num_warps == 4:
+            for label, kw in VARIANTS.items():
+                makes[label] = lambda s, kv=kv, md=md, kw=kw: _var_fn(s, kv, md, **kw)
+        cands = {label: ([make(s) for s in sets], make) for label, make in makes.items()}
+        errs, outs = {}, {}
+        for label, (fns, make) in cands.items():
+            try:
+                errs[label] = _check(fns[0], s0, *ref) + (_check(make(adv), adv, *ref_adv)[2],)
+                outs[label] = (s0["out"].clone(), s0["lse"].clone(), adv["out"].clone(), adv["lse"].clone())
+            except Exception as exc:  # reported in the table
+                errs[label] = exc
+        timed = {k: v[0] for k, v in cands.items() if not isinstance(errs[k], Exception)}
+        if md.num_splits > 1:
+            timed["combine only"] = [_combine_fn(s, md) for s in sets]
+        times = time_interleaved(timed)
+        nbytes = B * q_len * TOP_K * 576
+        plan = f"splits={md.num_splits} warps={md.num_warps}"
+        for label in list(cands) + (["combine only"] if md.num_splits > 1 else []):
+            e = errs.get(label)
+            t = times.get(label, e)
+            if isinstance(t, Exception):
+                print(f"{shape:<16} {label:<14} {'-':>6} {'-':>5} {'-':>6} {'-':>8} {'-':>8} -   -   -    "
+                      f"{type(t).__name__}: {str(t)[:150]}", flush=True)
+                continue
+            if e is None:  # the combine alone: time only
+                print(f"{shape:<16} {label:<14} {t:6.1f} {'':>5} {'':>6} {'':>8} {'':>8} {'':3} {'':3} {'':4} {plan}",
+                      flush=True)
+                continue
+            same = all(torch.equal(a, b) for a, b in zip(outs[label], outs["default"])) if "default" in outs else False
+            gbps = nbytes / (t * 1e-6) / 1e9
+            print(f"{shape:<16} {label:<14} {t:6.1f} {gbps:5.0f} {100 * gbps / ceiling:5.1f}% {e[0]:8.1e} {e[1]:8.1e} "
+                  f"{'ok ' if e[2] else 'BAD'} {'ok ' if e[3] else 'BAD'} {'yes ' if same else 'no  '} {plan}",
+                  flush=True)
+        del sets, kv, cands, makes, adv, outs
+        torch.cuda.empty_cache()
+    print(f"total {time.time() - t0:.0f} s")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--budget", type=float, default=100.0, help="seconds; later shapes are skipped past it")
     ap.add_argument("--no-probe", action="store_true", help="skip the self-check in a child process")
+    ap.add_argument("--variants", action="store_true", help="the one-warpgroup candidates' table (see the docstring)")
     args = ap.parse_args()
     t0 = time.time()
     print(torch.cuda.get_device_name(), flush=True)
@@ -99,6 +184,9 @@ def main() -> int:
               f"{'passed' if reason is None else reason}", flush=True)
     ceiling = measure_ceilings()["copy_GBps"]
     print(f"copy bandwidth {ceiling:.0f} GB/s (read + write)", flush=True)
+    if args.variants:
+        variants(ceiling, args.budget, t0)
+        return 0
     print(f"{'shape':<18} {'candidate':<20} {'us':>7} {'GB/s':>6} {'%copy':>6} {'out err':>8} {'lse err':>8} ok  adv "
           "plan")
     for B, q_len, H in SHAPES:

@@ -179,6 +179,22 @@ def test_gpu_small_h_one_warpgroup_short_and_empty_rows(small_h_ok, H, splits, s
     INT_MIN slots and seq_lens 0, 1, 2, 65 (one block and one slot past it), 700 (inside the
     11-block split 0 of 3), 704 and 705 (at a split boundary and one past), full: splits with
     no valid slot, single-slot blocks and partial last blocks."""
+    _check_wg_short_and_empty_rows(H, splits, stages)
+
+
+@gpu
+@pytest.mark.parametrize("H,splits,stages,kw", [
+    (16, 1, 2, dict(gather_first=True)), (16, 2, 2, dict(gather_first=True)), (12, 3, 3, dict(gather_first=True)),
+    (16, 2, 2, dict(pdl_combine=256)), (16, 3, 2, dict(pdl_combine=512)), (16, 1, 2, dict(pdl_combine=128)),
+    (12, 3, 2, dict(gather_first=True, pdl_combine=128)), (16, 2, 3, dict(gather_first=True, pdl_combine=256)),
+])
+def test_gpu_small_h_one_warpgroup_candidates(small_h_ok, H, splits, stages, kw):
+    """The one-warpgroup kernel's launcher candidates (slot refilled before the wait for the
+    next block; combine as a programmatic dependent launch) on the rows of the test above."""
+    _check_wg_short_and_empty_rows(H, splits, stages, **kw)
+
+
+def _check_wg_short_and_empty_rows(H, splits, stages, **kw):
     from mate.ops.sparse_mla.decode_gluon_small_h2 import sparse_mla_decode_gluon_small_h_wg
 
     top_k = 2048
@@ -190,10 +206,20 @@ def test_gpu_small_h_one_warpgroup_short_and_empty_rows(small_h_ok, H, splits, s
     out = poisoned((B, q_len, H, 512), torch.bfloat16, "cuda")
     lse = poisoned((B, q_len, H), torch.float32, "cuda")
     sparse_mla_decode_gluon_small_h_wg(q, kv.view(-1, 576), idx, sl, out, lse, md.partial_o, md.partial_lse, S1, 1.25,
-                                       md.block_h, md.num_splits, md.split_blocks, stages)
+                                       md.block_h, md.num_splits, md.split_blocks, stages, **kw)
     _check(out, lse, q, kv, idx, sl, S1, 1.25, gpu=True)
     assert_equal(out[0], torch.zeros_like(out[0]))
     assert_equal(lse[0], torch.full_like(lse[0], float("inf")))
+
+
+def test_small_h_one_warpgroup_candidates_validated():
+    """Launcher arguments are checked before anything runs (on the CPU too)."""
+    from mate.ops.sparse_mla.decode_gluon_small_h2 import sparse_mla_decode_gluon_small_h_wg
+
+    q = torch.zeros(1, 1, 16, 576, dtype=torch.float8_e4m3fn)
+    e = torch.empty(0)
+    with pytest.raises(ValueError, match="pdl_combine"):
+        sparse_mla_decode_gluon_small_h_wg(q, e, e, None, e, e, e, e, 1.0, 1.0, 16, 2, 16, 2, pdl_combine=64)
 
 
 def test_small_h_one_warpgroup_perm_half_is_the_renaming_of_load_vt_half():
