@@ -37,6 +37,18 @@ VARIANTS = {  # name: (method, rows per program[, warps])
     "lanes_warps4": ("lanes_warps", 4, 4),
     "lanes_warps8": ("lanes_warps", 8, 8),
     "lanes_warps4_qpos": ("lanes_warps_qpos", 4, 4),
+    # (method, NW, NW, rows per warp RPW, mask by value MASKV, maxnreg): the default and its candidates
+    "lanes_warps4_cap32": ("lanes_warps", 4, 4, 1, False, 32),
+    "lanes_warps4_cap32_qpos": ("lanes_warps_qpos", 4, 4, 1, False, 32),
+    "lanes_warps4_maskv_cap32_qpos": ("lanes_warps_qpos", 4, 4, 1, True, 32),
+    "lanes_warps4_rpw2_cap32": ("lanes_warps", 4, 4, 2, True, 32),
+    "lanes_warps4_rpw2_cap40": ("lanes_warps", 4, 4, 2, True, 40),
+    "lanes_warps4_rpw2_cap40_qpos": ("lanes_warps_qpos", 4, 4, 2, True, 40),
+    "lanes_warps4_rpw4_cap40": ("lanes_warps", 4, 4, 4, True, 40),
+    "lanes_warps4_rpw2_cap48": ("lanes_warps", 4, 4, 2, True, 48),
+    "lanes_warps8_rpw2_cap40": ("lanes_warps", 8, 8, 2, True, 40),
+    "lanes_warps8_rpw2_cap40_qpos": ("lanes_warps_qpos", 8, 8, 2, True, 40),
+    "lanes_warps4_rpw2": ("lanes_warps", 4, 4, 2, True, 0),
 }
 
 
@@ -53,30 +65,35 @@ def compile_fast(name: str, method: str, chunk: int, k: int, sass_dir: str | Non
     report(name, chunk, 1, 1, rep)
 
 
-def compile_warps(name: str, method: str, nw: int, chunk: int, sass_dir: str | None) -> None:
-    """The Gluon kernel of NW one-row warps per program (topk_warps.py), slack 2, full rows.
-    A correct build has no shared memory and no barrier (the warps never talk)."""
+def compile_warps(name: str, method: str, nw: int, chunk: int, sass_dir: str | None, rpw: int = 1,
+                  maskv: bool = False, maxnreg: int = 0) -> None:
+    """The Gluon kernel of NW one-row warps per program (topk_warps.py), slack 2, full rows,
+    ``rpw`` rows per warp (the next one loaded during the selection), blocks past n masked
+    by value (``maskv``), registers capped at ``maxnreg`` (0: no cap). A correct build has no
+    shared memory and no barrier (the warps never talk)."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from mate.ops.msa import topk_warps as tw
     sig = {"s_ptr": "*fp32", "out_ptr": "*i32", "qpos_ptr": "*i64", "n_rows": "i32", "num_tiles": "i32",
            "num_valid_pages": "i32", "H": "i32", "fb": "i32", "fe": "i32", "W": "i32"}
     constexprs = {"R": max(chunk, 32) // 32, "NW": nw, "SLACK": 2, "HAS_QPOS": method.endswith("qpos"),
-                  "FULL": True}
+                  "FULL": True, "RPW": rpw, "MASKV": maskv}
     sig.update({c: "constexpr" for c in constexprs})
     src = GluonASTSource(fn=tw._topk_lanes_warps_kernel, signature=sig, constexprs=constexprs,
                          attrs=divisibility_attrs(sig, ["s_ptr", "out_ptr", "qpos_ptr"]))
-    rep = compile_sm90(src, {"num_warps": nw}, out_dir=sass_dir, tag=f"topk_{name}_{chunk}", keep_text=True)
+    rep = compile_sm90(src, {"num_warps": nw, **({"maxnreg": maxnreg} if maxnreg else {})}, out_dir=sass_dir,
+                       tag=f"topk_{name}_{chunk}", keep_text=True)
     sync = sum(bool(re.search(r"\b(BAR|LDS|STS|MEMBAR)\b", ln)) for ln in rep.sass.splitlines())
+    div = sum(bool(re.search(r"BRA\.DIV|WARPSYNC|BSSY", ln)) for ln in rep.sass.splitlines())
     report(name, chunk, nw, nw, rep)
-    print(f"{'':22s} shared {rep.shared} B, {sync} BAR/LDS/STS/MEMBAR instrs")
+    print(f"{'':22s} shared {rep.shared} B, {sync} BAR/LDS/STS/MEMBAR instrs, {div} BRA.DIV/WARPSYNC/BSSY")
 
 
 def compile_one(name: str, chunk: int, k: int, sass_dir: str | None) -> None:
     method, rows, *warps = VARIANTS[name]
     if method.startswith("lanes_warps"):
         if chunk <= 256:
-            compile_warps(name, method, rows, chunk, sass_dir)
+            compile_warps(name, method, rows, chunk, sass_dir, *warps[1:])
         return
     if method.startswith("lanes_fast"):
         compile_fast(name, method, chunk, k, sass_dir)

@@ -102,8 +102,11 @@ def test_lanes_warps_cpu_path_and_bad_argument(device, triton_backend):
     interpreter: same exact result; other warp counts are refused."""
     s, topk, kw, qpos = _random_case([100, 256], 8, 3, device)
     _check_fast(s, topk, kw, qpos, lanes_warps=4)
+    _check_fast(s, topk, kw, qpos, lanes_warps=4, lanes_rows=2, lanes_maskv=True)
     with pytest.raises(ValueError, match="lanes_warps"):
         _check_fast(s, topk, kw, qpos, lanes_warps=3)
+    with pytest.raises(ValueError, match="lanes_rows"):
+        _check_fast(s, topk, kw, qpos, lanes_rows=3)
 
 
 _SM90_BUILD = """
@@ -112,23 +115,27 @@ from triton.experimental.gluon._runtime import GluonASTSource
 from mate.ops.msa.topk import LANES_MAXNREG
 from mate.ops.msa.topk_warps import _topk_lanes_warps_kernel
 from mate.testing.sass import compile_sm90, divisibility_attrs
-nw = int(sys.argv[1])
+nw, rpw, maskv, nreg = (int(a) for a in sys.argv[1:5])
 sig = {"s_ptr": "*fp32", "out_ptr": "*i32", "qpos_ptr": "*i64", "n_rows": "i32", "num_tiles": "i32",
        "num_valid_pages": "i32", "H": "i32", "fb": "i32", "fe": "i32", "W": "i32"}
-constexprs = {"R": 8, "NW": nw, "SLACK": 2, "HAS_QPOS": True, "FULL": True}
+constexprs = {"R": 8, "NW": nw, "SLACK": 2, "HAS_QPOS": True, "FULL": True, "RPW": rpw, "MASKV": bool(maskv)}
 sig.update({c: "constexpr" for c in constexprs})
 rep = compile_sm90(GluonASTSource(fn=_topk_lanes_warps_kernel, signature=sig, constexprs=constexprs,
                                   attrs=divisibility_attrs(sig, ["s_ptr", "out_ptr", "qpos_ptr"])),
-                   {"num_warps": nw, "maxnreg": LANES_MAXNREG})
+                   {"num_warps": nw, "maxnreg": nreg or LANES_MAXNREG})
 print(json.dumps(dict(shared=rep.shared, local=rep.local, sync=len(re.findall(r"\\b(BAR|LDS|STS|MEMBAR)\\b", rep.sass)),
-                      votes=len(re.findall(r"\\bVOTE\\.ANY\\b", rep.sass)))))
+                      votes=len(re.findall(r"\\bVOTE\\.ANY\\b", rep.sass)),
+                      div=len(re.findall(r"\\bBRA\\.DIV\\b", rep.sass)))))
 """
 
 
-def test_lanes_warps_sm90_build_has_no_shared_memory_or_barrier():
+@pytest.mark.parametrize("build", [(4, 1, 0, 0), (4, 1, 1, 0), (4, 2, 1, 40)], ids=["default", "maskv", "rows2"])
+def test_lanes_warps_sm90_build_has_no_shared_memory_or_barrier(build):
     """The 4-warp program compiles for sm_90 on the CPU (a child process without the
-    interpreter), at the default register cap, with warps that never talk: no shared memory, no barrier, no spills, and
-    the ballots of the row."""
+    interpreter), at the default register cap (the default, whole rows masked by value, 2
+    pipelined rows per warp at 40 registers), with warps that never talk: no shared memory, no
+    barrier, no local memory, and the ballots of the row; masking by value keeps every branch
+    warp-uniform (no divergence checks before the warp reductions)."""
     import json
     import os
     import subprocess
@@ -137,12 +144,14 @@ def test_lanes_warps_sm90_build_has_no_shared_memory_or_barrier():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
-    res = subprocess.run([sys.executable, "-c", _SM90_BUILD, "4"], env=env, capture_output=True, text=True,
-                         timeout=300)
+    res = subprocess.run([sys.executable, "-c", _SM90_BUILD, *map(str, build)], env=env, capture_output=True,
+                         text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     rep = json.loads(res.stdout.strip().splitlines()[-1])
     assert rep["shared"] == 0 and rep["local"] == 0 and rep["sync"] == 0, rep
     assert rep["votes"] >= 8, rep
+    if build[2]:
+        assert rep["div"] == 0, rep
 
 
 # ----------------------------------------------------------------------------- GPU
@@ -151,8 +160,12 @@ def test_lanes_warps_sm90_build_has_no_shared_memory_or_barrier():
 @pytest.mark.gpu
 @pytest.mark.parametrize("variant", [dict(lanes_kernel="classic"), dict(lanes_kernel="fast", lanes_warps=1),
                                      dict(lanes_kernel="fast", lanes_warps=2), dict(lanes_kernel="fast", lanes_warps=4),
-                                     dict(lanes_kernel="fast", lanes_warps=8)],
-                         ids=["classic", "fast", "warps2", "warps4", "warps8"])
+                                     dict(lanes_kernel="fast", lanes_warps=8),
+                                     dict(lanes_kernel="fast", lanes_warps=4, lanes_maskv=True),
+                                     dict(lanes_kernel="fast", lanes_warps=4, lanes_rows=2, lanes_maxnreg=40),
+                                     dict(lanes_kernel="fast", lanes_warps=8, lanes_rows=4, lanes_maxnreg=40)],
+                         ids=["classic", "fast", "warps2", "warps4", "warps8", "warps4_maskv", "warps4_rows2",
+                              "warps8_rows4"])
 def test_gpu_lanes_thousand_random_cases_with_ties(variant):
     rng = random.Random(777)
     gen = torch.Generator().manual_seed(777)

@@ -802,6 +802,8 @@ def sparse_topk_select_triton(
     lanes_kernel: str | None = None,
     lanes_warps: int | None = None,
     lanes_maxnreg: int | None = None,
+    lanes_rows: int = 1,
+    lanes_maskv: bool = False,
 ) -> None:
     """Launches the selection on validated tensors (contiguous fp32 scores, int32 output).
     ``max_chunk`` (a power of two >= 16; default :data:`INTERVAL_MAX_CHUNK` for ``interval``,
@@ -821,7 +823,10 @@ def sparse_topk_select_triton(
     ``lanes_warps`` (default :data:`LANES_WARPS`; 1, 2, 4 or 8) runs the fast kernel with that
     many one-row warps per program (:mod:`mate.ops.msa.topk_warps`, Gluon, GPU only: under
     the interpreter the one-row kernel runs); ``lanes_maxnreg`` (default :data:`LANES_MAXNREG`;
-    0: no cap) caps its registers per thread.
+    0: no cap) caps its registers per thread. ``lanes_rows`` > 1 gives each of those warps that
+    many rows, the next one loaded while one is selected, and ``lanes_maskv`` (implied by
+    ``lanes_rows`` > 1) loads whole rows and masks blocks past a row's end by value, so the
+    loads do not wait for the query position (experiments; GPU only).
     ``rows_per_program`` and ``num_warps`` override :func:`topk_config` (experiments)."""
     method = TOPK_METHOD if method is None else method
     if lanes_kernel not in (None, "classic", "fast"):
@@ -829,6 +834,8 @@ def sparse_topk_select_triton(
     nw = LANES_WARPS if lanes_warps is None else lanes_warps
     if nw not in (1, 2, 4, 8):
         raise ValueError(f"lanes_warps must be 1, 2, 4 or 8, got {lanes_warps!r}")
+    if lanes_rows not in (1, 2, 4, 8):
+        raise ValueError(f"lanes_rows must be 1, 2, 4 or 8, got {lanes_rows!r}")
     if method not in TOPK_METHODS:
         raise ValueError(f"method must be one of {TOPK_METHODS}, got {method!r}")
     if max_chunk is None:
@@ -847,12 +854,13 @@ def sparse_topk_select_triton(
             if nw > 1 and not INTERPRET:
                 nreg = LANES_MAXNREG if lanes_maxnreg is None else lanes_maxnreg
                 from mate.ops.msa.topk_warps import _topk_lanes_warps_kernel
-                _topk_lanes_warps_kernel[(triton.cdiv(n_rows, nw),)](
+                _topk_lanes_warps_kernel[(triton.cdiv(n_rows, nw * lanes_rows),)](
                     max_score, output,
                     query_positions if query_positions is not None else _dummy_positions(max_score.device),
                     n_rows, T, num_valid_pages, H, force_begin_blocks, force_end_blocks, W,
                     R=chunk // 32, NW=nw, SLACK=lanes_slack, HAS_QPOS=query_positions is not None,
-                    FULL=chunk == T, num_warps=nw, **({"maxnreg": nreg} if nreg else {}),
+                    FULL=chunk == T, RPW=lanes_rows, MASKV=lanes_maskv, num_warps=nw,
+                    **({"maxnreg": nreg} if nreg else {}),
                 )
                 return
             _topk_lanes_fast_kernel[(total_q, H)](

@@ -18,6 +18,17 @@ Status (2026-11-29, H200): the default of the ``lanes`` method (4 warps, capped 
 registers: 64 resident warps per SM). 32768 x 4 x 256 rows, top 16 + 1 forced: 62.3 us
 (50.6% of copy) against 82.6 for one-warp programs; exact on 1,000 random GPU cases with
 ties. Numbers per variant: :data:`mate.ops.msa.topk.LANES_WARPS`.
+
+Candidates, not yet measured (``RPW`` / ``MASKV``; launcher ``lanes_rows`` / ``lanes_maskv``):
+with query positions the default waits for the position's load before it loads the row
+(two memory latencies per row, and ptxas, unable to prove the row length warp-uniform,
+adds divergence checks before every warp reduction and spills at 32 registers). ``MASKV``
+loads the whole row together with the position and sets blocks past the row's end to
+-inf by value, the length made warp-uniform by a lane max (sm_90 at 32 registers: no
+spills, no ``BRA.DIV``; 1,168 SASS instructions against 1,544). ``RPW`` rows per warp
+issue the next row's loads before the current row's selection (a row past the end repeats
+the last row, so no branch diverges); its register demand (72 uncapped) spills at 32 / 40 /
+48 registers (40 / 18 / 2 STL+LDL in the SASS).
 """
 
 from __future__ import annotations
@@ -190,6 +201,18 @@ def _lanes_warps_row(s_row, o_row, n1, fb, fe, W, R: gl.constexpr, NW: gl.conste
             s = gl.load(ptrs, mask=jj * 32 + ll < n1, other=float("-inf"))
     else:
         s = gl.load(ptrs, mask=jj * 32 + ll < n1, other=float("-inf"))
+    _lanes_warps_select(s, s_row, o_row, n1, fb, fe, W, NW, SLACK)
+
+
+@gluon.jit
+def _lanes_warps_select(s, s_row, o_row, n1, fb, fe, W, NW: gl.constexpr, SLACK: gl.constexpr):
+    """The selection of :func:`_lanes_warps_row` on its scores ``s`` ([R, 32], blocks ``>= n1``
+    -inf)."""
+    L2: gl.constexpr = s.type.layout
+    LL: gl.constexpr = gl.SliceLayout(0, L2)
+    R: gl.constexpr = s.shape[0]
+    jj = gl.expand_dims(gl.arange(0, R, layout=gl.SliceLayout(1, L2)), 1)
+    ll = gl.expand_dims(gl.arange(0, 32, layout=LL), 0)
     lane = gl.arange(0, 32, layout=LL)
     C = W - fb - fe
     m = _lane_keys(gl.reduce(s, 0, _max_nan))
@@ -220,24 +243,84 @@ def _lanes_warps_row(s_row, o_row, n1, fb, fe, W, R: gl.constexpr, NW: gl.conste
         _lanes_full_row(_lane_keys(s), jj, ll, n1, fb, fe, W, C, o_row, NW)
 
 
+@gluon.jit
+def _lanes_prefetch(s_ptr, qpos_ptr, row, n_rows, num_tiles, H, jj, ll, HAS_QPOS: gl.constexpr, FULL: gl.constexpr):
+    """The scores of row ``row`` ([R, 32], every tile of the row; rows past the end read the
+    last row) and its query position (0 without): nothing here waits for the loads, so
+    they fly while the previous row is selected."""
+    rowc = gl.minimum(row, n_rows - 1)
+    ptrs = (s_ptr + rowc.to(gl.int64) * num_tiles + ll) + jj * 32
+    if FULL:
+        s = gl.load(ptrs)
+    else:
+        s = gl.load(ptrs, mask=jj * 32 + ll < num_tiles, other=float("-inf"))
+    if HAS_QPOS:
+        pos = gl.load(qpos_ptr + rowc // H)
+    else:
+        pos = gl.to_tensor(0).to(gl.int64)
+    return s, pos
+
+
+@gluon.jit
+def _lanes_warps_masked_row(s, pos, row, s_ptr, out_ptr, num_tiles, num_valid_pages, fb, fe, W, idx,
+                            NW: gl.constexpr, SLACK: gl.constexpr, HAS_QPOS: gl.constexpr):
+    """Row ``row`` from the scores of :func:`_lanes_prefetch`: blocks ``>= n`` set to -inf by
+    value (``n`` made warp-uniform by a lane max, so no branch
+    diverges), then :func:`_lanes_warps_select`."""
+    LL: gl.constexpr = gl.SliceLayout(0, s.type.layout)
+    n1 = num_valid_pages
+    if HAS_QPOS:
+        n1 = gl.where(pos < 0, 0, gl.minimum(pos // 128 + 1, num_valid_pages)).to(gl.int32)
+        n1 = gl.max(gl.zeros([32], gl.int32, LL) + n1, axis=0)
+    o_row = out_ptr + row.to(gl.int64) * W
+    if n1 > W:
+        if n1 < s.shape[0] * 32:
+            s = gl.where(idx < n1, s, float("-inf"))
+        _lanes_warps_select(s, s_ptr + row.to(gl.int64) * num_tiles, o_row, n1, fb, fe, W, NW, SLACK)
+    else:
+        wc = gl.arange(0, 32, layout=LL)
+        _store_lanes(o_row, wc, gl.where(wc < n1, wc, -1), wc < W, NW)
+
+
 @gluon.jit(do_not_specialize=["n_rows", "num_tiles", "num_valid_pages", "H", "fb", "fe", "W"])
 def _topk_lanes_warps_kernel(
     s_ptr, out_ptr, qpos_ptr,
     n_rows, num_tiles, num_valid_pages, H, fb, fe, W,
     R: gl.constexpr, NW: gl.constexpr, SLACK: gl.constexpr, HAS_QPOS: gl.constexpr, FULL: gl.constexpr,
+    RPW: gl.constexpr = 1, MASKV: gl.constexpr = False,
 ):
-    """Rows ``NW * pid + w`` (w: the warp) of the fast ``lanes`` selection (``W <= 32``)."""
-    row = gl.program_id(0) * NW + _warp_id(gl.program_id(0))
-    if row < n_rows:
-        n1 = num_valid_pages
-        if HAS_QPOS:
-            pos = gl.load(qpos_ptr + row // H)
-            n1 = gl.where(pos < 0, 0, gl.minimum(pos // 128 + 1, num_valid_pages)).to(gl.int32)
-        s_row = s_ptr + row.to(gl.int64) * num_tiles
-        o_row = out_ptr + row.to(gl.int64) * W
-        if n1 > W:
-            _lanes_warps_row(s_row, o_row, n1, fb, fe, W, R, NW, SLACK, FULL)
-        else:
-            LL: gl.constexpr = gl.SliceLayout(0, gl.BlockedLayout([1, 1], [1, 32], [NW, 1], [1, 0]))
-            wc = gl.arange(0, 32, layout=LL)
-            _store_lanes(o_row, wc, gl.where(wc < n1, wc, -1), wc < W, NW)
+    """Rows ``NW * pid + w`` (w: the warp) of the fast ``lanes`` selection (``W <= 32``).
+    With ``RPW`` > 1 or ``MASKV``: rows ``NW * (RPW * pid + i) + w``, i < RPW, each loaded
+    whole (blocks past ``n`` masked by value, so the loads do not wait for the query
+    position) while the previous one is selected."""
+    if RPW > 1 or MASKV:
+        L2: gl.constexpr = gl.BlockedLayout([R, 1], [1, 32], [NW, 1], [1, 0])
+        jj = gl.expand_dims(gl.arange(0, R, layout=gl.SliceLayout(1, L2)), 1)
+        ll = gl.expand_dims(gl.arange(0, 32, layout=gl.SliceLayout(0, L2)), 0)
+        row = gl.program_id(0) * (NW * RPW) + _warp_id(gl.program_id(0))
+        s, pos = _lanes_prefetch(s_ptr, qpos_ptr, row, n_rows, num_tiles, H, jj, ll, HAS_QPOS, FULL)
+        for i in range(RPW):
+            # the next row, or this one again after the last (L1 hits: no predicate on the loads)
+            nxt = row + NW * (i + 1 < RPW).to(gl.int32)
+            s_n, pos_n = _lanes_prefetch(s_ptr, qpos_ptr, nxt, n_rows, num_tiles, H, jj, ll, HAS_QPOS, FULL)
+            # a row past the end repeats the last row (same output, written twice): no divergent branch
+            _lanes_warps_masked_row(s, pos, gl.minimum(row, n_rows - 1), s_ptr, out_ptr, num_tiles, num_valid_pages,
+                                    fb, fe, W, jj * 32 + ll, NW, SLACK, HAS_QPOS)
+            row = nxt
+            s = s_n
+            pos = pos_n
+    else:
+        row = gl.program_id(0) * NW + _warp_id(gl.program_id(0))
+        if row < n_rows:
+            n1 = num_valid_pages
+            if HAS_QPOS:
+                pos = gl.load(qpos_ptr + row // H)
+                n1 = gl.where(pos < 0, 0, gl.minimum(pos // 128 + 1, num_valid_pages)).to(gl.int32)
+            s_row = s_ptr + row.to(gl.int64) * num_tiles
+            o_row = out_ptr + row.to(gl.int64) * W
+            if n1 > W:
+                _lanes_warps_row(s_row, o_row, n1, fb, fe, W, R, NW, SLACK, FULL)
+            else:
+                LL: gl.constexpr = gl.SliceLayout(0, gl.BlockedLayout([1, 1], [1, 32], [NW, 1], [1, 0]))
+                wc = gl.arange(0, 32, layout=LL)
+                _store_lanes(o_row, wc, gl.where(wc < n1, wc, -1), wc < W, NW)
