@@ -47,16 +47,9 @@ BAR_VARIANTS = [  # label, launcher keywords, checked on the random cases
     ("lanes fast slack2", dict(method="lanes", lanes_kernel="fast", lanes_warps=1), True),
 ]
 WARPS_VARIANTS = [  # --warps: the fast kernel with NW one-row warps per program (topk_warps.py)
-    ("warps4 maxnreg32 (default)", dict(method="lanes", lanes_warps=4, lanes_maxnreg=32), True),
-    # whole rows masked by value (the loads do not wait for the query position)
-    ("warps4 maskv cap32", dict(method="lanes", lanes_warps=4, lanes_maskv=True, lanes_maxnreg=32), True),
-    # ROWS rows per warp, the next one loaded during the selection (sm_90: 32 regs spill 40
-    # instrs, 40 spill 18, 48 spill 2, uncapped 72 regs)
-    ("warps4 rows2 cap32", dict(method="lanes", lanes_warps=4, lanes_rows=2, lanes_maxnreg=32), True),
-    ("warps4 rows2 cap40", dict(method="lanes", lanes_warps=4, lanes_rows=2, lanes_maxnreg=40), True),
-    ("warps4 rows4 cap40", dict(method="lanes", lanes_warps=4, lanes_rows=4, lanes_maxnreg=40), True),
-    ("warps4 rows2 cap48", dict(method="lanes", lanes_warps=4, lanes_rows=2, lanes_maxnreg=48), True),
-    ("warps8 rows2 cap40", dict(method="lanes", lanes_warps=8, lanes_rows=2, lanes_maxnreg=40), True),
+    ("warps4 maskv cap32 (default)", dict(method="lanes", lanes_warps=4, lanes_maxnreg=32), True),
+    # the row's valid blocks loaded after its query position
+    ("warps4 nomaskv cap32", dict(method="lanes", lanes_warps=4, lanes_maskv=False, lanes_maxnreg=32), True),
 ]
 
 

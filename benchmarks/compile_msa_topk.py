@@ -33,22 +33,14 @@ VARIANTS = {  # name: (method, rows per program[, warps])
     "lanes_novote": ("lanes_novote", 1),
     "lanes_fast": ("lanes_fast", 1),
     "lanes_fast_qpos": ("lanes_fast_qpos", 1),
-    "lanes_warps2": ("lanes_warps", 2, 2),
-    "lanes_warps4": ("lanes_warps", 4, 4),
-    "lanes_warps8": ("lanes_warps", 8, 8),
-    "lanes_warps4_qpos": ("lanes_warps_qpos", 4, 4),
-    # (method, NW, NW, rows per warp RPW, mask by value MASKV, maxnreg): the default and its candidates
-    "lanes_warps4_cap32": ("lanes_warps", 4, 4, 1, False, 32),
-    "lanes_warps4_cap32_qpos": ("lanes_warps_qpos", 4, 4, 1, False, 32),
-    "lanes_warps4_maskv_cap32_qpos": ("lanes_warps_qpos", 4, 4, 1, True, 32),
-    "lanes_warps4_rpw2_cap32": ("lanes_warps", 4, 4, 2, True, 32),
-    "lanes_warps4_rpw2_cap40": ("lanes_warps", 4, 4, 2, True, 40),
-    "lanes_warps4_rpw2_cap40_qpos": ("lanes_warps_qpos", 4, 4, 2, True, 40),
-    "lanes_warps4_rpw4_cap40": ("lanes_warps", 4, 4, 4, True, 40),
-    "lanes_warps4_rpw2_cap48": ("lanes_warps", 4, 4, 2, True, 48),
-    "lanes_warps8_rpw2_cap40": ("lanes_warps", 8, 8, 2, True, 40),
-    "lanes_warps8_rpw2_cap40_qpos": ("lanes_warps_qpos", 8, 8, 2, True, 40),
-    "lanes_warps4_rpw2": ("lanes_warps", 4, 4, 2, True, 0),
+    # (method, NW, NW, whole rows masked by value MASKV, maxnreg): the default (maskv, 32 registers)
+    "lanes_warps2": ("lanes_warps", 2, 2, True, 32),
+    "lanes_warps4": ("lanes_warps", 4, 4, True, 32),
+    "lanes_warps8": ("lanes_warps", 8, 8, True, 32),
+    "lanes_warps4_qpos": ("lanes_warps_qpos", 4, 4, True, 32),
+    "lanes_warps4_nomaskv": ("lanes_warps", 4, 4, False, 32),
+    "lanes_warps4_nomaskv_qpos": ("lanes_warps_qpos", 4, 4, False, 32),
+    "lanes_warps4_uncapped_qpos": ("lanes_warps_qpos", 4, 4, True, 0),
 }
 
 
@@ -65,19 +57,18 @@ def compile_fast(name: str, method: str, chunk: int, k: int, sass_dir: str | Non
     report(name, chunk, 1, 1, rep)
 
 
-def compile_warps(name: str, method: str, nw: int, chunk: int, sass_dir: str | None, rpw: int = 1,
-                  maskv: bool = False, maxnreg: int = 0) -> None:
+def compile_warps(name: str, method: str, nw: int, chunk: int, sass_dir: str | None, maskv: bool = True,
+                  maxnreg: int = 0) -> None:
     """The Gluon kernel of NW one-row warps per program (topk_warps.py), slack 2, full rows,
-    ``rpw`` rows per warp (the next one loaded during the selection), blocks past n masked
-    by value (``maskv``), registers capped at ``maxnreg`` (0: no cap). A correct build has no
-    shared memory and no barrier (the warps never talk)."""
+    blocks past n masked by value (``maskv``), registers capped at ``maxnreg`` (0: no cap). A
+    correct build has no shared memory and no barrier (the warps never talk)."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from mate.ops.msa import topk_warps as tw
     sig = {"s_ptr": "*fp32", "out_ptr": "*i32", "qpos_ptr": "*i64", "n_rows": "i32", "num_tiles": "i32",
            "num_valid_pages": "i32", "H": "i32", "fb": "i32", "fe": "i32", "W": "i32"}
     constexprs = {"R": max(chunk, 32) // 32, "NW": nw, "SLACK": 2, "HAS_QPOS": method.endswith("qpos"),
-                  "FULL": True, "RPW": rpw, "MASKV": maskv}
+                  "FULL": True, "MASKV": maskv}
     sig.update({c: "constexpr" for c in constexprs})
     src = GluonASTSource(fn=tw._topk_lanes_warps_kernel, signature=sig, constexprs=constexprs,
                          attrs=divisibility_attrs(sig, ["s_ptr", "out_ptr", "qpos_ptr"]))

@@ -68,6 +68,14 @@ surv 1 warp 90.9 (34.6%), surv 4 warps 125.5, the exact step on all 64 blocks of
 224.6; floors 81.1 (one row per one-warp program) / 41.1 (4 rows); causal 86.1 against
 166.9 / 365.0 / 302.5. Scores in the L2 (4096 tokens): 14.3 against 18.5 / 22.6 / 33.8,
 floors 13.2 / 8.4.
+
+Also tried and removed (H200, 2026-11-30), rows per warp in the 4-warp kernel (``RPW``: P
+rows per one-row warp, the next row's loads issued before this row's selection, whole rows
+masked by value; sm_90 spills 40 / 18 / 2 STL+LDL at 32 / 40 / 48 registers, 72 uncapped):
+32768 x 4 x 256 (copy 4,265 GB/s, all exact on 200 random cases) P = 2 at 32 / 40 / 48
+registers 99.0 / 78.7 / 73.6 us, P = 4 at 40 77.4, 8 warps P = 2 at 40 79.0, against one row
+per warp 61.6 (:data:`LANES_MASKV`); causal 103.9 / 88.7 / 85.5, 87.4, 89.2 against 73.6.
+The registers the second row needs cost more resident warps (or spills) than the overlap gains.
 """
 
 from __future__ import annotations
@@ -733,8 +741,19 @@ on the (token, head) grid; 2, 4, 8: :mod:`mate.ops.msa.topk_warps`). H200, 32768
 top 16 + 1 forced (copy 4,263 GB/s), timed interleaved: one-warp programs 82.6 us (38.1% of
 copy: one-warp programs hit the 32-blocks-per-SM cap), 2 / 4 / 8 warps 69.8 / 70.2 / 71.9,
 4 / 8 warps capped at 32 registers (:data:`LANES_MAXNREG`, 64 resident warps per SM) 62.3 /
-62.5 (50.6%); causal rows 85.8 one-warp, 87.6 4 warps, 84.4 4 warps capped. All exact on
-200 random cases each."""
+62.5 (50.6%); causal rows 85.8 one-warp, 87.6 4 warps, 84.4 4 warps capped (rows loaded
+after their query position; masked by value, :data:`LANES_MASKV`: 61.6, causal 73.6). All
+exact on 200 random cases each."""
+
+LANES_MASKV = True
+"""The multi-warp ``lanes`` kernel loads each whole row together with its query position and
+masks blocks past the row's end by value (``MASKV`` in :mod:`mate.ops.msa.topk_warps`; False:
+the row's valid blocks are loaded after the position). H200, 32768 x 4 x 256, top 16 + 1
+forced, 4 warps at 32 registers (copy 4,265 GB/s, timed interleaved): 61.6 us (51.1% of copy)
+against 62.3 (50.5%); causal rows 73.6 (42.8%) against 84.5 (37.2%): the loads no longer wait
+for the position, and the row length, warp-uniform by a lane max, spares ptxas its divergence
+checks (sm_90: 1,168 SASS instructions, no spills, against 1,544 with 14 spills). Exact on 200
+random cases each. Streaming floor with 4 rows per program: 41.3 us."""
 
 LANES_MAXNREG = 32
 """Register cap of the multi-warp ``lanes`` kernel (sm_90 build: 48 uncapped; no spills at
@@ -802,8 +821,7 @@ def sparse_topk_select_triton(
     lanes_kernel: str | None = None,
     lanes_warps: int | None = None,
     lanes_maxnreg: int | None = None,
-    lanes_rows: int = 1,
-    lanes_maskv: bool = False,
+    lanes_maskv: bool | None = None,
 ) -> None:
     """Launches the selection on validated tensors (contiguous fp32 scores, int32 output).
     ``max_chunk`` (a power of two >= 16; default :data:`INTERVAL_MAX_CHUNK` for ``interval``,
@@ -823,10 +841,9 @@ def sparse_topk_select_triton(
     ``lanes_warps`` (default :data:`LANES_WARPS`; 1, 2, 4 or 8) runs the fast kernel with that
     many one-row warps per program (:mod:`mate.ops.msa.topk_warps`, Gluon, GPU only: under
     the interpreter the one-row kernel runs); ``lanes_maxnreg`` (default :data:`LANES_MAXNREG`;
-    0: no cap) caps its registers per thread. ``lanes_rows`` > 1 gives each of those warps that
-    many rows, the next one loaded while one is selected, and ``lanes_maskv`` (implied by
-    ``lanes_rows`` > 1) loads whole rows and masks blocks past a row's end by value, so the
-    loads do not wait for the query position (experiments; GPU only).
+    0: no cap) caps its registers per thread and ``lanes_maskv`` (default :data:`LANES_MASKV`) loads
+    whole rows and masks blocks past a row's end by value, so the loads do not wait for the
+    query position.
     ``rows_per_program`` and ``num_warps`` override :func:`topk_config` (experiments)."""
     method = TOPK_METHOD if method is None else method
     if lanes_kernel not in (None, "classic", "fast"):
@@ -834,8 +851,6 @@ def sparse_topk_select_triton(
     nw = LANES_WARPS if lanes_warps is None else lanes_warps
     if nw not in (1, 2, 4, 8):
         raise ValueError(f"lanes_warps must be 1, 2, 4 or 8, got {lanes_warps!r}")
-    if lanes_rows not in (1, 2, 4, 8):
-        raise ValueError(f"lanes_rows must be 1, 2, 4 or 8, got {lanes_rows!r}")
     if method not in TOPK_METHODS:
         raise ValueError(f"method must be one of {TOPK_METHODS}, got {method!r}")
     if max_chunk is None:
@@ -854,12 +869,12 @@ def sparse_topk_select_triton(
             if nw > 1 and not INTERPRET:
                 nreg = LANES_MAXNREG if lanes_maxnreg is None else lanes_maxnreg
                 from mate.ops.msa.topk_warps import _topk_lanes_warps_kernel
-                _topk_lanes_warps_kernel[(triton.cdiv(n_rows, nw * lanes_rows),)](
+                _topk_lanes_warps_kernel[(triton.cdiv(n_rows, nw),)](
                     max_score, output,
                     query_positions if query_positions is not None else _dummy_positions(max_score.device),
                     n_rows, T, num_valid_pages, H, force_begin_blocks, force_end_blocks, W,
                     R=chunk // 32, NW=nw, SLACK=lanes_slack, HAS_QPOS=query_positions is not None,
-                    FULL=chunk == T, RPW=lanes_rows, MASKV=lanes_maskv, num_warps=nw,
+                    FULL=chunk == T, MASKV=LANES_MASKV if lanes_maskv is None else lanes_maskv, num_warps=nw,
                     **({"maxnreg": nreg} if nreg else {}),
                 )
                 return

@@ -14,21 +14,16 @@ branches (no shared memory, no barrier). Stores would be issued by warp 0 only o
 replicated layout, so each store goes through a [NW, ...] layout with one warp per
 leading index, where warp ``w`` holds (and writes) its own row's values.
 
-Status (2026-11-29, H200): the default of the ``lanes`` method (4 warps, capped at 32
-registers: 64 resident warps per SM). 32768 x 4 x 256 rows, top 16 + 1 forced: 62.3 us
-(50.6% of copy) against 82.6 for one-warp programs; exact on 1,000 random GPU cases with
-ties. Numbers per variant: :data:`mate.ops.msa.topk.LANES_WARPS`.
-
-Candidates, not yet measured (``RPW`` / ``MASKV``; launcher ``lanes_rows`` / ``lanes_maskv``):
-with query positions the default waits for the position's load before it loads the row
-(two memory latencies per row, and ptxas, unable to prove the row length warp-uniform,
-adds divergence checks before every warp reduction and spills at 32 registers). ``MASKV``
-loads the whole row together with the position and sets blocks past the row's end to
--inf by value, the length made warp-uniform by a lane max (sm_90 at 32 registers: no
-spills, no ``BRA.DIV``; 1,168 SASS instructions against 1,544). ``RPW`` rows per warp
-issue the next row's loads before the current row's selection (a row past the end repeats
-the last row, so no branch diverges); its register demand (72 uncapped) spills at 32 / 40 /
-48 registers (40 / 18 / 2 STL+LDL in the SASS).
+Status (H200): the default of the ``lanes`` method (4 warps, capped at 32 registers: 64
+resident warps per SM), whole rows masked by value (``MASKV``, :data:`mate.ops.msa.topk.LANES_MASKV`):
+each warp loads its whole row together with the query position and sets blocks past the
+row's end to -inf by value, the length made warp-uniform by a lane max, so the row's loads
+do not wait for the position and ptxas sees no divergent branch (sm_90 at 32 registers: no
+spills, no ``BRA.DIV``; 1,168 SASS instructions against 1,544 for the row loaded after its
+position, which spills 14 and checks divergence before every warp reduction). 32768 x 4 x
+256 rows, top 16 + 1 forced (copy 4,265 GB/s): 61.6 us (51.1% of copy), causal 73.6 (42.8%),
+against 62.3 / 84.5 for the row loaded after its position and 82.6 for one-warp programs;
+exact on 200 random GPU cases with ties. Numbers per variant: :data:`mate.ops.msa.topk.LANES_WARPS`.
 """
 
 from __future__ import annotations
@@ -244,18 +239,16 @@ def _lanes_warps_select(s, s_row, o_row, n1, fb, fe, W, NW: gl.constexpr, SLACK:
 
 
 @gluon.jit
-def _lanes_prefetch(s_ptr, qpos_ptr, row, n_rows, num_tiles, H, jj, ll, HAS_QPOS: gl.constexpr, FULL: gl.constexpr):
-    """The scores of row ``row`` ([R, 32], every tile of the row; rows past the end read the
-    last row) and its query position (0 without): nothing here waits for the loads, so
-    they fly while the previous row is selected."""
-    rowc = gl.minimum(row, n_rows - 1)
-    ptrs = (s_ptr + rowc.to(gl.int64) * num_tiles + ll) + jj * 32
+def _lanes_load_row(s_ptr, qpos_ptr, row, num_tiles, H, jj, ll, HAS_QPOS: gl.constexpr, FULL: gl.constexpr):
+    """The scores of row ``row`` ([R, 32], every tile of the row) and its query position (0
+    without), loaded together: the row's loads do not wait for the position."""
+    ptrs = (s_ptr + row.to(gl.int64) * num_tiles + ll) + jj * 32
     if FULL:
         s = gl.load(ptrs)
     else:
         s = gl.load(ptrs, mask=jj * 32 + ll < num_tiles, other=float("-inf"))
     if HAS_QPOS:
-        pos = gl.load(qpos_ptr + rowc // H)
+        pos = gl.load(qpos_ptr + row // H)
     else:
         pos = gl.to_tensor(0).to(gl.int64)
     return s, pos
@@ -264,9 +257,9 @@ def _lanes_prefetch(s_ptr, qpos_ptr, row, n_rows, num_tiles, H, jj, ll, HAS_QPOS
 @gluon.jit
 def _lanes_warps_masked_row(s, pos, row, s_ptr, out_ptr, num_tiles, num_valid_pages, fb, fe, W, idx,
                             NW: gl.constexpr, SLACK: gl.constexpr, HAS_QPOS: gl.constexpr):
-    """Row ``row`` from the scores of :func:`_lanes_prefetch`: blocks ``>= n`` set to -inf by
-    value (``n`` made warp-uniform by a lane max, so no branch
-    diverges), then :func:`_lanes_warps_select`."""
+    """Row ``row`` from the scores of :func:`_lanes_load_row`: blocks ``>= n`` set to -inf by
+    value (``n`` made warp-uniform by a lane max, so no branch diverges), then
+    :func:`_lanes_warps_select`."""
     LL: gl.constexpr = gl.SliceLayout(0, s.type.layout)
     n1 = num_valid_pages
     if HAS_QPOS:
@@ -287,28 +280,20 @@ def _topk_lanes_warps_kernel(
     s_ptr, out_ptr, qpos_ptr,
     n_rows, num_tiles, num_valid_pages, H, fb, fe, W,
     R: gl.constexpr, NW: gl.constexpr, SLACK: gl.constexpr, HAS_QPOS: gl.constexpr, FULL: gl.constexpr,
-    RPW: gl.constexpr = 1, MASKV: gl.constexpr = False,
+    MASKV: gl.constexpr,
 ):
     """Rows ``NW * pid + w`` (w: the warp) of the fast ``lanes`` selection (``W <= 32``).
-    With ``RPW`` > 1 or ``MASKV``: rows ``NW * (RPW * pid + i) + w``, i < RPW, each loaded
-    whole (blocks past ``n`` masked by value, so the loads do not wait for the query
-    position) while the previous one is selected."""
-    if RPW > 1 or MASKV:
+    ``MASKV``: each row loaded whole together with its query position, blocks past ``n``
+    masked by value (a warp past the last row repeats it: same output, written twice, and
+    no divergent branch); otherwise the row's valid blocks are loaded after its position."""
+    if MASKV:
         L2: gl.constexpr = gl.BlockedLayout([R, 1], [1, 32], [NW, 1], [1, 0])
         jj = gl.expand_dims(gl.arange(0, R, layout=gl.SliceLayout(1, L2)), 1)
         ll = gl.expand_dims(gl.arange(0, 32, layout=gl.SliceLayout(0, L2)), 0)
-        row = gl.program_id(0) * (NW * RPW) + _warp_id(gl.program_id(0))
-        s, pos = _lanes_prefetch(s_ptr, qpos_ptr, row, n_rows, num_tiles, H, jj, ll, HAS_QPOS, FULL)
-        for i in range(RPW):
-            # the next row, or this one again after the last (L1 hits: no predicate on the loads)
-            nxt = row + NW * (i + 1 < RPW).to(gl.int32)
-            s_n, pos_n = _lanes_prefetch(s_ptr, qpos_ptr, nxt, n_rows, num_tiles, H, jj, ll, HAS_QPOS, FULL)
-            # a row past the end repeats the last row (same output, written twice): no divergent branch
-            _lanes_warps_masked_row(s, pos, gl.minimum(row, n_rows - 1), s_ptr, out_ptr, num_tiles, num_valid_pages,
-                                    fb, fe, W, jj * 32 + ll, NW, SLACK, HAS_QPOS)
-            row = nxt
-            s = s_n
-            pos = pos_n
+        row = gl.minimum(gl.program_id(0) * NW + _warp_id(gl.program_id(0)), n_rows - 1)
+        s, pos = _lanes_load_row(s_ptr, qpos_ptr, row, num_tiles, H, jj, ll, HAS_QPOS, FULL)
+        _lanes_warps_masked_row(s, pos, row, s_ptr, out_ptr, num_tiles, num_valid_pages, fb, fe, W, jj * 32 + ll,
+                                NW, SLACK, HAS_QPOS)
     else:
         row = gl.program_id(0) * NW + _warp_id(gl.program_id(0))
         if row < n_rows:
