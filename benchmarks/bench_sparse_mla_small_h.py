@@ -15,13 +15,11 @@ problem of the same shape with 10% -1 and 5% out-of-range entries and random seq
 one 1, the others in [1, top-k]). Writes nothing.
 
 ``--variants``: the one-warpgroup kernel's candidates (launcher arguments of
-``sparse_mla_decode_gluon_small_h_wg``, default off) on the default plan at B=128 q1 H=16,
-B=32 q2 H=16 (B=64 q2 H=16 last, if the budget allows), interleaved with the default: ``gfirst`` (ring slot refilled
-before the wait for the next block), ``pdl256`` / ``pdl512`` (combine launched as a
-programmatic dependent of the decode, 256 / 512 values per combine program), ``gfirst+pdl256``;
-and ``combine only`` (the plan's combine launch alone, the split's cost). Extra column ``=def``:
-out and lse bit-identical to the default's (the candidates change the schedule, not the
-arithmetic). B=128 q1 H=32 (8-warp kernel, untouched) is timed as a guard.
+``sparse_mla_decode_gluon_small_h_wg``, default off; ``VARIANTS``, none at the moment) on the
+default plan at B=128 q1 H=16, B=32 q2 H=16 (B=64 q2 H=16 last, if the budget allows),
+interleaved with the default, and ``combine only`` (the plan's combine launch alone, the
+split's cost). Extra column ``=def``: out and lse bit-identical to the default's. B=128 q1 H=32
+(8-warp kernel, untouched) is timed as a guard.
 """
 
 from __future__ import annotations
@@ -93,8 +91,7 @@ def _within(x: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) -> boo
     return bool(((x == ref) | ((x - ref).abs() <= atol + rtol * ref.abs())).all())
 
 
-VARIANTS = {"gfirst": dict(gather_first=True), "pdl256": dict(pdl_combine=256), "pdl512": dict(pdl_combine=512),
-            "gfirst+pdl256": dict(gather_first=True, pdl_combine=256)}
+VARIANTS: dict[str, dict] = {}  # label -> launcher arguments
 
 
 def _var_fn(s, kv, md, **kw):

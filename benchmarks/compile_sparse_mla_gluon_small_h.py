@@ -22,7 +22,7 @@ import tempfile
 from mate.ops.sparse_mla import decode_gluon_small_h as dg
 from mate.ops.sparse_mla import decode_gluon_small_h2 as dw
 from mate.ops.sparse_mla.metadata import GLUON_SMALL_H_STAGES, GLUON_WG_STAGES
-from mate.testing.sass import SMEM_LIMIT, compile_sm90, divisibility_attrs
+from mate.testing.sass import SMEM_LIMIT
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from compile_sparse_mla_gluon import compile_decode  # noqa: E402
@@ -79,34 +79,16 @@ def compile_one(block_h: int, split: bool, stages: int, out_dir: str, v_early: b
     return rep.shared <= SMEM_LIMIT and has_mma and rep.spills == 0
 
 
-def compile_wg(block_h: int, split: bool, out_dir: str, gather_first: bool = False, pdl: bool = False) -> bool:
-    """The one-warpgroup kernel (candidates: ``gather_first``, ``pdl``: signals its dependent
-    combine at its start); fails above ``dw.WG_SMEM_LIMIT`` (2 programs per SM)."""
+def compile_wg(block_h: int, split: bool, out_dir: str) -> bool:
+    """The one-warpgroup kernel; fails above ``dw.WG_SMEM_LIMIT`` (2 programs per SM)."""
     constexprs = {"SPLIT": split, "HAS_SEQ_LENS": True, "STAGES": GLUON_WG_STAGES, "BLOCK_H": block_h,
-                  "BLOCK_N": dw.WG_BLOCK_N, "GATHER_FIRST": gather_first, "PDL_TRIGGER": pdl}
-    tag = (f"wg{block_h}_split{int(split)}_stages{GLUON_WG_STAGES}{'_gfirst' if gather_first else ''}"
-           f"{'_pdl' if pdl else ''}")
+                  "BLOCK_N": dw.WG_BLOCK_N}
+    tag = f"wg{block_h}_split{int(split)}_stages{GLUON_WG_STAGES}"
     rep = compile_decode(dw.sparse_mla_decode_small_h_wg_kernel, split, constexprs, dw.WG_NUM_WARPS, out_dir, tag,
                          PATTERN, keep_text=True)
     has_mma = report(tag, rep)
     loop_spills = sum(1 for t in loop_body(rep.sass) or () if re.search(r"\b(STL|LDL)", t))
     return rep.shared <= dw.WG_SMEM_LIMIT and has_mma and loop_spills == 0  # spills outside the loop: prologue
-
-
-def compile_combine_pdl(block_d: int, out_dir: str) -> bool:
-    """The combine launched as a programmatic dependent (``dw._combine_pdl_kernel``, 16 heads)."""
-    from triton.compiler import ASTSource
-
-    sig = {"po_ptr": "*fp16", "plse_ptr": "*fp32", "out_ptr": "*bf16", "lse_ptr": "*fp32", "out_scale": "fp32",
-           "H": "i32", "num_splits": "i32", "BLOCK_HC": "constexpr", "BLOCK_D": "constexpr", "D_V": "constexpr"}
-    src = ASTSource(fn=dw._combine_pdl_kernel, signature=sig,
-                    constexprs={"BLOCK_HC": 16, "BLOCK_D": block_d, "D_V": 512},
-                    attrs=divisibility_attrs(sig, ("po_ptr", "plse_ptr", "out_ptr", "lse_ptr")))
-    tag = f"combine_pdl_d{block_d}"
-    rep = compile_sm90(src, {"num_warps": 4}, pattern=PATTERN, out_dir=out_dir, tag=tag)
-    gdc = "griddepcontrol.wait" in rep.sass or "ACQBULK" in rep.sass or "DEPBAR" in rep.sass
-    print(f"{tag}: {rep.registers} registers, {rep.spills} spill instructions, shared {rep.shared} B")
-    return rep.spills == 0 and gdc
 
 
 def main() -> int:
@@ -120,11 +102,6 @@ def main() -> int:
     ok = True
     for split in (True,) if args.quick else (True, False):
         ok &= compile_wg(16, split, out_dir)
-        ok &= compile_wg(16, split, out_dir, gather_first=True)
-    for gather_first in (False, True):  # the PDL launch runs split plans only
-        ok &= compile_wg(16, True, out_dir, gather_first=gather_first, pdl=True)
-    for block_d in (128, 512):
-        ok &= compile_combine_pdl(block_d, out_dir)
     for v_early in () if args.wg_only else (True, False):
         for block_h in (16, 32):
             for split in (False, True):

@@ -173,28 +173,12 @@ def test_gpu_small_h_one_warpgroup_kernel(small_h_ok, H, B, q_len, splits, stage
 
 
 @gpu
-@pytest.mark.parametrize("H,splits,stages", [(16, 1, 2), (16, 2, 2), (16, 3, 2), (12, 3, 3), (16, 2, 3)])
+@pytest.mark.parametrize("H,splits,stages", [(16, 1, 2), (16, 2, 2), (16, 3, 2), (12, 3, 3), (16, 2, 3), (12, 3, 2)])
 def test_gpu_small_h_one_warpgroup_short_and_empty_rows(small_h_ok, H, splits, stages):
-    """The one-warpgroup kernel (early ring refill) on 1-3 splits with -1 / out-of-range /
-    INT_MIN slots and seq_lens 0, 1, 2, 65 (one block and one slot past it), 700 (inside the
-    11-block split 0 of 3), 704 and 705 (at a split boundary and one past), full: splits with
-    no valid slot, single-slot blocks and partial last blocks."""
-    _check_wg_short_and_empty_rows(H, splits, stages)
-
-
-@gpu
-@pytest.mark.parametrize("H,splits,stages,kw", [
-    (16, 1, 2, dict(gather_first=True)), (16, 2, 2, dict(gather_first=True)), (12, 3, 3, dict(gather_first=True)),
-    (16, 2, 2, dict(pdl_combine=256)), (16, 3, 2, dict(pdl_combine=512)), (16, 1, 2, dict(pdl_combine=128)),
-    (12, 3, 2, dict(gather_first=True, pdl_combine=128)), (16, 2, 3, dict(gather_first=True, pdl_combine=256)),
-])
-def test_gpu_small_h_one_warpgroup_candidates(small_h_ok, H, splits, stages, kw):
-    """The one-warpgroup kernel's launcher candidates (slot refilled before the wait for the
-    next block; combine as a programmatic dependent launch) on the rows of the test above."""
-    _check_wg_short_and_empty_rows(H, splits, stages, **kw)
-
-
-def _check_wg_short_and_empty_rows(H, splits, stages, **kw):
+    """The one-warpgroup kernel (ring slot refilled before the wait for the next block) on 1-3
+    splits with -1 / out-of-range / INT_MIN slots and seq_lens 0, 1, 2, 65 (one block and one
+    slot past it), 700 (inside the 11-block split 0 of 3), 704 and 705 (at a split boundary and
+    one past), full: splits with no valid slot, single-slot blocks and partial last blocks."""
     from mate.ops.sparse_mla.decode_gluon_small_h2 import sparse_mla_decode_gluon_small_h_wg
 
     top_k = 2048
@@ -206,20 +190,22 @@ def _check_wg_short_and_empty_rows(H, splits, stages, **kw):
     out = poisoned((B, q_len, H, 512), torch.bfloat16, "cuda")
     lse = poisoned((B, q_len, H), torch.float32, "cuda")
     sparse_mla_decode_gluon_small_h_wg(q, kv.view(-1, 576), idx, sl, out, lse, md.partial_o, md.partial_lse, S1, 1.25,
-                                       md.block_h, md.num_splits, md.split_blocks, stages, **kw)
+                                       md.block_h, md.num_splits, md.split_blocks, stages)
     _check(out, lse, q, kv, idx, sl, S1, 1.25, gpu=True)
     assert_equal(out[0], torch.zeros_like(out[0]))
     assert_equal(lse[0], torch.full_like(lse[0], float("inf")))
 
 
-def test_small_h_one_warpgroup_candidates_validated():
+def test_small_h_one_warpgroup_launch_validated():
     """Launcher arguments are checked before anything runs (on the CPU too)."""
     from mate.ops.sparse_mla.decode_gluon_small_h2 import sparse_mla_decode_gluon_small_h_wg
 
     q = torch.zeros(1, 1, 16, 576, dtype=torch.float8_e4m3fn)
     e = torch.empty(0)
-    with pytest.raises(ValueError, match="pdl_combine"):
-        sparse_mla_decode_gluon_small_h_wg(q, e, e, None, e, e, e, e, 1.0, 1.0, 16, 2, 16, 2, pdl_combine=64)
+    with pytest.raises(ValueError, match="num_stages"):
+        sparse_mla_decode_gluon_small_h_wg(q, e, e, None, e, e, e, e, 1.0, 1.0, 16, 2, 16, 4)
+    with pytest.raises(ValueError, match="block_h"):
+        sparse_mla_decode_gluon_small_h_wg(q, e, e, None, e, e, e, e, 1.0, 1.0, 8, 2, 16, 2)
 
 
 def test_small_h_one_warpgroup_perm_half_is_the_renaming_of_load_vt_half():

@@ -13,34 +13,21 @@ online softmax over the rows, and Oᵀ [512, BLOCK_H] += Vᵀ·Pᵀ in two halve
 (HGMMA, Vᵀ from registers as in the 8-warp kernel, value rows permuted, see ``_perm_half``).
 Sᵀ of block it + 1 is issued before the P·V of block it.
 
-The ring keeps ``STAGES`` (2) whole 576-byte rows per slot. Early refill: the slot of block it
-is refilled (gather of block it + 2) as soon as every thread holds the e4m3 bytes of Vᵀ half 1
-of block it (widened after the barrier), before Sᵀ of block it + 1 is issued; refilled after
-the Sᵀ / P·V half 0 wait as before, that gather had about half an iteration to land before the
-wait at the top of iteration it + 1, now about one. Cost: P and the landed block get separate
-fence + barrier pairs (6 CTA barriers per block instead of 5), the bytes of Vᵀ half 1 stay in
-32 registers across the barrier. sm_90, 16 heads, split plans: 766 instructions and 6 CTA
-barriers per block (746 and 5 before), 255 registers, no spills in the loop.
+The ring keeps ``STAGES`` (2) whole 576-byte rows per slot. Gather first: Vᵀ half 1 of block it
+is read (e4m3 bytes, widened later) before the barrier that publishes P, so that barrier also
+frees block it's slot; the gather of block it + STAGES is issued right after P·V half 0, before
+the wait for block it + 1 (``wait_group(STAGES - 1)``): with 2 stages two gathers are in flight
+during that wait (the block being computed lives in registers). sm_90, 16 heads, split plans:
+754 instructions and 5 CTA barriers per block, 255 registers, no spills in the loop.
 
-Candidates (launcher arguments, off by default, not yet measured on a GPU;
-``benchmarks/bench_sparse_mla_small_h.py --variants`` times them):
-
-* ``gather_first``: Vᵀ half 1 of block it is read before the P barrier, so that barrier also
-  frees block it's slot: the gather of block it + STAGES is issued right after P·V half 0,
-  before the wait for block it + 1 (``wait_group(STAGES - 1)``). With 2 stages two gathers
-  are in flight during that wait instead of one (the block being computed lives in
-  registers); sm_90: 754 instructions, 5 CTA barriers per block (the barrier Triton put
-  between the refill and Sᵀ is gone), 255 registers, no spills. Same arithmetic: outputs
-  bit-identical to the default.
-* ``pdl_combine``: split plans launch the combine as a programmatic dependent of the decode
-  (each decode program executes ``griddepcontrol.launch_dependents`` first; the combine
-  program waits with ``griddepcontrol.wait``, then merges 128 / 256 / 512 values of its
-  query position), so that the combine's launch overlaps the decode's tail.
-
-H200 (top-k 2048, interleaved CUDA-graph replays, copy 4200 GB/s; us): B=128 q1 2 splits 58.2
-(61.8% of copy; 59.8 with the late refill), B=64 q2 2 splits 57.4 (58.4). Earlier run (copy
-4188 GB/s, late refill) against the 8-warp kernel: B=128 q1 61.5 vs 68.8, B=64 q1 4 splits
-40.4 vs 43.2, B=64 q2 58.4 vs 66.0, B=32 q2 38.9 vs 42.7.
+H200 (top-k 2048, interleaved CUDA-graph replays, copy 4261 GB/s; us, gather first against the
+previous early refill, bit-identical outputs): B=128 q1 2 splits 56.8 vs 57.6 (62.3% of copy),
+B=32 q2 4 splits 37.1 vs 38.5, B=64 q2 2 splits 55.0 vs 57.1; the split combine alone 4.2 us.
+Earlier schedules: early refill (slot refilled once Vᵀ half 1's bytes were in registers, after
+the wait for block it + 1; 766 instructions, 6 barriers) 58.2 at B=128 q1 (copy 4200 GB/s),
+late refill (after the Sᵀ / P·V half 0 wait) 59.8. Earlier run (copy 4188 GB/s, late refill)
+against the 8-warp kernel: B=128 q1 61.5 vs 68.8, B=64 q1 4 splits 40.4 vs 43.2, B=64 q2 58.4
+vs 66.0, B=32 q2 38.9 vs 42.7.
 
 Tried and removed (the earlier run, us at B=128 q1 / B=64 q1 / B=64 q2 / B=32 q2): a split ring
 (values [0, 256) and the rotary part in 2 slots, values [256, 512) in 3, each part issued
@@ -51,13 +38,15 @@ memory, 3 barriers per block instead of 5, 739 instructions) 63.3 / 41.1 (46.0 a
 B=128 q1 / B=64 q2): the combine folded into the last split (atomic split counter reset by the
 merging split, no combine launch) 59.4 / 58.3 with the late refill, 60.0 / 58.7 with the early
 one; 4 splits instead of 2: 74.7 / 73.2 (late refill), 75.6 / 74.7 (early, folded combine).
+Run of copy 4261 GB/s: the combine as a programmatic dependent launch (decode programs signal
+``griddepcontrol.launch_dependents``, the combine waits with ``griddepcontrol.wait``; 256 / 512
+values per combine program) 57.5 / 57.8 vs 57.6 at B=128 q1, 38.8 / 39.3 vs 38.5 at B=32 q2,
+56.5 with gather first vs 56.8: within noise.
 """
 
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -66,16 +55,13 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-from triton.language.extra.cuda import gdc_wait
 
 from mate.ops.sparse_mla.decode_gluon_small_h import _first_block, _issue_qk, _online_softmax
 from mate.ops.sparse_mla.gluon_common import (
-    LOG2E,
     _gather_next,
     _store_result,
     launch_decode,
 )
-from mate.ops.sparse_mla.metadata import HEAD_DIM_ROPE, HEAD_DIM_V
 
 __all__ = ["sparse_mla_decode_small_h_wg_kernel", "sparse_mla_decode_gluon_small_h_wg", "WG_NUM_WARPS"]
 
@@ -135,8 +121,6 @@ def sparse_mla_decode_small_h_wg_kernel(
     STAGES: gl.constexpr,
     BLOCK_H: gl.constexpr,
     BLOCK_N: gl.constexpr,
-    GATHER_FIRST: gl.constexpr,
-    PDL_TRIGGER: gl.constexpr,
     D_V: gl.constexpr,
     D_R: gl.constexpr,
 ):
@@ -168,9 +152,6 @@ def sparse_mla_decode_small_h_wg_kernel(
 
     pid_s = gl.program_id(0)
     bt = gl.program_id(1).to(gl.int64)
-    if PDL_TRIGGER:  # the combine grid (launched as a programmatic dependent) may start now
-        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
-                                  is_pure=False, pack=1)
 
     (q_smem, qr_smem, k_ring, r_ring, p_smem, lo, hi, n_iter, idx_row, tok_g, tok_r, tok_s, m_i, l_acc, s_zero,
      offs_ns) = _first_block(q_ptr, kv_ptr, idx_ptr, seq_lens_ptr, bt, pid_s, num_tokens, qk_scale_log2, H, q_len,
@@ -180,28 +161,16 @@ def sparse_mla_decode_small_h_wg_kernel(
     acc1 = gl.zeros([256, BLOCK_H], gl.float32, layout=O_L)
     vt0 = _load_vt_half(k_ring.index(0).slice(0, 256, dim=1), VL_L, A_L, BLOCK_N)
     for it in range(n_iter):
-        cur = it % STAGES
         p_op = p_smem.index(it % 2).permute((1, 0))
-        if GATHER_FIRST:
-            raw1 = k_ring.index(cur).slice(256, 256, dim=1).load(VL_L)  # Vᵀ half 1 of block it, still e4m3
-            fence_async_shared()  # P of block it (stored by every thread) read by the wgmma
-            gl.thread_barrier()  # ... and every thread has read block it's slot: refill it now
-            acc0 = warpgroup_mma(vt0, p_op, acc0, is_async=True)
-            tok_g, tok_r = _gather_next(kv_ptr, idx_row, tok_g, tok_r, it + STAGES, hi, num_tokens, k_ring, r_ring,
-                                        lo, STAGES, BLOCK_N, D_V, D_R, G_L, R_L)
-            async_copy.wait_group(STAGES - 1)  # block it + 1 landed (block it + STAGES may still fly)
-            fence_async_shared()
-            gl.thread_barrier()  # ... for every thread
-        else:
-            fence_async_shared()  # P of block it (stored by every thread) read by the wgmma
-            gl.thread_barrier()
-            acc0 = warpgroup_mma(vt0, p_op, acc0, is_async=True)
-            raw1 = k_ring.index(cur).slice(256, 256, dim=1).load(VL_L)  # Vᵀ half 1 of block it, still e4m3
-            async_copy.wait_group(STAGES - 2)  # block it + 1 landed
-            fence_async_shared()
-            gl.thread_barrier()  # ... for every thread, and every thread has read block it's slot: refill it
-            tok_g, tok_r = _gather_next(kv_ptr, idx_row, tok_g, tok_r, it + STAGES, hi, num_tokens, k_ring, r_ring,
-                                        lo, STAGES, BLOCK_N, D_V, D_R, G_L, R_L)
+        raw1 = k_ring.index(it % STAGES).slice(256, 256, dim=1).load(VL_L)  # Vᵀ half 1 of block it, still e4m3
+        fence_async_shared()  # P of block it (stored by every thread) read by the wgmma
+        gl.thread_barrier()  # ... and every thread has read block it's slot: refill it now
+        acc0 = warpgroup_mma(vt0, p_op, acc0, is_async=True)
+        tok_g, tok_r = _gather_next(kv_ptr, idx_row, tok_g, tok_r, it + STAGES, hi, num_tokens, k_ring, r_ring, lo,
+                                    STAGES, BLOCK_N, D_V, D_R, G_L, R_L)
+        async_copy.wait_group(STAGES - 1)  # block it + 1 landed (block it + STAGES may still fly)
+        fence_async_shared()
+        gl.thread_barrier()  # ... for every thread
         s = _issue_qk(k_ring, r_ring, (it + 1) % STAGES, q_smem, qr_smem, s_zero)
         vt1 = _widen_vt_half(raw1, A_L, BLOCK_N)
         acc1 = warpgroup_mma(vt1, p_op, acc1, is_async=True)
@@ -230,57 +199,6 @@ def sparse_mla_decode_small_h_wg_kernel(
                   po_ptr, plse_ptr, out_scale, H, bt, pid_s, num_splits, 1, SPLIT, D_V)
 
 
-@triton.jit
-def _combine_pdl_kernel(po_ptr, plse_ptr, out_ptr, lse_ptr, out_scale, H, num_splits, BLOCK_HC: tl.constexpr,
-                        BLOCK_D: tl.constexpr, D_V: tl.constexpr):
-    """The split combine of ``decode.py`` (LSE-weighted merge of ``BLOCK_HC`` heads of one query
-    position, here ``BLOCK_D`` of the 512 values per program), launched as a programmatic
-    dependent of the decode: it waits for the decode grid to complete and flush first."""
-    gdc_wait()
-    bt = tl.program_id(1).to(tl.int64)
-    offs_h = tl.arange(0, BLOCK_HC)
-    h_mask = offs_h < H
-    offs_v = tl.program_id(0) * BLOCK_D + tl.arange(0, BLOCK_D)
-    m = tl.full([BLOCK_HC], float("-inf"), tl.float32)
-    for s in range(num_splits):
-        m = tl.maximum(m, tl.load(plse_ptr + (bt * num_splits + s) * H + offs_h, mask=h_mask, other=float("-inf")))
-    m_use = tl.where(m == float("-inf"), 0.0, m)
-    total = tl.zeros([BLOCK_HC], tl.float32)
-    acc = tl.zeros([BLOCK_HC, BLOCK_D], tl.float32)
-    for s in range(num_splits):
-        rows = (bt * num_splits + s) * H + offs_h.to(tl.int64)
-        w = tl.exp(tl.load(plse_ptr + rows, mask=h_mask, other=float("-inf")) - m_use)  # 0 for an empty split
-        o_s = tl.load(po_ptr + rows[:, None] * D_V + offs_v[None, :], mask=h_mask[:, None] & (w > 0.0)[:, None],
-                      other=0.0).to(tl.float32)
-        total += w
-        acc += w[:, None] * o_s
-    empty = total == 0.0
-    t_safe = tl.where(empty, 1.0, total)
-    o = acc / t_safe[:, None] * out_scale
-    o_rows = (bt * H + offs_h.to(tl.int64))[:, None] * D_V
-    tl.store(out_ptr + o_rows + offs_v[None, :], o.to(tl.bfloat16), mask=h_mask[:, None])
-    if tl.program_id(0) == 0:
-        tl.store(lse_ptr + bt * H + offs_h, tl.where(empty, float("inf"), m_use + tl.log(t_safe)), mask=h_mask)
-
-
-def _launch_pdl(query, kv_rows, block_tables, seq_lens, out, lse, partial_o, partial_lse, bmm1_scale, bmm2_scale,
-                block_h, num_splits, split_blocks, num_stages, gather_first, combine_block_d):
-    """A split plan on a 16-byte aligned cache: the decode grid (each program signals its
-    dependents at its start), then the combine as a programmatic dependent launch, so that
-    the combine's launch overlaps the decode's tail instead of following its completion."""
-    B, q_len, H, _ = query.shape
-    rows = B * q_len
-    sparse_mla_decode_small_h_wg_kernel[(num_splits, rows)](
-        query, kv_rows, block_tables, seq_lens if seq_lens is not None else block_tables, out, lse, partial_o,
-        partial_lse, kv_rows.shape[0], bmm1_scale * LOG2E, bmm2_scale, H, q_len, block_tables.shape[-1],
-        split_blocks, num_splits, SPLIT=True, HAS_SEQ_LENS=seq_lens is not None, STAGES=num_stages,
-        BLOCK_H=block_h, BLOCK_N=WG_BLOCK_N, GATHER_FIRST=bool(gather_first), PDL_TRIGGER=True, D_V=HEAD_DIM_V,
-        D_R=HEAD_DIM_ROPE, num_warps=WG_NUM_WARPS)
-    _combine_pdl_kernel[(HEAD_DIM_V // combine_block_d, rows)](
-        partial_o, partial_lse, out, lse, bmm2_scale, H, num_splits, BLOCK_HC=triton.next_power_of_2(H),
-        BLOCK_D=combine_block_d, D_V=HEAD_DIM_V, num_warps=4, launch_pdl=True)
-
-
 def sparse_mla_decode_gluon_small_h_wg(
     query: torch.Tensor,
     kv_rows: torch.Tensor,
@@ -296,29 +214,15 @@ def sparse_mla_decode_gluon_small_h_wg(
     num_splits: int,
     split_blocks: int,
     num_stages: int = 2,
-    gather_first: bool = False,
-    pdl_combine: int = 0,
 ) -> None:
     """Launches the one-warpgroup small-H decode (contract of
-    ``sparse_mla_decode_gluon_small_h``; ``num_stages`` 2 or 3). Candidates, off by default:
-    ``gather_first`` refills a ring slot before waiting for the next block (see the module
-    docstring); ``pdl_combine`` (split plans on an aligned cache) launches the combine as a
-    programmatic dependent of the decode, with that many values (128, 256 or 512) per combine
-    program. No allocation, no host sync."""
+    ``sparse_mla_decode_gluon_small_h``; ``num_stages`` 2 or 3). No allocation, no host sync."""
     H = query.shape[2]
     if block_h < H or block_h not in (16, 32):
         raise ValueError(f"the small-H Gluon kernel needs block_h 16 or 32 and H <= block_h, got H={H}, "
                          f"block_h={block_h}")
     if num_stages not in (2, 3):
         raise ValueError(f"num_stages must be 2 or 3 for the one-warpgroup kernel, got {num_stages}")
-    if pdl_combine not in (0, 128, 256, 512):
-        raise ValueError(f"pdl_combine must be 0, 128, 256 or 512, got {pdl_combine}")
-    rows = query.shape[0] * query.shape[1]
-    if pdl_combine and num_splits > 1 and rows > 0 and H > 0 and kv_rows.numel() > 0 and kv_rows.data_ptr() % 16 == 0:
-        _launch_pdl(query, kv_rows, block_tables, seq_lens, out, lse, partial_o, partial_lse, bmm1_scale, bmm2_scale,
-                    block_h, num_splits, split_blocks, num_stages, gather_first, pdl_combine)
-        return
     launch_decode(sparse_mla_decode_small_h_wg_kernel, (), query, kv_rows, block_tables, seq_lens, out, lse, partial_o,
                   partial_lse, bmm1_scale, bmm2_scale, num_splits, split_blocks, (block_h, 8, 6, 64, True),
-                  WG_NUM_WARPS, STAGES=num_stages, BLOCK_H=block_h, BLOCK_N=WG_BLOCK_N,
-                  GATHER_FIRST=bool(gather_first), PDL_TRIGGER=False)
+                  WG_NUM_WARPS, STAGES=num_stages, BLOCK_H=block_h, BLOCK_N=WG_BLOCK_N)
