@@ -27,8 +27,8 @@ from mate.ops.msa.softmax_helpers import finish_softmax, split_entries, visible_
 __all__ = ["DECODE_VARIANT", "msa_decode_t_kernel", "decode_t_heads", "t_config", "t_constexprs",
            "t_programs_per_sm", "token_block_list"]
 
-DECODE_VARIANT = {"kernel": "transposed", "keys": 64, "stages": 3, "maxnreg": None, "lazy": 0,
-                  "fp8_keys": 64, "fp8_stages": 3, "fp8_maxnreg": 128, "fp8_lazy": 0}
+DECODE_VARIANT = {"kernel": "transposed", "keys": 64, "stages": 3, "maxnreg": None, "lazy": 8,
+                  "fp8_keys": 64, "fp8_stages": 3, "fp8_maxnreg": 128, "fp8_lazy": 8}
 """Decode kernel of ``sparse_attention`` (module defaults; the benchmark times the others).
 
 ``kernel``: "heads" (``_msa_sparse_fwd_kernel`` with one-token 16-row tiles after
@@ -37,14 +37,18 @@ DECODE_VARIANT = {"kernel": "transposed", "keys": 64, "stages": 3, "maxnreg": No
 (64: each selected block read as two halves), pipelining stages and a register cap; ``lazy``
 (0: off) keeps the softmax's reference max until a logit exceeds it by more than ``lazy``
 (log2 units) and sums the probabilities per key until the loop ends, so a tile without a
-new maximum has no cross-warp max or sum and no rescale (the ``LAZY`` kernel argument). fp8 is
+new maximum has no cross-warp max or sum and no rescale (the ``LAZY`` kernel argument; 8 by
+default, 0 keeps the rescale of every tile). fp8 is
 capped at 128 registers: uncapped the 64-key 3-stage compile takes 153 (3 programs per SM,
 two waves for ``bench_msa_attention``'s 512 programs; the cause of the first in-kernel list's
 108.5 against 80.1 us); 128 has no spills, 112 and 96 spill (19 / 52 spill instructions), and
 128-key tiles spill under it (212; uncapped 224 registers).
 
-H200 (2026-11-29, ``bench_msa_fp8_decode_variants --sel 16`` = ``bench_msa_attention``'s decode
-inputs: B=128, q_len 1, 64K, M3 geometry, 16 blocks; interleaved, copy 4115 GB/s): fp8 80.2 us
+H200, lazy (``bench_msa_fp8_decode_variants --sel 16`` = ``bench_msa_attention``'s decode
+inputs: B=128, q_len 1, 64K, M3 geometry, 16 blocks; interleaved, copy 4231 GB/s): fp8 lazy 8
+85.1 us against 86.8 without (74.5 / 73.1% of copy; with a 96-register cap, 5 programs per SM
+and 6 spills, 87.8, removed), fixed cost (all ids -1) 5.3 us; bf16 148.0 against 149.5.
+Earlier (2026-11-29, same inputs, copy 4115 GB/s, without lazy): fp8 80.2 us
 (2 stages 92.0, 4 stages 98.5) against 84.8 with the ``_msa_union_kernel`` pre-kernel; bf16
 139.6 against 145.9. Removed after that run: ``lsum`` (the softmax denominator as per-key
 partial sums, reduced after the loop: fp8 86.7 us) and ``kvh_fast`` (KV head on the grid's
