@@ -7,7 +7,8 @@ shared memory, ptxas warnings (e.g. wgmma serialization) and counts of the SASS
 instructions that matter (QGMMA tensor-core ops, UTMALDG TMA loads, barriers, wgmma
 waits), read with the ``ptxas``/``cuobjdump`` shipped in Triton's wheel. Exits non-zero
 when a configuration spills (except those of ``SPILL_OK``), exceeds the 227 KB of shared memory, lacks QGMMA, or ptxas
-warns.
+warns; K-interleaved configs (``KINT_CONFIGS`` and every candidate of ``bench_gemm_smallm.py --kint``, each also
+with M = 1) also when the launcher rejects them or their shared memory exceeds the launcher's bound.
 """
 
 from __future__ import annotations
@@ -59,22 +60,15 @@ CONFIGS = {
     "contig 128x192 st2 kps2 tma": (1, 128, 192, 2, True, False, 2),
     "contig 128x128 st2 kps2 tma": (1, 128, 128, 2, True, False, 2),
 }
-# the K-interleaved kernel (groupwise_gluon_kint.py), MN-major scales:
-# name: (BLOCK_M, BLOCK_N, STAGES, KPS, SPLIT_K)
+# the K-interleaved kernel (groupwise_gluon_kint.py), MN-major scales, beside every candidate of
+# benchmarks/bench_gemm_smallm.py --kint (compiled twice: as launched there, and with M = 1, which
+# Triton specializes to a constexpr): name: (BLOCK_M, BLOCK_N, STAGES, KPS, SPLIT_K[, EAGER])
 KINT_CONFIGS = {
     "kint 64x16 st16": (64, 16, 16, 1, 1),
-    "kint 64x16 st8 kps2": (64, 16, 8, 2, 1),
     "kint 64x32 st16": (64, 32, 16, 1, 1),
-    "kint 64x32 st8 kps2": (64, 32, 8, 2, 1),
-    "kint 64x64 st6 kps2": (64, 64, 6, 2, 1),
-    "kint 64x64 st6 kps2 s2": (64, 64, 6, 2, 2),
     "kint 64x64 st6 kps2 s4": (64, 64, 6, 2, 4),
-    "kint 64x128 st3 kps2 s2": (64, 128, 3, 2, 2),
-    "kint 64x128 st3 kps2 s4": (64, 128, 3, 2, 4),
-    "kint 64x32 st8 kps2 s2": (64, 32, 8, 2, 2),
-    "kint 128x32 st4 kps2": (128, 32, 4, 2, 1),
+    "kint 64x128 st2 kps3 s2": (64, 128, 2, 3, 2),
     "kint 128x32 st4 kps2 s2": (128, 32, 4, 2, 2),
-    "kint 128x64 st3 kps2 s2": (128, 64, 3, 2, 2),
 }
 # spills accepted: 12 tile-level values (48 B) stored outside the K loop, reloaded once per
 # tile; the K loop itself has none (the two K blocks of a stage, unrolled, hold more registers)
@@ -123,26 +117,51 @@ def compile_one(name, layout, bm, bn, stages, epi_tma=False, mn=False, kps=1, ou
     return rep.shared <= SMEM_LIMIT and has_mma and (rep.spills == 0 or name in SPILL_OK) and not rep.ptxas_warnings
 
 
-def compile_kint(name, bm, bn, stages, kps, split, out_dir=None, keep=False) -> bool:
+def _kint_candidates() -> dict:
+    """The --kint candidates of bench_gemm_smallm.py as compile_kint arguments."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from bench_gemm_smallm import KINT_CANDIDATES
+
+    out = {}
+    for cands in KINT_CANDIDATES.values():
+        for name, c in cands.items():
+            out[name] = (c["BLOCK_M"], c["BLOCK_N"], c["num_stages"], c.get("KPS", 1), c.get("SPLIT_K", 1),
+                         bool(c.get("EAGER", False)) and c.get("KPS", 1) > 1)
+    return out
+
+
+def compile_kint(name, bm, bn, stages, kps, split, eager=False, out_dir=None, keep=False, m1=False) -> bool:
+    """``m1``: M = 1 (a constexpr at launch: every use of M must accept a Python int)."""
+    gk.check_kint_config(bm, bn, stages, kps, split)  # what the launcher would reject
     sig = {"a_desc": _desc_type(bm), "b_desc": _desc_type(bn), "as_ptr": "*fp32", "bs_ptr": "*fp32",
            "c_ptr": "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32",
            "stride_asm": "i32", "stride_ask": "i32", "stride_bsn": "i32", "stride_bsk": "i32", "stride_cm": "i32"}
     constexprs = {"BLOCK_M": bm, "BLOCK_N": bn, "GROUP_M": 8, "STAGES": stages, "KPS": kps, "SPLIT_K": split,
-                  "FUSED": split > 1, "stride_asm": 1, "stride_bsn": 1}
+                  "FUSED": split > 1, "EAGER": eager, "stride_asm": 1, "stride_bsn": 1}
+    if m1:
+        constexprs["M"] = 1
     sig.update({k: "constexpr" for k in constexprs})
-    aligned = ("as_ptr", "bs_ptr", "c_ptr", "ws_ptr", "cnt_ptr", "N", "K", "stride_ask", "stride_cm")
+    aligned = ["as_ptr", "bs_ptr", "c_ptr", "ws_ptr", "cnt_ptr", "N", "K", "stride_ask", "stride_cm"]
+    if not m1:
+        aligned.append("M")  # the benchmark's M (64, 128)
     src = GluonASTSource(fn=gk.fp8_groupwise_kint_kernel, signature=sig, constexprs=constexprs,
                          attrs=divisibility_attrs(sig, aligned))
     rep = compile_sm90(src, {"num_warps": 4, "maxnreg": gg.GLUON_MAX_REGS}, pattern=PATTERN, out_dir=out_dir,
-                       tag=re.sub(r"\W+", "_", name), ptxas=True, keep_text=keep)
-    print(f"{name}: {rep.registers} registers (launch), stack {rep.stack} B, local {rep.local} B, "
-          f"{rep.spills} spill instructions, shared {rep.shared} B ({rep.shared / 1024:.0f} KB)")
+                       tag=re.sub(r"\W+", "_", name) + ("_m1" if m1 else ""), ptxas=True, keep_text=keep)
+    est = gk.kint_shared_bytes(bm, bn, stages, kps, split)
+    print(f"{name}{' (M 1)' if m1 else ''}: {rep.registers} registers (launch), stack {rep.stack} B, "
+          f"local {rep.local} B, {rep.spills} spill instructions, shared {rep.shared} B "
+          f"({rep.shared / 1024:.0f} KB, launcher's bound {est} B)")
     for w in rep.ptxas_warnings:
         print("    ptxas:", w)
-    for k, n in sorted(rep.counts.items()):
-        print(f"    {k}: {n}")
+    if not m1:
+        for k, n in sorted(rep.counts.items()):
+            print(f"    {k}: {n}")
     has_mma = any(k.startswith("QGMMA") for k in rep.counts)
-    return rep.shared <= SMEM_LIMIT and has_mma and rep.spills == 0 and not rep.ptxas_warnings
+    ok = rep.shared <= SMEM_LIMIT and rep.shared <= est and has_mma and rep.spills == 0 and not rep.ptxas_warnings
+    if rep.shared > est:
+        print(f"    FAIL: shared {rep.shared} B above the launcher's bound {est} B")
+    return ok
 
 
 def main() -> int:
@@ -162,14 +181,15 @@ def main() -> int:
         except Exception as exc:  # report every config, then fail
             print(f"{name}: FAILED {type(exc).__name__}: {str(exc)[:2000]}")
             ok = False
-    for name, cfg in KINT_CONFIGS.items():
+    for name, cfg in {**KINT_CONFIGS, **_kint_candidates()}.items():
         if args.only and args.only not in name:
             continue
-        try:
-            ok &= compile_kint(name, *cfg, out_dir=out_dir, keep=args.keep)
-        except Exception as exc:
-            print(f"{name}: FAILED {type(exc).__name__}: {str(exc)[:2000]}")
-            ok = False
+        for m1 in (False, True):
+            try:
+                ok &= compile_kint(name, *cfg, out_dir=out_dir, keep=args.keep, m1=m1)
+            except Exception as exc:
+                print(f"{name}{' (M 1)' if m1 else ''}: FAILED {type(exc).__name__}: {str(exc)[-1500:]}")
+                ok = False
     print("cubins in", out_dir)
     return 0 if ok else 1
 

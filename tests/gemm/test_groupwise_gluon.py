@@ -244,8 +244,11 @@ KINT_CONFIGS = {
     "kint 64x32 st16": {"BLOCK_M": 64, "BLOCK_N": 32, "num_stages": 16},
     "kint 64x64 st6 kps2 s4": {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 6, "KPS": 2, "SPLIT_K": 4},
     "kint 128x32 st4 kps2 s2": {"BLOCK_M": 128, "BLOCK_N": 32, "num_stages": 4, "KPS": 2, "SPLIT_K": 2},
-    "kint 64x128 st3 kps2 s2 launch": {"BLOCK_M": 64, "BLOCK_N": 128, "num_stages": 3, "KPS": 2, "SPLIT_K": 2,
+    "kint 64x128 st2 kps3 s2 launch": {"BLOCK_M": 64, "BLOCK_N": 128, "num_stages": 2, "KPS": 3, "SPLIT_K": 2,
                                        "REDUCE": "launch"},
+    # the next K block's wgmma issued before the last is scaled; 3 K blocks per stage
+    "kint 64x64 st4 kps3 e": {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 4, "KPS": 3, "EAGER": True},
+    "kint 128x64 st6 s4": {"BLOCK_M": 128, "BLOCK_N": 64, "num_stages": 6, "SPLIT_K": 4},
 }
 
 
@@ -272,7 +275,9 @@ def test_kint_rejects_bad_configs():
     a, b, sa, sb = fp8_block_operands(64, 192, 256)
     out = torch.empty(64, 192, dtype=torch.bfloat16)
     bad = [({"BLOCK_M": 128, "BLOCK_N": 128}, "no 128x128 tile"), ({"BLOCK_M": 64, "BLOCK_N": 16, "KPS": 5}, "KPS"),
-           ({"BLOCK_M": 64, "BLOCK_N": 16, "SPLIT_K": 0}, "SPLIT_K")]
+           ({"BLOCK_M": 64, "BLOCK_N": 16, "SPLIT_K": 0}, "SPLIT_K"),
+           ({"BLOCK_M": 64, "BLOCK_N": 16, "num_stages": 3}, "even"),  # both warpgroups would read a slot
+           ({"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 8, "KPS": 2}, "shared memory")]
     for cfg, msg in bad:
         with pytest.raises(ValueError, match=msg):
             _kint(a, b, sa, sb, out, cfg)
@@ -282,7 +287,7 @@ def test_kint_rejects_bad_configs():
 
 
 _KINT_SM90_BUILD = """
-import json
+import json, sys
 from triton.experimental.gluon._runtime import GluonASTSource
 from mate.ops.gemm import groupwise_gluon_kint as gk
 from mate.ops.gemm.groupwise_gluon import GLUON_MAX_REGS
@@ -293,21 +298,28 @@ def desc(rows):
     layout = gl.NVMMASharedLayout.get_default_for([rows, 128], gl.float8e4nv)
     return f"tensordesc<fp8e4nv[{rows}, 128],{layout}>"
 
-sig = {"a_desc": desc(64), "b_desc": desc(64), "as_ptr": "*fp32", "bs_ptr": "*fp32", "c_ptr": "*bf16",
-       "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "stride_asm": "i32",
-       "stride_ask": "i32", "stride_bsn": "i32", "stride_bsk": "i32", "stride_cm": "i32"}
-cx = {"BLOCK_M": 64, "BLOCK_N": 64, "GROUP_M": 8, "STAGES": 6, "KPS": 2, "SPLIT_K": 2, "FUSED": True}
-sig.update({c: "constexpr" for c in cx})
-rep = compile_sm90(GluonASTSource(fn=gk.fp8_groupwise_kint_kernel, signature=sig, constexprs=cx,
-                                  attrs=divisibility_attrs(sig, ["as_ptr", "bs_ptr", "c_ptr", "ws_ptr", "K"])),
-                   {"num_warps": 4, "maxnreg": GLUON_MAX_REGS})
-print(json.dumps(dict(shared=rep.shared, spills=rep.spills, mma=rep.sass.count("QGMMA"))))
+for cfg in json.loads(sys.argv[1]):
+    bm, bn, split = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg.get("SPLIT_K", 1)
+    sig = {"a_desc": desc(bm), "b_desc": desc(bn), "as_ptr": "*fp32", "bs_ptr": "*fp32", "c_ptr": "*bf16",
+           "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "stride_asm": "i32",
+           "stride_ask": "i32", "stride_bsn": "i32", "stride_bsk": "i32", "stride_cm": "i32"}
+    # M = 1 is a constexpr at launch (the GPU tests' M = 1 case)
+    cx = {"BLOCK_M": bm, "BLOCK_N": bn, "GROUP_M": 8, "STAGES": cfg["num_stages"], "KPS": cfg.get("KPS", 1),
+          "SPLIT_K": split, "FUSED": split > 1 and cfg.get("REDUCE", "fused") == "fused",
+          "EAGER": cfg.get("EAGER", False), "M": 1}
+    sig.update({c: "constexpr" for c in cx})
+    rep = compile_sm90(GluonASTSource(fn=gk.fp8_groupwise_kint_kernel, signature=sig, constexprs=cx,
+                                      attrs=divisibility_attrs(sig, ["as_ptr", "bs_ptr", "c_ptr", "ws_ptr", "K"])),
+                       {"num_warps": 4, "maxnreg": GLUON_MAX_REGS})
+    est = gk.kint_shared_bytes(bm, bn, cfg["num_stages"], cfg.get("KPS", 1), split)
+    print(json.dumps(dict(cfg=cfg, shared=rep.shared, est=est, spills=rep.spills, mma=rep.sass.count("QGMMA"))))
 """
 
 
 def test_kint_sm90_build():
-    """The K-interleaved kernel (64x64, 2 K blocks per stage, fused split-K) compiles for sm_90
-    on the CPU (a child process without the interpreter): no spills, fits shared memory, QGMMA."""
+    """Every K-interleaved config of the GPU tests compiles for sm_90 on the CPU (a child process
+    without the interpreter) with M = 1 specialized: no spills, shared memory within the
+    launcher's bound and the SM's limit, QGMMA."""
     import json
     import os
     import subprocess
@@ -318,11 +330,13 @@ def test_kint_sm90_build():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
-    res = subprocess.run([sys.executable, "-c", _KINT_SM90_BUILD], env=env, capture_output=True, text=True,
-                         timeout=300)
+    res = subprocess.run([sys.executable, "-c", _KINT_SM90_BUILD, json.dumps(list(KINT_CONFIGS.values()))], env=env,
+                         capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
-    rep = json.loads(res.stdout.strip().splitlines()[-1])
-    assert rep["spills"] == 0 and rep["shared"] <= SMEM_LIMIT and rep["mma"] > 0, rep
+    reps = [json.loads(line) for line in res.stdout.strip().splitlines()]
+    assert len(reps) == len(KINT_CONFIGS)
+    for rep in reps:
+        assert rep["spills"] == 0 and rep["shared"] <= min(SMEM_LIMIT, rep["est"]) and rep["mma"] > 0, rep
 
 
 @pytest.mark.gpu

@@ -6,7 +6,8 @@ scales, fp32 accumulation, bf16/fp16 output). At small M and long K the tile is 
 each 128-wide K block is a short chain (wait for the slot, wgmma, wait for it, release the
 slot, scale the product into the accumulator) that one math warpgroup runs back to back,
 with the tensor cores idle outside the wgmma. Here both math warpgroups own the whole
-output tile: warpgroup h takes ring stages h, h + 2, ... (each ``KPS`` K blocks) into its
+output tile: warpgroup h takes ring stages h, h + 2, ... (each ``KPS`` K blocks; stages
+counted over the program's work units, ``STAGES`` even, so each ring slot has one reader) into its
 own accumulator, so one warpgroup's wgmma runs while the other waits, releases and scales;
 at the end warpgroup 1 hands its accumulator to warpgroup 0 through shared memory (two
 mbarriers) and warpgroup 0 adds it and stores the tile. A 1-warp producer fills the TMA
@@ -35,7 +36,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 from mate.ops.gemm.groupwise import tile_coords
 from mate.ops.gemm.groupwise_gluon import GLUON_MAX_REGS, _store_tile
 
-__all__ = ["fp8_groupwise_kint_kernel", "groupwise_gemm_kint", "KINT_TILES"]
+__all__ = ["fp8_groupwise_kint_kernel", "groupwise_gemm_kint", "check_kint_config", "kint_shared_bytes", "KINT_TILES"]
 
 BLOCK_K = gl.constexpr(128)
 CONSUMER_REGS = gl.constexpr(232)
@@ -107,7 +108,7 @@ def _store_partial(c_ptr, ws_ptr, cnt_ptr, acc, t, pid_k, m0, n0, M, N, stride_c
     offs_m = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LAYOUT))
     offs_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, LAYOUT))
     mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
-    mn = M.to(gl.int64) * N
+    mn = gl.to_tensor(M).to(gl.int64) * N  # M is a constexpr when it is 1
     w_ptrs = ws_ptr + offs_m.to(gl.int64)[:, None] * N + offs_n[None, :]
     gl.store(w_ptrs + pid_k * mn, acc, mask=mask)
     if FUSED:
@@ -115,10 +116,10 @@ def _store_partial(c_ptr, ws_ptr, cnt_ptr, acc, t, pid_k, m0, n0, M, N, stride_c
         arrived = gl.atomic_add(cnt_ptr + t, 1, sem="acq_rel", scope="gpu")
         if arrived == SPLIT_K - 1:
             tot = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, LAYOUT)
-            if BLOCK_N * SPLIT_K <= 256:  # all partials' loads in flight
+            if BLOCK_M * BLOCK_N * SPLIT_K <= 64 * 256:  # all partials' loads in flight (<= 128 registers)
                 for sp in gl.static_range(SPLIT_K):
                     tot += gl.load(w_ptrs + sp * mn, mask=mask, other=0.0, cache_modifier=".cg")
-            else:  # one at a time (all at once spills at 64x128 with 4 splits)
+            else:  # one at a time (all at once spills at 64x128 and 128x64 with 4 splits)
                 for sp in range(SPLIT_K):
                     tot += gl.load(w_ptrs + sp * mn, mask=mask, other=0.0, cache_modifier=".cg")
             c_ptrs = c_ptr + offs_m.to(gl.int64)[:, None] * stride_cm + offs_n[None, :]
@@ -130,7 +131,7 @@ def _store_partial(c_ptr, ws_ptr, cnt_ptr, acc, t, pid_k, m0, n0, M, N, stride_c
 def _consumer(a_bufs, b_bufs, sa_bufs, sb_bufs, red_buf, ready, empty, red_full, red_empty, c_ptr, ws_ptr,
               cnt_ptr, M, N, K, stride_cm, HALF: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               GROUP_M: gl.constexpr, STAGES: gl.constexpr, KPS: gl.constexpr, SPLIT_K: gl.constexpr,
-              FUSED: gl.constexpr):
+              FUSED: gl.constexpr, EAGER: gl.constexpr):
     MMA_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                     instr_shape=[16, BLOCK_N, 32])
     ROW_L: gl.constexpr = gl.SliceLayout(1, MMA_L)
@@ -142,19 +143,40 @@ def _consumer(a_bufs, b_bufs, sa_bufs, sb_bufs, red_buf, ready, empty, red_full,
         t, pid_k, pid_m, pid_n, kb_lo, nkb = _unit(u, M, N, K, BLOCK_M, BLOCK_N, GROUP_M, SPLIT_K)
         num_ks = gl.cdiv(nkb, KPS)
         acc = zero
-        for ks in range(HALF, num_ks, 2):
+        # ring stage q (counted over the program's units) goes to warpgroup q % 2: with STAGES
+        # even each slot has one reader, which waits for phase q // STAGES only after consuming
+        # the slot's previous phase itself (a slot shared by both warpgroups lets one wait while
+        # the other's phase has not landed, and a parity wait cannot tell the two phases apart)
+        for ks in range((it + HALF) % 2, num_ks, 2):
             q = it + ks
             s = q % STAGES
             mbarrier.wait(ready.index(s), (q // STAGES) & 1)
-            for j in gl.static_range(KPS):
-                slot = s * KPS + j
-                prod = warpgroup_mma(a_bufs.index(slot), b_bufs.index(slot).permute((1, 0)), zero, use_acc=False,
-                                     is_async=True)
-                sc = sa_bufs.index(slot).load(ROW_L) * sb_bufs.index(slot).load(ROW_L)  # while the wgmma runs
-                prod = warpgroup_mma_wait(num_outstanding=0, deps=(prod, ))
-                if j == KPS - 1:
-                    mbarrier.arrive(empty.index(s), count=1)
-                acc += prod * sc[:, None]
+            if EAGER:  # K block j + 1's wgmma issued before block j's is waited for and scaled
+                prod = warpgroup_mma(a_bufs.index(s * KPS), b_bufs.index(s * KPS).permute((1, 0)), zero,
+                                     use_acc=False, is_async=True)
+                for j in gl.static_range(KPS):
+                    slot = s * KPS + j
+                    sc = sa_bufs.index(slot).load(ROW_L) * sb_bufs.index(slot).load(ROW_L)
+                    if j + 1 < KPS:
+                        nxt = warpgroup_mma(a_bufs.index(slot + 1), b_bufs.index(slot + 1).permute((1, 0)), zero,
+                                            use_acc=False, is_async=True)
+                        prod = warpgroup_mma_wait(num_outstanding=1, deps=(prod, ))
+                        acc += prod * sc[:, None]
+                        prod = nxt
+                    else:
+                        prod = warpgroup_mma_wait(num_outstanding=0, deps=(prod, ))
+                        mbarrier.arrive(empty.index(s), count=1)
+                        acc += prod * sc[:, None]
+            else:
+                for j in gl.static_range(KPS):
+                    slot = s * KPS + j
+                    prod = warpgroup_mma(a_bufs.index(slot), b_bufs.index(slot).permute((1, 0)), zero,
+                                         use_acc=False, is_async=True)
+                    sc = sa_bufs.index(slot).load(ROW_L) * sb_bufs.index(slot).load(ROW_L)  # while the wgmma runs
+                    prod = warpgroup_mma_wait(num_outstanding=0, deps=(prod, ))
+                    if j == KPS - 1:
+                        mbarrier.arrive(empty.index(s), count=1)
+                    acc += prod * sc[:, None]
         it += num_ks
         if HALF == 1:
             mbarrier.wait(red_empty.index(0), (n & 1) ^ 1)
@@ -178,13 +200,14 @@ def fp8_groupwise_kint_kernel(
     M, N, K,
     stride_asm, stride_ask, stride_bsn, stride_bsk, stride_cm,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-    KPS: gl.constexpr = 1, SPLIT_K: gl.constexpr = 1, FUSED: gl.constexpr = False,
+    KPS: gl.constexpr = 1, SPLIT_K: gl.constexpr = 1, FUSED: gl.constexpr = False, EAGER: gl.constexpr = False,
 ):
     """Persistent grid over (tile, K split) units; ``a_desc`` covers a [M, K] with blocks
     [BLOCK_M, 128], ``b_desc`` b [N, K] with blocks [BLOCK_N, 128]. ``ws_ptr``/``cnt_ptr``:
     the split-K workspace and per-tile counters (``FUSED``), unused when SPLIT_K is 1."""
     gl.static_assert(BLOCK_M == 64 or BLOCK_M == 128)
     gl.static_assert(BLOCK_N <= 128 and 128 % BLOCK_N == 0)
+    gl.static_assert(STAGES % 2 == 0, "each ring slot must have one reader: STAGES even")
     SLOTS: gl.constexpr = STAGES * KPS  # slot s * KPS + j: K block j of stage s
     a_bufs = gl.allocate_shared_memory(gl.float8e4nv, [SLOTS, BLOCK_M, BLOCK_K], a_desc.layout)
     b_bufs = gl.allocate_shared_memory(gl.float8e4nv, [SLOTS, BLOCK_N, BLOCK_K], b_desc.layout)
@@ -205,13 +228,48 @@ def fp8_groupwise_kint_kernel(
 
     gl.warp_specialize([
         (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, red_buf, ready, empty, red_full, red_empty, c_ptr, ws_ptr,
-                     cnt_ptr, M, N, K, stride_cm, 0, BLOCK_M, BLOCK_N, GROUP_M, STAGES, KPS, SPLIT_K, FUSED)),
+                     cnt_ptr, M, N, K, stride_cm, 0, BLOCK_M, BLOCK_N, GROUP_M, STAGES, KPS, SPLIT_K, FUSED,
+                     EAGER)),
         (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, red_buf, ready, empty, red_full, red_empty, c_ptr, ws_ptr,
-                     cnt_ptr, M, N, K, stride_cm, 1, BLOCK_M, BLOCK_N, GROUP_M, STAGES, KPS, SPLIT_K, FUSED)),
+                     cnt_ptr, M, N, K, stride_cm, 1, BLOCK_M, BLOCK_N, GROUP_M, STAGES, KPS, SPLIT_K, FUSED,
+                     EAGER)),
         (_producer, (a_desc, b_desc, as_ptr, bs_ptr, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, M, N, K,
                      stride_asm, stride_ask, stride_bsn, stride_bsk, BLOCK_M, BLOCK_N, GROUP_M, STAGES, KPS,
                      SPLIT_K)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+def kint_shared_bytes(bm: int, bn: int, stages: int, kps: int, split: int) -> int:
+    """Upper bound of the kernel's shared memory: the ring (operands and scales), the
+    reduction buffer, the barriers and the epilogue's layout conversion (bf16 tile without
+    split-K; the split-K store needs only a few bytes for the counter's value), plus 1 KB of
+    alignment. Checked against the sm_90 builds by ``benchmarks/compile_gemm_gluon.py``."""
+    slots = stages * kps
+    ring = slots * (bm + bn) * 128 + 2 * slots * bm * 4
+    epilogue = bm * bn * 2 if split == 1 else 256
+    return ring + bm * bn * 4 + (2 * stages + 2) * 8 + epilogue + 1024
+
+
+def check_kint_config(bm: int, bn: int, stages, kps, split) -> None:
+    """Raises ValueError for a configuration the kernel cannot run."""
+    from mate.testing.sass import SMEM_LIMIT
+
+    if (bm, bn) not in KINT_TILES:
+        raise ValueError(f"the K-interleaved Gluon GEMM has no {bm}x{bn} tile (BLOCK_M 64: BLOCK_N 16, 32, 64, "
+                         "128; BLOCK_M 128: 16, 32, 64)")
+    if not isinstance(kps, int) or not 1 <= kps <= 4:
+        raise ValueError(f"KPS (K blocks per ring stage) must be 1, 2, 3 or 4, got {kps!r}")
+    if not isinstance(split, int) or split < 1:
+        raise ValueError(f"SPLIT_K must be a positive int, got {split!r}")
+    if not isinstance(stages, int) or stages < 2 or stages % 2:
+        # stage q goes to warpgroup q % 2: an odd ring lets both read one slot, and a parity
+        # wait of one can pass on the other's phase before it lands
+        raise ValueError(f"num_stages (ring stages) of the K-interleaved Gluon GEMM must be even and >= 2, "
+                         f"got {stages!r}")
+    need = kint_shared_bytes(bm, bn, stages, kps, split)
+    if need > SMEM_LIMIT:
+        raise ValueError(f"the K-interleaved Gluon GEMM {bm}x{bn} with {stages} stages of {kps} K blocks needs "
+                         f"~{need // 1024} KB of shared memory (at most {SMEM_LIMIT // 1024} KB)")
 
 
 def _desc(t: torch.Tensor, block_rows: int):
@@ -225,9 +283,10 @@ def groupwise_gemm_kint(a, b, a_scale, a_scale_strides, b_scale, b_scale_strides
                         num_sms: int | None = None) -> None:
     """Launches the kernel on a [M, K] x b [N, K]ᵀ (PLAIN; ``groupwise_gluon.gluon_supported``
     must hold). ``config``: BLOCK_M (64 or 128), BLOCK_N (16, 32, 64, 128 for BLOCK_M 64;
-    16, 32, 64 for 128), num_stages (ring stages), KPS (K blocks per stage, 1-4), SPLIT_K
+    16, 32, 64 for 128), num_stages (ring stages, even), KPS (K blocks per stage, 1-4), SPLIT_K
     (K splits over programs, capped by K / 128), GROUP_M, REDUCE (``"fused"``, the default,
-    or ``"launch"``: a second kernel sums the split-K partials)."""
+    or ``"launch"``: a second kernel sums the split-K partials), EAGER (KPS > 1: each K block's
+    wgmma issued before the previous one is waited for and scaled; default False)."""
     from mate.ops.gemm.groupwise import _TL_DTYPE, _tile_counters, splitk_reduce_kernel
 
     if a.dim() != 2 or b.dim() != 2:
@@ -235,29 +294,31 @@ def groupwise_gemm_kint(a, b, a_scale, a_scale_strides, b_scale, b_scale_strides
     M, K = a.shape
     N = b.shape[0]
     bm, bn = config["BLOCK_M"], config["BLOCK_N"]
-    if (bm, bn) not in KINT_TILES:
-        raise ValueError(f"the K-interleaved Gluon GEMM has no {bm}x{bn} tile (BLOCK_M 64: BLOCK_N 16, 32, 64, "
-                         "128; BLOCK_M 128: 16, 32, 64)")
-    kps = config.get("KPS", 1)
-    if not isinstance(kps, int) or not 1 <= kps <= 4:
-        raise ValueError(f"KPS (K blocks per ring stage) must be 1, 2, 3 or 4, got {kps!r}")
-    split = config.get("SPLIT_K", 1)
-    if not isinstance(split, int) or split < 1:
-        raise ValueError(f"SPLIT_K must be a positive int, got {split!r}")
+    kps, split, stages = config.get("KPS", 1), config.get("SPLIT_K", 1), config.get("num_stages", 8)
+    check_kint_config(bm, bn, stages, kps, split)
+    if b.shape[1] != K or K % 128:
+        raise ValueError(f"the K-interleaved Gluon GEMM needs a [M, K] and b [N, K] with K a multiple of 128, "
+                         f"got {tuple(a.shape)} and {tuple(b.shape)}")
+    reduce = config.get("REDUCE", "fused")
+    if reduce not in ("fused", "launch"):
+        raise ValueError(f"REDUCE must be 'fused' or 'launch', got {reduce!r}")
+    if M == 0 or N == 0:
+        return
     split = min(split, max(1, K // 128))
     tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
     if num_sms is None:
         num_sms = torch.cuda.get_device_properties(a.device).multi_processor_count
     cnt = None
-    if split > 1 and config.get("REDUCE", "fused") == "fused":
+    if split > 1 and reduce == "fused":
         cnt = _tile_counters(a.device, tiles)
     ws = torch.empty((split, M, N), dtype=torch.float32, device=a.device) if split > 1 else out
     fp8_groupwise_kint_kernel[(max(1, min(num_sms, tiles * split)), )](
         _desc(a, bm), _desc(b, bn), a_scale, b_scale, out, ws, cnt if cnt is not None else ws,
         M, N, K,
         a_scale_strides[1], a_scale_strides[2], b_scale_strides[1], b_scale_strides[2], out.stride(0),
-        BLOCK_M=bm, BLOCK_N=bn, GROUP_M=config.get("GROUP_M", 8), STAGES=config.get("num_stages", 8), KPS=kps,
-        SPLIT_K=split, FUSED=cnt is not None, num_warps=4, maxnreg=GLUON_MAX_REGS,
+        BLOCK_M=bm, BLOCK_N=bn, GROUP_M=config.get("GROUP_M", 8), STAGES=stages, KPS=kps,
+        SPLIT_K=split, FUSED=cnt is not None, EAGER=bool(config.get("EAGER", False)) and kps > 1, num_warps=4,
+        maxnreg=GLUON_MAX_REGS,
     )
     if split > 1 and cnt is None:
         splitk_reduce_kernel[(triton.cdiv(M, 32), triton.cdiv(N, 128))](
