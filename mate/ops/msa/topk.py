@@ -755,6 +755,19 @@ for the position, and the row length, warp-uniform by a lane max, spares ptxas i
 checks (sm_90: 1,168 SASS instructions, no spills, against 1,544 with 14 spills). Exact on 200
 random cases each. Streaming floor with 4 rows per program: 41.3 us."""
 
+LANES_OPT = 0
+"""Selection candidates of the multi-warp ``lanes`` kernel (``OPT`` bits in
+:func:`mate.ops.msa.topk_warps._lanes_warps_select`; 0: none; not yet measured): 1, the
+bound from the lane maxima sorted (a 15-step bitonic network: the W-th largest lane max, as
+the bisection at slack 0) instead of bisected; 2, the exact C-th largest survivor from the
+survivors sorted instead of bisected; 4, the full-row fallback reloads its row (the scores
+die after the ballots: no spills at 32 registers with 1 or 2) and short rows are masked by
+one bound per register (no block index on the full-row path). sm_90, 4 warps at 32
+registers, full rows, ties aside: ~301 SASS instructions per row on the common path with 7
+(no loop; 6 REDUX, 30 SHFL) against ~373 (bisection loops of ~4.6 and ~5.1 steps of 14-16
+instructions, 17 REDUX); no spills. Simulated on randn rows of 256 (top 16 + 1): ~22.7
+survivors and 0.3% fallback rows with the sorted bound against ~25 and 3.2% at slack 2."""
+
 LANES_MAXNREG = 32
 """Register cap of the multi-warp ``lanes`` kernel (sm_90 build: 48 uncapped; no spills at
 32 or 24, with or without query positions; 32 already lets 64 warps reside per SM)."""
@@ -822,6 +835,7 @@ def sparse_topk_select_triton(
     lanes_warps: int | None = None,
     lanes_maxnreg: int | None = None,
     lanes_maskv: bool | None = None,
+    lanes_opt: int | None = None,
 ) -> None:
     """Launches the selection on validated tensors (contiguous fp32 scores, int32 output).
     ``max_chunk`` (a power of two >= 16; default :data:`INTERVAL_MAX_CHUNK` for ``interval``,
@@ -843,7 +857,7 @@ def sparse_topk_select_triton(
     the interpreter the one-row kernel runs); ``lanes_maxnreg`` (default :data:`LANES_MAXNREG`;
     0: no cap) caps its registers per thread and ``lanes_maskv`` (default :data:`LANES_MASKV`) loads
     whole rows and masks blocks past a row's end by value, so the loads do not wait for the
-    query position.
+    query position; ``lanes_opt`` (default :data:`LANES_OPT`) picks its selection candidates.
     ``rows_per_program`` and ``num_warps`` override :func:`topk_config` (experiments)."""
     method = TOPK_METHOD if method is None else method
     if lanes_kernel not in (None, "classic", "fast"):
@@ -851,6 +865,9 @@ def sparse_topk_select_triton(
     nw = LANES_WARPS if lanes_warps is None else lanes_warps
     if nw not in (1, 2, 4, 8):
         raise ValueError(f"lanes_warps must be 1, 2, 4 or 8, got {lanes_warps!r}")
+    opt = LANES_OPT if lanes_opt is None else lanes_opt
+    if opt not in range(8):
+        raise ValueError(f"lanes_opt must be 0 .. 7, got {lanes_opt!r}")
     if method not in TOPK_METHODS:
         raise ValueError(f"method must be one of {TOPK_METHODS}, got {method!r}")
     if max_chunk is None:
@@ -874,7 +891,7 @@ def sparse_topk_select_triton(
                     query_positions if query_positions is not None else _dummy_positions(max_score.device),
                     n_rows, T, num_valid_pages, H, force_begin_blocks, force_end_blocks, W,
                     R=chunk // 32, NW=nw, SLACK=lanes_slack, HAS_QPOS=query_positions is not None,
-                    FULL=chunk == T, MASKV=LANES_MASKV if lanes_maskv is None else lanes_maskv, num_warps=nw,
+                    FULL=chunk == T, MASKV=LANES_MASKV if lanes_maskv is None else lanes_maskv, OPT=opt, num_warps=nw,
                     **({"maxnreg": nreg} if nreg else {}),
                 )
                 return

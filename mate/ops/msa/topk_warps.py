@@ -78,6 +78,31 @@ def _nth_lane(b, r):
 
 
 @gluon.jit
+def _shfl_xor(x, mask: gl.constexpr):
+    """Per lane: ``x`` (uint32 [32]) of lane ``lane ^ mask``."""
+    return gl.inline_asm_elementwise(
+        "shfl.sync.bfly.b32 $0, $1, $2, 31, -1;", "=r,r,r",
+        [x.to(gl.int32, bitcast=True), gl.full(x.shape, mask, gl.int32, x.type.layout)],
+        dtype=gl.int32, is_pure=False, pack=1).to(gl.uint32, bitcast=True)
+
+
+@gluon.jit
+def _sort_desc(k):
+    """The 32 uint32 keys ``k`` (one per lane) sorted in descending order across the lanes
+    (lane 0 the largest): a bitonic network whose comparators all point one way (each
+    merge starts by comparing mirrored lanes), 15 steps of a butterfly shuffle and a
+    min / max chosen by one lane bit."""
+    lane = gl.arange(0, 32, layout=k.type.layout)
+    for kk in gl.static_range(5):
+        p = _shfl_xor(k, (2 << kk) - 1)
+        k = gl.where((lane & (1 << kk)) == 0, gl.maximum(k, p), gl.minimum(k, p))
+        for i in gl.static_range(kk):
+            p = _shfl_xor(k, 1 << (kk - 1 - i))
+            k = gl.where((lane & (1 << (kk - 1 - i))) == 0, gl.maximum(k, p), gl.minimum(k, p))
+    return k
+
+
+@gluon.jit
 def _store_lanes(o_row, offs, vals, mask, NW: gl.constexpr):
     """``o_row[offs] = vals`` where ``mask`` for [32] lane tensors, by every warp for its own row."""
     LS: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [NW, 1], [1, 0])
@@ -122,10 +147,15 @@ def _sum2(x):
 
 
 @gluon.jit
-def _lanes_finish(kl, cand, src, tau0, C, fb, fe, n1, W, o_row, NW: gl.constexpr):
+def _lanes_finish(kl, cand, src, tau0, C, fb, fe, n1, W, o_row, NW: gl.constexpr, OPT: gl.constexpr = 0):
     lane = gl.arange(0, 32, layout=kl.type.layout)
-    clo = gl.sum(cand.to(gl.int32), axis=0)
-    tau, clo = _lane_bisect(kl, tau0, clo, gl.maximum(gl.max(kl, axis=0), tau0), C, 0)
+    if OPT & 2:
+        # the C-th largest key of the sorted survivors (C > 0: at least C candidates >= tau0 > 0)
+        tau = gl.max(gl.where(lane == C - 1, _sort_desc(kl), 0), axis=0)
+        clo = gl.sum((kl >= tau).to(gl.int32), axis=0)
+    else:
+        clo = gl.sum(cand.to(gl.int32), axis=0)
+        tau, clo = _lane_bisect(kl, tau0, clo, gl.maximum(gl.max(kl, axis=0), tau0), C, 0)
     if clo > C:
         eq = kl == tau
         eball = gl.sum(eq.to(gl.uint32) << lane.to(gl.uint32), axis=0)
@@ -182,7 +212,7 @@ def _lanes_full_row(u, jj, ll, n1, fb, fe, W, C, o_row, NW: gl.constexpr):
 
 @gluon.jit
 def _lanes_warps_row(s_row, o_row, n1, fb, fe, W, R: gl.constexpr, NW: gl.constexpr, SLACK: gl.constexpr,
-                     FULL: gl.constexpr):
+                     FULL: gl.constexpr, OPT: gl.constexpr):
     """:func:`mate.ops.msa.topk._lanes_fast_row` of one row (``n1 > W``) on this warp."""
     L2: gl.constexpr = gl.BlockedLayout([R, 1], [1, 32], [NW, 1], [1, 0])
     LL: gl.constexpr = gl.SliceLayout(0, L2)
@@ -196,13 +226,18 @@ def _lanes_warps_row(s_row, o_row, n1, fb, fe, W, R: gl.constexpr, NW: gl.conste
             s = gl.load(ptrs, mask=jj * 32 + ll < n1, other=float("-inf"))
     else:
         s = gl.load(ptrs, mask=jj * 32 + ll < n1, other=float("-inf"))
-    _lanes_warps_select(s, s_row, o_row, n1, fb, fe, W, NW, SLACK)
+    _lanes_warps_select(s, s_row, o_row, n1, fb, fe, W, NW, SLACK, OPT)
 
 
 @gluon.jit
-def _lanes_warps_select(s, s_row, o_row, n1, fb, fe, W, NW: gl.constexpr, SLACK: gl.constexpr):
+def _lanes_warps_select(s, s_row, o_row, n1, fb, fe, W, NW: gl.constexpr, SLACK: gl.constexpr, OPT: gl.constexpr):
     """The selection of :func:`_lanes_warps_row` on its scores ``s`` ([R, 32], blocks ``>= n1``
-    -inf)."""
+    -inf). Candidates (``OPT`` bits, 0: none): 1, the bound ``tau0`` is the W-th largest lane
+    max (the lane maxima sorted: the bisection's result at slack 0) instead of the
+    bisection's; 2, the exact C-th largest survivor from the sorted survivors instead of a
+    bisection; 4, the full-row fallback reloads the row (an L1 / L2 hit), so the scores
+    die after the ballots (and :func:`_lanes_warps_masked_row` masks by one bound per
+    register)."""
     L2: gl.constexpr = s.type.layout
     LL: gl.constexpr = gl.SliceLayout(0, L2)
     R: gl.constexpr = s.shape[0]
@@ -213,7 +248,10 @@ def _lanes_warps_select(s, s_row, o_row, n1, fb, fe, W, NW: gl.constexpr, SLACK:
     m = _lane_keys(gl.reduce(s, 0, _max_nan))
     m_hi = gl.max(m, axis=0)
     if m_hi <= 0xFF800000:
-        tau0, _c0 = _lane_bisect(m, gl.min(m, axis=0), gl.to_tensor(32), m_hi, W, SLACK)
+        if OPT & 1:
+            tau0 = gl.max(gl.where(lane == W - 1, _sort_desc(m), 0), axis=0)
+        else:
+            tau0, _c0 = _lane_bisect(m, gl.min(m, axis=0), gl.to_tensor(32), m_hi, W, SLACK)
         ball = _ballot_ge_f(s, _float_of_key(tau0))
         S = gl.zeros_like(lane)
         b = gl.zeros_like(lane).to(gl.uint32)
@@ -231,7 +269,10 @@ def _lanes_warps_select(s, s_row, o_row, n1, fb, fe, W, NW: gl.constexpr, SLACK:
             src = jstar * 32 + _nth_lane(b, lane - base)
             cand = (lane < S) & (src >= fb) & (src < n1 - fe)
             kl = gl.where(cand, _lane_keys(gl.load(s_row + src, mask=cand, other=0.0)), 0)
-            _lanes_finish(kl, cand, src, tau0, C, fb, fe, n1, W, o_row, NW)
+            _lanes_finish(kl, cand, src, tau0, C, fb, fe, n1, W, o_row, NW, OPT)
+        elif OPT & 4:
+            s2 = gl.load((s_row + ll) + jj * 32, mask=jj * 32 + ll < n1, other=float("-inf"))
+            _lanes_full_row(_lane_keys(s2), jj, ll, n1, fb, fe, W, C, o_row, NW)
         else:
             _lanes_full_row(_lane_keys(s), jj, ll, n1, fb, fe, W, C, o_row, NW)
     else:
@@ -256,7 +297,7 @@ def _lanes_load_row(s_ptr, qpos_ptr, row, num_tiles, H, jj, ll, HAS_QPOS: gl.con
 
 @gluon.jit
 def _lanes_warps_masked_row(s, pos, row, s_ptr, out_ptr, num_tiles, num_valid_pages, fb, fe, W, idx,
-                            NW: gl.constexpr, SLACK: gl.constexpr, HAS_QPOS: gl.constexpr):
+                            NW: gl.constexpr, SLACK: gl.constexpr, HAS_QPOS: gl.constexpr, OPT: gl.constexpr):
     """Row ``row`` from the scores of :func:`_lanes_load_row`: blocks ``>= n`` set to -inf by
     value (``n`` made warp-uniform by a lane max, so no branch diverges), then
     :func:`_lanes_warps_select`."""
@@ -268,8 +309,13 @@ def _lanes_warps_masked_row(s, pos, row, s_ptr, out_ptr, num_tiles, num_valid_pa
     o_row = out_ptr + row.to(gl.int64) * W
     if n1 > W:
         if n1 < s.shape[0] * 32:
-            s = gl.where(idx < n1, s, float("-inf"))
-        _lanes_warps_select(s, s_ptr + row.to(gl.int64) * num_tiles, o_row, n1, fb, fe, W, NW, SLACK)
+            if OPT & 4:
+                # per register j: lane < n - 32 j (a bound per register, not an index per block)
+                jj = gl.expand_dims(gl.arange(0, s.shape[0], layout=gl.SliceLayout(1, s.type.layout)), 1)
+                s = gl.where(gl.expand_dims(gl.arange(0, 32, layout=LL), 0) < n1 - jj * 32, s, float("-inf"))
+            else:
+                s = gl.where(idx < n1, s, float("-inf"))
+        _lanes_warps_select(s, s_ptr + row.to(gl.int64) * num_tiles, o_row, n1, fb, fe, W, NW, SLACK, OPT)
     else:
         wc = gl.arange(0, 32, layout=LL)
         _store_lanes(o_row, wc, gl.where(wc < n1, wc, -1), wc < W, NW)
@@ -280,7 +326,7 @@ def _topk_lanes_warps_kernel(
     s_ptr, out_ptr, qpos_ptr,
     n_rows, num_tiles, num_valid_pages, H, fb, fe, W,
     R: gl.constexpr, NW: gl.constexpr, SLACK: gl.constexpr, HAS_QPOS: gl.constexpr, FULL: gl.constexpr,
-    MASKV: gl.constexpr,
+    MASKV: gl.constexpr, OPT: gl.constexpr = 0,
 ):
     """Rows ``NW * pid + w`` (w: the warp) of the fast ``lanes`` selection (``W <= 32``).
     ``MASKV``: each row loaded whole together with its query position, blocks past ``n``
@@ -293,7 +339,7 @@ def _topk_lanes_warps_kernel(
         row = gl.minimum(gl.program_id(0) * NW + _warp_id(gl.program_id(0)), n_rows - 1)
         s, pos = _lanes_load_row(s_ptr, qpos_ptr, row, num_tiles, H, jj, ll, HAS_QPOS, FULL)
         _lanes_warps_masked_row(s, pos, row, s_ptr, out_ptr, num_tiles, num_valid_pages, fb, fe, W, jj * 32 + ll,
-                                NW, SLACK, HAS_QPOS)
+                                NW, SLACK, HAS_QPOS, OPT)
     else:
         row = gl.program_id(0) * NW + _warp_id(gl.program_id(0))
         if row < n_rows:
@@ -304,7 +350,7 @@ def _topk_lanes_warps_kernel(
             s_row = s_ptr + row.to(gl.int64) * num_tiles
             o_row = out_ptr + row.to(gl.int64) * W
             if n1 > W:
-                _lanes_warps_row(s_row, o_row, n1, fb, fe, W, R, NW, SLACK, FULL)
+                _lanes_warps_row(s_row, o_row, n1, fb, fe, W, R, NW, SLACK, FULL, OPT)
             else:
                 LL: gl.constexpr = gl.SliceLayout(0, gl.BlockedLayout([1, 1], [1, 32], [NW, 1], [1, 0]))
                 wc = gl.arange(0, 32, layout=LL)
