@@ -15,13 +15,11 @@ problem of the same shape with 10% -1 and 5% out-of-range entries and random seq
 one 1, the others in [1, top-k]). Writes nothing.
 
 ``--variants``: the one-warpgroup kernel's candidates (launcher arguments of
-``sparse_mla_decode_gluon_small_h_wg``, default off) on the default plan at B=128 q1 H=16,
-B=32 q2 H=16 (B=64 q2 H=16 last, if the budget allows), interleaved with the default: ``idx``
-(the split's top-k entries read into shared memory once, no global load in the loop),
-``asmwait`` (inline ring wait, one CTA barrier less per block), ``idx+asmwait``; and
-``combine only`` (the plan's combine launch alone, the split's cost). Extra column ``=def``:
-out and lse bit-identical to the default's. B=128 q1 H=32 (8-warp kernel, untouched) is timed
-as a guard.
+``sparse_mla_decode_gluon_small_h_wg``, default off; ``VARIANTS``, none at the moment) on the
+default plan at B=128 q1 H=16, B=32 q2 H=16 (B=64 q2 H=16 last, if the budget allows),
+interleaved with the default, and ``combine only`` (the plan's combine launch alone, the
+split's cost). Extra column ``=def``: out and lse bit-identical to the default's. B=128 q1 H=32
+(8-warp kernel, untouched) is timed as a guard.
 """
 
 from __future__ import annotations
@@ -93,8 +91,7 @@ def _within(x: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) -> boo
     return bool(((x == ref) | ((x - ref).abs() <= atol + rtol * ref.abs())).all())
 
 
-VARIANTS = {"idx": dict(idx_smem=True), "asmwait": dict(asm_wait=True),
-            "idx+asmwait": dict(idx_smem=True, asm_wait=True)}  # label -> launcher arguments
+VARIANTS: dict[str, dict] = {}  # label -> launcher arguments
 
 
 def _var_fn(s, kv, md, **kw):

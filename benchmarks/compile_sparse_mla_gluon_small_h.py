@@ -79,13 +79,11 @@ def compile_one(block_h: int, split: bool, stages: int, out_dir: str, v_early: b
     return rep.shared <= SMEM_LIMIT and has_mma and rep.spills == 0
 
 
-def compile_wg(block_h: int, split: bool, out_dir: str, idx_blocks: int = 0, asm_wait: bool = False) -> bool:
-    """The one-warpgroup kernel (candidates: ``idx_blocks`` > 0, the split's top-k entries in
-    shared memory; ``asm_wait``); fails above ``dw.WG_SMEM_LIMIT`` (2 programs per SM)."""
+def compile_wg(block_h: int, split: bool, out_dir: str) -> bool:
+    """The one-warpgroup kernel; fails above ``dw.WG_SMEM_LIMIT`` (2 programs per SM)."""
     constexprs = {"SPLIT": split, "HAS_SEQ_LENS": True, "STAGES": GLUON_WG_STAGES, "BLOCK_H": block_h,
-                  "BLOCK_N": dw.WG_BLOCK_N, "IDX_BLOCKS": idx_blocks, "ASM_WAIT": asm_wait}
-    tag = (f"wg{block_h}_split{int(split)}_stages{GLUON_WG_STAGES}{f'_idx{idx_blocks}' if idx_blocks else ''}"
-           f"{'_asmwait' if asm_wait else ''}")
+                  "BLOCK_N": dw.WG_BLOCK_N}
+    tag = f"wg{block_h}_split{int(split)}_stages{GLUON_WG_STAGES}"
     rep = compile_decode(dw.sparse_mla_decode_small_h_wg_kernel, split, constexprs, dw.WG_NUM_WARPS, out_dir, tag,
                          PATTERN, keep_text=True)
     has_mma = report(tag, rep)
@@ -104,9 +102,6 @@ def main() -> int:
     ok = True
     for split in (True,) if args.quick else (True, False):
         ok &= compile_wg(16, split, out_dir)
-    if not args.quick:  # candidates: B=128 q1 (16 blocks per split), B=32 q2 (8), unsplit (32); inline wait
-        for idx_blocks, asm_wait in ((16, False), (8, False), (32, False), (0, True), (16, True)):
-            ok &= compile_wg(16, idx_blocks != 32, out_dir, idx_blocks=idx_blocks, asm_wait=asm_wait)
     for v_early in () if args.wg_only else (True, False):
         for block_h in (16, 32):
             for split in (False, True):

@@ -179,21 +179,6 @@ def test_gpu_small_h_one_warpgroup_short_and_empty_rows(small_h_ok, H, splits, s
     splits with -1 / out-of-range / INT_MIN slots and seq_lens 0, 1, 2, 65 (one block and one
     slot past it), 700 (inside the 11-block split 0 of 3), 704 and 705 (at a split boundary and
     one past), full: splits with no valid slot, single-slot blocks and partial last blocks."""
-    _check_wg_short_and_empty_rows(H, splits, stages)
-
-
-@gpu
-@pytest.mark.parametrize("H,splits,stages,kw", [
-    (16, 1, 2, dict(idx_smem=True)), (16, 2, 2, dict(idx_smem=True)), (12, 3, 3, dict(idx_smem=True)),
-    (16, 3, 2, dict(asm_wait=True)), (12, 1, 2, dict(asm_wait=True)), (16, 2, 2, dict(idx_smem=True, asm_wait=True)),
-])
-def test_gpu_small_h_one_warpgroup_candidates(small_h_ok, H, splits, stages, kw):
-    """The launcher candidates (top-k entries of the split in shared memory, 11-block splits
-    in a 16-block buffer, 32 blocks unsplit; inline ring wait) on the rows of the test above."""
-    _check_wg_short_and_empty_rows(H, splits, stages, **kw)
-
-
-def _check_wg_short_and_empty_rows(H, splits, stages, **kw):
     from mate.ops.sparse_mla.decode_gluon_small_h2 import sparse_mla_decode_gluon_small_h_wg
 
     top_k = 2048
@@ -205,7 +190,7 @@ def _check_wg_short_and_empty_rows(H, splits, stages, **kw):
     out = poisoned((B, q_len, H, 512), torch.bfloat16, "cuda")
     lse = poisoned((B, q_len, H), torch.float32, "cuda")
     sparse_mla_decode_gluon_small_h_wg(q, kv.view(-1, 576), idx, sl, out, lse, md.partial_o, md.partial_lse, S1, 1.25,
-                                       md.block_h, md.num_splits, md.split_blocks, stages, **kw)
+                                       md.block_h, md.num_splits, md.split_blocks, stages)
     _check(out, lse, q, kv, idx, sl, S1, 1.25, gpu=True)
     assert_equal(out[0], torch.zeros_like(out[0]))
     assert_equal(lse[0], torch.full_like(lse[0], float("inf")))
@@ -221,8 +206,6 @@ def test_small_h_one_warpgroup_launch_validated():
         sparse_mla_decode_gluon_small_h_wg(q, e, e, None, e, e, e, e, 1.0, 1.0, 16, 2, 16, 4)
     with pytest.raises(ValueError, match="block_h"):
         sparse_mla_decode_gluon_small_h_wg(q, e, e, None, e, e, e, e, 1.0, 1.0, 8, 2, 16, 2)
-    with pytest.raises(ValueError, match="asm_wait"):
-        sparse_mla_decode_gluon_small_h_wg(q, e, e, None, e, e, e, e, 1.0, 1.0, 16, 2, 16, 3, asm_wait=True)
 
 
 def test_small_h_one_warpgroup_perm_half_is_the_renaming_of_load_vt_half():

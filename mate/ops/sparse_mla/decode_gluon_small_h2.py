@@ -20,19 +20,6 @@ the wait for block it + 1 (``wait_group(STAGES - 1)``): with 2 stages two gather
 during that wait (the block being computed lives in registers). sm_90, 16 heads, split plans:
 754 instructions and 5 CTA barriers per block, 255 registers, no spills in the loop.
 
-Candidates (launcher arguments, off by default; ``benchmarks/bench_sparse_mla_small_h.py
---variants`` times them; sm_90, 16 heads, split plans):
-
-* ``idx_smem``: the split's top-k entries are read into shared memory once ([pow2(split
-  blocks), 64] int32, <= 16 KB; 4 KB at B=128 q1), each block's entries are then shared loads:
-  the loop has no global load left, so no token load is in flight when a proxy fence
-  (``MEMBAR.ALL.CTA``) executes, and no token latency precedes a gather. 760 instructions,
-  5 barriers per block, 89.2 KB, 255 registers, no spills in the loop (2 spill instructions in
-  the prologue).
-* ``asm_wait``: the ring wait is an inline ``cp.async.wait_group 1``, which Triton's barrier
-  pass does not see, so the CTA barrier it puts after each async-copy wait (ahead of the fence
-  and the explicit barrier) is gone: 750 instructions, 4 barriers per block.
-
 H200 (top-k 2048, interleaved CUDA-graph replays, copy 4261 GB/s; us, gather first against the
 previous early refill, bit-identical outputs): B=128 q1 2 splits 56.8 vs 57.6 (62.3% of copy),
 B=32 q2 4 splits 37.1 vs 38.5, B=64 q2 2 splits 55.0 vs 57.1; the split combine alone 4.2 us.
@@ -55,12 +42,16 @@ Run of copy 4261 GB/s: the combine as a programmatic dependent launch (decode pr
 ``griddepcontrol.launch_dependents``, the combine waits with ``griddepcontrol.wait``; 256 / 512
 values per combine program) 57.5 / 57.8 vs 57.6 at B=128 q1, 38.8 / 39.3 vs 38.5 at B=32 q2,
 56.5 with gather first vs 56.8: within noise.
+Run of copy 4252 GB/s (us at B=128 q1 / B=32 q2 / B=64 q2, default 56.6 / 37.5 / 54.8): the
+split's top-k entries read into shared memory once (no global load in the loop; 760
+instructions, 89.2 KB) 57.8 / 37.2 / 56.4; the ring wait as inline ``cp.async.wait_group``
+(no CTA barrier after it, 4 per block; 750 instructions) 56.6 / 37.5 / 54.6; both 57.7 / 37.2
+/ 56.2.
 """
 
 from __future__ import annotations
 
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -73,9 +64,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from mate.ops.sparse_mla.decode_gluon_small_h import _first_block, _issue_qk, _online_softmax
 from mate.ops.sparse_mla.gluon_common import (
     _gather_next,
-    _issue_gather,
-    _load_query,
-    _split_slots,
     _store_result,
     launch_decode,
 )
@@ -86,8 +74,6 @@ WG_BLOCK_N = 64
 WG_NUM_WARPS = 4
 # Shared memory of one program that lets 2 share an SM (228 KB, 1 KB reserved per program).
 WG_SMEM_LIMIT = 113 * 1024
-# Largest top-k slice of a split that the ``idx_smem`` candidate keeps in shared memory.
-WG_IDX_SMEM_MAX = 16 * 1024
 
 
 @gluon.jit
@@ -118,60 +104,6 @@ def _widen_vt_half(v, A_L: gl.constexpr, BLOCK_N: gl.constexpr):
 
 
 @gluon.jit
-def _smem_tokens(idx_smem, block, lo, hi, L: gl.constexpr, NB: gl.constexpr, BLOCK_N: gl.constexpr):
-    """Top-k entries of block ``block`` of the split from ``idx_smem`` ([NB, BLOCK_N]) in
-    layout ``L`` (-1 for slots >= hi, including every block past the split)."""
-    offs = gl.arange(0, BLOCK_N, layout=L)
-    tok = idx_smem.index(gl.minimum(block, NB - 1)).load(L)
-    return gl.where(lo + block * BLOCK_N + offs < hi, tok, -1)
-
-
-@gluon.jit
-def _first_block_idx_smem(q_ptr, kv_ptr, idx_ptr, seq_lens_ptr, bt, pid_s, num_tokens, qk_scale_log2, H, q_len,
-                          top_k, split_blocks, HAS_SEQ_LENS: gl.constexpr, STAGES: gl.constexpr,
-                          BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, NB: gl.constexpr, D_V: gl.constexpr,
-                          D_R: gl.constexpr, G_L: gl.constexpr, R_L: gl.constexpr, S_L: gl.constexpr,
-                          K_SL: gl.constexpr, R_SL: gl.constexpr, F16_SL: gl.constexpr):
-    """``_first_block`` with the split's top-k entries ([NB, BLOCK_N], -1 past ``hi``) read once
-    into shared memory: the loop reads each block's entries there instead of from global memory."""
-    q_smem, qr_smem = _load_query(q_ptr, bt, H, 0, BLOCK_H, D_V, D_R, G_L, R_L, K_SL, R_SL)
-    k_ring = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, D_V], K_SL)
-    r_ring = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, D_R], R_SL)
-    p_smem = gl.allocate_shared_memory(gl.float16, [2, BLOCK_H, BLOCK_N], F16_SL)
-    lo, hi, n_iter, idx_row = _split_slots(idx_ptr, seq_lens_ptr, bt, pid_s, q_len, top_k, split_blocks,
-                                           HAS_SEQ_LENS, BLOCK_N)
-    I_L: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-    idx_smem = gl.allocate_shared_memory(gl.int32, [NB, BLOCK_N], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-    for j in gl.static_range(NB):
-        offs_i = lo + j * BLOCK_N + gl.arange(0, BLOCK_N, layout=I_L)
-        idx_smem.index(j).store(gl.load(idx_row + offs_i, mask=offs_i < hi, other=-1))
-    gl.thread_barrier()
-    TG_L: gl.constexpr = gl.SliceLayout(1, G_L)
-    TR_L: gl.constexpr = gl.SliceLayout(1, R_L)
-    TS_L: gl.constexpr = gl.SliceLayout(1, S_L)
-    for j in gl.static_range(STAGES - 1):
-        _issue_gather(kv_ptr, _smem_tokens(idx_smem, j, lo, hi, TG_L, NB, BLOCK_N),
-                      _smem_tokens(idx_smem, j, lo, hi, TR_L, NB, BLOCK_N), num_tokens, k_ring.index(j),
-                      r_ring.index(j), D_V, D_R, G_L, R_L)
-
-    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(0, S_L))
-    l_acc = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=S_L)
-    s_zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=S_L)
-
-    async_copy.wait_group(STAGES - 2)  # block 0 landed
-    fence_async_shared()
-    gl.thread_barrier()
-    _issue_gather(kv_ptr, _smem_tokens(idx_smem, STAGES - 1, lo, hi, TG_L, NB, BLOCK_N),
-                  _smem_tokens(idx_smem, STAGES - 1, lo, hi, TR_L, NB, BLOCK_N), num_tokens,
-                  k_ring.index(STAGES - 1), r_ring.index(STAGES - 1), D_V, D_R, G_L, R_L)
-    s = warpgroup_mma_wait(num_outstanding=0, deps=(_issue_qk(k_ring, r_ring, 0, q_smem, qr_smem, s_zero),))
-    tok = _smem_tokens(idx_smem, 0, lo, hi, TS_L, NB, BLOCK_N)
-    p, alpha, m_i, l_acc = _online_softmax(s, tok, num_tokens, qk_scale_log2, m_i, l_acc)
-    p_smem.index(0).store(gl.permute(p.to(gl.float16), (1, 0)))
-    return q_smem, qr_smem, k_ring, r_ring, p_smem, idx_smem, lo, hi, n_iter, m_i, l_acc, s_zero
-
-
-@gluon.jit
 def sparse_mla_decode_small_h_wg_kernel(
     q_ptr,
     kv_ptr,
@@ -194,8 +126,6 @@ def sparse_mla_decode_small_h_wg_kernel(
     STAGES: gl.constexpr,
     BLOCK_H: gl.constexpr,
     BLOCK_N: gl.constexpr,
-    IDX_BLOCKS: gl.constexpr,
-    ASM_WAIT: gl.constexpr,
     D_V: gl.constexpr,
     D_R: gl.constexpr,
 ):
@@ -228,16 +158,10 @@ def sparse_mla_decode_small_h_wg_kernel(
     pid_s = gl.program_id(0)
     bt = gl.program_id(1).to(gl.int64)
 
-    if IDX_BLOCKS > 0:
-        (q_smem, qr_smem, k_ring, r_ring, p_smem, idx_smem, lo, hi, n_iter, m_i, l_acc,
-         s_zero) = _first_block_idx_smem(q_ptr, kv_ptr, idx_ptr, seq_lens_ptr, bt, pid_s, num_tokens, qk_scale_log2,
-                                         H, q_len, top_k, split_blocks, HAS_SEQ_LENS, STAGES, BLOCK_H, BLOCK_N,
-                                         IDX_BLOCKS, D_V, D_R, G_L, R_L, S_L, K_SL, R_SL, F16_SL)
-    else:
-        (q_smem, qr_smem, k_ring, r_ring, p_smem, lo, hi, n_iter, idx_row, tok_g, tok_r, tok_s, m_i, l_acc, s_zero,
-         offs_ns) = _first_block(q_ptr, kv_ptr, idx_ptr, seq_lens_ptr, bt, pid_s, num_tokens, qk_scale_log2, H,
-                                 q_len, top_k, split_blocks, HAS_SEQ_LENS, STAGES, BLOCK_H, BLOCK_N, D_V, D_R, G_L,
-                                 R_L, S_L, K_SL, R_SL, F16_SL)
+    (q_smem, qr_smem, k_ring, r_ring, p_smem, lo, hi, n_iter, idx_row, tok_g, tok_r, tok_s, m_i, l_acc, s_zero,
+     offs_ns) = _first_block(q_ptr, kv_ptr, idx_ptr, seq_lens_ptr, bt, pid_s, num_tokens, qk_scale_log2, H, q_len,
+                             top_k, split_blocks, HAS_SEQ_LENS, STAGES, BLOCK_H, BLOCK_N, D_V, D_R, G_L, R_L, S_L,
+                             K_SL, R_SL, F16_SL)
     acc0 = gl.zeros([256, BLOCK_H], gl.float32, layout=O_L)
     acc1 = gl.zeros([256, BLOCK_H], gl.float32, layout=O_L)
     vt0 = _load_vt_half(k_ring.index(0).slice(0, 256, dim=1), VL_L, A_L, BLOCK_N)
@@ -247,32 +171,18 @@ def sparse_mla_decode_small_h_wg_kernel(
         fence_async_shared()  # P of block it (stored by every thread) read by the wgmma
         gl.thread_barrier()  # ... and every thread has read block it's slot: refill it now
         acc0 = warpgroup_mma(vt0, p_op, acc0, is_async=True)
-        if IDX_BLOCKS > 0:
-            nb = it + STAGES
-            _issue_gather(kv_ptr, _smem_tokens(idx_smem, nb, lo, hi, gl.SliceLayout(1, G_L), IDX_BLOCKS, BLOCK_N),
-                          _smem_tokens(idx_smem, nb, lo, hi, gl.SliceLayout(1, R_L), IDX_BLOCKS, BLOCK_N),
-                          num_tokens, k_ring.index(nb % STAGES), r_ring.index(nb % STAGES), D_V, D_R, G_L, R_L)
-        else:
-            tok_g, tok_r = _gather_next(kv_ptr, idx_row, tok_g, tok_r, it + STAGES, hi, num_tokens, k_ring, r_ring,
-                                        lo, STAGES, BLOCK_N, D_V, D_R, G_L, R_L)
-        if ASM_WAIT:  # not seen by Triton's barrier pass, which puts a CTA barrier after each async_copy wait
-            gl.static_assert(STAGES == 2)
-            gl.inline_asm_elementwise("cp.async.wait_group 1; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False,
-                                      pack=1)
-        else:
-            async_copy.wait_group(STAGES - 1)  # block it + 1 landed (block it + STAGES may still fly)
+        tok_g, tok_r = _gather_next(kv_ptr, idx_row, tok_g, tok_r, it + STAGES, hi, num_tokens, k_ring, r_ring, lo,
+                                    STAGES, BLOCK_N, D_V, D_R, G_L, R_L)
+        async_copy.wait_group(STAGES - 1)  # block it + 1 landed (block it + STAGES may still fly)
         fence_async_shared()
         gl.thread_barrier()  # ... for every thread
         s = _issue_qk(k_ring, r_ring, (it + 1) % STAGES, q_smem, qr_smem, s_zero)
         vt1 = _widen_vt_half(raw1, A_L, BLOCK_N)
         acc1 = warpgroup_mma(vt1, p_op, acc1, is_async=True)
         s, acc0 = warpgroup_mma_wait(num_outstanding=1, deps=(s, acc0))  # Sᵀ of it + 1 and P·V half 0 done
-        if IDX_BLOCKS > 0:
-            tok = _smem_tokens(idx_smem, it + 1, lo, hi, gl.SliceLayout(1, S_L), IDX_BLOCKS, BLOCK_N)
-        else:
-            tok = tok_s
-            slots_next = lo + (it + 2) * BLOCK_N + offs_ns
-            tok_s = gl.load(idx_row + slots_next, mask=slots_next < hi, other=-1)
+        tok = tok_s
+        slots_next = lo + (it + 2) * BLOCK_N + offs_ns
+        tok_s = gl.load(idx_row + slots_next, mask=slots_next < hi, other=-1)
         p, alpha, m_i, l_acc = _online_softmax(s, tok, num_tokens, qk_scale_log2, m_i, l_acc)
         p_smem.index((it + 1) % 2).store(gl.permute(p.to(gl.float16), (1, 0)))
         alpha_o = gl.convert_layout(alpha, gl.SliceLayout(0, O_L))[None, :]
@@ -309,27 +219,15 @@ def sparse_mla_decode_gluon_small_h_wg(
     num_splits: int,
     split_blocks: int,
     num_stages: int = 2,
-    idx_smem: bool = False,
-    asm_wait: bool = False,
 ) -> None:
     """Launches the one-warpgroup small-H decode (contract of
-    ``sparse_mla_decode_gluon_small_h``; ``num_stages`` 2 or 3). Candidates, off by default:
-    ``idx_smem`` reads the split's top-k entries into shared memory once (when they fit
-    ``WG_IDX_SMEM_MAX`` bytes; else ignored), so that the loop issues no global load;
-    ``asm_wait`` (2 stages) waits for the ring with an inline ``cp.async.wait_group``, which
-    saves the CTA barrier Triton puts after each async-copy wait. No allocation, no host sync."""
+    ``sparse_mla_decode_gluon_small_h``; ``num_stages`` 2 or 3). No allocation, no host sync."""
     H = query.shape[2]
     if block_h < H or block_h not in (16, 32):
         raise ValueError(f"the small-H Gluon kernel needs block_h 16 or 32 and H <= block_h, got H={H}, "
                          f"block_h={block_h}")
     if num_stages not in (2, 3):
         raise ValueError(f"num_stages must be 2 or 3 for the one-warpgroup kernel, got {num_stages}")
-    if asm_wait and num_stages != 2:
-        raise ValueError(f"asm_wait needs num_stages 2, got {num_stages}")
-    idx_blocks = triton.next_power_of_2(max(split_blocks, 1)) if idx_smem else 0
-    if idx_blocks * WG_BLOCK_N * 4 > WG_IDX_SMEM_MAX:
-        idx_blocks = 0
     launch_decode(sparse_mla_decode_small_h_wg_kernel, (), query, kv_rows, block_tables, seq_lens, out, lse, partial_o,
                   partial_lse, bmm1_scale, bmm2_scale, num_splits, split_blocks, (block_h, 8, 6, 64, True),
-                  WG_NUM_WARPS, STAGES=num_stages, BLOCK_H=block_h, BLOCK_N=WG_BLOCK_N, IDX_BLOCKS=idx_blocks,
-                  ASM_WAIT=bool(asm_wait))
+                  WG_NUM_WARPS, STAGES=num_stages, BLOCK_H=block_h, BLOCK_N=WG_BLOCK_N)
