@@ -85,11 +85,10 @@ def test_transposed_decode_lazy_rescale(device, triton_backend, transposed, monk
     _check(o, l_, ro, rl, dtype)
 
 
-@pytest.mark.parametrize("splits,lazy,reg_list", [(1, 8, 0), (2, 8, 1), (1, 0, 0)])
+@pytest.mark.parametrize("splits,lazy", [(1, 8), (2, 8), (1, 0)])
 def test_transposed_decode_empty_and_invalid_selections(device, triton_backend, transposed, monkeypatch, splits,
-                                                        lazy, reg_list):
+                                                        lazy):
     monkeypatch.setitem(sd.DECODE_VARIANT, "lazy", lazy)
-    monkeypatch.setitem(sd.DECODE_VARIANT, "reg_list", reg_list)
     pb = make_problem([1, 1, 1], [384, 384, 200], hq=16, hkv=1, width=4, device=device)
     idx = pb["kv_block_indexes"]
     idx.fill_(-1)  # token 0: nothing selected
@@ -128,15 +127,11 @@ LIST_CASES = [
 ]
 
 
-@pytest.mark.parametrize("reg_list", [0, 1])
 @pytest.mark.parametrize("q_lens,kv_lens,flat,qo_offset,pad,wide,causal,splits", LIST_CASES)
-def test_transposed_decode_block_lists(device, triton_backend, transposed, monkeypatch, q_lens, kv_lens, flat,
-                                       qo_offset, pad, wide, causal, splits, reg_list):
+def test_transposed_decode_block_lists(device, triton_backend, transposed, q_lens, kv_lens, flat, qo_offset, pad,
+                                       wide, causal, splits):
     """The decode program's own block list (:func:`sparse_decode.token_block_list`): the
-    token's request found directly or by binary search, padding rows empty; stored, or kept in
-    registers (``reg_list``)."""
-    monkeypatch.setitem(sd.DECODE_VARIANT, "reg_list", reg_list)
-    monkeypatch.setitem(sd.DECODE_VARIANT, "fp8_reg_list", reg_list)
+    token's request found directly or by binary search, padding rows empty."""
     dtype = torch.float8_e4m3fn if splits == 3 else torch.bfloat16
     pb = make_problem(q_lens, kv_lens, hq=16, hkv=1, width=8, dtype=dtype, device=device, flat=flat,
                       qo_offset=qo_offset, hq_wide=wide)
@@ -215,8 +210,7 @@ def test_transposed_decode_gpu_m3(transposed, dtype, layout, splits):
     (torch.bfloat16, "NHD", -1, {}), (torch.float8_e4m3fn, "NHD", -1, {}), (torch.float8_e4m3fn, "HND", 3, {}),
     (torch.bfloat16, "HND", 2, {"stages": 2}), (torch.float8_e4m3fn, "NHD", 1, {"fp8_stages": 2, "fp8_maxnreg": None}),
     (torch.float8_e4m3fn, "NHD", -1, {"fp8_lazy": 0}), (torch.float8_e4m3fn, "HND", 2, {"fp8_lazy": 1}),
-    (torch.bfloat16, "NHD", 1, {"lazy": 0}), (torch.float8_e4m3fn, "NHD", -1, {"fp8_reg_list": 1}),
-    (torch.float8_e4m3fn, "HND", 3, {"fp8_reg_list": 1}), (torch.bfloat16, "NHD", 2, {"reg_list": 1})])
+    (torch.bfloat16, "NHD", 1, {"lazy": 0})])
 def test_transposed_decode_gpu_m3_block_lists(transposed, monkeypatch, dtype, layout, splits, variant):
     """M3 geometry, width 16: one query per request (the common case) then requests of several
     queries and padding rows (the binary search), against the reference."""

@@ -28,8 +28,7 @@ __all__ = ["DECODE_VARIANT", "msa_decode_t_kernel", "decode_t_heads", "t_config"
            "t_programs_per_sm", "token_block_list"]
 
 DECODE_VARIANT = {"kernel": "transposed", "keys": 64, "stages": 3, "maxnreg": None, "lazy": 8,
-                  "reg_list": 0, "fp8_keys": 64, "fp8_stages": 3, "fp8_maxnreg": 128, "fp8_lazy": 8,
-                  "fp8_reg_list": 0}
+                  "fp8_keys": 64, "fp8_stages": 3, "fp8_maxnreg": 128, "fp8_lazy": 8}
 """Decode kernel of ``sparse_attention`` (module defaults; the benchmark times the others).
 
 ``kernel``: "heads" (``_msa_sparse_fwd_kernel`` with one-token 16-row tiles after
@@ -39,11 +38,7 @@ DECODE_VARIANT = {"kernel": "transposed", "keys": 64, "stages": 3, "maxnreg": No
 (0: off) keeps the softmax's reference max until a logit exceeds it by more than ``lazy``
 (log2 units) and sums the probabilities per key until the loop ends, so a tile without a
 new maximum has no cross-warp max or sum and no rescale (the ``LAZY`` kernel argument; 8 by
-default, 0 keeps the rescale of every tile); ``reg_list`` (0: off, the candidate) keeps the
-block list in registers (the ``REG_LIST`` kernel argument): each tile's page and block come from a
-warp-local reduction over the token's ids instead of a global load of the list slot (loaded in
-the tile before, the page reached the TMA's uniform registers through an R2UR right after the
-load: an L2 round trip in every tile's chain; the list is no longer stored). fp8 is
+default, 0 keeps the rescale of every tile). fp8 is
 capped at 128 registers: uncapped the 64-key 3-stage compile takes 153 (3 programs per SM,
 two waves for ``bench_msa_attention``'s 512 programs; the cause of the first in-kernel list's
 108.5 against 80.1 us); 128 has no spills, 112 and 96 spill (19 / 52 spill instructions), and
@@ -53,6 +48,10 @@ H200, lazy (``bench_msa_fp8_decode_variants --sel 16`` = ``bench_msa_attention``
 inputs: B=128, q_len 1, 64K, M3 geometry, 16 blocks; interleaved, copy 4231 GB/s): fp8 lazy 8
 85.1 us against 86.8 without (74.5 / 73.1% of copy; with a 96-register cap, 5 programs per SM
 and 6 spills, 87.8, removed), fixed cost (all ids -1) 5.3 us; bf16 148.0 against 149.5.
+Removed after the run of copy 4263 GB/s (bf16 4042): ``reg_list`` (the block list kept in
+registers, each tile's page and block from a warp-local reduction, no global list load in
+the loop): fp8 85.5 us against 84.3 (lazy 0: 87.1 against 85.6), fixed cost 5.5 both; bf16
+148.9 against 148.0.
 Earlier (2026-11-29, same inputs, copy 4115 GB/s, without lazy): fp8 80.2 us
 (2 stages 92.0, 4 stages 98.5) against 84.8 with the ``_msa_union_kernel`` pre-kernel; bf16
 139.6 against 145.9. Removed after that run: ``lsum`` (the softmax denominator as per-key
@@ -122,8 +121,7 @@ def t_config(is_fp8: bool) -> tuple[int, int, int | None]:
 
 def t_constexprs(is_fp8: bool) -> dict:
     """Kernel arguments of :data:`DECODE_VARIANT` beyond :func:`t_config` for this cache dtype."""
-    pre = "fp8_" if is_fp8 else ""
-    return {"LAZY": int(DECODE_VARIANT[pre + "lazy"] or 0), "REG_LIST": bool(DECODE_VARIANT[pre + "reg_list"])}
+    return {"LAZY": int(DECODE_VARIANT[("fp8_" if is_fp8 else "") + "lazy"] or 0)}
 
 
 def t_programs_per_sm(is_fp8: bool) -> int:
@@ -171,15 +169,13 @@ def token_block_list(
     page_table_ptr, stride_pt, n_cols, kv_indices_ptr, kv_page_indptr_ptr, n_indices, num_pages, W,
     u_page_ptr, u_blk_ptr, cnt_ptr,
     BLOCK_W: tl.constexpr, NUM_SPLITS: tl.constexpr, CAUSAL: tl.constexpr, USE_PAGE_TABLE: tl.constexpr,
-    HAS_QO_OFFSET: tl.constexpr, REG_LIST: tl.constexpr = False,
+    HAS_QO_OFFSET: tl.constexpr,
 ):
     """``_msa_union_kernel`` for one token and KV head, inside the decode program: maps the
     token's block ids through its request's pages, drops -1, out-of-range and causally
     invisible ids, de-duplicates the (page, block) pairs (first occurrence kept, in list
     order) and writes this split's share of the kept entries to the union slots ``ubase + e``.
-    Returns (position, KV length, kept count, pages, ids, slots): the last three per id, the
-    slot -1 where the entry is not this split's (with ``REG_LIST`` nothing but the count is
-    stored). An invalid token gets (-1, 0, 0). The count goes
+    Returns (position, KV length, kept count); an invalid token gets (-1, 0, 0). The count goes
     through ``cnt_ptr`` (the splits of a token and KV head store the same value there): read
     back from one address it is warp-uniform for ptxas, so the loop keeps its bounds, list
     addresses and TMA coordinates in uniform registers (sm_90 fp8: 468 instead of 439 loop
@@ -217,12 +213,11 @@ def token_block_list(
     cnt = tl.sum(first.to(tl.int32), axis=0)
     e0, e1 = split_entries(cnt, split, NUM_SPLITS)
     mine = first & (slot >= e0) & (slot < e1)
-    if not REG_LIST:
-        tl.store(u_page_ptr + ubase + slot, page, mask=mine)
-        tl.store(u_blk_ptr + ubase + slot, ids, mask=mine)
+    tl.store(u_page_ptr + ubase + slot, page, mask=mine)
+    tl.store(u_blk_ptr + ubase + slot, ids, mask=mine)
     tl.store(cnt_ptr, cnt)
     tl.debug_barrier()  # the loop's threads read entries other threads wrote
-    return pos, kv_len, tl.load(cnt_ptr), page, ids, tl.where(mine, slot, -1)
+    return pos, kv_len, tl.load(cnt_ptr)
 
 
 @triton.jit
@@ -238,7 +233,7 @@ def msa_decode_t_kernel(
     GP: tl.constexpr, C: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
     CAUSAL: tl.constexpr, IS_FP8: tl.constexpr, HEAD_MAJOR: tl.constexpr, FLAT: tl.constexpr = True,
     KEYS: tl.constexpr = 128, BLOCK_W: tl.constexpr = 16, USE_PAGE_TABLE: tl.constexpr = True,
-    HAS_QO_OFFSET: tl.constexpr = False, LAZY: tl.constexpr = 0, REG_LIST: tl.constexpr = False,
+    HAS_QO_OFFSET: tl.constexpr = False, LAZY: tl.constexpr = 0,
 ):
     t = tl.program_id(0)  # grid (tokens, KV heads, splits)
     kvh = tl.program_id(1)
@@ -254,11 +249,11 @@ def msa_decode_t_kernel(
     qt = tl.load(q_ptr + t.to(tl.int64) * stride_qt + h[None, :] * stride_qh + offs_d[:, None],
                  mask=hvalid[None, :], other=0.0)
     # q is loaded first: its latency overlaps the list's
-    pos, kv_len, cnt, l_page, l_blk, l_slot = token_block_list(
+    pos, kv_len, cnt = token_block_list(
         t, kvh, split, ubase, idx_ptr, stride_it, stride_ih, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, B,
         n_iter, page_table_ptr, stride_pt, n_cols, kv_indices_ptr, kv_page_indptr_ptr, n_indices, num_pages,
         W, u_page_ptr, u_blk_ptr, u_cnt_ptr + t * n_kvh + kvh, BLOCK_W, NUM_SPLITS, CAUSAL, USE_PAGE_TABLE,
-        HAS_QO_OFFSET, REG_LIST)
+        HAS_QO_OFFSET)
     qt = dot_operand(qt)
     limit = visible_limit(pos, kv_len, CAUSAL)
     e0, e1 = split_entries(cnt, split, NUM_SPLITS)
@@ -271,21 +266,15 @@ def msa_decode_t_kernel(
     # the next entry's page and block, loaded one step ahead: the TMA loads then depend on
     # loop-carried values, so the pipeliner gives them num_stages - 1 buffers (else 1)
     e_last = tl.maximum(e1 - 1, 0)
-    if not REG_LIST:
-        page_n = tl.load(u_page_ptr + ubase + tl.minimum(e0, e_last))
-        blk_n = tl.load(u_blk_ptr + ubase + tl.minimum(e0, e_last))
+    page_n = tl.load(u_page_ptr + ubase + tl.minimum(e0, e_last))
+    blk_n = tl.load(u_blk_ptr + ubase + tl.minimum(e0, e_last))
     for it in range(e0 * KPB, e1 * KPB):
         k0 = (it % KPB) * KEYS
-        if REG_LIST:  # the ids sit on the lanes of each warp: shuffles, no shared memory
-            here = l_slot == it // KPB
-            page = tl.sum(tl.where(here, l_page, 0), axis=0)
-            blk = tl.sum(tl.where(here, l_blk, 0), axis=0)
-        else:
-            page = page_n
-            blk = blk_n
-            e_n = tl.minimum((it + 1) // KPB, e_last)
-            page_n = tl.load(u_page_ptr + ubase + e_n)
-            blk_n = tl.load(u_blk_ptr + ubase + e_n)
+        page = page_n
+        blk = blk_n
+        e_n = tl.minimum((it + 1) // KPB, e_last)
+        page_n = tl.load(u_page_ptr + ubase + e_n)
+        blk_n = tl.load(u_blk_ptr + ubase + e_n)
         if FLAT:  # 2D views of contiguous caches: rows of HEAD_DIM values
             if HEAD_MAJOR:
                 row = (page * n_kvh + kvh) * 128 + k0
