@@ -41,14 +41,6 @@ VARIANTS = {  # name: (method, rows per program[, warps])
     "lanes_warps4_nomaskv": ("lanes_warps", 4, 4, False, 32),
     "lanes_warps4_nomaskv_qpos": ("lanes_warps_qpos", 4, 4, False, 32),
     "lanes_warps4_uncapped_qpos": ("lanes_warps_qpos", 4, 4, True, 0),
-    # (..., OPT): the lane maxima (1) / the survivors (2) sorted instead of bisected, the
-    # fallback reloads the row (4)
-    "lanes_warps4_opt4": ("lanes_warps", 4, 4, True, 32, 4),
-    "lanes_warps4_opt5": ("lanes_warps", 4, 4, True, 32, 5),
-    "lanes_warps4_opt6": ("lanes_warps", 4, 4, True, 32, 6),
-    "lanes_warps4_opt7": ("lanes_warps", 4, 4, True, 32, 7),
-    "lanes_warps4_opt7_qpos": ("lanes_warps_qpos", 4, 4, True, 32, 7),
-    "lanes_warps4_opt3": ("lanes_warps", 4, 4, True, 32, 3),
 }
 
 
@@ -66,19 +58,17 @@ def compile_fast(name: str, method: str, chunk: int, k: int, sass_dir: str | Non
 
 
 def compile_warps(name: str, method: str, nw: int, chunk: int, sass_dir: str | None, maskv: bool = True,
-                  maxnreg: int = 0, opt: int = 0) -> None:
-    """The Gluon kernel of NW one-row warps per program (topk_warps.py), slack 2, full rows,
-    blocks past n masked by value (``maskv``), registers capped at ``maxnreg`` (0: no cap), the
-    selection candidates ``opt`` (bits: 1 / 2 the lane maxima / survivors sorted instead of
-    bisected, 4 the fallback reloads the row). A
+                  maxnreg: int = 0) -> None:
+    """The Gluon kernel of NW one-row warps per program (topk_warps.py), full rows, blocks
+    past n masked by value (``maskv``), registers capped at ``maxnreg`` (0: no cap). A
     correct build has no shared memory and no barrier (the warps never talk)."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from mate.ops.msa import topk_warps as tw
     sig = {"s_ptr": "*fp32", "out_ptr": "*i32", "qpos_ptr": "*i64", "n_rows": "i32", "num_tiles": "i32",
            "num_valid_pages": "i32", "H": "i32", "fb": "i32", "fe": "i32", "W": "i32"}
-    constexprs = {"R": max(chunk, 32) // 32, "NW": nw, "SLACK": 2, "HAS_QPOS": method.endswith("qpos"),
-                  "FULL": True, "MASKV": maskv, "OPT": opt}
+    constexprs = {"R": max(chunk, 32) // 32, "NW": nw, "HAS_QPOS": method.endswith("qpos"),
+                  "FULL": True, "MASKV": maskv}
     sig.update({c: "constexpr" for c in constexprs})
     src = GluonASTSource(fn=tw._topk_lanes_warps_kernel, signature=sig, constexprs=constexprs,
                          attrs=divisibility_attrs(sig, ["s_ptr", "out_ptr", "qpos_ptr"]))

@@ -76,6 +76,17 @@ masked by value; sm_90 spills 40 / 18 / 2 STL+LDL at 32 / 40 / 48 registers, 72 
 registers 99.0 / 78.7 / 73.6 us, P = 4 at 40 77.4, 8 warps P = 2 at 40 79.0, against one row
 per warp 61.6 (:data:`LANES_MASKV`); causal 103.9 / 88.7 / 85.5, 87.4, 89.2 against 73.6.
 The registers the second row needs cost more resident warps (or spills) than the overlap gains.
+
+Also tried and removed (H200, 2026-11-29), the bisections of the 4-warp kernel's selection
+(:mod:`mate.ops.msa.topk_warps`, which now sorts the 32 lane maxima for the bound and the
+survivors for the exact step by a bitonic shuffle network, and whose full-row fallback
+reloads its row; sm_90 at 32 registers ~301 SASS instructions per row on the common path, no
+loop, 6 REDUX, against ~373 and 17 REDUX with the bisection loops; no spills either way).
+32768 x 4 x 256, top 16 + 1 forced (copy 4,267 GB/s, timed interleaved, all exact on 200
+random GPU cases): both bisected 61.3 us (51.3% of copy), causal 73.5 (42.8%), scores in the
+L2 12.6; both bisected with the reloading fallback 66.1 / 80.1; only the bound sorted 60.4 /
+68.2, only the survivors sorted 61.5 / 74.3 (both with the reload); against both sorted 56.0
+(56.1%) / 63.3 (49.7%) / L2 11.0, and 8 warps both sorted 56.1 / 63.6.
 """
 
 from __future__ import annotations
@@ -743,7 +754,8 @@ copy: one-warp programs hit the 32-blocks-per-SM cap), 2 / 4 / 8 warps 69.8 / 70
 4 / 8 warps capped at 32 registers (:data:`LANES_MAXNREG`, 64 resident warps per SM) 62.3 /
 62.5 (50.6%); causal rows 85.8 one-warp, 87.6 4 warps, 84.4 4 warps capped (rows loaded
 after their query position; masked by value, :data:`LANES_MASKV`: 61.6, causal 73.6). All
-exact on 200 random cases each."""
+exact on 200 random cases each. With the sorted selection (copy 4,267 GB/s): 4 warps 56.0 us
+(56.1% of copy), causal 63.3 (49.7%), 8 warps 56.1 / 63.6."""
 
 LANES_MASKV = True
 """The multi-warp ``lanes`` kernel loads each whole row together with its query position and
@@ -754,19 +766,6 @@ against 62.3 (50.5%); causal rows 73.6 (42.8%) against 84.5 (37.2%): the loads n
 for the position, and the row length, warp-uniform by a lane max, spares ptxas its divergence
 checks (sm_90: 1,168 SASS instructions, no spills, against 1,544 with 14 spills). Exact on 200
 random cases each. Streaming floor with 4 rows per program: 41.3 us."""
-
-LANES_OPT = 0
-"""Selection candidates of the multi-warp ``lanes`` kernel (``OPT`` bits in
-:func:`mate.ops.msa.topk_warps._lanes_warps_select`; 0: none; not yet measured): 1, the
-bound from the lane maxima sorted (a 15-step bitonic network: the W-th largest lane max, as
-the bisection at slack 0) instead of bisected; 2, the exact C-th largest survivor from the
-survivors sorted instead of bisected; 4, the full-row fallback reloads its row (the scores
-die after the ballots: no spills at 32 registers with 1 or 2) and short rows are masked by
-one bound per register (no block index on the full-row path). sm_90, 4 warps at 32
-registers, full rows, ties aside: ~301 SASS instructions per row on the common path with 7
-(no loop; 6 REDUX, 30 SHFL) against ~373 (bisection loops of ~4.6 and ~5.1 steps of 14-16
-instructions, 17 REDUX); no spills. Simulated on randn rows of 256 (top 16 + 1): ~22.7
-survivors and 0.3% fallback rows with the sorted bound against ~25 and 3.2% at slack 2."""
 
 LANES_MAXNREG = 32
 """Register cap of the multi-warp ``lanes`` kernel (sm_90 build: 48 uncapped; no spills at
@@ -835,7 +834,6 @@ def sparse_topk_select_triton(
     lanes_warps: int | None = None,
     lanes_maxnreg: int | None = None,
     lanes_maskv: bool | None = None,
-    lanes_opt: int | None = None,
 ) -> None:
     """Launches the selection on validated tensors (contiguous fp32 scores, int32 output).
     ``max_chunk`` (a power of two >= 16; default :data:`INTERVAL_MAX_CHUNK` for ``interval``,
@@ -847,9 +845,9 @@ def sparse_topk_select_triton(
     (:func:`_topk_interval_kernel`), ``"radix"`` (bitwise binary search,
     :func:`_radix_threshold`) or ``"bitonic"`` (``tl.topk``); default :data:`TOPK_METHOD`.
     All give identical results; long rows (the chunked path) always use the tournament.
-    ``lanes_slack`` stops the lanes kernel's lane-max bound search early (more survivors,
-    fewer steps), ``lanes_vote=False`` builds its ballots from lane sums instead of
-    ``vote.ballot``.
+    ``lanes_slack`` stops the one-row lanes kernels' lane-max bound search early (more
+    survivors, fewer steps; the multi-warp kernel sorts the lane maxima), ``lanes_vote=False``
+    builds their ballots from lane sums instead of ``vote.ballot``.
     ``lanes_kernel`` (default :data:`LANES_KERNEL`) picks the ``lanes`` kernel: ``"classic"``
     (:func:`_topk_lanes_kernel`) or ``"fast"`` (:func:`_topk_lanes_fast_kernel`).
     ``lanes_warps`` (default :data:`LANES_WARPS`; 1, 2, 4 or 8) runs the fast kernel with that
@@ -857,7 +855,7 @@ def sparse_topk_select_triton(
     the interpreter the one-row kernel runs); ``lanes_maxnreg`` (default :data:`LANES_MAXNREG`;
     0: no cap) caps its registers per thread and ``lanes_maskv`` (default :data:`LANES_MASKV`) loads
     whole rows and masks blocks past a row's end by value, so the loads do not wait for the
-    query position; ``lanes_opt`` (default :data:`LANES_OPT`) picks its selection candidates.
+    query position.
     ``rows_per_program`` and ``num_warps`` override :func:`topk_config` (experiments)."""
     method = TOPK_METHOD if method is None else method
     if lanes_kernel not in (None, "classic", "fast"):
@@ -865,9 +863,6 @@ def sparse_topk_select_triton(
     nw = LANES_WARPS if lanes_warps is None else lanes_warps
     if nw not in (1, 2, 4, 8):
         raise ValueError(f"lanes_warps must be 1, 2, 4 or 8, got {lanes_warps!r}")
-    opt = LANES_OPT if lanes_opt is None else lanes_opt
-    if opt not in range(8):
-        raise ValueError(f"lanes_opt must be 0 .. 7, got {lanes_opt!r}")
     if method not in TOPK_METHODS:
         raise ValueError(f"method must be one of {TOPK_METHODS}, got {method!r}")
     if max_chunk is None:
@@ -890,8 +885,8 @@ def sparse_topk_select_triton(
                     max_score, output,
                     query_positions if query_positions is not None else _dummy_positions(max_score.device),
                     n_rows, T, num_valid_pages, H, force_begin_blocks, force_end_blocks, W,
-                    R=chunk // 32, NW=nw, SLACK=lanes_slack, HAS_QPOS=query_positions is not None,
-                    FULL=chunk == T, MASKV=LANES_MASKV if lanes_maskv is None else lanes_maskv, OPT=opt, num_warps=nw,
+                    R=chunk // 32, NW=nw, HAS_QPOS=query_positions is not None,
+                    FULL=chunk == T, MASKV=LANES_MASKV if lanes_maskv is None else lanes_maskv, num_warps=nw,
                     **({"maxnreg": nreg} if nreg else {}),
                 )
                 return

@@ -14,16 +14,27 @@ branches (no shared memory, no barrier). Stores would be issued by warp 0 only o
 replicated layout, so each store goes through a [NW, ...] layout with one warp per
 leading index, where warp ``w`` holds (and writes) its own row's values.
 
+Selection (per row, on the warp's row): the bound is the W-th largest of the 32 lane
+maxima, sorted across the lanes by a bitonic shuffle network (the one-row kernel's
+bisection at slack 0); the blocks at or above it (~22.7 on randn rows of 256) are compacted
+into lanes and the exact threshold is the C-th largest of these survivors, sorted the same
+way; NaN rows and rows with more than 32 survivors (~0.3%) take a full-row bisection that
+reloads the row (an L1 / L2 hit), so the scores die after the ballots. sm_90 at 32
+registers: ~301 SASS instructions per row on the common path, no loop, 6 REDUX, no spills,
+against ~373 with the two bisection loops (~4.6 and ~5.1 steps, 17 REDUX).
+
 Status (H200): the default of the ``lanes`` method (4 warps, capped at 32 registers: 64
 resident warps per SM), whole rows masked by value (``MASKV``, :data:`mate.ops.msa.topk.LANES_MASKV`):
 each warp loads its whole row together with the query position and sets blocks past the
-row's end to -inf by value, the length made warp-uniform by a lane max, so the row's loads
-do not wait for the position and ptxas sees no divergent branch (sm_90 at 32 registers: no
-spills, no ``BRA.DIV``; 1,168 SASS instructions against 1,544 for the row loaded after its
-position, which spills 14 and checks divergence before every warp reduction). 32768 x 4 x
-256 rows, top 16 + 1 forced (copy 4,265 GB/s): 61.6 us (51.1% of copy), causal 73.6 (42.8%),
-against 62.3 / 84.5 for the row loaded after its position and 82.6 for one-warp programs;
-exact on 200 random GPU cases with ties. Numbers per variant: :data:`mate.ops.msa.topk.LANES_WARPS`.
+row's end to -inf by value (one bound per register), the length made warp-uniform by a lane
+max, so the row's loads do not wait for the position and ptxas sees no divergent branch
+(sm_90 at 32 registers: no spills, no ``BRA.DIV``). 32768 x 4 x 256 rows, top 16 + 1 forced
+(copy 4,267 GB/s, timed interleaved): 56.0 us (56.1% of copy), causal 63.3 (49.7%), scores in
+the L2 11.0 us, against 61.3 (51.3%) / 73.5 (42.8%) / 12.6 with the bisections of the bound
+and the exact step (with the reloading fallback: both bisected 66.1 / 80.1, only the bound
+sorted 60.4 / 68.2, only the survivors sorted 61.5 / 74.3; 8 warps 56.1 / 63.6; one-warp
+programs 82.6 in an earlier run); all exact on 200 random GPU cases with ties. Numbers per variant:
+:data:`mate.ops.msa.topk.LANES_WARPS` and the module docstring of :mod:`mate.ops.msa.topk`.
 """
 
 from __future__ import annotations
@@ -32,7 +43,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 # layout-free element-wise and reduction helpers of the one-row kernel, shared as they are
-from mate.ops.msa.topk import _float_of_key, _lane_bisect, _lane_keys, _max_nan
+from mate.ops.msa.topk import _float_of_key, _lane_keys, _max_nan
 
 
 @gluon.jit
@@ -147,15 +158,11 @@ def _sum2(x):
 
 
 @gluon.jit
-def _lanes_finish(kl, cand, src, tau0, C, fb, fe, n1, W, o_row, NW: gl.constexpr, OPT: gl.constexpr = 0):
+def _lanes_finish(kl, cand, src, C, fb, fe, n1, W, o_row, NW: gl.constexpr):
     lane = gl.arange(0, 32, layout=kl.type.layout)
-    if OPT & 2:
-        # the C-th largest key of the sorted survivors (C > 0: at least C candidates >= tau0 > 0)
-        tau = gl.max(gl.where(lane == C - 1, _sort_desc(kl), 0), axis=0)
-        clo = gl.sum((kl >= tau).to(gl.int32), axis=0)
-    else:
-        clo = gl.sum(cand.to(gl.int32), axis=0)
-        tau, clo = _lane_bisect(kl, tau0, clo, gl.maximum(gl.max(kl, axis=0), tau0), C, 0)
+    # the C-th largest key of the sorted survivors (C > 0: at least C candidates, keys > 0)
+    tau = gl.max(gl.where(lane == C - 1, _sort_desc(kl), 0), axis=0)
+    clo = gl.sum((kl >= tau).to(gl.int32), axis=0)
     if clo > C:
         eq = kl == tau
         eball = gl.sum(eq.to(gl.uint32) << lane.to(gl.uint32), axis=0)
@@ -211,8 +218,7 @@ def _lanes_full_row(u, jj, ll, n1, fb, fe, W, C, o_row, NW: gl.constexpr):
 
 
 @gluon.jit
-def _lanes_warps_row(s_row, o_row, n1, fb, fe, W, R: gl.constexpr, NW: gl.constexpr, SLACK: gl.constexpr,
-                     FULL: gl.constexpr, OPT: gl.constexpr):
+def _lanes_warps_row(s_row, o_row, n1, fb, fe, W, R: gl.constexpr, NW: gl.constexpr, FULL: gl.constexpr):
     """:func:`mate.ops.msa.topk._lanes_fast_row` of one row (``n1 > W``) on this warp."""
     L2: gl.constexpr = gl.BlockedLayout([R, 1], [1, 32], [NW, 1], [1, 0])
     LL: gl.constexpr = gl.SliceLayout(0, L2)
@@ -226,18 +232,16 @@ def _lanes_warps_row(s_row, o_row, n1, fb, fe, W, R: gl.constexpr, NW: gl.conste
             s = gl.load(ptrs, mask=jj * 32 + ll < n1, other=float("-inf"))
     else:
         s = gl.load(ptrs, mask=jj * 32 + ll < n1, other=float("-inf"))
-    _lanes_warps_select(s, s_row, o_row, n1, fb, fe, W, NW, SLACK, OPT)
+    _lanes_warps_select(s, s_row, o_row, n1, fb, fe, W, NW)
 
 
 @gluon.jit
-def _lanes_warps_select(s, s_row, o_row, n1, fb, fe, W, NW: gl.constexpr, SLACK: gl.constexpr, OPT: gl.constexpr):
+def _lanes_warps_select(s, s_row, o_row, n1, fb, fe, W, NW: gl.constexpr):
     """The selection of :func:`_lanes_warps_row` on its scores ``s`` ([R, 32], blocks ``>= n1``
-    -inf). Candidates (``OPT`` bits, 0: none): 1, the bound ``tau0`` is the W-th largest lane
-    max (the lane maxima sorted: the bisection's result at slack 0) instead of the
-    bisection's; 2, the exact C-th largest survivor from the sorted survivors instead of a
-    bisection; 4, the full-row fallback reloads the row (an L1 / L2 hit), so the scores
-    die after the ballots (and :func:`_lanes_warps_masked_row` masks by one bound per
-    register)."""
+    -inf): the bound ``tau0`` is the W-th largest lane max (the lane maxima sorted: the
+    one-row kernel's bisection at slack 0), the exact threshold the C-th largest survivor
+    (the survivors sorted), and the full-row fallback reloads the row (an L1 / L2 hit), so
+    the scores die after the ballots."""
     L2: gl.constexpr = s.type.layout
     LL: gl.constexpr = gl.SliceLayout(0, L2)
     R: gl.constexpr = s.shape[0]
@@ -248,10 +252,7 @@ def _lanes_warps_select(s, s_row, o_row, n1, fb, fe, W, NW: gl.constexpr, SLACK:
     m = _lane_keys(gl.reduce(s, 0, _max_nan))
     m_hi = gl.max(m, axis=0)
     if m_hi <= 0xFF800000:
-        if OPT & 1:
-            tau0 = gl.max(gl.where(lane == W - 1, _sort_desc(m), 0), axis=0)
-        else:
-            tau0, _c0 = _lane_bisect(m, gl.min(m, axis=0), gl.to_tensor(32), m_hi, W, SLACK)
+        tau0 = gl.max(gl.where(lane == W - 1, _sort_desc(m), 0), axis=0)
         ball = _ballot_ge_f(s, _float_of_key(tau0))
         S = gl.zeros_like(lane)
         b = gl.zeros_like(lane).to(gl.uint32)
@@ -269,12 +270,10 @@ def _lanes_warps_select(s, s_row, o_row, n1, fb, fe, W, NW: gl.constexpr, SLACK:
             src = jstar * 32 + _nth_lane(b, lane - base)
             cand = (lane < S) & (src >= fb) & (src < n1 - fe)
             kl = gl.where(cand, _lane_keys(gl.load(s_row + src, mask=cand, other=0.0)), 0)
-            _lanes_finish(kl, cand, src, tau0, C, fb, fe, n1, W, o_row, NW, OPT)
-        elif OPT & 4:
+            _lanes_finish(kl, cand, src, C, fb, fe, n1, W, o_row, NW)
+        else:
             s2 = gl.load((s_row + ll) + jj * 32, mask=jj * 32 + ll < n1, other=float("-inf"))
             _lanes_full_row(_lane_keys(s2), jj, ll, n1, fb, fe, W, C, o_row, NW)
-        else:
-            _lanes_full_row(_lane_keys(s), jj, ll, n1, fb, fe, W, C, o_row, NW)
     else:
         _lanes_full_row(_lane_keys(s), jj, ll, n1, fb, fe, W, C, o_row, NW)
 
@@ -296,11 +295,11 @@ def _lanes_load_row(s_ptr, qpos_ptr, row, num_tiles, H, jj, ll, HAS_QPOS: gl.con
 
 
 @gluon.jit
-def _lanes_warps_masked_row(s, pos, row, s_ptr, out_ptr, num_tiles, num_valid_pages, fb, fe, W, idx,
-                            NW: gl.constexpr, SLACK: gl.constexpr, HAS_QPOS: gl.constexpr, OPT: gl.constexpr):
+def _lanes_warps_masked_row(s, pos, row, s_ptr, out_ptr, num_tiles, num_valid_pages, fb, fe, W,
+                            NW: gl.constexpr, HAS_QPOS: gl.constexpr):
     """Row ``row`` from the scores of :func:`_lanes_load_row`: blocks ``>= n`` set to -inf by
-    value (``n`` made warp-uniform by a lane max, so no branch diverges), then
-    :func:`_lanes_warps_select`."""
+    value (``n`` made warp-uniform by a lane max, so no branch diverges; one bound per
+    register, not an index per block), then :func:`_lanes_warps_select`."""
     LL: gl.constexpr = gl.SliceLayout(0, s.type.layout)
     n1 = num_valid_pages
     if HAS_QPOS:
@@ -309,13 +308,10 @@ def _lanes_warps_masked_row(s, pos, row, s_ptr, out_ptr, num_tiles, num_valid_pa
     o_row = out_ptr + row.to(gl.int64) * W
     if n1 > W:
         if n1 < s.shape[0] * 32:
-            if OPT & 4:
-                # per register j: lane < n - 32 j (a bound per register, not an index per block)
-                jj = gl.expand_dims(gl.arange(0, s.shape[0], layout=gl.SliceLayout(1, s.type.layout)), 1)
-                s = gl.where(gl.expand_dims(gl.arange(0, 32, layout=LL), 0) < n1 - jj * 32, s, float("-inf"))
-            else:
-                s = gl.where(idx < n1, s, float("-inf"))
-        _lanes_warps_select(s, s_ptr + row.to(gl.int64) * num_tiles, o_row, n1, fb, fe, W, NW, SLACK, OPT)
+            # per register j: lane < n - 32 j
+            jj = gl.expand_dims(gl.arange(0, s.shape[0], layout=gl.SliceLayout(1, s.type.layout)), 1)
+            s = gl.where(gl.expand_dims(gl.arange(0, 32, layout=LL), 0) < n1 - jj * 32, s, float("-inf"))
+        _lanes_warps_select(s, s_ptr + row.to(gl.int64) * num_tiles, o_row, n1, fb, fe, W, NW)
     else:
         wc = gl.arange(0, 32, layout=LL)
         _store_lanes(o_row, wc, gl.where(wc < n1, wc, -1), wc < W, NW)
@@ -325,8 +321,7 @@ def _lanes_warps_masked_row(s, pos, row, s_ptr, out_ptr, num_tiles, num_valid_pa
 def _topk_lanes_warps_kernel(
     s_ptr, out_ptr, qpos_ptr,
     n_rows, num_tiles, num_valid_pages, H, fb, fe, W,
-    R: gl.constexpr, NW: gl.constexpr, SLACK: gl.constexpr, HAS_QPOS: gl.constexpr, FULL: gl.constexpr,
-    MASKV: gl.constexpr, OPT: gl.constexpr = 0,
+    R: gl.constexpr, NW: gl.constexpr, HAS_QPOS: gl.constexpr, FULL: gl.constexpr, MASKV: gl.constexpr,
 ):
     """Rows ``NW * pid + w`` (w: the warp) of the fast ``lanes`` selection (``W <= 32``).
     ``MASKV``: each row loaded whole together with its query position, blocks past ``n``
@@ -338,8 +333,7 @@ def _topk_lanes_warps_kernel(
         ll = gl.expand_dims(gl.arange(0, 32, layout=gl.SliceLayout(0, L2)), 0)
         row = gl.minimum(gl.program_id(0) * NW + _warp_id(gl.program_id(0)), n_rows - 1)
         s, pos = _lanes_load_row(s_ptr, qpos_ptr, row, num_tiles, H, jj, ll, HAS_QPOS, FULL)
-        _lanes_warps_masked_row(s, pos, row, s_ptr, out_ptr, num_tiles, num_valid_pages, fb, fe, W, jj * 32 + ll,
-                                NW, SLACK, HAS_QPOS, OPT)
+        _lanes_warps_masked_row(s, pos, row, s_ptr, out_ptr, num_tiles, num_valid_pages, fb, fe, W, NW, HAS_QPOS)
     else:
         row = gl.program_id(0) * NW + _warp_id(gl.program_id(0))
         if row < n_rows:
@@ -350,7 +344,7 @@ def _topk_lanes_warps_kernel(
             s_row = s_ptr + row.to(gl.int64) * num_tiles
             o_row = out_ptr + row.to(gl.int64) * W
             if n1 > W:
-                _lanes_warps_row(s_row, o_row, n1, fb, fe, W, R, NW, SLACK, FULL, OPT)
+                _lanes_warps_row(s_row, o_row, n1, fb, fe, W, R, NW, FULL)
             else:
                 LL: gl.constexpr = gl.SliceLayout(0, gl.BlockedLayout([1, 1], [1, 32], [NW, 1], [1, 0]))
                 wc = gl.arange(0, 32, layout=LL)
