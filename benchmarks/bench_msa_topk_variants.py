@@ -48,13 +48,8 @@ BAR_VARIANTS = [  # label, launcher keywords, checked on the random cases
 ]
 WARPS_VARIANTS = [  # --warps: the fast kernel with NW one-row warps per program (topk_warps.py)
     ("warps4 maskv cap32 (default)", dict(method="lanes", lanes_warps=4, lanes_maxnreg=32), True),
-    # selection candidates (lanes_opt bits): 1 the bound from the sorted lane maxima, 2 the exact
-    # C-th survivor from the sorted survivors (instead of bisections), 4 the fallback reloads its row
-    ("warps4 opt7 sort both", dict(method="lanes", lanes_warps=4, lanes_maxnreg=32, lanes_opt=7), True),
-    ("warps4 opt5 sort bound", dict(method="lanes", lanes_warps=4, lanes_maxnreg=32, lanes_opt=5), True),
-    ("warps4 opt6 sort exact", dict(method="lanes", lanes_warps=4, lanes_maxnreg=32, lanes_opt=6), True),
-    ("warps4 opt4 reload", dict(method="lanes", lanes_warps=4, lanes_maxnreg=32, lanes_opt=4), True),
-    ("warps8 opt7 sort both", dict(method="lanes", lanes_warps=8, lanes_maxnreg=32, lanes_opt=7), True),
+    ("warps8 maskv cap32", dict(method="lanes", lanes_warps=8, lanes_maxnreg=32), True),
+    ("warps1 (one-row kernel)", dict(method="lanes", lanes_kernel="fast", lanes_warps=1), True),
 ]
 
 
