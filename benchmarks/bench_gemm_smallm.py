@@ -112,34 +112,26 @@ KPS_CANDIDATES = {
 
 # --kint: the K-interleaved kernel (both math warpgroups own the tile, K stages alternate between
 # them, STAGES even; split-K over programs with the fused deterministic reduce); (tiles x splits)
-# units and the bytes one unit reads (A + B slices) in the comments
+# units and the bytes one unit reads (A + B slices) in the comments. The first of each shape is
+# auto's config (tuning.GROUPWISE_GLUON); the others came next on the H200 (the losers of that run,
+# 64x16, 128x32, 128x64 and 64x128 tiles, are in tuning.py's docstring)
 KINT_CANDIDATES = {
     (64, 2112, 7168): dict([
-        _k(64, 32, 8, 2, 2),  # 132, 344 KB (10.1 us, 0.97x DeepGEMM, on the last run)
-        _k(64, 32, 8, 2, 2, True),
-        _k(64, 32, 4, 4, 2, True),
-        _k(64, 16, 8, 2, 1, True),  # 132, 574 KB
+        _k(64, 32, 4, 4, 2, True),  # 132, 344 KB (auto: 10.0 us, 0.98x DeepGEMM)
+        _k(64, 32, 8, 2, 2, True),  # 10.1
     ]),
     (64, 4096, 7168): dict([
-        _k(64, 32, 8, 2),  # 128, 688 KB (12.7 us, 0.93x)
-        _k(64, 32, 8, 2, 1, True),
-        _k(64, 32, 4, 4, 1, True),
-        _k(64, 64, 6, 2, 2, True),  # 128, 458 KB
+        _k(64, 32, 4, 4, 1, True),  # 128, 688 KB (auto: 12.5 us, 0.93x)
+        _k(64, 32, 8, 2, 1, True),  # 12.5
     ]),
     (128, 2112, 7168): dict([
-        _k(64, 64, 6, 2, 2),  # 132, 458 KB (11.9 us, 0.90x)
-        _k(64, 64, 6, 2, 2, True),
-        _k(64, 32, 8, 2, 1, True),  # 132, 688 KB
-        _k(64, 32, 4, 4, 1, True),
-        _k(128, 64, 6, 1, 4),  # 132, 344 KB, four partials per tile
+        _k(64, 64, 6, 2, 2, True),  # 132, 458 KB (auto: 11.7 us, 0.91x)
+        _k(64, 32, 4, 4, 1, True),  # 132, 688 KB: 11.8
     ]),
     (128, 4096, 7168): dict([
-        _k(64, 64, 6, 2),  # 128, 918 KB (DeepGEMM's tile)
-        _k(64, 64, 6, 2, 1, True),
-        _k(64, 64, 4, 3, 1, True),
-        _k(128, 32, 4, 2, 1, True),  # 128, 1147 KB, weights read once
-        _k(128, 64, 6, 1, 2),  # 128, 688 KB
-        _k(64, 128, 6, 1, 2),  # 128, 688 KB
+        _k(64, 64, 6, 2, 1, True),  # 128, 918 KB, DeepGEMM's tile (auto: 14.1 us, 0.91x)
+        _k(64, 64, 6, 2),  # 14.3
+        _k(64, 64, 4, 3, 1, True),  # 14.5
     ]),
 }
 
@@ -308,7 +300,10 @@ def main() -> int:
                          f"s{auto_cfg['SPLIT_K']} st{auto_cfg['num_stages']} w{auto_cfg['num_warps']}")
         if "GLUON" in auto_cfg:
             g = {**auto_cfg, **auto_cfg["GLUON"]}
-            notes["auto"] = f"gluon {g['BLOCK_M']}x{g['BLOCK_N']} st{g['num_stages']} (Hopper)"
+            notes["auto"] = (f"{'kint' if g.get('KINT') else 'gluon'} {g['BLOCK_M']}x{g['BLOCK_N']} "
+                             f"st{g['num_stages']} kps{g.get('KPS', 1)}"
+                             + (f" s{g['SPLIT_K']}" if g.get("KINT") and g["SPLIT_K"] > 1 else "")
+                             + (" e" if g.get("EAGER") else "") + " (Hopper)")
         impls = {"auto": None, **CANDIDATES[shape]}
         for name, cfg in impls.items():
             if (shape, name) in failed or (shape, "K-major " + name) in failed:

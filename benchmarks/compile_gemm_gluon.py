@@ -7,8 +7,9 @@ shared memory, ptxas warnings (e.g. wgmma serialization) and counts of the SASS
 instructions that matter (QGMMA tensor-core ops, UTMALDG TMA loads, barriers, wgmma
 waits), read with the ``ptxas``/``cuobjdump`` shipped in Triton's wheel. Exits non-zero
 when a configuration spills (except those of ``SPILL_OK``), exceeds the 227 KB of shared memory, lacks QGMMA, or ptxas
-warns; K-interleaved configs (``KINT_CONFIGS`` and every candidate of ``bench_gemm_smallm.py --kint``, each also
-with M = 1) also when the launcher rejects them or their shared memory exceeds the launcher's bound.
+warns; K-interleaved configs (``KINT_CONFIGS``, every candidate of ``bench_gemm_smallm.py --kint`` and auto's
+configs of ``tuning.GROUPWISE_GLUON`` with K-major scales, each also with M = 1) also when the launcher
+rejects them or their shared memory exceeds the launcher's bound.
 """
 
 from __future__ import annotations
@@ -130,18 +131,31 @@ def _kint_candidates() -> dict:
     return out
 
 
-def compile_kint(name, bm, bn, stages, kps, split, eager=False, out_dir=None, keep=False, m1=False) -> bool:
-    """``m1``: M = 1 (a constexpr at launch: every use of M must accept a Python int)."""
+def _auto_kint() -> dict:
+    """The K-interleaved configs of tuning.GROUPWISE_GLUON (auto at K = 7168) with K-major scales
+    (with MN-major ones they are bench candidates)."""
+    from mate.ops.gemm.tuning import GROUPWISE_GLUON
+
+    return {f"kint auto {key} K-major": (c["BLOCK_M"], c["BLOCK_N"], c["num_stages"], c["KPS"], c["SPLIT_K"],
+                                         bool(c.get("EAGER")) and c["KPS"] > 1, False)
+            for key, c in GROUPWISE_GLUON.items() if c.get("KINT")}
+
+
+def compile_kint(name, bm, bn, stages, kps, split, eager=False, mn=True, out_dir=None, keep=False,
+                 m1=False) -> bool:
+    """``mn``: MN-major scales (else K-major, K = 7168: 56 K blocks, a row stride Triton does
+    not specialize); ``m1``: M = 1 (a constexpr at launch: every use of M must accept a Python int)."""
     gk.check_kint_config(bm, bn, stages, kps, split)  # what the launcher would reject
     sig = {"a_desc": _desc_type(bm), "b_desc": _desc_type(bn), "as_ptr": "*fp32", "bs_ptr": "*fp32",
            "c_ptr": "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32",
            "stride_asm": "i32", "stride_ask": "i32", "stride_bsn": "i32", "stride_bsk": "i32", "stride_cm": "i32"}
     constexprs = {"BLOCK_M": bm, "BLOCK_N": bn, "GROUP_M": 8, "STAGES": stages, "KPS": kps, "SPLIT_K": split,
-                  "FUSED": split > 1, "EAGER": eager, "stride_asm": 1, "stride_bsn": 1}
+                  "FUSED": split > 1, "EAGER": eager}
+    constexprs.update({"stride_asm": 1, "stride_bsn": 1} if mn else {"stride_ask": 1, "stride_bsk": 1})
     if m1:
         constexprs["M"] = 1
     sig.update({k: "constexpr" for k in constexprs})
-    aligned = ["as_ptr", "bs_ptr", "c_ptr", "ws_ptr", "cnt_ptr", "N", "K", "stride_ask", "stride_cm"]
+    aligned = ["as_ptr", "bs_ptr", "c_ptr", "ws_ptr", "cnt_ptr", "N", "K", "stride_cm"] + (["stride_ask"] if mn else [])
     if not m1:
         aligned.append("M")  # the benchmark's M (64, 128)
     src = GluonASTSource(fn=gk.fp8_groupwise_kint_kernel, signature=sig, constexprs=constexprs,
@@ -181,7 +195,7 @@ def main() -> int:
         except Exception as exc:  # report every config, then fail
             print(f"{name}: FAILED {type(exc).__name__}: {str(exc)[:2000]}")
             ok = False
-    for name, cfg in {**KINT_CONFIGS, **_kint_candidates()}.items():
+    for name, cfg in {**KINT_CONFIGS, **_kint_candidates(), **_auto_kint()}.items():
         if args.only and args.only not in name:
             continue
         for m1 in (False, True):

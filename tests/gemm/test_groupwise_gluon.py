@@ -22,8 +22,8 @@ CONFIGS = {
     "64x32 st16": {"BLOCK_M": 64, "BLOCK_N": 32, "num_stages": 16},
     "128x16 st10": {"BLOCK_M": 128, "BLOCK_N": 16, "num_stages": 10},
     "128x192 st4": {"BLOCK_M": 128, "BLOCK_N": 192, "num_stages": 4},
-    # the configs backend="auto" picks (tuning.GROUPWISE_GLUON)
-    **{f"auto {key}": cfg for key, cfg in tuning.GROUPWISE_GLUON.items()},
+    # the configs backend="auto" picks (tuning.GROUPWISE_GLUON; its K-interleaved ones in KINT_CONFIGS)
+    **{f"auto {key}": cfg for key, cfg in tuning.GROUPWISE_GLUON.items() if not cfg.get("KINT")},
 }
 
 
@@ -89,15 +89,44 @@ def test_auto_gluon_configs():
     assert (cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["SPLIT_K"], cfg["num_stages"]) == (64, 128, 1, 5)
     assert "GLUON" not in tuning.groupwise_config(64, 7168, 2048, fp8_out=True)
     assert "GLUON" not in tuning.groupwise_config(16, 7168, 2048, fp8_out=False)
-    assert "GLUON" not in tuning.groupwise_config(64, 2112, 7168, fp8_out=False)
+    assert "GLUON" not in tuning.groupwise_config(32, 2112, 7168, fp8_out=False)  # M <= 32: not measured
 
 
-def test_auto_gluon_config_falls_back_off_hopper():
+# the K-interleaved configs auto picks at K = 7168 (measured at M = 64 / 128, kept for the M bucket)
+AUTO_KINT = {
+    (64, 2112): {"BLOCK_N": 32, "num_stages": 4, "KPS": 4, "SPLIT_K": 2},
+    (64, 4096): {"BLOCK_N": 32, "num_stages": 4, "KPS": 4, "SPLIT_K": 1},
+    (128, 2112): {"BLOCK_N": 64, "num_stages": 6, "KPS": 2, "SPLIT_K": 2},
+    (128, 4096): {"BLOCK_N": 64, "num_stages": 6, "KPS": 2, "SPLIT_K": 1},
+}
+
+
+def test_auto_kint_configs():
+    """M 33-64 and 65-128 at N 2112 / 4096, K 7168: the K-interleaved kernel with its own
+    SPLIT_K and stages; the Triton config beside it (off Hopper, FP8 output) is unchanged."""
+    for (mb, n), want in AUTO_KINT.items():
+        for m in (mb // 2 + 1, mb):
+            cfg = tuning.groupwise_config(m, n, 7168, fp8_out=False)
+            assert cfg["GLUON"] == {"KINT": True, "BLOCK_M": 64, "EAGER": True, **want}, (m, n)
+            assert (cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["SPLIT_K"]) == (64, 64, 4 if n == 2112 else 2), (m, n)
+            assert "GLUON" not in tuning.groupwise_config(m, n, 7168, fp8_out=True)
+    for m, n, k in ((129, 2112, 7168), (64, 7168, 7168), (64, 2112, 2048), (32, 4096, 7168)):
+        assert not tuning.groupwise_config(m, n, k, fp8_out=False).get("GLUON", {}).get("KINT"), (m, n, k)
+    for key, cfg in tuning.GROUPWISE_GLUON.items():  # else the Triton config's split and stages would apply
+        if cfg.get("KINT"):
+            assert {"SPLIT_K", "num_stages", "KPS", "BLOCK_M", "BLOCK_N"} <= set(cfg), key
+
+
+@pytest.mark.parametrize("shape", [(64, 7168, 2048), (64, 2112, 7168)])
+def test_auto_gluon_config_falls_back_off_hopper(shape):
+    """Off Hopper (interpreter) the Triton part of auto's Gluon / K-interleaved config runs
+    (its 64x64 tile and 4 K splits for (64, 2112, 7168) on a small problem)."""
     if _hopper():
         pytest.skip("covered by the GPU tests")
-    a, b, sa, sb = fp8_block_operands(64, 192, 256)
+    a, b, sa, sb = fp8_block_operands(64, 192, 512)
     out = poisoned((64, 192), torch.bfloat16, "cpu")
-    cfg = tuning.groupwise_config(64, 7168, 2048, fp8_out=False)
+    cfg = tuning.groupwise_config(*shape, fp8_out=False)
+    assert cfg["GLUON"]
     groupwise_gemm_triton(a, b, sa, (0, sa.stride(0), sa.stride(1)), sb, (0, sb.stride(0), sb.stride(1)), out, None,
                           layout=PLAIN, config=cfg)
     assert_close(out, R.groupwise_fp32_ref(a, b, sa, sb), max_rel_error=1e-2)
@@ -166,17 +195,18 @@ def test_gluon_grouped_contiguous(name, rows, n, k, tail):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _hopper(), reason="the Gluon kernel needs a Hopper GPU")
-@pytest.mark.parametrize("m", [33, 64, 100, 128])
-def test_auto_runs_gluon(m, monkeypatch):
-    """backend="auto" at (m, 7168, 2048) runs the Gluon kernel (both scale modes)."""
+@pytest.mark.parametrize("m,n,k", [(33, 7168, 2048), (64, 7168, 2048), (100, 7168, 2048), (128, 7168, 2048),
+                                   (33, 2112, 7168), (64, 4096, 7168), (100, 2112, 7168), (128, 4096, 7168)])
+def test_auto_runs_gluon(m, n, k, monkeypatch):
+    """backend="auto" at (m, 7168, 2048) runs the Gluon kernel, at (m, 2112 | 4096, 7168) the
+    K-interleaved one (both scale modes)."""
     from mate import gemm
     from mate.ops.gemm import groupwise_gluon
 
     calls = []
     launch = groupwise_gluon.groupwise_gemm_gluon
-    monkeypatch.setattr(groupwise_gluon, "groupwise_gemm_gluon",
-                        lambda *args, **kw: calls.append(kw["config"]["BLOCK_M"]) or launch(*args, **kw))
-    n, k = 7168, 2048
+    monkeypatch.setattr(groupwise_gluon, "groupwise_gemm_gluon", lambda *args, **kw: calls.append(
+        (bool(kw["config"].get("KINT")), kw["config"]["BLOCK_M"])) or launch(*args, **kw))
     a, b, sa, sb = fp8_block_operands(m, n, k, "cuda")
     ref = R.groupwise_fp32_ref(a, b, sa, sb)
     for mode in ("K", "MN"):
@@ -187,7 +217,34 @@ def test_auto_runs_gluon(m, monkeypatch):
             gemm.gemm_fp8_nt_groupwise(a, b, sa.t().contiguous(), sb.t().contiguous(), scale_major_mode="MN",
                                        out=out, backend="auto")
         assert_close(out, ref, max_rel_error=1e-2, name=f"auto m={m} {mode}")
-    assert calls == [64 if m <= 64 else 128] * 2
+    assert calls == [(True, 64) if k == 7168 else (False, 64 if m <= 64 else 128)] * 2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="the Gluon kernel needs a Hopper GPU")
+def test_auto_kint_split_k_in_cuda_graph():
+    """auto's K-interleaved split-K config (64, 2112, 7168): every replay of a captured call
+    gives the eager call's bits and leaves the arrival counters at 0."""
+    from mate import gemm
+    from mate.ops.gemm import groupwise
+
+    m, n, k = 64, 2112, 7168
+    assert tuning.groupwise_config(m, n, k, fp8_out=False)["GLUON"]["SPLIT_K"] > 1
+    a, b, sa, sb = fp8_block_operands(m, n, k, "cuda")
+    out = poisoned((m, n), torch.bfloat16, "cuda")
+    gemm.gemm_fp8_nt_groupwise(a, b, sa, sb, scale_major_mode="K", out=out, backend="auto")
+    torch.cuda.synchronize()
+    first = out.clone()
+    assert_close(first, R.groupwise_fp32_ref(a, b, sa, sb), max_rel_error=1e-2)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        gemm.gemm_fp8_nt_groupwise(a, b, sa, sb, scale_major_mode="K", out=out, backend="auto")
+    for _ in range(3):
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, first)
+    assert int(groupwise._COUNTERS[groupwise._counter_key(out.device)].count_nonzero()) == 0
 
 
 # two (four) K blocks per ring stage: half (a quarter of) the mbarrier waits/arrivals and their CTA barriers
@@ -249,6 +306,8 @@ KINT_CONFIGS = {
     # the next K block's wgmma issued before the last is scaled; 3 K blocks per stage
     "kint 64x64 st4 kps3 e": {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 4, "KPS": 3, "EAGER": True},
     "kint 128x64 st6 s4": {"BLOCK_M": 128, "BLOCK_N": 64, "num_stages": 6, "SPLIT_K": 4},
+    # the configs backend="auto" picks at K = 7168 (tuning.GROUPWISE_GLUON)
+    **{f"auto {key}": cfg for key, cfg in tuning.GROUPWISE_GLUON.items() if cfg.get("KINT")},
 }
 
 

@@ -76,6 +76,27 @@ reduced by the last, every or a second program) was tried and removed: on the H2
 28 K blocks per split take 6 stages (``_stages``: s2 st6 against st5 at (64, 4096, 7168)
 14.2 vs 15.0 and 14.5 vs 15.3); s4 st8 at (64, 2112, 7168) (10.6 vs 10.8, 11.0 vs 10.9 in
 the sweep) is within noise and not adopted.
+
+The K-interleaved Gluon kernel (``groupwise_gluon_kint.py``: both math warpgroups own the
+tile and take alternate ring stages of KPS K blocks, optional split-K over programs reduced
+in split order by the tile's last unit; ``e``: EAGER, a stage's next wgmma issued before the
+previous product is scaled) on the H200 (bench_gemm_smallm.py --kint, same method; us, DG/t;
+every candidate within 3.4e-3 with both scale modes and bitwise repeatable):
+
+    (M, N, K)          auto (Triton)   kint candidates                                DeepGEMM
+    64, 2112, 7168     10.8 (0.91)     64x32 st4 kps4 s2 e 10.0 (0.98); st8 kps2 s2   9.8
+                                       10.1, its e 10.1; 64x16 st8 kps2 e 10.8
+    64, 4096, 7168     14.3 (0.82)     64x32 st4 kps4 e 12.5 (0.93); st8 kps2 12.6,   11.7
+                                       its e 12.5; 64x64 st6 kps2 s2 e 14.1
+    128, 2112, 7168    12.4 (0.86)     64x64 st6 kps2 s2 e 11.7 (0.91); without e     10.6
+                                       11.8; 64x32 st8 kps2 e 11.9, st4 kps4 e 11.8;
+                                       128x64 st6 s4 17.2
+    128, 4096, 7168    16.4 (0.79)     64x64 st6 kps2 e 14.1 (0.91); without e 14.3;  12.9
+                                       64x64 st4 kps3 e 14.5; 128x32 st4 kps2 e 19.3;
+                                       128x64 st6 s2 18.2; 64x128 st6 s2 17.6
+
+``GROUPWISE_GLUON`` selects the fastest (first) kint config of each shape for its M bucket
+(33-64, 65-128 at N 2112 / 4096, K 7168: the same tile and unit counts as M 64 / 128).
 """
 
 from __future__ import annotations
@@ -131,9 +152,20 @@ GROUPWISE_OVERRIDES: dict[str, dict] = {
 # Two K blocks per ring stage (KPS 2: one wait and one arrival, so half the bar.syncs per K
 # block) then took them to 8.0 (64x64 st6) and 8.9 (128x64 st4) against 8.3 / 9.3 for the
 # KPS 1 configs and DeepGEMM's 7.2 / 8.7 in the same run (bench_gemm_smallm --kps).
+# KINT: the K-interleaved kernel (``groupwise_gluon_kint.py``) at K = 7168 (measured in the
+# module docstring: 0.91-0.98x DeepGEMM against 0.79-0.91x for the Triton config); it reads
+# SPLIT_K and num_stages, so its entries set both (the Triton config's would apply otherwise).
 GROUPWISE_GLUON: dict[str, dict] = {
     "m64,7168,2048": {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 6, "KPS": 2},
     "m128,7168,2048": {"BLOCK_M": 128, "BLOCK_N": 64, "num_stages": 4, "KPS": 2},
+    "m64,2112,7168": {"KINT": True, "BLOCK_M": 64, "BLOCK_N": 32, "num_stages": 4, "KPS": 4, "SPLIT_K": 2,
+                      "EAGER": True},
+    "m64,4096,7168": {"KINT": True, "BLOCK_M": 64, "BLOCK_N": 32, "num_stages": 4, "KPS": 4, "SPLIT_K": 1,
+                      "EAGER": True},
+    "m128,2112,7168": {"KINT": True, "BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 6, "KPS": 2, "SPLIT_K": 2,
+                       "EAGER": True},
+    "m128,4096,7168": {"KINT": True, "BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 6, "KPS": 2, "SPLIT_K": 1,
+                       "EAGER": True},
 }
 
 
