@@ -111,20 +111,34 @@ def _combine_fn(s, md):
     return lambda: launch_combine(md.partial_o, md.partial_lse, s["out"], s["lse"], 1.0, H, md.num_splits, B * q_len)
 
 
+def _within_budget(shapes, budget: float, t0: float):
+    """The (B, q_len, H) shapes, each skipped (and said so) once ``budget`` seconds have passed."""
+    for B, q_len, H in shapes:
+        if time.time() - t0 > budget:
+            print(f"B={B} q{q_len} H={H}: skipped (budget)", flush=True)
+            continue
+        yield B, q_len, H
+
+
+def _problem(B: int, q_len: int, H: int):
+    """The timed input sets of one shape, the reference of the first, and an adversarial
+    problem (invalid indices, seq_lens 0 and 1) with its reference."""
+    kv, sets = _inputs(B, q_len, H)
+    s0 = sets[0]
+    ref = sparse_mla_decode_reference(s0["q"], kv, s0["idx"], s0["sl"], SCALE, 1.0)
+    adv = _adversarial(B, q_len, H, kv.shape[0] * PAGE)
+    ref_adv = sparse_mla_decode_reference(adv["q"], kv, adv["idx"], adv["sl"], SCALE, 1.0)
+    return kv, sets, ref, adv, ref_adv
+
+
 def variants(ceiling: float, budget: float, t0: float) -> None:
     """The ``--variants`` table."""
     print(f"{'shape':<16} {'candidate':<14} {'us':>6} {'GB/s':>5} {'%copy':>6} {'out err':>8} {'lse err':>8} ok  adv "
           "=def plan")
-    for B, q_len, H in ((128, 1, 16), (32, 2, 16), (128, 1, 32), (64, 2, 16)):
-        if time.time() - t0 > budget:
-            print(f"B={B} q{q_len} H={H}: skipped (budget)", flush=True)
-            continue
+    for B, q_len, H in _within_budget(((128, 1, 16), (32, 2, 16), (128, 1, 32), (64, 2, 16)), budget, t0):
         shape = f"B={B} q{q_len} H={H}"
-        kv, sets = _inputs(B, q_len, H)
+        kv, sets, ref, adv, ref_adv = _problem(B, q_len, H)
         s0 = sets[0]
-        ref = sparse_mla_decode_reference(s0["q"], kv, s0["idx"], s0["sl"], SCALE, 1.0)
-        adv = _adversarial(B, q_len, H, kv.shape[0] * PAGE)
-        ref_adv = sparse_mla_decode_reference(adv["q"], kv, adv["idx"], adv["sl"], SCALE, 1.0)
         md = plan_decode(B, q_len, H, TOP_K, "cuda")
         makes = {"default": lambda s, kv=kv, md=md: _api_fn(s, kv, md)}  # label -> fn factory for an input set
         if md.gluon and md.num_warps == 4:
@@ -186,16 +200,10 @@ def main() -> int:
         return 0
     print(f"{'shape':<18} {'candidate':<20} {'us':>7} {'GB/s':>6} {'%copy':>6} {'out err':>8} {'lse err':>8} ok  adv "
           "plan")
-    for B, q_len, H in SHAPES:
-        if time.time() - t0 > args.budget:
-            print(f"B={B} q{q_len} H={H}: skipped (budget)", flush=True)
-            continue
+    for B, q_len, H in _within_budget(SHAPES, args.budget, t0):
         shape = f"B={B} q{q_len} H={H}"
-        kv, sets = _inputs(B, q_len, H)
+        kv, sets, ref, adv, ref_adv = _problem(B, q_len, H)
         s0 = sets[0]
-        ref = sparse_mla_decode_reference(s0["q"], kv, s0["idx"], s0["sl"], SCALE, 1.0)
-        adv = _adversarial(B, q_len, H, kv.shape[0] * PAGE)
-        ref_adv = sparse_mla_decode_reference(adv["q"], kv, adv["idx"], adv["sl"], SCALE, 1.0)
         md = plan_decode(B, q_len, H, TOP_K, "cuda")
         md8 = plan_decode(B, q_len, H, TOP_K, "cuda", gluon=True, transposed=True, num_warps=8)
         cands = {"default": md, "8warp (old default)": md8}  # label -> plan
