@@ -33,14 +33,12 @@ VARIANTS = {  # name: (method, rows per program[, warps])
     "lanes_novote": ("lanes_novote", 1),
     "lanes_fast": ("lanes_fast", 1),
     "lanes_fast_qpos": ("lanes_fast_qpos", 1),
-    # (method, NW, NW, whole rows masked by value MASKV, maxnreg): the default (maskv, 32 registers)
-    "lanes_warps2": ("lanes_warps", 2, 2, True, 32),
-    "lanes_warps4": ("lanes_warps", 4, 4, True, 32),
-    "lanes_warps8": ("lanes_warps", 8, 8, True, 32),
-    "lanes_warps4_qpos": ("lanes_warps_qpos", 4, 4, True, 32),
-    "lanes_warps4_nomaskv": ("lanes_warps", 4, 4, False, 32),
-    "lanes_warps4_nomaskv_qpos": ("lanes_warps_qpos", 4, 4, False, 32),
-    "lanes_warps4_uncapped_qpos": ("lanes_warps_qpos", 4, 4, True, 0),
+    # (method, NW, NW, maxnreg): the default caps registers at 32
+    "lanes_warps2": ("lanes_warps", 2, 2, 32),
+    "lanes_warps4": ("lanes_warps", 4, 4, 32),
+    "lanes_warps8": ("lanes_warps", 8, 8, 32),
+    "lanes_warps4_qpos": ("lanes_warps_qpos", 4, 4, 32),
+    "lanes_warps4_uncapped_qpos": ("lanes_warps_qpos", 4, 4, 0),
 }
 
 
@@ -57,18 +55,16 @@ def compile_fast(name: str, method: str, chunk: int, k: int, sass_dir: str | Non
     report(name, chunk, 1, 1, rep)
 
 
-def compile_warps(name: str, method: str, nw: int, chunk: int, sass_dir: str | None, maskv: bool = True,
-                  maxnreg: int = 0) -> None:
-    """The Gluon kernel of NW one-row warps per program (topk_warps.py), full rows, blocks
-    past n masked by value (``maskv``), registers capped at ``maxnreg`` (0: no cap). A
-    correct build has no shared memory and no barrier (the warps never talk)."""
+def compile_warps(name: str, method: str, nw: int, chunk: int, sass_dir: str | None, maxnreg: int = 0) -> None:
+    """The Gluon kernel of NW one-row warps per program (topk_warps.py), full rows, registers
+    capped at ``maxnreg`` (0: no cap). A correct build has no shared memory and no barrier
+    (the warps never talk)."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from mate.ops.msa import topk_warps as tw
     sig = {"s_ptr": "*fp32", "out_ptr": "*i32", "qpos_ptr": "*i64", "n_rows": "i32", "num_tiles": "i32",
            "num_valid_pages": "i32", "H": "i32", "fb": "i32", "fe": "i32", "W": "i32"}
-    constexprs = {"R": max(chunk, 32) // 32, "NW": nw, "HAS_QPOS": method.endswith("qpos"),
-                  "FULL": True, "MASKV": maskv}
+    constexprs = {"R": max(chunk, 32) // 32, "NW": nw, "HAS_QPOS": method.endswith("qpos"), "FULL": True}
     sig.update({c: "constexpr" for c in constexprs})
     src = GluonASTSource(fn=tw._topk_lanes_warps_kernel, signature=sig, constexprs=constexprs,
                          attrs=divisibility_attrs(sig, ["s_ptr", "out_ptr", "qpos_ptr"]))

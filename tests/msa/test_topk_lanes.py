@@ -102,7 +102,6 @@ def test_lanes_warps_cpu_path_and_bad_argument(device, triton_backend):
     interpreter: same exact result; other warp counts are refused."""
     s, topk, kw, qpos = _random_case([100, 256], 8, 3, device)
     _check_fast(s, topk, kw, qpos, lanes_warps=4)
-    _check_fast(s, topk, kw, qpos, lanes_warps=4, lanes_maskv=False)
     with pytest.raises(ValueError, match="lanes_warps"):
         _check_fast(s, topk, kw, qpos, lanes_warps=3)
 
@@ -113,10 +112,10 @@ from triton.experimental.gluon._runtime import GluonASTSource
 from mate.ops.msa.topk import LANES_MAXNREG
 from mate.ops.msa.topk_warps import _topk_lanes_warps_kernel
 from mate.testing.sass import compile_sm90, divisibility_attrs
-nw, maskv, nreg = (int(a) for a in sys.argv[1:4])
+nw, nreg = (int(a) for a in sys.argv[1:3])
 sig = {"s_ptr": "*fp32", "out_ptr": "*i32", "qpos_ptr": "*i64", "n_rows": "i32", "num_tiles": "i32",
        "num_valid_pages": "i32", "H": "i32", "fb": "i32", "fe": "i32", "W": "i32"}
-constexprs = {"R": 8, "NW": nw, "HAS_QPOS": True, "FULL": True, "MASKV": bool(maskv)}
+constexprs = {"R": 8, "NW": nw, "HAS_QPOS": True, "FULL": True}
 sig.update({c: "constexpr" for c in constexprs})
 rep = compile_sm90(GluonASTSource(fn=_topk_lanes_warps_kernel, signature=sig, constexprs=constexprs,
                                   attrs=divisibility_attrs(sig, ["s_ptr", "out_ptr", "qpos_ptr"])),
@@ -127,14 +126,11 @@ print(json.dumps(dict(shared=rep.shared, local=rep.local, sync=len(re.findall(r"
 """
 
 
-@pytest.mark.parametrize("build", [(4, 1, 0), (4, 0, 0)], ids=["default", "nomaskv"])
-def test_lanes_warps_sm90_build_has_no_shared_memory_or_barrier(build):
+def test_lanes_warps_sm90_build_has_no_shared_memory_or_barrier():
     """The 4-warp program compiles for sm_90 on the CPU (a child process without the
-    interpreter), at the default register cap (the default: whole rows masked by value; rows
-    loaded after their query position), with warps that
-    never talk: no shared memory, no barrier, no local memory, and the ballots of the row;
-    masking by value keeps every branch warp-uniform (no divergence checks before the warp
-    reductions)."""
+    interpreter), at the default register cap, with warps that never talk: no shared
+    memory, no barrier, no local memory, and the ballots of the row; masking whole rows by
+    value keeps every branch warp-uniform (no divergence checks before the warp reductions)."""
     import json
     import os
     import subprocess
@@ -143,14 +139,12 @@ def test_lanes_warps_sm90_build_has_no_shared_memory_or_barrier(build):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
-    res = subprocess.run([sys.executable, "-c", _SM90_BUILD, *map(str, build)], env=env, capture_output=True,
+    res = subprocess.run([sys.executable, "-c", _SM90_BUILD, "4", "0"], env=env, capture_output=True,
                          text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     rep = json.loads(res.stdout.strip().splitlines()[-1])
     assert rep["shared"] == 0 and rep["local"] == 0 and rep["sync"] == 0, rep
-    assert rep["votes"] >= 8, rep
-    if build[1]:
-        assert rep["div"] == 0, rep
+    assert rep["votes"] >= 8 and rep["div"] == 0, rep
 
 
 # ----------------------------------------------------------------------------- GPU
@@ -159,9 +153,8 @@ def test_lanes_warps_sm90_build_has_no_shared_memory_or_barrier(build):
 @pytest.mark.gpu
 @pytest.mark.parametrize("variant", [dict(lanes_kernel="classic"), dict(lanes_kernel="fast", lanes_warps=1),
                                      dict(lanes_kernel="fast", lanes_warps=2), dict(lanes_kernel="fast"),
-                                     dict(lanes_kernel="fast", lanes_warps=8),
-                                     dict(lanes_kernel="fast", lanes_maskv=False)],
-                         ids=["classic", "fast", "warps2", "default", "warps8", "nomaskv"])
+                                     dict(lanes_kernel="fast", lanes_warps=8)],
+                         ids=["classic", "fast", "warps2", "default", "warps8"])
 def test_gpu_lanes_thousand_random_cases_with_ties(variant):
     rng = random.Random(777)
     gen = torch.Generator().manual_seed(777)

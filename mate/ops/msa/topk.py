@@ -74,7 +74,7 @@ rows per one-row warp, the next row's loads issued before this row's selection, 
 masked by value; sm_90 spills 40 / 18 / 2 STL+LDL at 32 / 40 / 48 registers, 72 uncapped):
 32768 x 4 x 256 (copy 4,265 GB/s, all exact on 200 random cases) P = 2 at 32 / 40 / 48
 registers 99.0 / 78.7 / 73.6 us, P = 4 at 40 77.4, 8 warps P = 2 at 40 79.0, against one row
-per warp 61.6 (:data:`LANES_MASKV`); causal 103.9 / 88.7 / 85.5, 87.4, 89.2 against 73.6.
+per warp 61.6 (whole rows masked by value); causal 103.9 / 88.7 / 85.5, 87.4, 89.2 against 73.6.
 The registers the second row needs cost more resident warps (or spills) than the overlap gains.
 
 Also tried and removed (H200, 2026-11-29), the bisections of the 4-warp kernel's selection
@@ -87,6 +87,16 @@ random GPU cases): both bisected 61.3 us (51.3% of copy), causal 73.5 (42.8%), s
 L2 12.6; both bisected with the reloading fallback 66.1 / 80.1; only the bound sorted 60.4 /
 68.2, only the survivors sorted 61.5 / 74.3 (both with the reload); against both sorted 56.0
 (56.1%) / 63.3 (49.7%) / L2 11.0, and 8 warps both sorted 56.1 / 63.6.
+
+Also tried and removed (H200, 2026-11-29), rows loaded after their query position in the
+4-warp kernel (``MASKV=False``: each warp's valid blocks loaded once its position is known,
+rows past the end skipped by a branch) instead of whole rows masked by value. 32768 x 4 x
+256, top 16 + 1 forced, 4 warps at 32 registers (copy 4,265 GB/s, timed interleaved, exact on
+200 random cases each, with the bisections): 62.3 us (50.5% of copy), causal 84.5 (37.2%),
+against 61.6 (51.1%) / 73.6 (42.8%) masked by value: the loads wait for the position, and the
+per-warp row length costs ptxas its divergence checks (sm_90: 1,544 SASS instructions, 14
+spills, against 1,168 and none; with the sorted selection and query positions 6 spills and 59
+``BRA.DIV`` at 32 registers, never run on the GPU). Streaming floor with 4 rows per program: 41.3 us.
 """
 
 from __future__ import annotations
@@ -753,19 +763,9 @@ top 16 + 1 forced (copy 4,263 GB/s), timed interleaved: one-warp programs 82.6 u
 copy: one-warp programs hit the 32-blocks-per-SM cap), 2 / 4 / 8 warps 69.8 / 70.2 / 71.9,
 4 / 8 warps capped at 32 registers (:data:`LANES_MAXNREG`, 64 resident warps per SM) 62.3 /
 62.5 (50.6%); causal rows 85.8 one-warp, 87.6 4 warps, 84.4 4 warps capped (rows loaded
-after their query position; masked by value, :data:`LANES_MASKV`: 61.6, causal 73.6). All
+after their query position; whole rows masked by value: 61.6, causal 73.6). All
 exact on 200 random cases each. With the sorted selection (copy 4,267 GB/s): 4 warps 56.0 us
 (56.1% of copy), causal 63.3 (49.7%), 8 warps 56.1 / 63.6."""
-
-LANES_MASKV = True
-"""The multi-warp ``lanes`` kernel loads each whole row together with its query position and
-masks blocks past the row's end by value (``MASKV`` in :mod:`mate.ops.msa.topk_warps`; False:
-the row's valid blocks are loaded after the position). H200, 32768 x 4 x 256, top 16 + 1
-forced, 4 warps at 32 registers (copy 4,265 GB/s, timed interleaved): 61.6 us (51.1% of copy)
-against 62.3 (50.5%); causal rows 73.6 (42.8%) against 84.5 (37.2%): the loads no longer wait
-for the position, and the row length, warp-uniform by a lane max, spares ptxas its divergence
-checks (sm_90: 1,168 SASS instructions, no spills, against 1,544 with 14 spills). Exact on 200
-random cases each. Streaming floor with 4 rows per program: 41.3 us."""
 
 LANES_MAXNREG = 32
 """Register cap of the multi-warp ``lanes`` kernel (sm_90 build: 48 uncapped; no spills at
@@ -833,7 +833,6 @@ def sparse_topk_select_triton(
     lanes_kernel: str | None = None,
     lanes_warps: int | None = None,
     lanes_maxnreg: int | None = None,
-    lanes_maskv: bool | None = None,
 ) -> None:
     """Launches the selection on validated tensors (contiguous fp32 scores, int32 output).
     ``max_chunk`` (a power of two >= 16; default :data:`INTERVAL_MAX_CHUNK` for ``interval``,
@@ -853,9 +852,7 @@ def sparse_topk_select_triton(
     ``lanes_warps`` (default :data:`LANES_WARPS`; 1, 2, 4 or 8) runs the fast kernel with that
     many one-row warps per program (:mod:`mate.ops.msa.topk_warps`, Gluon, GPU only: under
     the interpreter the one-row kernel runs); ``lanes_maxnreg`` (default :data:`LANES_MAXNREG`;
-    0: no cap) caps its registers per thread and ``lanes_maskv`` (default :data:`LANES_MASKV`) loads
-    whole rows and masks blocks past a row's end by value, so the loads do not wait for the
-    query position.
+    0: no cap) caps its registers per thread.
     ``rows_per_program`` and ``num_warps`` override :func:`topk_config` (experiments)."""
     method = TOPK_METHOD if method is None else method
     if lanes_kernel not in (None, "classic", "fast"):
@@ -886,7 +883,7 @@ def sparse_topk_select_triton(
                     query_positions if query_positions is not None else _dummy_positions(max_score.device),
                     n_rows, T, num_valid_pages, H, force_begin_blocks, force_end_blocks, W,
                     R=chunk // 32, NW=nw, HAS_QPOS=query_positions is not None,
-                    FULL=chunk == T, MASKV=LANES_MASKV if lanes_maskv is None else lanes_maskv, num_warps=nw,
+                    FULL=chunk == T, num_warps=nw,
                     **({"maxnreg": nreg} if nreg else {}),
                 )
                 return

@@ -24,17 +24,18 @@ registers: ~301 SASS instructions per row on the common path, no loop, 6 REDUX, 
 against ~373 with the two bisection loops (~4.6 and ~5.1 steps, 17 REDUX).
 
 Status (H200): the default of the ``lanes`` method (4 warps, capped at 32 registers: 64
-resident warps per SM), whole rows masked by value (``MASKV``, :data:`mate.ops.msa.topk.LANES_MASKV`):
-each warp loads its whole row together with the query position and sets blocks past the
-row's end to -inf by value (one bound per register), the length made warp-uniform by a lane
-max, so the row's loads do not wait for the position and ptxas sees no divergent branch
-(sm_90 at 32 registers: no spills, no ``BRA.DIV``). 32768 x 4 x 256 rows, top 16 + 1 forced
-(copy 4,267 GB/s, timed interleaved): 56.0 us (56.1% of copy), causal 63.3 (49.7%), scores in
-the L2 11.0 us, against 61.3 (51.3%) / 73.5 (42.8%) / 12.6 with the bisections of the bound
-and the exact step (with the reloading fallback: both bisected 66.1 / 80.1, only the bound
-sorted 60.4 / 68.2, only the survivors sorted 61.5 / 74.3; 8 warps 56.1 / 63.6; one-warp
-programs 82.6 in an earlier run); all exact on 200 random GPU cases with ties. Numbers per variant:
-:data:`mate.ops.msa.topk.LANES_WARPS` and the module docstring of :mod:`mate.ops.msa.topk`.
+resident warps per SM), whole rows masked by value: each warp loads its whole row together
+with the query position and sets blocks past the row's end to -inf by value (one bound per
+register), the length made warp-uniform by a lane max, so the row's loads do not wait for
+the position and ptxas sees no divergent branch (sm_90 at 32 registers: no spills, no
+``BRA.DIV``). 32768 x 4 x 256 rows, top 16 + 1 forced (copy 4,267 GB/s, timed interleaved):
+56.0 us (56.1% of copy), causal 63.3 (49.7%), scores in the L2 11.0 us, against 61.3 (51.3%)
+/ 73.5 (42.8%) / 12.6 with the bisections of the bound and the exact step (with the
+reloading fallback: both bisected 66.1 / 80.1, only the bound sorted 60.4 / 68.2, only the
+survivors sorted 61.5 / 74.3; 8 warps 56.1 / 63.6; one-warp programs 82.6 in an earlier
+run); all exact on 200 random GPU cases with ties. Numbers per variant:
+:data:`mate.ops.msa.topk.LANES_WARPS` and the module docstring of :mod:`mate.ops.msa.topk`,
+which records the removed variant loading each row after its query position (62.3 us, causal 84.5).
 """
 
 from __future__ import annotations
@@ -218,27 +219,9 @@ def _lanes_full_row(u, jj, ll, n1, fb, fe, W, C, o_row, NW: gl.constexpr):
 
 
 @gluon.jit
-def _lanes_warps_row(s_row, o_row, n1, fb, fe, W, R: gl.constexpr, NW: gl.constexpr, FULL: gl.constexpr):
-    """:func:`mate.ops.msa.topk._lanes_fast_row` of one row (``n1 > W``) on this warp."""
-    L2: gl.constexpr = gl.BlockedLayout([R, 1], [1, 32], [NW, 1], [1, 0])
-    LL: gl.constexpr = gl.SliceLayout(0, L2)
-    jj = gl.expand_dims(gl.arange(0, R, layout=gl.SliceLayout(1, L2)), 1)
-    ll = gl.expand_dims(gl.arange(0, 32, layout=LL), 0)
-    ptrs = (s_row + ll) + jj * 32
-    if FULL:
-        if n1 >= R * 32:
-            s = gl.load(ptrs)
-        else:
-            s = gl.load(ptrs, mask=jj * 32 + ll < n1, other=float("-inf"))
-    else:
-        s = gl.load(ptrs, mask=jj * 32 + ll < n1, other=float("-inf"))
-    _lanes_warps_select(s, s_row, o_row, n1, fb, fe, W, NW)
-
-
-@gluon.jit
 def _lanes_warps_select(s, s_row, o_row, n1, fb, fe, W, NW: gl.constexpr):
-    """The selection of :func:`_lanes_warps_row` on its scores ``s`` ([R, 32], blocks ``>= n1``
-    -inf): the bound ``tau0`` is the W-th largest lane max (the lane maxima sorted: the
+    """:func:`mate.ops.msa.topk._lanes_fast_row` of one row (``n1 > W``) on this warp, on its
+    scores ``s`` ([R, 32], blocks ``>= n1`` -inf): the bound ``tau0`` is the W-th largest lane max (the lane maxima sorted: the
     one-row kernel's bisection at slack 0), the exact threshold the C-th largest survivor
     (the survivors sorted), and the full-row fallback reloads the row (an L1 / L2 hit), so
     the scores die after the ballots."""
@@ -321,31 +304,15 @@ def _lanes_warps_masked_row(s, pos, row, s_ptr, out_ptr, num_tiles, num_valid_pa
 def _topk_lanes_warps_kernel(
     s_ptr, out_ptr, qpos_ptr,
     n_rows, num_tiles, num_valid_pages, H, fb, fe, W,
-    R: gl.constexpr, NW: gl.constexpr, HAS_QPOS: gl.constexpr, FULL: gl.constexpr, MASKV: gl.constexpr,
+    R: gl.constexpr, NW: gl.constexpr, HAS_QPOS: gl.constexpr, FULL: gl.constexpr,
 ):
-    """Rows ``NW * pid + w`` (w: the warp) of the fast ``lanes`` selection (``W <= 32``).
-    ``MASKV``: each row loaded whole together with its query position, blocks past ``n``
-    masked by value (a warp past the last row repeats it: same output, written twice, and
-    no divergent branch); otherwise the row's valid blocks are loaded after its position."""
-    if MASKV:
-        L2: gl.constexpr = gl.BlockedLayout([R, 1], [1, 32], [NW, 1], [1, 0])
-        jj = gl.expand_dims(gl.arange(0, R, layout=gl.SliceLayout(1, L2)), 1)
-        ll = gl.expand_dims(gl.arange(0, 32, layout=gl.SliceLayout(0, L2)), 0)
-        row = gl.minimum(gl.program_id(0) * NW + _warp_id(gl.program_id(0)), n_rows - 1)
-        s, pos = _lanes_load_row(s_ptr, qpos_ptr, row, num_tiles, H, jj, ll, HAS_QPOS, FULL)
-        _lanes_warps_masked_row(s, pos, row, s_ptr, out_ptr, num_tiles, num_valid_pages, fb, fe, W, NW, HAS_QPOS)
-    else:
-        row = gl.program_id(0) * NW + _warp_id(gl.program_id(0))
-        if row < n_rows:
-            n1 = num_valid_pages
-            if HAS_QPOS:
-                pos = gl.load(qpos_ptr + row // H)
-                n1 = gl.where(pos < 0, 0, gl.minimum(pos // 128 + 1, num_valid_pages)).to(gl.int32)
-            s_row = s_ptr + row.to(gl.int64) * num_tiles
-            o_row = out_ptr + row.to(gl.int64) * W
-            if n1 > W:
-                _lanes_warps_row(s_row, o_row, n1, fb, fe, W, R, NW, FULL)
-            else:
-                LL: gl.constexpr = gl.SliceLayout(0, gl.BlockedLayout([1, 1], [1, 32], [NW, 1], [1, 0]))
-                wc = gl.arange(0, 32, layout=LL)
-                _store_lanes(o_row, wc, gl.where(wc < n1, wc, -1), wc < W, NW)
+    """Rows ``NW * pid + w`` (w: the warp) of the fast ``lanes`` selection (``W <= 32``):
+    each row loaded whole together with its query position, blocks past ``n`` masked by
+    value (a warp past the last row repeats it: same output, written twice, and no
+    divergent branch)."""
+    L2: gl.constexpr = gl.BlockedLayout([R, 1], [1, 32], [NW, 1], [1, 0])
+    jj = gl.expand_dims(gl.arange(0, R, layout=gl.SliceLayout(1, L2)), 1)
+    ll = gl.expand_dims(gl.arange(0, 32, layout=gl.SliceLayout(0, L2)), 0)
+    row = gl.minimum(gl.program_id(0) * NW + _warp_id(gl.program_id(0)), n_rows - 1)
+    s, pos = _lanes_load_row(s_ptr, qpos_ptr, row, num_tiles, H, jj, ll, HAS_QPOS, FULL)
+    _lanes_warps_masked_row(s, pos, row, s_ptr, out_ptr, num_tiles, num_valid_pages, fb, fe, W, NW, HAS_QPOS)
