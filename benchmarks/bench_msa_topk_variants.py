@@ -47,8 +47,8 @@ BAR_VARIANTS = [  # label, launcher keywords, checked on the random cases
     ("lanes fast slack2", dict(method="lanes", lanes_kernel="fast", lanes_warps=1), True),
 ]
 WARPS_VARIANTS = [  # --warps: the fast kernel with NW one-row warps per program (topk_warps.py)
-    ("warps4 maskv cap32 (default)", dict(method="lanes", lanes_warps=4, lanes_maxnreg=32), True),
-    ("warps8 maskv cap32", dict(method="lanes", lanes_warps=8, lanes_maxnreg=32), True),
+    ("warps4 cap32 (default)", dict(method="lanes", lanes_warps=4, lanes_maxnreg=32), True),
+    ("warps8 cap32", dict(method="lanes", lanes_warps=8, lanes_maxnreg=32), True),
     ("warps1 (one-row kernel)", dict(method="lanes", lanes_kernel="fast", lanes_warps=1), True),
 ]
 
