@@ -44,7 +44,7 @@ if ROOT not in sys.path:  # spawned warm-up workers import mate too
 
 DEVICE = "cuda"
 SHAPES = ((64, 2112, 7168), (64, 4096, 7168), (128, 2112, 7168), (128, 4096, 7168),
-          (64, 7168, 2048), (128, 7168, 2048), (64, 24576, 1536), (128, 24576, 1536))
+          (64, 7168, 2048), (128, 7168, 2048), (64, 24576, 1536), (128, 24576, 1536), (1, 24576, 1536))
 
 
 def _g(bm, bn, stages, kps=1):
@@ -54,12 +54,20 @@ def _g(bm, bn, stages, kps=1):
     return f"{bm}x{bn} st{stages}" + (f" kps{kps}" if kps > 1 else ""), cfg
 
 
-def _k(bm, bn, stages, kps=1, split=1, eager=False):
+def _k(bm, bn, stages, kps=1, split=1, eager=False, rows=False):
     """A config of the K-interleaved kernel (groupwise_gluon_kint.py), split-K over programs;
-    ``eager``: a stage's next K block's wgmma issued before the previous one is scaled."""
+    ``eager``: a stage's next K block's wgmma issued before the previous one is scaled;
+    ``rows`` (name ``kint rows``): BLOCK_M 128 as two 64-row halves, one per warpgroup, over every
+    stage."""
     name, cfg = _g(bm, bn, stages, kps)
-    name = "kint " + name + (f" s{split}" if split > 1 else "") + (" e" if eager else "")
-    return name, {**cfg, "KINT": True, "SPLIT_K": split, "EAGER": eager}
+    name = ("kint rows " if rows else "kint ") + name + (f" s{split}" if split > 1 else "") + (" e" if eager else "")
+    return name, {**cfg, "KINT": True, "SPLIT_K": split, "EAGER": eager, "ROWS": rows}
+
+
+def _t(bm, bn, stages, split=1):
+    """A config of the plain-Triton TMA kernel (groupwise.py)."""
+    return (f"tri {bm}x{bn} st{stages}" + (f" s{split}" if split > 1 else ""),
+            {"BLOCK_M": bm, "BLOCK_N": bn, "num_stages": stages, "SPLIT_K": split, "GROUP_M": 8, "num_warps": 4})
 
 
 # tiles in the comments (132 SMs: one wave up to 132)
@@ -136,6 +144,40 @@ KINT_CANDIDATES = {
 }
 
 
+# --next: the K-interleaved kernel's ROWS mode at M = 128, K = 7168 (warpgroup h computes rows
+# 64h..64h+63 of a 128-row tile over every stage: B read once for 128 rows, no hand-over; units and
+# the bytes one unit reads in the comments: auto's 64x64 reads 917 KB (N 4096) / 458 KB (N 2112,
+# 2 splits) per unit), and the M = 1, (24576, 1536) candidates (auto: Triton 64x128 st4, 192 tiles,
+# so 60 SMs run two); (64, 4096, 7168) as a control. The first of each shape is also run with
+# K-major scales.
+NEXT_CANDIDATES = {
+    (128, 2112, 7168): dict([
+        _k(128, 64, 4, 2, 4, True, rows=True),  # 132, 344 KB
+        _k(128, 64, 4, 2, 4, rows=True),  # 132, 344 KB
+        _k(128, 64, 8, 1, 4, rows=True),  # 132, 344 KB
+        _k(128, 32, 4, 2, 2, True, rows=True),  # 132, 573 KB
+    ]),
+    (128, 4096, 7168): dict([
+        _k(128, 64, 4, 2, 2, True, rows=True),  # 128, 688 KB
+        _k(128, 64, 4, 2, 2, rows=True),  # 128, 688 KB
+        _k(128, 64, 8, 1, 2, rows=True),  # 128, 688 KB
+        _k(128, 128, 3, 2, 4, True, rows=True),  # 128, 458 KB
+        _k(128, 128, 6, 1, 4, rows=True),  # 128, 458 KB
+    ]),
+    (64, 4096, 7168): dict([
+        _k(64, 32, 8, 2, 1, True),  # 12.5 beside auto's 64x32 st4 kps4 e in the --kint run
+    ]),
+    (1, 24576, 1536): dict([
+        _t(64, 64, 4),  # 384 tiles, 64 KB: 3 CTAs per SM, all resident (M 64's auto)
+        _t(64, 64, 3),  # 384, 48 KB: 4 per SM
+        _t(64, 32, 4),  # 768, 48 KB
+        _k(64, 64, 4, 2, 1, True),  # persistent, 384 units
+        _k(64, 32, 4, 4, 1, True),  # 768 units
+        _k(64, 128, 2, 2, 2, True),  # 384 units of 6 K blocks
+    ]),
+}
+
+
 def _operands(m, n, k, seed=0):
     g = torch.Generator(device=DEVICE).manual_seed(seed)
     a = torch.randn(m, k, device=DEVICE, generator=g).to(torch.float8_e4m3fn)
@@ -174,7 +216,8 @@ def _dg_fn(dg, x, out):
 
 def _candidate(shape, name):
     """A candidate's config (also in the spawned workers, which see neither table's --kps swap)."""
-    return {**CANDIDATES.get(shape, {}), **KPS_CANDIDATES.get(shape, {}), **KINT_CANDIDATES.get(shape, {})}[name]
+    return {**CANDIDATES.get(shape, {}), **KPS_CANDIDATES.get(shape, {}), **KINT_CANDIDATES.get(shape, {}),
+            **NEXT_CANDIDATES.get(shape, {})}[name]
 
 
 def _warm(task):
@@ -251,13 +294,15 @@ def main() -> int:
     ap.add_argument("--no-warm", action="store_true", help="skip the parallel compile warm-up")
     ap.add_argument("--kps", action="store_true", help="the KPS candidates (KPS_CANDIDATES) on their six shapes")
     ap.add_argument("--kint", action="store_true", help="the K-interleaved kernel (KINT_CANDIDATES), K = 7168")
+    ap.add_argument("--next", action="store_true",
+                    help="NEXT_CANDIDATES: kint ROWS at M = 128, (1, 24576, 1536) candidates")
     ap.add_argument("--warm-only", action="store_true",
                     help="only the warm-up; prints 'skip: JSON' (the [shape, impl] pairs that failed) for --skip")
     ap.add_argument("--skip", default="[]", help="JSON list of [[M, N, K], impl] pairs not to run (from --warm-only)")
     args = ap.parse_args()
-    if args.kps or args.kint:
+    if args.kps or args.kint or args.next:
         CANDIDATES.clear()
-        CANDIDATES.update(KINT_CANDIDATES if args.kint else KPS_CANDIDATES)
+        CANDIDATES.update(NEXT_CANDIDATES if args.next else KINT_CANDIDATES if args.kint else KPS_CANDIDATES)
     t0 = time.time()
     from mate.ops.gemm import reference as R
     from mate.ops.gemm import tuning
@@ -282,7 +327,7 @@ def main() -> int:
         print("skip:", json.dumps(sorted([list(sh), name] for sh, name in failed)))
         return 0
     best, dg_us = {}, {}
-    print(f"{'shape':>18} {'impl':>26} {'us':>7} {'TFLOP/s':>8} {'GB/s':>6} {'DG/t':>5} {'maxrel':>8} det  note")
+    print(f"{'shape':>18} {'impl':>32} {'us':>7} {'TFLOP/s':>8} {'GB/s':>6} {'DG/t':>5} {'maxrel':>8} det  note")
     for shape in shapes:
         if time.time() - t0 > args.budget:
             print(f"{str(shape):>18} skipped: budget spent")
@@ -334,13 +379,13 @@ def main() -> int:
             note = notes.get(name, "")
             if not isinstance(t, float):
                 note = note or (f"{type(t).__name__}: {str(t)[:120]}" if t is not None else "not run")
-                print(f"{str(shape):>18} {name:>26} {'-':>7} {'':>8} {'':>6} {'':>5} {'':>8} {'':>3}  {note}")
+                print(f"{str(shape):>18} {name:>32} {'-':>7} {'':>8} {'':>6} {'':>5} {'':>8} {'':>3}  {note}")
                 continue
             err, det = checks[name]
             if name != "deepgemm" and det and err < 1e-2:
                 best.setdefault(shape, {})[name] = t
             ratio = f"{t_dg / t:5.2f}" if t_dg else "  -  "
-            print(f"{str(shape):>18} {name:>26} {t:7.1f} {flops / t / 1e6:8.0f} {byts / t / 1e3:6.0f} {ratio} "
+            print(f"{str(shape):>18} {name:>32} {t:7.1f} {flops / t / 1e6:8.0f} {byts / t / 1e3:6.0f} {ratio} "
                   f"{err:8.1e} {'yes' if det else 'NO ':>3}  {note}", flush=True)
         del sets, outs, cases
         torch.cuda.empty_cache()
