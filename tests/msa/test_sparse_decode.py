@@ -100,6 +100,27 @@ def test_transposed_decode_empty_and_invalid_selections(device, triton_backend, 
     assert torch.isfinite(l_[2]).all()
 
 
+@pytest.mark.parametrize("lazy", [8, 0])
+def test_transposed_decode_lazy_huge_logits(device, triton_backend, transposed, monkeypatch, lazy):
+    """Logits near 2^27 (log2 units), where fp32 rounds m + 8 to m + 16: the second 64-key
+    tile's logit is 16 above the first's, so a test of ``s > m_i + LAZY`` keeps the reference
+    max and p = 2^16 overflows fp16 P (an inf output)."""
+    monkeypatch.setitem(sd.DECODE_VARIANT, "lazy", lazy)
+    monkeypatch.setitem(sd.DECODE_VARIANT, "keys", 64)
+    pb = make_problem([1], [128], hq=16, hkv=1, width=4, dtype=torch.float16, device=device, seed=1)
+    pb["kv_block_indexes"][:] = torch.tensor([0, -1, -1, -1], dtype=torch.int32, device=device)
+    q, k = pb["q"], pb["k"]
+    q.zero_()
+    k.zero_()
+    q[0, :, 0], q[0, :, 1] = 2048, 1
+    page = int(pb["page_table"][0, 0])
+    k[page, 0, 0, :2] = torch.tensor([4096.0, 1.0], device=device)  # 16 (2^23 + 1) = 2^27 + 16: odd mantissa
+    k[page, 64, 0, :2] = torch.tensor([4096.0, 2.0], device=device)  # 2^27 + 32 (qk_scale 16 below)
+    o, l_, ro, rl = run_case(device, pb, decode=True, splits=1, sm_scale=16 / 1.4426950408889634)
+    assert torch.isfinite(o).all()
+    _check(o, l_, ro, rl, torch.float16)
+
+
 def _run_padded(device, pb, splits, total_rows=None, **kw):
     """The transposed decode on ``pb`` plus rows past ``qo_indptr[B]`` up to ``total_rows``
     (padding rows of a static plan: no request, no key): (out, lse) of all rows."""

@@ -299,8 +299,12 @@ def msa_decode_t_kernel(
             # by more than LAZY (log2 units, so p <= 2^LAZY): no cross-warp max, sum or
             # rescale in the common tile
             m_use = tl.where(m_i == float("-inf"), 0.0, m_i)
-            p = tl.exp2(s - m_use[None, :])
-            grow = tl.max(tl.max((s > (m_i + LAZY)[None, :]).to(tl.int32), axis=1), axis=0)
+            x = s - m_use[None, :]
+            p = tl.exp2(x)
+            # the exponent itself is tested, not s > m_i + LAZY: that sum rounds for |m_i| >= 2^27
+            # (to m_i + 16 at LAZY 8, so p = 2^16 would overflow fp16); -inf: any finite logit
+            thr = tl.where(m_i == float("-inf"), float("-inf"), LAZY + 0.0)
+            grow = tl.max(tl.max((x > thr[None, :]).to(tl.int32), axis=1), axis=0)
             if grow != 0:
                 m_new = tl.maximum(m_i, tl.max(s, axis=0))
                 m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
