@@ -41,8 +41,9 @@ new maximum has no cross-warp max or sum and no rescale (the ``LAZY`` kernel arg
 default, 0 keeps the rescale of every tile). fp8 is
 capped at 128 registers: uncapped the 64-key 3-stage compile takes 153 (3 programs per SM,
 two waves for ``bench_msa_attention``'s 512 programs; the cause of the first in-kernel list's
-108.5 against 80.1 us); 128 has no spills, 112 and 96 spill (19 / 52 spill instructions), and
-128-key tiles spill under it (212; uncapped 224 registers).
+108.5 against 80.1 us); 128 had no spills before the lazy rescale (now 5 spill instructions,
+outside the key loop), 112 and 96 spill (19 / 52 spill instructions), and 128-key tiles spill
+under it (212; uncapped 224 registers).
 
 H200, lazy (``bench_msa_fp8_decode_variants --sel 16`` = ``bench_msa_attention``'s decode
 inputs: B=128, q_len 1, 64K, M3 geometry, 16 blocks; interleaved, copy 4231 GB/s): fp8 lazy 8
@@ -100,7 +101,9 @@ T_COMPILES = {
 }
 """(fp8, keys, stages): (registers, shared memory bytes) of the uncapped sm_90 compile of the M3
 tile (16 heads, 4 warps, unsplit, 16 ids, page table, token-major cache; bf16 and fp16 alike),
-read with cuobjdump. No spills; QGMMA (fp8 Sᵀ) and HGMMA in the SASS, no ptxas warning."""
+read with cuobjdump before the lazy rescale (the default now: bf16 64 keys 3 stages takes 90
+registers; shared memory, which bounds bf16 at 2 programs per SM, is unchanged). No spills;
+QGMMA (fp8 Sᵀ) and HGMMA in the SASS, no ptxas warning."""
 
 _SM90_SHARED = 233472  # bytes per SM (228 KB); each resident program also reserves 1 KB
 _SM90_REGS = 65536
