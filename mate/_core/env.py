@@ -20,6 +20,10 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "MATE_MSA_TOPK_METHOD": ("lanes", "threshold step of MSA top-k selection: lanes (default: survivors of "
                              "a lane-max bound, one key per lane; interval beyond 256 tiles), interval (a "
                              "bisection over key values), radix or bitonic; read at import"),
+    "MATE_GEMM_SPLITK_REDUCE": ("fused", "fused | launch: how split-K groupwise FP8 GEMMs sum their partials; fused "
+                                "uses one arrival-counter buffer per device, so two such calls must not run "
+                                "concurrently on different streams; launch (a second kernel) has no shared state; "
+                                "read per call"),
     "MATE_MSA_DECODE_VARIANT": ("", "key=value,... overrides of the MSA decode kernel config "
                                 "(mate.ops.msa.sparse_decode.DECODE_VARIANT keys, e.g. fp8_stages=2,"
                                 "fp8_maxnreg=none) for benchmarks; read at import"),

@@ -54,6 +54,37 @@ def test_split_k_sum_is_deterministic_across_reductions(device, triton_backend):
     assert_equal(outs[0], outs[1])
 
 
+def test_env_launch_reduce_uses_no_shared_counters(device, triton_backend, monkeypatch):
+    """``MATE_GEMM_SPLITK_REDUCE=launch`` turns a fused split-K config into the second-launch
+    reduce (no per-device counter buffer, so calls may overlap on several streams): the same
+    bits as the fused reduce; an unknown value raises naming the variable."""
+    from mate.ops.gemm import groupwise
+
+    a, b, sa, sb = fp8_block_operands(16, 128, 1024, device)
+    cfg = {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 2, "SPLIT_K": 8, "REDUCE": "fused"}
+    fused = poisoned((16, 128), torch.bfloat16, device)
+    _launch(a, b, sa, sb, fused, cfg)
+    monkeypatch.setenv("MATE_GEMM_SPLITK_REDUCE", "launch")
+    assert groupwise._tile_counters(a.device, 2) is None
+    launched = poisoned((16, 128), torch.bfloat16, device)
+    _launch(a, b, sa, sb, launched, cfg)
+    assert_equal(launched, fused)
+    monkeypatch.setenv("MATE_GEMM_SPLITK_REDUCE", "atomic")
+    with pytest.raises(ValueError, match="MATE_GEMM_SPLITK_REDUCE must be 'fused' or 'launch', got 'atomic'"):
+        _launch(a, b, sa, sb, launched, cfg)
+
+
+def test_replaced_counter_buffer_stays_alive(device, triton_backend):
+    """A larger split-K call replaces the device's counter buffer; the old one is kept (a
+    CUDA graph captured earlier still points at it)."""
+    from mate.ops.gemm import groupwise
+
+    old = groupwise._tile_counters(torch.device(device), 4096)
+    bigger = groupwise._tile_counters(torch.device(device), old.numel() + 1)
+    assert bigger.numel() > old.numel() and any(t is old for t in groupwise._RETIRED_COUNTERS)
+    assert groupwise._tile_counters(torch.device(device), 8) is bigger
+
+
 def test_unaligned_operand_takes_pointer_loads(device, triton_backend):
     from mate.ops.gemm.groupwise import _tma_ok
 

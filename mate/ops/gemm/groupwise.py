@@ -15,6 +15,8 @@ group scales (amax / 448, 1 for a zero group).
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -285,6 +287,7 @@ def splitk_reduce_kernel(ws_ptr, c_ptr, cs_ptr, M, N, stride_cm, stride_csm,
 
 
 _COUNTERS: dict[tuple, torch.Tensor] = {}
+_RETIRED_COUNTERS: list[torch.Tensor] = []  # replaced buffers that captured graphs may still use
 
 
 def _counter_key(device: torch.device) -> tuple:
@@ -293,12 +296,20 @@ def _counter_key(device: torch.device) -> tuple:
 
 def _tile_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
     """Int32 arrival counters for the fused split-K reduce, one buffer per device (zero
-    between calls: the last program of each tile resets its counter). None while a CUDA
-    graph is being captured and no buffer is large enough yet (then the reduce is a second
-    launch). One buffer per device, not per stream, so that a graph captured on a side
-    stream uses the buffer allocated by the eager warm-up call: split-K groupwise calls on
-    the same device must therefore not run concurrently on two streams (use
-    ``config["REDUCE"] = "launch"`` for that)."""
+    between calls: the last program of each tile resets its counter). None (the reduce is
+    then a second launch) with ``MATE_GEMM_SPLITK_REDUCE=launch``, or while a CUDA graph is
+    being captured and no buffer is large enough yet. One buffer per device, not per stream,
+    so that a graph captured on a side stream uses the buffer allocated by the eager warm-up
+    call: fused split-K calls on the same device must therefore not run concurrently on two
+    streams (two launches would count each other's arrivals, give wrong tiles and leave
+    counters off zero); ``MATE_GEMM_SPLITK_REDUCE=launch`` (or ``config["REDUCE"] =
+    "launch"``) is for engines that overlap GEMMs on several streams. A buffer replaced by a
+    larger one stays alive, since graphs captured earlier still point at it."""
+    reduce = os.environ.get("MATE_GEMM_SPLITK_REDUCE", "fused")
+    if reduce not in ("fused", "launch"):
+        raise ValueError(f"MATE_GEMM_SPLITK_REDUCE must be 'fused' or 'launch', got {reduce!r}")
+    if reduce == "launch":
+        return None
     key = _counter_key(device)
     buf = _COUNTERS.get(key)
     if buf is not None and buf.numel() >= tiles:
@@ -306,6 +317,8 @@ def _tile_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         return None
     buf = torch.zeros(max(tiles, 4096), dtype=torch.int32, device=device)
+    if key in _COUNTERS:
+        _RETIRED_COUNTERS.append(_COUNTERS[key])
     _COUNTERS[key] = buf
     return buf
 
