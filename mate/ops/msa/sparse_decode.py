@@ -25,10 +25,10 @@ from mate._core.triton_helpers import INTERPRET, dot_operand, to_out_dtype
 from mate.ops.msa.softmax_helpers import finish_softmax, split_entries, visible_limit
 
 __all__ = ["DECODE_VARIANT", "msa_decode_t_kernel", "decode_t_heads", "t_config", "t_constexprs",
-           "t_programs_per_sm", "token_block_list"]
+           "t_programs_per_sm", "token_block_list", "use_gluon"]
 
 DECODE_VARIANT = {"kernel": "transposed", "keys": 64, "stages": 3, "maxnreg": None, "lazy": 8,
-                  "fp8_keys": 64, "fp8_stages": 3, "fp8_maxnreg": 128, "fp8_lazy": 8}
+                  "fp8_keys": 64, "fp8_stages": 3, "fp8_maxnreg": 128, "fp8_lazy": 8, "fp8_kernel": "triton"}
 """Decode kernel of ``sparse_attention`` (module defaults; the benchmark times the others).
 
 ``kernel``: "heads" (``_msa_sparse_fwd_kernel`` with one-token 16-row tiles after
@@ -38,7 +38,10 @@ DECODE_VARIANT = {"kernel": "transposed", "keys": 64, "stages": 3, "maxnreg": No
 (0: off) keeps the softmax's reference max until a logit exceeds it by more than ``lazy``
 (log2 units) and sums the probabilities per key until the loop ends, so a tile without a
 new maximum has no cross-warp max or sum and no rescale (the ``LAZY`` kernel argument; 8 by
-default, 0 keeps the rescale of every tile). fp8 is
+default, 0 keeps the rescale of every tile). ``fp8_kernel``: "triton" (:func:`msa_decode_t_kernel`)
+or "gluon" (candidate, not yet timed: ``sparse_decode_gluon.msa_decode_gluon_kernel``, same
+arguments, with ``fp8_keys`` / ``fp8_stages`` / ``fp8_lazy``; Hopper, contiguous caches and lazy
+> 0 only, else the Triton kernel runs; :func:`use_gluon`). fp8 is
 capped at 128 registers: uncapped the 64-key 3-stage compile takes 153 (3 programs per SM,
 two waves for ``bench_msa_attention``'s 512 programs; the cause of the first in-kernel list's
 108.5 against 80.1 us); 128 had no spills before the lazy rescale (now 5 spill instructions,
@@ -120,6 +123,16 @@ def t_config(is_fp8: bool) -> tuple[int, int, int | None]:
     pre = "fp8_" if is_fp8 else ""
     cap = DECODE_VARIANT[pre + "maxnreg"]
     return int(DECODE_VARIANT[pre + "keys"]), int(DECODE_VARIANT[pre + "stages"]), int(cap) if cap else None
+
+
+def use_gluon(is_fp8: bool, q, k, v, ratio: int) -> bool:
+    """Whether the fp8 decode runs the Gluon candidate (``fp8_kernel`` = "gluon" and
+    ``sparse_decode_gluon.gluon_supported``)."""
+    if not is_fp8 or DECODE_VARIANT["fp8_kernel"] != "gluon" or INTERPRET:
+        return False
+    from mate.ops.msa import sparse_decode_gluon
+
+    return sparse_decode_gluon.gluon_supported(q, k, v, ratio, t_config(True)[0], t_constexprs(True)["LAZY"])
 
 
 def t_constexprs(is_fp8: bool) -> dict:

@@ -1,0 +1,444 @@
+"""Gluon kernel of the MSA sparse decode with an e4m3 KV cache for Hopper (sm_90): a candidate
+for :func:`mate.ops.msa.sparse_decode.msa_decode_t_kernel` (``DECODE_VARIANT['fp8_kernel'] =
+"gluon"``), same arguments, grid and outputs.
+
+One program per query token, KV head and split; it builds the token's block list itself
+(:func:`_token_block_list`, the Gluon form of ``sparse_decode.token_block_list``: the same
+entries in the same order, written to the same union slots). Per 64-key tile:
+
+* Sᵀ = K·Qᵀ [KEYS, GP] on FP8 tensor cores (QGMMA) from the TMA-loaded K tile (K-major A) and
+  Q in shared memory (K-major B).
+* Oᵀ [128, GP] += Vᵀ·Pᵀ with Vᵀ the register A operand of an fp16 wgmma and Pᵀ (fp16) the
+  shared B operand. The M rows of Oᵀ are the head dimension in a permuted order (the output
+  store un-permutes it): wgmma row ``m = 64 r + 16 w + 8 h + g`` (``g`` = lane // 4, ``h`` /
+  ``r`` register bits, ``w`` the warp) holds ``d = 32 w + 4 g + 2 r + h``, so the four rows a
+  thread owns are four consecutive bytes of one key's V row: V is read with 32-bit shared
+  loads (:func:`v_load_layout`), no byte gathers, and widened e4m3 -> fp16 (exact).
+* TMA loads into a ring of ``STAGES`` K/V slots, one mbarrier each; a slot is refilled right
+  after the barrier that follows its last read.
+* Lazy softmax (exp2 domain, ``k_scale`` folded into ``qk_scale``): P = exp2(s - m) against a
+  reference max ``m`` kept until an exponent exceeds ``LAZY`` (-inf threshold while ``m`` is
+  unset, as the Triton kernel since b818e36); per-element sums reduced after the loop. Each warp
+  stores its "exceeded" flag next to P and ONE CTA barrier publishes both; every thread then
+  reads the four flags, so the decision is uniform. Only a tile that raises the max pays a
+  second exchange (the per-warp partial maxima), recomputes P and rescales. P and the flags
+  are double-buffered in separate allocations, the loop unrolled by two, so Triton's
+  shared-memory analysis sees no reuse between two publishing barriers and adds none.
+
+sm_90 (CPU build, M3 tile, 64 keys, 3 stages, unsplit): 114 registers, no spills, 54.3 KB
+shared (4 programs per SM), the key loop 970 instructions for two tiles with their rescale
+branches (~361 per tile on the common path) and 4 CTA barriers per tile (the one before the
+mbarrier wait and the one between the K and V TMA copies come from Triton's shared-memory
+analysis of the mbarrier, which cannot be told they are unneeded), against the Triton kernel's
+489 / 7. GP 32: 148 registers; 128-key tiles (2 stages): 207; GP 64: 242. Not yet timed.
+
+Gluon cannot run under Triton's interpreter: the CPU runs the plain kernel; this one is built
+for sm_90 by the CPU tests and checked against the reference by the GPU tests
+(``tests/msa/test_sparse_decode_gluon.py``).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+__all__ = ["GLUON_WARPS", "gluon_supported", "launch", "msa_decode_gluon_kernel", "v_load_layout"]
+
+GLUON_WARPS = 4  # one warpgroup
+HEAD_DIM = gl.constexpr(128)
+
+
+@triton.constexpr_function
+def v_load_layout(keys: int) -> gl.DistributedLinearLayout:
+    """Register layout of the e4m3 V tile [keys, 128 d] read from shared memory: the wgmma
+    A layout of Vᵀ [128 rows, keys] (fp16, ``k_width`` 2, 4 warps) with its row index mapped
+    to ``d`` by the permutation of the module docstring. Per thread: bits d1, d2 of four
+    registers span 4 consecutive bytes (one 32-bit load per key)."""
+    assert keys in (64, 128)
+    # wgmma A (DotOperandLayout(0, NVMMA v3 [4, 1], 2)) on [128 m, keys k]:
+    #   registers k1, m8, k8, k16, k32 (, k64), m64; lanes k2, k4, m1, m2, m4; warps m16, m32.
+    # m -> d: m1, m2, m4 -> d4, d8, d16; m8 -> d1; m16, m32 -> d32, d64; m64 -> d2.
+    kbits = [[1 << i, 0] for i in range(3, keys.bit_length() - 1)]
+    return gl.DistributedLinearLayout(
+        reg_bases=[[1, 0], [0, 1]] + kbits + [[0, 2]],
+        lane_bases=[[2, 0], [4, 0], [0, 4], [0, 8], [0, 16]],
+        warp_bases=[[0, 32], [0, 64]],
+        block_bases=[],
+        shape=[keys, HEAD_DIM.value],
+    )
+
+
+@triton.constexpr_function
+def red_layout(gp: int) -> gl.DistributedLinearLayout:
+    """Layout of the per-warp partial maxima [4 warps, gp heads] read back from shared memory:
+    every thread holds the 4 partials of the head columns it owns in the Sᵀ accumulator."""
+    nbits = [[0, 1], [0, 8]] + [[0, 1 << i] for i in range(4, gp.bit_length() - 1)]
+    return gl.DistributedLinearLayout(reg_bases=[[1, 0], [2, 0]] + nbits,
+                                      lane_bases=[[0, 2], [0, 4], [0, 0], [0, 0], [0, 0]],
+                                      warp_bases=[[0, 0], [0, 0]], block_bases=[], shape=[4, gp])
+
+
+@gluon.jit
+def _add(a, b):
+    return a + b
+
+
+@gluon.jit
+def _request_blocks(req, ids, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, page_table_ptr, stride_pt, n_cols,
+                    kv_indices_ptr, kv_page_indptr_ptr, n_indices, USE_PAGE_TABLE: gl.constexpr,
+                    HAS_QO_OFFSET: gl.constexpr):
+    """``sparse_decode._request_blocks``: (first query row, query offset, KV length, pages of
+    ``ids``, ids in the page list) of request ``req``."""
+    q_start = gl.load(qo_indptr_ptr + req)
+    kv_len = gl.load(kv_lens_ptr + req)
+    if HAS_QO_OFFSET:
+        q_off = gl.load(qo_offset_ptr + req)
+    else:
+        q_off = kv_len - (gl.load(qo_indptr_ptr + req + 1) - q_start)
+    ok = ids >= 0
+    if USE_PAGE_TABLE:
+        ok = ok & (ids < n_cols)
+        page = gl.load(page_table_ptr + req.to(gl.int64) * stride_pt + ids, mask=ok, other=0)
+    else:
+        pstart = gl.load(kv_page_indptr_ptr + req)
+        pend = gl.load(kv_page_indptr_ptr + req + 1)
+        ok = ok & (pstart >= 0) & (ids < pend - pstart) & (ids < n_indices - pstart)
+        page = gl.load(kv_indices_ptr + pstart + ids, mask=ok, other=0)
+    return q_start, q_off, kv_len, page, ok
+
+
+@gluon.jit
+def _token_block_list(t, split, ubase, idx_row, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, B, n_iter,
+                      page_table_ptr, stride_pt, n_cols, kv_indices_ptr, kv_page_indptr_ptr, n_indices, num_pages,
+                      W, u_page_ptr, u_blk_ptr, cnt_ptr,
+                      BLOCK_W: gl.constexpr, NUM_SPLITS: gl.constexpr, CAUSAL: gl.constexpr,
+                      USE_PAGE_TABLE: gl.constexpr, HAS_QO_OFFSET: gl.constexpr):
+    """``sparse_decode.token_block_list`` (same entries, order and slots): returns (position,
+    KV length, kept count); the count is read back from ``cnt_ptr`` after a CTA barrier, which
+    also makes the entries visible to every thread."""
+    L2: gl.constexpr = gl.BlockedLayout([1, 1], [4, 8], [4, 1], [1, 0])
+    LR: gl.constexpr = gl.SliceLayout(1, L2)
+    LC: gl.constexpr = gl.SliceLayout(0, L2)
+    tvalid = t < gl.load(qo_indptr_ptr + B)
+    w = gl.arange(0, BLOCK_W, layout=LR)
+    wc = gl.arange(0, BLOCK_W, layout=LC)
+    ids = gl.load(idx_row + w, mask=tvalid & (w < W), other=-1)
+    ids_c = gl.load(idx_row + wc, mask=tvalid & (wc < W), other=-1)
+    g = gl.minimum(t, B - 1)
+    q_start, q_off, kv_len, page, valid = _request_blocks(
+        g, ids, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, page_table_ptr, stride_pt, n_cols, kv_indices_ptr,
+        kv_page_indptr_ptr, n_indices, USE_PAGE_TABLE, HAS_QO_OFFSET)
+    if (q_start > t) | ((gl.load(qo_indptr_ptr + g + 1) <= t) & (g < B - 1)):
+        lo = g * 0
+        hi = lo + B
+        for _ in range(n_iter):
+            mid = (lo + hi) // 2
+            go = gl.load(qo_indptr_ptr + mid) <= t
+            lo = gl.where(go, mid, lo)
+            hi = gl.where(go, hi, mid)
+        q_start, q_off, kv_len, page, valid = _request_blocks(
+            lo, ids, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, page_table_ptr, stride_pt, n_cols,
+            kv_indices_ptr, kv_page_indptr_ptr, n_indices, USE_PAGE_TABLE, HAS_QO_OFFSET)
+    pos = gl.where(tvalid, q_off + (t - q_start), -1)
+    kv_len = gl.where(tvalid, kv_len, 0)
+    valid = valid & (ids < (kv_len + 127) // 128) & (page >= 0) & (page < num_pages)
+    if CAUSAL:
+        valid = valid & (ids * 128 <= pos)
+    # one request: equal ids have equal pages and validity (see token_block_list)
+    dup = gl.max(((ids[:, None] == ids_c[None, :]) & (wc[None, :] < w[:, None])).to(gl.int32), axis=1)
+    first = (valid & (dup == 0)).to(gl.int32)
+    L1: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])  # scans need a plain layout
+    slot = gl.convert_layout(gl.associative_scan(gl.convert_layout(first, L1), 0, _add), LR) - 1
+    cnt = gl.sum(first, axis=0)
+    if NUM_SPLITS == 1:
+        e0 = 0
+        e1 = cnt
+    else:
+        chunk = (cnt + NUM_SPLITS - 1) // NUM_SPLITS
+        e0 = split * chunk
+        e1 = gl.minimum(cnt, e0 + chunk)
+    mine = (first != 0) & (slot >= e0) & (slot < e1)
+    gl.store(u_page_ptr + ubase + slot, page, mask=mine)
+    gl.store(u_blk_ptr + ubase + slot, ids, mask=mine)
+    gl.store(cnt_ptr, cnt)
+    gl.thread_barrier()  # the loop's threads read entries other threads wrote
+    return pos, kv_len, gl.load(cnt_ptr)
+
+
+@gluon.jit
+def _vt_operand(v_slot, V_L: gl.constexpr, A_L: gl.constexpr, KEYS: gl.constexpr):
+    """Vᵀ of one ring slot as the fp16 register A operand (rows in the permuted d order)."""
+    v = v_slot.load(V_L).to(gl.float16)  # [KEYS, 128 d], exact
+    vt = gl.permute(v, (1, 0))  # [d, KEYS]
+    vt = gl.reshape(vt, (4, 8, 2, 2, KEYS))  # d = 32 w + 4 g + 2 r + h
+    vt = gl.permute(vt, (2, 0, 3, 1, 4))  # (r, w, h, g): m = 64 r + 16 w + 8 h + g
+    vt = gl.reshape(vt, (HEAD_DIM, KEYS))
+    return gl.convert_layout(vt, A_L, assert_trivial=True)
+
+
+@gluon.jit
+def _issue_tile(k_desc, v_desc, k_ring, v_ring, ready, slot, page, tile, kvh, n_kvh,
+                KEYS: gl.constexpr, KPB: gl.constexpr, HEAD_MAJOR: gl.constexpr):
+    """TMA loads of the K and V tile ``tile`` (keys (tile % KPB) * KEYS of page ``page``)."""
+    k0 = (tile % KPB) * KEYS
+    if HEAD_MAJOR:
+        row = (page * n_kvh + kvh) * 128 + k0
+        col = 0
+    else:
+        row = page * 128 + k0
+        col = kvh * HEAD_DIM
+    bar = ready.index(slot)
+    mbarrier.expect(bar, 2 * KEYS * HEAD_DIM)
+    tma.async_copy_global_to_shared(k_desc, [row, col], bar, k_ring.index(slot))
+    tma.async_copy_global_to_shared(v_desc, [row, col], bar, v_ring.index(slot))
+
+
+@gluon.jit
+def _tile(i, first, n_tiles, last, ubase, blk, m_i, l_k, acc, q_t, s_zero, offs_n, limit, qk_scale,
+          k_desc, v_desc, k_ring, v_ring, ready, p_buf, f_buf, red_smem, u_page_ptr, u_blk_ptr, kvh, n_kvh,
+          GP: gl.constexpr, KEYS: gl.constexpr, STAGES: gl.constexpr, HEAD_MAJOR: gl.constexpr,
+          LAZY: gl.constexpr):
+    """Tile ``i`` of this program (P and the flags go to this parity's buffers ``p_buf`` /
+    ``f_buf``). Returns (block of tile i + 1, m_i, l_k, acc)."""
+    KPB: gl.constexpr = 128 // KEYS
+    NW: gl.constexpr = 4
+    V_L: gl.constexpr = v_load_layout(KEYS)
+    RED_L: gl.constexpr = red_layout(GP)
+    F_L: gl.constexpr = gl.BlockedLayout([NW], [32], [NW], [0])
+    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, GP, 32])
+    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, GP, 16])
+    A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
+    slot = i % STAGES
+    tile = first + i
+    blk_next = gl.load(u_blk_ptr + ubase + gl.minimum(tile + 1, last) // KPB)
+    page_r = gl.load(u_page_ptr + ubase + gl.minimum(tile + STAGES, last) // KPB)  # of the refill
+    mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
+    s = warpgroup_mma(k_ring.index(slot), q_t, s_zero, use_acc=False, is_async=True)
+    vt = _vt_operand(v_ring.index(slot), V_L, A_L, KEYS)
+    s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+    kpos = blk * 128 + (tile % KPB) * KEYS + offs_n
+    s = gl.where((kpos <= limit)[:, None], s * qk_scale, float("-inf"))
+    unset = m_i == float("-inf")
+    m_use = gl.where(unset, 0.0, m_i)
+    x = s - m_use[None, :]
+    p = gl.exp2(x)
+    # the exponent itself is tested (s > m + LAZY rounds for |m| >= 2^27); -inf: any finite logit
+    thr = gl.where(unset, float("-inf"), LAZY + 0.0)
+    hit = (x > thr[None, :]).to(gl.int32)
+    f_buf.store(gl.max(gl.max(gl.reshape(hit, (KEYS // 64, NW, 16 * GP)), axis=2), axis=0))  # per warp
+    p_buf.store(p.to(gl.float16))
+    fence_async_shared()
+    gl.thread_barrier()  # P and the flags published; every warp is done with this slot
+    if i + STAGES < n_tiles:
+        _issue_tile(k_desc, v_desc, k_ring, v_ring, ready, slot, page_r, tile + STAGES, kvh, n_kvh,
+                    KEYS, KPB, HEAD_MAJOR)
+    if gl.max(f_buf.load(F_L), axis=0) != 0:  # a logit above the reference max + LAZY: rescale
+        pm = gl.max(gl.max(gl.reshape(s, (KEYS // 64, NW, 16, GP)), axis=2), axis=0)  # [4 warps, GP]
+        red_smem.store(pm)
+        gl.thread_barrier()
+        mx = gl.convert_layout(gl.max(red_smem.load(RED_L), axis=0), gl.SliceLayout(0, S_L))
+        m_new = gl.maximum(m_i, mx)
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+        p = gl.exp2(s - m_use[None, :])
+        alpha = gl.exp2(m_i - m_use)
+        l_k = l_k * alpha[None, :]
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(0, O_L))[None, :]
+        m_i = m_new
+        p_buf.store(p.to(gl.float16))
+        fence_async_shared()
+        gl.thread_barrier()
+    l_k = l_k + p
+    acc = warpgroup_mma(vt, p_buf, acc, is_async=True)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    return blk_next, m_i, l_k, acc
+
+
+@gluon.jit
+def msa_decode_gluon_kernel(
+    q_ptr, stride_qt, stride_qh,
+    k_desc, v_desc,
+    u_page_ptr, u_blk_ptr, u_cnt_ptr,
+    o_ptr, stride_ot, stride_oh, lse_ptr, stride_lt,
+    op_ptr, lp_ptr,
+    total_q, HQ, RATIO, qk_scale, v_scale,
+    idx_ptr, stride_it, stride_ih, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, B, n_iter,
+    page_table_ptr, stride_pt, n_cols, kv_indices_ptr, kv_page_indptr_ptr, n_indices, num_pages, W,
+    GP: gl.constexpr, C: gl.constexpr, NUM_SPLITS: gl.constexpr, CAUSAL: gl.constexpr,
+    HEAD_MAJOR: gl.constexpr, KEYS: gl.constexpr = 64, STAGES: gl.constexpr = 3, BLOCK_W: gl.constexpr = 16,
+    USE_PAGE_TABLE: gl.constexpr = True, HAS_QO_OFFSET: gl.constexpr = False, LAZY: gl.constexpr = 8,
+):
+    """Grid (tokens, KV heads, splits), 4 warps; the arguments of ``msa_decode_t_kernel``
+    (contiguous caches as 2D TMA views, e4m3 q / K / V)."""
+    gl.static_assert(LAZY > 0, "the Gluon kernel implements the lazy rescale only (LAZY > 0)")
+    t = gl.program_id(0)
+    kvh = gl.program_id(1)
+    split = gl.program_id(2)
+    n_kvh = gl.num_programs(1)
+    KPB: gl.constexpr = 128 // KEYS
+    Q_L: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
+    Q_SL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
+    P_SL: gl.constexpr = gl.NVMMASharedLayout.get_default_for([KEYS, GP], gl.float16)
+    F_SL: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    KV_SL: gl.constexpr = k_desc.layout
+    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, GP, 32])
+    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, GP, 16])
+
+    # Q [GP heads, 128] e4m3 (padded heads read as 0): the K-major B operand of Sᵀ = K·Qᵀ;
+    # loaded first, its latency overlaps the list's
+    offs_hq = gl.arange(0, GP, layout=gl.SliceLayout(1, Q_L))
+    offs_dq = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, Q_L))
+    q = gl.load(q_ptr + t.to(gl.int64) * stride_qt + (kvh * RATIO + offs_hq)[:, None] * stride_qh
+                + offs_dq[None, :], mask=(offs_hq < RATIO)[:, None], other=0.0)
+    ubase = (t.to(gl.int64) * n_kvh + kvh) * C
+    pos, kv_len, cnt = _token_block_list(
+        t, split, ubase, idx_ptr + t.to(gl.int64) * stride_it + kvh * stride_ih, qo_indptr_ptr, kv_lens_ptr,
+        qo_offset_ptr, B, n_iter, page_table_ptr, stride_pt, n_cols, kv_indices_ptr, kv_page_indptr_ptr, n_indices,
+        num_pages, W, u_page_ptr, u_blk_ptr, u_cnt_ptr + t * n_kvh + kvh, BLOCK_W, NUM_SPLITS, CAUSAL,
+        USE_PAGE_TABLE, HAS_QO_OFFSET)
+    limit = kv_len - 1
+    if CAUSAL:
+        limit = gl.minimum(limit, pos)
+    if NUM_SPLITS == 1:
+        e0 = 0
+        e1 = cnt
+    else:
+        chunk = (cnt + NUM_SPLITS - 1) // NUM_SPLITS
+        e0 = split * chunk
+        e1 = gl.minimum(cnt, e0 + chunk)
+    first = e0 * KPB
+    n_tiles = gl.maximum(e1 - e0, 0) * KPB
+    last = first + gl.maximum(n_tiles, 1) - 1  # n_tiles = 0: an index < C, never used
+
+    q_smem = gl.allocate_shared_memory(gl.float8e4nv, [GP, HEAD_DIM], Q_SL, q)
+    k_ring = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, KEYS, HEAD_DIM], KV_SL)
+    v_ring = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, KEYS, HEAD_DIM], KV_SL)
+    p0 = gl.allocate_shared_memory(gl.float16, [KEYS, GP], P_SL)
+    p1 = gl.allocate_shared_memory(gl.float16, [KEYS, GP], P_SL)
+    f0 = gl.allocate_shared_memory(gl.int32, [4], F_SL)
+    f1 = gl.allocate_shared_memory(gl.int32, [4], F_SL)
+    red_smem = gl.allocate_shared_memory(gl.float32, [4, GP], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for j in gl.static_range(STAGES):
+        mbarrier.init(ready.index(j), count=1)
+    fence_async_shared()
+    gl.thread_barrier()
+    for j in gl.static_range(STAGES):  # prologue: STAGES tiles in flight
+        if j < n_tiles:
+            page = gl.load(u_page_ptr + ubase + (first + j) // KPB)
+            _issue_tile(k_desc, v_desc, k_ring, v_ring, ready, j, page, first + j, kvh, n_kvh, KEYS, KPB,
+                        HEAD_MAJOR)
+
+    offs_n = gl.arange(0, KEYS, layout=gl.SliceLayout(1, S_L))
+    m_i = gl.full([GP], float("-inf"), gl.float32, layout=gl.SliceLayout(0, S_L))
+    l_k = gl.zeros([KEYS, GP], gl.float32, layout=S_L)
+    acc = gl.zeros([HEAD_DIM, GP], gl.float32, layout=O_L)
+    s_zero = gl.zeros([KEYS, GP], gl.float32, layout=S_L)
+    q_t = q_smem.permute((1, 0))
+    blk = gl.load(u_blk_ptr + ubase + first // KPB, mask=n_tiles > 0, other=0)
+    for i0 in range(0, n_tiles, 2):  # unrolled by two: P / flag buffers of each parity
+        blk, m_i, l_k, acc = _tile(i0, first, n_tiles, last, ubase, blk, m_i, l_k, acc, q_t, s_zero, offs_n, limit,
+                                   qk_scale, k_desc, v_desc, k_ring, v_ring, ready, p0, f0, red_smem, u_page_ptr,
+                                   u_blk_ptr, kvh, n_kvh, GP, KEYS, STAGES, HEAD_MAJOR, LAZY)
+        if i0 + 1 < n_tiles:
+            blk, m_i, l_k, acc = _tile(i0 + 1, first, n_tiles, last, ubase, blk, m_i, l_k, acc, q_t, s_zero, offs_n,
+                                       limit, qk_scale, k_desc, v_desc, k_ring, v_ring, ready, p1, f1, red_smem,
+                                       u_page_ptr, u_blk_ptr, kvh, n_kvh, GP, KEYS, STAGES, HEAD_MAJOR, LAZY)
+
+    l_i = gl.sum(l_k, axis=0)
+    empty_row = l_i == 0.0
+    l_safe = gl.where(empty_row, 1.0, l_i)
+    lse = gl.where(empty_row, float("-inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)
+    # un-permute the rows: m = 64 r + 16 w + 8 h + g holds d = 32 w + 4 g + 2 r + h
+    m = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(1, O_L))
+    d = ((m >> 4) & 3) * 32 + (m & 7) * 4 + (m >> 6) * 2 + ((m >> 3) & 1)
+    hl = gl.arange(0, GP, layout=gl.SliceLayout(0, O_L))
+    hvalid = hl < RATIO
+    h = kvh * RATIO + hl
+    l_o = gl.convert_layout(l_safe, gl.SliceLayout(0, O_L))
+    hl_s = gl.arange(0, GP, layout=gl.SliceLayout(0, S_L))
+    if NUM_SPLITS == 1:
+        o = acc / l_o[None, :] * v_scale
+        gl.store(o_ptr + t.to(gl.int64) * stride_ot + h[None, :] * stride_oh + d[:, None],
+                 o.to(o_ptr.dtype.element_ty), mask=hvalid[None, :])
+        gl.store(lse_ptr + t.to(gl.int64) * stride_lt + kvh * RATIO + hl_s, lse, mask=hl_s < RATIO)
+    else:
+        o = acc / l_o[None, :]
+        prow = (split.to(gl.int64) * total_q + t) * HQ + h
+        gl.store(op_ptr + prow[None, :] * HEAD_DIM + d[:, None], o, mask=hvalid[None, :])
+        prow_s = (split.to(gl.int64) * total_q + t) * HQ + kvh * RATIO + hl_s
+        gl.store(lp_ptr + prow_s, lse, mask=hl_s < RATIO)
+
+
+def gluon_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ratio: int, keys: int, lazy: int) -> bool:
+    """A Hopper GPU, e4m3 q / K / V, contiguous caches (2D TMA views), 128-wide heads, a
+    group of at most 64 heads, 64- or 128-key tiles and the lazy rescale on."""
+    if q.device.type != "cuda" or torch.cuda.get_device_capability(q.device)[0] != 9:
+        return False
+    if not all(x.dtype == torch.float8_e4m3fn for x in (q, k, v)) or q.shape[-1] != HEAD_DIM.value:
+        return False
+    return ratio <= 64 and keys in (64, 128) and lazy > 0 and k.is_contiguous() and v.is_contiguous()
+
+
+def kv_descriptors(k: torch.Tensor, v: torch.Tensor, layout: str, hkv: int, keys: int):
+    """2D TMA descriptors ([keys, 128] boxes, 128-byte swizzle) of contiguous e4m3 caches."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    d = HEAD_DIM.value
+    kv_sl = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
+    kv2 = [x.view(-1, d) if layout == "HND" else x.view(-1, hkv * d) for x in (k, v)]
+    return [TensorDescriptor(x, list(x.shape), list(x.stride()), [keys, d], kv_sl) for x in kv2]
+
+
+def launch(grid, k, v, layout: str, hkv: int, args: tuple, *, gp: int, capacity: int, splits: int, causal: bool,
+           keys: int, stages: int, block_w: int, use_page_table: bool, has_qo_offset: bool, lazy: int) -> None:
+    """Launches :func:`msa_decode_gluon_kernel` with ``msa_decode_t_kernel``'s positional
+    arguments ``args`` (its k / v descriptors replaced; :func:`gluon_supported` must hold)."""
+    k_desc, v_desc = kv_descriptors(k, v, layout, hkv, keys)
+    args = (*args[:3], k_desc, v_desc, *args[5:])
+    msa_decode_gluon_kernel[grid](
+        *args, GP=gp, C=capacity, NUM_SPLITS=splits, CAUSAL=causal, HEAD_MAJOR=layout == "HND", KEYS=keys,
+        STAGES=stages, BLOCK_W=block_w, USE_PAGE_TABLE=use_page_table, HAS_QO_OFFSET=has_qo_offset, LAZY=lazy,
+        num_warps=GLUON_WARPS,
+    )
+
+
+def compile_sm90(keys: int = 64, stages: int = 3, splits: int = 1, gp: int = 16, head_major: bool = False,
+                 lazy: int = 8, block_w: int = 16, use_page_table: bool = True, out_dir: str | None = None):
+    """Compiles the kernel for the H200 (sm_90) without a GPU (M3 tile, bf16 output, causal);
+    returns :class:`mate.testing.sass.SassReport`."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from mate.testing.sass import compile_sm90 as _compile
+    from mate.testing.sass import divisibility_attrs
+
+    kv_sl = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
+    desc = f"tensordesc<fp8e4nv[{keys}, 128],{kv_sl}>"
+    sig = {"q_ptr": "*fp8e4nv", "stride_qt": "i32", "stride_qh": "i32", "k_desc": desc, "v_desc": desc,
+           "u_page_ptr": "*i32", "u_blk_ptr": "*i32", "u_cnt_ptr": "*i32",
+           "o_ptr": "*bf16", "stride_ot": "i32", "stride_oh": "i32", "lse_ptr": "*fp32", "stride_lt": "i32",
+           "op_ptr": "*fp32", "lp_ptr": "*fp32", "total_q": "i32", "HQ": "i32", "RATIO": "i32",
+           "qk_scale": "fp32", "v_scale": "fp32",
+           "idx_ptr": "*i32", "stride_it": "i32", "stride_ih": "i32", "qo_indptr_ptr": "*i32",
+           "kv_lens_ptr": "*i32", "qo_offset_ptr": "*i32", "B": "i32", "n_iter": "i32", "page_table_ptr": "*i32",
+           "stride_pt": "i32", "n_cols": "i32", "kv_indices_ptr": "*i32", "kv_page_indptr_ptr": "*i32",
+           "n_indices": "i32", "num_pages": "i32", "W": "i32"}
+    ce = dict(GP=gp, C=block_w, NUM_SPLITS=splits, CAUSAL=True, HEAD_MAJOR=head_major, KEYS=keys, STAGES=stages,
+              BLOCK_W=block_w, USE_PAGE_TABLE=use_page_table, HAS_QO_OFFSET=False, LAZY=lazy)
+    sig.update({n: "constexpr" for n in ce})
+    aligned = ("q_ptr", "u_page_ptr", "u_blk_ptr", "u_cnt_ptr", "o_ptr", "lse_ptr", "op_ptr", "lp_ptr", "stride_qt",
+               "stride_qh", "stride_ot", "stride_oh", "stride_lt", "idx_ptr", "qo_indptr_ptr", "kv_lens_ptr",
+               "page_table_ptr")
+    src = GluonASTSource(fn=msa_decode_gluon_kernel, signature=sig, constexprs=ce,
+                         attrs=divisibility_attrs(sig, aligned))
+    tag = f"msa_decode_gluon_k{keys}_s{stages}_sp{splits}_gp{gp}_hm{int(head_major)}_lazy{lazy}"
+    return _compile(src, {"num_warps": GLUON_WARPS}, out_dir=out_dir, tag=tag, ptxas=True,
+                    keep_text=out_dir is not None)
