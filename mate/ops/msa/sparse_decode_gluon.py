@@ -51,6 +51,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+# layout-free scalar helper of the Triton kernel, called as it is
+from mate.ops.msa.softmax_helpers import split_entries
+
 __all__ = ["GLUON_WARPS", "gluon_supported", "launch", "msa_decode_gluon_kernel", "v_load_layout"]
 
 GLUON_WARPS = 4  # one warpgroup
@@ -159,13 +162,7 @@ def _token_block_list(t, split, ubase, idx_row, qo_indptr_ptr, kv_lens_ptr, qo_o
     L1: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])  # scans need a plain layout
     slot = gl.convert_layout(gl.associative_scan(gl.convert_layout(first, L1), 0, _add), LR) - 1
     cnt = gl.sum(first, axis=0)
-    if NUM_SPLITS == 1:
-        e0 = 0
-        e1 = cnt
-    else:
-        chunk = (cnt + NUM_SPLITS - 1) // NUM_SPLITS
-        e0 = split * chunk
-        e1 = gl.minimum(cnt, e0 + chunk)
+    e0, e1 = split_entries(cnt, split, NUM_SPLITS)
     mine = (first != 0) & (slot >= e0) & (slot < e1)
     gl.store(u_page_ptr + ubase + slot, page, mask=mine)
     gl.store(u_blk_ptr + ubase + slot, ids, mask=mine)
@@ -307,13 +304,7 @@ def msa_decode_gluon_kernel(
     limit = kv_len - 1
     if CAUSAL:
         limit = gl.minimum(limit, pos)
-    if NUM_SPLITS == 1:
-        e0 = 0
-        e1 = cnt
-    else:
-        chunk = (cnt + NUM_SPLITS - 1) // NUM_SPLITS
-        e0 = split * chunk
-        e1 = gl.minimum(cnt, e0 + chunk)
+    e0, e1 = split_entries(cnt, split, NUM_SPLITS)
     first = e0 * KPB
     n_tiles = gl.maximum(e1 - e0, 0) * KPB
     last = first + gl.maximum(n_tiles, 1) - 1  # n_tiles = 0: an index < C, never used
