@@ -179,6 +179,32 @@ def _request_blocks(req, ids, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, page_ta
 
 
 @triton.jit
+def token_request(t, ids, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, B, n_iter, page_table_ptr, stride_pt, n_cols,
+                  kv_indices_ptr, kv_page_indptr_ptr, n_indices, USE_PAGE_TABLE: tl.constexpr,
+                  HAS_QO_OFFSET: tl.constexpr):
+    """The request of token ``t`` (the largest i < B with qo_indptr[i] <= t) and
+    :func:`_request_blocks` of ``ids`` in it. Its data is loaded for i = t (one query per
+    request) while that guess is checked, else after a binary search. Layout-free: the Gluon
+    kernel calls it as it is."""
+    g = tl.minimum(t, B - 1)
+    q_start, q_off, kv_len, page, valid = _request_blocks(
+        g, ids, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, page_table_ptr, stride_pt, n_cols, kv_indices_ptr,
+        kv_page_indptr_ptr, n_indices, USE_PAGE_TABLE, HAS_QO_OFFSET)
+    if (q_start > t) | ((tl.load(qo_indptr_ptr + g + 1) <= t) & (g < B - 1)):
+        lo = g * 0
+        hi = lo + B
+        for _ in range(n_iter):
+            mid = (lo + hi) // 2
+            go = tl.load(qo_indptr_ptr + mid) <= t
+            lo = tl.where(go, mid, lo)
+            hi = tl.where(go, hi, mid)
+        q_start, q_off, kv_len, page, valid = _request_blocks(
+            lo, ids, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, page_table_ptr, stride_pt, n_cols,
+            kv_indices_ptr, kv_page_indptr_ptr, n_indices, USE_PAGE_TABLE, HAS_QO_OFFSET)
+    return q_start, q_off, kv_len, page, valid
+
+
+@triton.jit
 def token_block_list(
     t, kvh, split, ubase,
     idx_ptr, stride_it, stride_ih, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, B, n_iter,
@@ -199,23 +225,9 @@ def token_block_list(
     tvalid = t < tl.load(qo_indptr_ptr + B)
     w = tl.arange(0, BLOCK_W)
     ids = tl.load(idx_ptr + t.to(tl.int64) * stride_it + kvh * stride_ih + w, mask=tvalid & (w < W), other=-1)
-    # the request of the token: the largest i < B with qo_indptr[i] <= t. Its data is loaded
-    # for i = t (one query per request) while that guess is checked, else after a binary search.
-    g = tl.minimum(t, B - 1)
-    q_start, q_off, kv_len, page, valid = _request_blocks(
-        g, ids, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, page_table_ptr, stride_pt, n_cols, kv_indices_ptr,
-        kv_page_indptr_ptr, n_indices, USE_PAGE_TABLE, HAS_QO_OFFSET)
-    if (q_start > t) | ((tl.load(qo_indptr_ptr + g + 1) <= t) & (g < B - 1)):
-        lo = g * 0
-        hi = lo + B
-        for _ in range(n_iter):
-            mid = (lo + hi) // 2
-            go = tl.load(qo_indptr_ptr + mid) <= t
-            lo = tl.where(go, mid, lo)
-            hi = tl.where(go, hi, mid)
-        q_start, q_off, kv_len, page, valid = _request_blocks(
-            lo, ids, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, page_table_ptr, stride_pt, n_cols,
-            kv_indices_ptr, kv_page_indptr_ptr, n_indices, USE_PAGE_TABLE, HAS_QO_OFFSET)
+    q_start, q_off, kv_len, page, valid = token_request(
+        t, ids, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, B, n_iter, page_table_ptr, stride_pt, n_cols,
+        kv_indices_ptr, kv_page_indptr_ptr, n_indices, USE_PAGE_TABLE, HAS_QO_OFFSET)
     pos = tl.where(tvalid, q_off + (t - q_start), -1)
     kv_len = tl.where(tvalid, kv_len, 0)
     valid = valid & (ids < (kv_len + 127) // 128) & (page >= 0) & (page < num_pages)

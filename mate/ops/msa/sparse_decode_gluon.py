@@ -51,8 +51,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-# layout-free scalar helper of the Triton kernel, called as it is
+# layout-free helpers of the Triton kernel, called as they are
 from mate.ops.msa.softmax_helpers import split_entries
+from mate.ops.msa.sparse_decode import token_request
 
 __all__ = ["GLUON_WARPS", "gluon_supported", "launch", "msa_decode_gluon_kernel", "v_load_layout"]
 
@@ -96,30 +97,6 @@ def _add(a, b):
 
 
 @gluon.jit
-def _request_blocks(req, ids, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, page_table_ptr, stride_pt, n_cols,
-                    kv_indices_ptr, kv_page_indptr_ptr, n_indices, USE_PAGE_TABLE: gl.constexpr,
-                    HAS_QO_OFFSET: gl.constexpr):
-    """``sparse_decode._request_blocks``: (first query row, query offset, KV length, pages of
-    ``ids``, ids in the page list) of request ``req``."""
-    q_start = gl.load(qo_indptr_ptr + req)
-    kv_len = gl.load(kv_lens_ptr + req)
-    if HAS_QO_OFFSET:
-        q_off = gl.load(qo_offset_ptr + req)
-    else:
-        q_off = kv_len - (gl.load(qo_indptr_ptr + req + 1) - q_start)
-    ok = ids >= 0
-    if USE_PAGE_TABLE:
-        ok = ok & (ids < n_cols)
-        page = gl.load(page_table_ptr + req.to(gl.int64) * stride_pt + ids, mask=ok, other=0)
-    else:
-        pstart = gl.load(kv_page_indptr_ptr + req)
-        pend = gl.load(kv_page_indptr_ptr + req + 1)
-        ok = ok & (pstart >= 0) & (ids < pend - pstart) & (ids < n_indices - pstart)
-        page = gl.load(kv_indices_ptr + pstart + ids, mask=ok, other=0)
-    return q_start, q_off, kv_len, page, ok
-
-
-@gluon.jit
 def _token_block_list(t, split, ubase, idx_row, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, B, n_iter,
                       page_table_ptr, stride_pt, n_cols, kv_indices_ptr, kv_page_indptr_ptr, n_indices, num_pages,
                       W, u_page_ptr, u_blk_ptr, cnt_ptr,
@@ -136,21 +113,9 @@ def _token_block_list(t, split, ubase, idx_row, qo_indptr_ptr, kv_lens_ptr, qo_o
     wc = gl.arange(0, BLOCK_W, layout=LC)
     ids = gl.load(idx_row + w, mask=tvalid & (w < W), other=-1)
     ids_c = gl.load(idx_row + wc, mask=tvalid & (wc < W), other=-1)
-    g = gl.minimum(t, B - 1)
-    q_start, q_off, kv_len, page, valid = _request_blocks(
-        g, ids, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, page_table_ptr, stride_pt, n_cols, kv_indices_ptr,
-        kv_page_indptr_ptr, n_indices, USE_PAGE_TABLE, HAS_QO_OFFSET)
-    if (q_start > t) | ((gl.load(qo_indptr_ptr + g + 1) <= t) & (g < B - 1)):
-        lo = g * 0
-        hi = lo + B
-        for _ in range(n_iter):
-            mid = (lo + hi) // 2
-            go = gl.load(qo_indptr_ptr + mid) <= t
-            lo = gl.where(go, mid, lo)
-            hi = gl.where(go, hi, mid)
-        q_start, q_off, kv_len, page, valid = _request_blocks(
-            lo, ids, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, page_table_ptr, stride_pt, n_cols,
-            kv_indices_ptr, kv_page_indptr_ptr, n_indices, USE_PAGE_TABLE, HAS_QO_OFFSET)
+    q_start, q_off, kv_len, page, valid = token_request(
+        t, ids, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, B, n_iter, page_table_ptr, stride_pt, n_cols,
+        kv_indices_ptr, kv_page_indptr_ptr, n_indices, USE_PAGE_TABLE, HAS_QO_OFFSET)
     pos = gl.where(tvalid, q_off + (t - q_start), -1)
     kv_len = gl.where(tvalid, kv_len, 0)
     valid = valid & (ids < (kv_len + 127) // 128) & (page >= 0) & (page < num_pages)
