@@ -179,13 +179,14 @@ def _request_blocks(req, ids, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, page_ta
 
 
 @triton.jit
-def token_request(t, ids, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, B, n_iter, page_table_ptr, stride_pt, n_cols,
-                  kv_indices_ptr, kv_page_indptr_ptr, n_indices, USE_PAGE_TABLE: tl.constexpr,
-                  HAS_QO_OFFSET: tl.constexpr):
-    """The request of token ``t`` (the largest i < B with qo_indptr[i] <= t) and
-    :func:`_request_blocks` of ``ids`` in it. Its data is loaded for i = t (one query per
-    request) while that guess is checked, else after a binary search. Layout-free: the Gluon
-    kernel calls it as it is."""
+def token_request(t, tvalid, ids, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, B, n_iter, page_table_ptr, stride_pt,
+                  n_cols, kv_indices_ptr, kv_page_indptr_ptr, n_indices, num_pages, USE_PAGE_TABLE: tl.constexpr,
+                  HAS_QO_OFFSET: tl.constexpr, CAUSAL: tl.constexpr):
+    """Token ``t``'s position and KV length (-1 and 0 unless ``tvalid``), the pages of its
+    block ``ids`` and which of them are valid (in the request's pages, below its length,
+    causally visible). Its request (the largest i < B with qo_indptr[i] <= t) is loaded for
+    i = t (one query per request) while that guess is checked, else after a binary search.
+    Layout-free: the Gluon kernel calls it as it is."""
     g = tl.minimum(t, B - 1)
     q_start, q_off, kv_len, page, valid = _request_blocks(
         g, ids, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, page_table_ptr, stride_pt, n_cols, kv_indices_ptr,
@@ -201,7 +202,12 @@ def token_request(t, ids, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, B, n_iter, 
         q_start, q_off, kv_len, page, valid = _request_blocks(
             lo, ids, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, page_table_ptr, stride_pt, n_cols,
             kv_indices_ptr, kv_page_indptr_ptr, n_indices, USE_PAGE_TABLE, HAS_QO_OFFSET)
-    return q_start, q_off, kv_len, page, valid
+    pos = tl.where(tvalid, q_off + (t - q_start), -1)
+    kv_len = tl.where(tvalid, kv_len, 0)
+    valid = valid & (ids < (kv_len + 127) // 128) & (page >= 0) & (page < num_pages)
+    if CAUSAL:
+        valid = valid & (ids * 128 <= pos)
+    return pos, kv_len, page, valid
 
 
 @triton.jit
@@ -225,14 +231,9 @@ def token_block_list(
     tvalid = t < tl.load(qo_indptr_ptr + B)
     w = tl.arange(0, BLOCK_W)
     ids = tl.load(idx_ptr + t.to(tl.int64) * stride_it + kvh * stride_ih + w, mask=tvalid & (w < W), other=-1)
-    q_start, q_off, kv_len, page, valid = token_request(
-        t, ids, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, B, n_iter, page_table_ptr, stride_pt, n_cols,
-        kv_indices_ptr, kv_page_indptr_ptr, n_indices, USE_PAGE_TABLE, HAS_QO_OFFSET)
-    pos = tl.where(tvalid, q_off + (t - q_start), -1)
-    kv_len = tl.where(tvalid, kv_len, 0)
-    valid = valid & (ids < (kv_len + 127) // 128) & (page >= 0) & (page < num_pages)
-    if CAUSAL:
-        valid = valid & (ids * 128 <= pos)
+    pos, kv_len, page, valid = token_request(
+        t, tvalid, ids, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, B, n_iter, page_table_ptr, stride_pt, n_cols,
+        kv_indices_ptr, kv_page_indptr_ptr, n_indices, num_pages, USE_PAGE_TABLE, HAS_QO_OFFSET, CAUSAL)
     # one request: equal ids have equal pages and validity, so (page, block) pairs are equal
     # where the ids are, and a valid id's earlier copies are valid
     dup = tl.max(((ids[:, None] == ids[None, :]) & (w[None, :] < w[:, None])).to(tl.int32), axis=1)

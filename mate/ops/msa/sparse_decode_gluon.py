@@ -113,14 +113,9 @@ def _token_block_list(t, split, ubase, idx_row, qo_indptr_ptr, kv_lens_ptr, qo_o
     wc = gl.arange(0, BLOCK_W, layout=LC)
     ids = gl.load(idx_row + w, mask=tvalid & (w < W), other=-1)
     ids_c = gl.load(idx_row + wc, mask=tvalid & (wc < W), other=-1)
-    q_start, q_off, kv_len, page, valid = token_request(
-        t, ids, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, B, n_iter, page_table_ptr, stride_pt, n_cols,
-        kv_indices_ptr, kv_page_indptr_ptr, n_indices, USE_PAGE_TABLE, HAS_QO_OFFSET)
-    pos = gl.where(tvalid, q_off + (t - q_start), -1)
-    kv_len = gl.where(tvalid, kv_len, 0)
-    valid = valid & (ids < (kv_len + 127) // 128) & (page >= 0) & (page < num_pages)
-    if CAUSAL:
-        valid = valid & (ids * 128 <= pos)
+    pos, kv_len, page, valid = token_request(
+        t, tvalid, ids, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, B, n_iter, page_table_ptr, stride_pt, n_cols,
+        kv_indices_ptr, kv_page_indptr_ptr, n_indices, num_pages, USE_PAGE_TABLE, HAS_QO_OFFSET, CAUSAL)
     # one request: equal ids have equal pages and validity (see token_block_list)
     dup = gl.max(((ids[:, None] == ids_c[None, :]) & (wc[None, :] < w[:, None])).to(gl.int32), axis=1)
     first = (valid & (dup == 0)).to(gl.int32)
