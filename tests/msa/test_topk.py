@@ -64,9 +64,10 @@ def random_scores(total_q, H, T, *, levels=None, specials=True, device="cpu", ge
 def random_config(rng: random.Random, T: int):
     topk = rng.choice([4, 8, 16])
     counted = rng.random() < 0.5
-    fb, fe = rng.randint(0, 2), rng.randint(0, 2)
+    many = rng.random() < 0.2  # appended forced blocks up to W = 16 + 16 = 32 (the lanes kernels' widest rows)
+    fb, fe = rng.randint(0, 8 if many else 2), rng.randint(0, 8 if many else 2)
     if counted and fb + fe > topk:
-        fb = 0
+        fb, fe = 0, min(fe, topk)
     nvp = rng.randint(1, T) if rng.random() < 0.3 else None
     return topk, dict(num_valid_pages=nvp, force_begin_blocks=fb, force_end_blocks=fe,
                       force_blocks_count_in_topk=counted)
