@@ -39,6 +39,7 @@ import torch
 import torch.distributed as dist
 
 from mate.sparse_mla_interface import get_batch_decode_metadata_mla, mla_rope_quantize_fp8, sparse_mla_fp8_decode
+from mate.testing.graphs import capture_graph
 
 NOPE, ROPE, LATENT = 128, 64, 512  # per-head q/k nope dim, rotary dim, kv_lora_rank
 V_HEAD = 128
@@ -211,15 +212,7 @@ def _time_step(fn, device: torch.device, iters: int = 20) -> float:
 def _time_step_graph(fn, iters: int = 50) -> float:
     """Microseconds per replay of ``fn`` captured in a CUDA graph (NCCL collectives
     included), as a serving engine runs its decode step."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
+    graph = capture_graph(fn)  # one warm-up call on a side stream, then the capture
     graph.replay()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
