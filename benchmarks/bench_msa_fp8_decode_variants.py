@@ -12,18 +12,18 @@ one). Cases: the default (fp8 capped at 128 registers; lazy rescale 8: ``DECODE_
 ``lazy`` / ``fp8_lazy``, reference max kept until a logit exceeds it by 8, per-key sums),
 ``lazy 0`` (the softmax rescaled every tile), fp8 uncapped (3 programs per SM), 2 splits
 (each split's program builds the whole list), the "heads" kernel (after the
-``_msa_union_kernel`` pre-kernel), the Gluon candidate (``fp8_kernel`` "gluon":
-``sparse_decode_gluon``, 64-key tiles, 3 stages, lazy 8 unless the case says otherwise; its row
-names the kernel that ran, so a fallback to Triton shows); ``--cases`` picks some by name.
+``_msa_union_kernel`` pre-kernel); ``--cases`` picks some by name.
 The cases are timed interleaved (CUDA-graph replays, ``time_interleaved``); ``%copy`` is the
 selected-bytes rate over the copy rate of ``measure_ceilings`` (1 GiB ``copy_``, read + write,
 timed alone before the cases; a copy inside the interleaved graphs read low). Cases are checked
 against an fp32 torch reference over all tokens with the GPU tests' tolerances (``TOL``: out
 3e-2 abs + rel for fp8, 2e-2 bf16; lse 1e-4 abs + 5e-4 rel for fp8, 1e-4 bf16) and show the
 kernel's registers / spills / shared memory of the GPU compile. Diagnostic rows (``fixed
-cost``): the default (and the Gluon kernel when a Gluon case runs) with every id -1 (launch,
+cost``): the default with every id -1 (launch,
 list building, prologue and epilogue; no key block).
 
+H200, Gluon port (``--sel 16``, copy 4262 GB/s): fp8 default 84.8 us, the Gluon port of the
+transposed kernel 84.6, with 2 splits 95.5, lazy 4 84.8; fixed cost 5.6 against 7.7 (removed).
 H200, lazy (``--sel 16``, copy 4231 GB/s): fp8 lazy 8 85.1 us, lazy 0 86.8, lazy 8 with a
 96-register cap 87.8 (removed); fixed cost 5.3; bf16 lazy 8 148.0, lazy 0 149.5.
 H200, reg list (``--sel 16``, copy 4263 GB/s, bf16 4042): fp8 default 84.3 us, lazy 0 85.6, reg list
@@ -58,9 +58,6 @@ FP8_CASES = {
     "uncapped": ({"fp8_maxnreg": None}, -1),
     "2 splits": ({}, 2),
     "heads kernel": ({"kernel": "heads"}, -1),
-    "gluon": ({"fp8_kernel": "gluon"}, -1),
-    "gluon 2 splits": ({"fp8_kernel": "gluon"}, 2),
-    "gluon lazy 4": ({"fp8_kernel": "gluon", "fp8_lazy": 4}, -1),
 }
 BF16_CASES = {"default": ({}, -1), "lazy 0": ({"lazy": 0}, -1), "2 splits": ({}, 2),
               "heads kernel": ({"kernel": "heads"}, -1)}
@@ -77,24 +74,6 @@ class _Recorder:
         def launch(*a, **kw):
             self.last = self.kernel[grid](*a, **kw)
         return launch
-
-
-class _GluonRecorder:
-    """While active, keeps the compiled Gluon kernel of the last ``sparse_decode_gluon`` launch."""
-
-    def __init__(self):
-        self.last = None
-
-    def __enter__(self):
-        from mate.ops.msa import sparse_decode_gluon as sg
-
-        self.sg, self.kernel = sg, sg.msa_decode_gluon_kernel
-        sg.msa_decode_gluon_kernel = _Recorder(self.kernel)
-        return self
-
-    def __exit__(self, *exc):
-        self.last = self.sg.msa_decode_gluon_kernel.last
-        self.sg.msa_decode_gluon_kernel = self.kernel
 
 
 def copy_gbps() -> float:
@@ -160,12 +139,10 @@ def run_dtype(dtype: torch.dtype, cases: dict, copy_rate: float, B: int = 128, c
     fns, notes = {}, {}
     for name, (over, num_splits) in cases.items():
         rec = _Recorder(sd.msa_decode_t_kernel)
-        grec = _GluonRecorder()
         try:
             out.fill_(float("nan"))
             lse.fill_(float("nan"))
-            with grec:
-                full(over, num_splits, rec)()
+            full(over, num_splits, rec)()
             torch.cuda.synchronize()
             tol = TOL[dtype]
             err = (out.float() - ref_o).abs()
@@ -180,11 +157,7 @@ def run_dtype(dtype: torch.dtype, cases: dict, copy_rate: float, B: int = 128, c
             else:
                 info = f"splits {splits}, {sa.decode_programs_per_sm(fp8)}/SM (model)"
             restore()
-            kern = rec.last if grec.last is None else grec.last
-            if grec.last is not None:
-                info += ", gluon"
-            elif over.get("fp8_kernel") == "gluon":
-                info += ", FELL BACK to triton"
+            kern = rec.last
             if kern is not None:
                 info += f", {kern.n_regs} regs {kern.n_spills} spills {kern.metadata.shared // 1024} KB"
             notes[name] = f"err {err.max().item():.1e} lse {lerr.max().item():.1e} {'ok' if ok else 'FAIL'} / {info}"
@@ -202,16 +175,6 @@ def run_dtype(dtype: torch.dtype, cases: dict, copy_rate: float, B: int = 128, c
         ok = bool((out.float() == 0).all() and torch.isinf(lse).all() and (lse < 0).all())
         notes["fixed cost: all ids -1"] = f"empty output {'ok' if ok else 'FAIL'}"
         fns["fixed cost: all ids -1"] = full({}, -1, ids=none)
-        if fp8 and any(over.get("fp8_kernel") == "gluon" for over, _ in cases.values()):
-            try:
-                out.fill_(float("nan"))
-                full({"fp8_kernel": "gluon"}, -1, ids=none)()
-                torch.cuda.synchronize()
-                ok = bool((out.float() == 0).all() and torch.isinf(lse).all() and (lse < 0).all())
-                notes["gluon fixed cost: all ids -1"] = f"empty output {'ok' if ok else 'FAIL'}"
-                fns["gluon fixed cost: all ids -1"] = full({"fp8_kernel": "gluon"}, -1, ids=none)
-            except Exception as exc:
-                print(f"  gluon fixed cost failed: {type(exc).__name__}: {exc}"[:200], flush=True)
     times = time_interleaved(fns, rounds=5, iters=50)
     tag = "fp8" if fp8 else "bf16"
     print(f"--- {tag}: B={B} ctx={ctx} Hq={HQ} Hkv={HKV} {SEL} blocks, {nbytes / 1e6:.1f} MB selected K/V; "

@@ -6,10 +6,9 @@ A SPEC is ``dtype:stages:warps[:key=value...]`` with dtype bf16, fp16 or fp8 and
 ``keys`` (keys per TMA tile), ``splits``, ``maxnreg``, ``flat`` (0/1: 2D views of contiguous
 caches), ``layout`` (NHD or HND), ``bw`` (ids per list padded: 16, the default, for
 ``bench_msa_attention``'s 16 blocks, 32 for 17), ``pt`` (0/1: page table or flat page list)
-``qoff`` (0/1), ``lazy`` (the lazy-rescale threshold, 0 = off) and ``kernel=gluon`` (fp8: the Gluon
-candidate of ``sparse_decode_gluon``; keys, splits, layout, bw, pt, lazy apply); without one it
-compiles the module defaults (:data:`mate.ops.msa.sparse_decode.DECODE_VARIANT`) for bf16 and fp8,
-and the Gluon candidate at the fp8 defaults. Per spec it prints
+``qoff`` (0/1) and ``lazy`` (the lazy-rescale threshold, 0 = off); without one it
+compiles the module defaults (:data:`mate.ops.msa.sparse_decode.DECODE_VARIANT`) for bf16 and fp8.
+Per spec it prints
 registers, local memory, spill instructions, shared memory, the SASS instruction count, the
 instructions of the key loop, the counts of the tensor-core / TMA / barrier instructions and
 ptxas warnings, read with the tools in Triton's wheel (the M3 tile: 16 heads of one KV head,
@@ -53,9 +52,6 @@ def signature(dt: str, layout: str, out: str, flat: bool, keys: int) -> dict:
 def compile_one(spec: str, out_dir: str | None) -> None:
     name, stages, warps, *rest = spec.split(":")
     kw = dict(r.split("=") for r in rest)
-    if kw.get("kernel") == "gluon":
-        compile_gluon(spec, int(stages), kw, out_dir)
-        return
     dt = DTYPES[name]
     layout = kw.get("layout", "NHD")
     flat = bool(int(kw.get("flat", 1)))
@@ -79,39 +75,19 @@ def compile_one(spec: str, out_dir: str | None) -> None:
           f"instrs {sum(ops.values())} key loop {key_loop(rep.sass)} {shown} warn={rep.ptxas_warnings}")
 
 
-def compile_gluon(spec: str, stages: int, kw: dict, out_dir: str | None) -> None:
-    """fp8 ``kernel=gluon``: the Gluon candidate (4 warps; its loop is unrolled by two tiles)."""
-    from mate.ops.msa import sparse_decode_gluon as sg
-
-    bw = int(kw.get("bw", 16))
-    rep = sg.compile_sm90(keys=int(kw.get("keys", 64)), stages=stages, splits=int(kw.get("splits", 1)),
-                          head_major=kw.get("layout", "NHD") == "HND", lazy=int(kw.get("lazy", 8)), block_w=bw,
-                          use_page_table=bool(int(kw.get("pt", 1))), out_dir=out_dir)
-    ops = opcode_counts(rep.sass)
-    shown = {o: c for o, c in sorted(ops.items()) if SHOWN.search(o)}
-    body = key_loop_body(rep.sass, predicated=True) or []
-    bars = sum(1 for t in body if t.startswith("BAR"))
-    tag = re.sub(r"\W+", "_", spec)
-    print(f"[{tag}] REG {rep.registers} LOCAL {rep.local} spills {rep.spills} shared {rep.shared} "
-          f"instrs {sum(ops.values())} key loop {len(body)} (2 tiles; {bars} BAR, both tiles and the rescale "
-          f"branches) {shown} warn={rep.ptxas_warnings}")
-
-
 def key_loop(sass: str) -> int | None:
     """Instructions of the key loop: the shortest backward branch's span holding a wgmma."""
     body = key_loop_body(sass)
     return None if body is None else len(body)
 
 
-def key_loop_body(sass: str, predicated: bool = False) -> list[str] | None:
-    """The key loop's instructions (see :func:`key_loop`), predicates dropped; ``predicated``:
-    only predicated branches count as back-edges (the Gluon kernel's mbarrier retry blocks out
-    of line end with a plain backward BRA into the loop body)."""
+def key_loop_body(sass: str) -> list[str] | None:
+    """The key loop's instructions (see :func:`key_loop`), predicates dropped."""
     lines = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]{4,6})\*/\s+([^;]*);", sass)]
     best = None
     for at, text in lines:
         m = re.search(r"\bBRA\b.*0x([0-9a-f]+)\s*$", text)
-        if m and int(m.group(1), 16) < at and (not predicated or text.lstrip().startswith("@")):
+        if m and int(m.group(1), 16) < at:
             body = [re.sub(r"^@!?U?P\w+\s+", "", t.strip()) for a, t in lines if int(m.group(1), 16) <= a <= at]
             if any("GMMA" in t for t in body) and (best is None or len(body) < len(best)):
                 best = body
@@ -131,8 +107,6 @@ def main() -> None:
             lazy = sd.t_constexprs(fp8)["LAZY"]
             specs.append(f"{name}:{stages}:4:keys={keys}" + (f":maxnreg={cap}" if cap else "")
                          + (f":lazy={lazy}" if lazy else ""))
-        keys, stages, _ = sd.t_config(True)
-        specs.append(f"fp8:{stages}:4:keys={keys}:lazy={sd.t_constexprs(True)['LAZY']}:kernel=gluon")
     for spec in specs:
         compile_one(spec, args.out)
 

@@ -475,21 +475,13 @@ def sparse_attention_triton(
         t_args = (q, q.stride(0), q.stride(1), k_desc, v_desc, u_page, u_blk, u_cnt,
                   out, out.stride(0), out.stride(1), lse, lse.stride(0), o_part, l_part,
                   total_q, hq, ratio, sm_scale * k_scale * LOG2E, v_scale, *sel_args, width)
-        if flat and _sd.use_gluon(is_fp8, q, k, v, ratio):
-            from mate.ops.msa import sparse_decode_gluon
-
-            sparse_decode_gluon.launch(
-                (total_q, hkv, splits), k, v, layout, hkv, t_args, gp=_sd.decode_t_heads(ratio), capacity=til.capacity,
-                splits=splits, causal=causal, keys=keys, stages=stages, block_w=til.block_w, use_page_table=use_pt,
-                has_qo_offset=qo_offset is not None, lazy=_sd.t_constexprs(True)["LAZY"])
-        else:
-            _sd.msa_decode_t_kernel[(total_q, hkv, splits)](
-                *t_args,
-                GP=_sd.decode_t_heads(ratio), C=til.capacity, HEAD_DIM=d, NUM_SPLITS=splits, CAUSAL=causal,
-                IS_FP8=is_fp8, HEAD_MAJOR=layout == "HND", FLAT=flat, KEYS=keys,
-                BLOCK_W=til.block_w, USE_PAGE_TABLE=use_pt, HAS_QO_OFFSET=qo_offset is not None,
-                **_sd.t_constexprs(is_fp8), num_warps=4, num_stages=stages, **extra,
-            )
+        _sd.msa_decode_t_kernel[(total_q, hkv, splits)](
+            *t_args,
+            GP=_sd.decode_t_heads(ratio), C=til.capacity, HEAD_DIM=d, NUM_SPLITS=splits, CAUSAL=causal,
+            IS_FP8=is_fp8, HEAD_MAJOR=layout == "HND", FLAT=flat, KEYS=keys,
+            BLOCK_W=til.block_w, USE_PAGE_TABLE=use_pt, HAS_QO_OFFSET=qo_offset is not None,
+            **_sd.t_constexprs(is_fp8), num_warps=4, num_stages=stages, **extra,
+        )
         _combine(o_part, l_part, out, lse, total_q, hq, d, v_scale, splits)
         return
     big = til.block_m >= 64

@@ -25,10 +25,10 @@ from mate._core.triton_helpers import INTERPRET, dot_operand, to_out_dtype
 from mate.ops.msa.softmax_helpers import finish_softmax, split_entries, visible_limit
 
 __all__ = ["DECODE_VARIANT", "msa_decode_t_kernel", "decode_t_heads", "t_config", "t_constexprs",
-           "t_programs_per_sm", "token_block_list", "use_gluon"]
+           "t_programs_per_sm", "token_block_list"]
 
 DECODE_VARIANT = {"kernel": "transposed", "keys": 64, "stages": 3, "maxnreg": None, "lazy": 8,
-                  "fp8_keys": 64, "fp8_stages": 3, "fp8_maxnreg": 128, "fp8_lazy": 8, "fp8_kernel": "triton"}
+                  "fp8_keys": 64, "fp8_stages": 3, "fp8_maxnreg": 128, "fp8_lazy": 8}
 """Decode kernel of ``sparse_attention`` (module defaults; the benchmark times the others).
 
 ``kernel``: "heads" (``_msa_sparse_fwd_kernel`` with one-token 16-row tiles after
@@ -38,10 +38,7 @@ DECODE_VARIANT = {"kernel": "transposed", "keys": 64, "stages": 3, "maxnreg": No
 (0: off) keeps the softmax's reference max until a logit exceeds it by more than ``lazy``
 (log2 units) and sums the probabilities per key until the loop ends, so a tile without a
 new maximum has no cross-warp max or sum and no rescale (the ``LAZY`` kernel argument; 8 by
-default, 0 keeps the rescale of every tile). ``fp8_kernel``: "triton" (:func:`msa_decode_t_kernel`)
-or "gluon" (candidate, not yet timed: ``sparse_decode_gluon.msa_decode_gluon_kernel``, same
-arguments, with ``fp8_keys`` / ``fp8_stages`` / ``fp8_lazy``; Hopper, contiguous caches and lazy
-> 0 only, else the Triton kernel runs; :func:`use_gluon`). fp8 is
+default, 0 keeps the rescale of every tile). fp8 is
 capped at 128 registers: uncapped the 64-key 3-stage compile takes 153 (3 programs per SM,
 two waves for ``bench_msa_attention``'s 512 programs; the cause of the first in-kernel list's
 108.5 against 80.1 us); 128 had no spills before the lazy rescale (now 5 spill instructions,
@@ -74,7 +71,10 @@ Tried for fp8 in Gluon and removed (H200, same shape, 285 MB, interleaved replay
 register fp16 wgmma operand (no byte gathers), a TMA ring, a one-barrier max exchange; 64-key tiles
 87.5 us (3 stages) / 86.8 (2), 128-key 101.3 (3 splits); warp-specialized TMA producer 87.8 (3
 stages) / 104.8 (4, split); Sᵀ(i + 1) issued before P·V(i) 90.3 (3) / 89.0 (2) / 104.6 (4, split).
-The byte-gathered V was not the limit at this shape."""
+The byte-gathered V was not the limit at this shape. A second Gluon kernel, a port of
+:func:`msa_decode_t_kernel` (same list building, lazy rescale, 64-key tiles, 3 stages; 114
+registers, no spills), timed 84.6 us against the Triton kernel's 84.8 (``--sel 16``, 268 MB,
+copy 4262 GB/s; lazy 4: 84.8; 2 splits 95.5) and was removed: the two compile to the same speed."""
 
 
 def _env_overrides(text: str) -> dict:
@@ -123,16 +123,6 @@ def t_config(is_fp8: bool) -> tuple[int, int, int | None]:
     pre = "fp8_" if is_fp8 else ""
     cap = DECODE_VARIANT[pre + "maxnreg"]
     return int(DECODE_VARIANT[pre + "keys"]), int(DECODE_VARIANT[pre + "stages"]), int(cap) if cap else None
-
-
-def use_gluon(is_fp8: bool, q, k, v, ratio: int) -> bool:
-    """Whether the fp8 decode runs the Gluon candidate (``fp8_kernel`` = "gluon" and
-    ``sparse_decode_gluon.gluon_supported``)."""
-    if not is_fp8 or DECODE_VARIANT["fp8_kernel"] != "gluon" or INTERPRET:
-        return False
-    from mate.ops.msa import sparse_decode_gluon
-
-    return sparse_decode_gluon.gluon_supported(q, k, v, ratio, t_config(True)[0], t_constexprs(True)["LAZY"])
 
 
 def t_constexprs(is_fp8: bool) -> dict:
@@ -186,7 +176,7 @@ def token_request(t, tvalid, ids, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, B, 
     block ``ids`` and which of them are valid (in the request's pages, below its length,
     causally visible). Its request (the largest i < B with qo_indptr[i] <= t) is loaded for
     i = t (one query per request) while that guess is checked, else after a binary search.
-    Layout-free: the Gluon kernel calls it as it is."""
+    Layout-free (no tile shapes)."""
     g = tl.minimum(t, B - 1)
     q_start, q_off, kv_len, page, valid = _request_blocks(
         g, ids, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, page_table_ptr, stride_pt, n_cols, kv_indices_ptr,
