@@ -44,7 +44,7 @@ if ROOT not in sys.path:  # spawned warm-up workers import mate too
 
 DEVICE = "cuda"
 SHAPES = ((64, 2112, 7168), (64, 4096, 7168), (128, 2112, 7168), (128, 4096, 7168),
-          (64, 7168, 2048), (128, 7168, 2048), (64, 24576, 1536), (128, 24576, 1536), (1, 24576, 1536))
+          (64, 7168, 2048), (128, 7168, 2048), (64, 24576, 1536), (128, 24576, 1536))
 
 
 def _g(bm, bn, stages, kps=1):
@@ -54,20 +54,12 @@ def _g(bm, bn, stages, kps=1):
     return f"{bm}x{bn} st{stages}" + (f" kps{kps}" if kps > 1 else ""), cfg
 
 
-def _k(bm, bn, stages, kps=1, split=1, eager=False, rows=False):
+def _k(bm, bn, stages, kps=1, split=1, eager=False):
     """A config of the K-interleaved kernel (groupwise_gluon_kint.py), split-K over programs;
-    ``eager``: a stage's next K block's wgmma issued before the previous one is scaled;
-    ``rows`` (name ``kint rows``): BLOCK_M 128 as two 64-row halves, one per warpgroup, over every
-    stage."""
+    ``eager``: a stage's next K block's wgmma issued before the previous one is scaled."""
     name, cfg = _g(bm, bn, stages, kps)
-    name = ("kint rows " if rows else "kint ") + name + (f" s{split}" if split > 1 else "") + (" e" if eager else "")
-    return name, {**cfg, "KINT": True, "SPLIT_K": split, "EAGER": eager, "ROWS": rows}
-
-
-def _t(bm, bn, stages, split=1):
-    """A config of the plain-Triton TMA kernel (groupwise.py)."""
-    return (f"tri {bm}x{bn} st{stages}" + (f" s{split}" if split > 1 else ""),
-            {"BLOCK_M": bm, "BLOCK_N": bn, "num_stages": stages, "SPLIT_K": split, "GROUP_M": 8, "num_warps": 4})
+    name = "kint " + name + (f" s{split}" if split > 1 else "") + (" e" if eager else "")
+    return name, {**cfg, "KINT": True, "SPLIT_K": split, "EAGER": eager}
 
 
 # tiles in the comments (132 SMs: one wave up to 132)
@@ -144,38 +136,14 @@ KINT_CANDIDATES = {
 }
 
 
-# --next: the K-interleaved kernel's ROWS mode at M = 128, K = 7168 (warpgroup h computes rows
-# 64h..64h+63 of a 128-row tile over every stage: B read once for 128 rows, no hand-over; units and
-# the bytes one unit reads in the comments: auto's 64x64 reads 917 KB (N 4096) / 458 KB (N 2112,
-# 2 splits) per unit), and the M = 1, (24576, 1536) candidates (auto: Triton 64x128 st4, 192 tiles,
-# so 60 SMs run two); (64, 4096, 7168) as a control. The first of each shape is also run with
-# K-major scales.
-NEXT_CANDIDATES = {
-    (128, 2112, 7168): dict([
-        _k(128, 64, 4, 2, 4, True, rows=True),  # 132, 344 KB
-        _k(128, 64, 4, 2, 4, rows=True),  # 132, 344 KB
-        _k(128, 64, 8, 1, 4, rows=True),  # 132, 344 KB
-        _k(128, 32, 4, 2, 2, True, rows=True),  # 132, 573 KB
-    ]),
-    (128, 4096, 7168): dict([
-        _k(128, 64, 4, 2, 2, True, rows=True),  # 128, 688 KB
-        _k(128, 64, 4, 2, 2, rows=True),  # 128, 688 KB
-        _k(128, 64, 8, 1, 2, rows=True),  # 128, 688 KB
-        _k(128, 128, 3, 2, 4, True, rows=True),  # 128, 458 KB
-        _k(128, 128, 6, 1, 4, rows=True),  # 128, 458 KB
-    ]),
-    (64, 4096, 7168): dict([
-        _k(64, 32, 8, 2, 1, True),  # 12.5 beside auto's 64x32 st4 kps4 e in the --kint run
-    ]),
-    (1, 24576, 1536): dict([
-        _t(64, 64, 4),  # 384 tiles, 64 KB: 3 CTAs per SM, all resident (M 64's auto)
-        _t(64, 64, 3),  # 384, 48 KB: 4 per SM
-        _t(64, 32, 4),  # 768, 48 KB
-        _k(64, 64, 4, 2, 1, True),  # persistent, 384 units
-        _k(64, 32, 4, 4, 1, True),  # 768 units
-        _k(64, 128, 2, 2, 2, True),  # 384 units of 6 K blocks
-    ]),
-}
+# Tried and removed (H200, interleaved, us; DG = DeepGEMM; auto = the default):
+# (128, 2112, 7168) DG 10.7, auto 11.8; kint ROWS (128-row tile, warpgroup h rows 64h..64h+63 over
+#   every stage) 128x64 st4 kps2 s4 e 15.4, st4 kps2 s4 15.5, st8 s4 15.5, 128x32 st4 kps2 s2 e 13.4.
+# (128, 4096, 7168) DG 12.9, auto 14.1; ROWS 128x64 st4 kps2 s2 e 17.1, st4 kps2 s2 17.2, st8 s2 17.4,
+#   128x128 st3 kps2 s4 e 22.9, st6 s4 22.8.
+# (1, 24576, 1536) DG 14.6, auto (Triton 64x128) 15.6; Triton 64x64 st4 16.1, st3 19.1, 64x32 st4 26.9;
+#   kint 64x64 st4 kps2 e 19.1, 64x32 st4 kps4 e 24.6, 64x128 st2 kps2 s2 e 20.5.
+# (64, 4096, 7168) DG 11.7, auto 12.6; kint 64x32 st8 kps2 e 12.7.
 
 
 def _operands(m, n, k, seed=0):
@@ -216,8 +184,7 @@ def _dg_fn(dg, x, out):
 
 def _candidate(shape, name):
     """A candidate's config (also in the spawned workers, which see neither table's --kps swap)."""
-    return {**CANDIDATES.get(shape, {}), **KPS_CANDIDATES.get(shape, {}), **KINT_CANDIDATES.get(shape, {}),
-            **NEXT_CANDIDATES.get(shape, {})}[name]
+    return {**CANDIDATES.get(shape, {}), **KPS_CANDIDATES.get(shape, {}), **KINT_CANDIDATES.get(shape, {})}[name]
 
 
 def _warm(task):
@@ -294,15 +261,13 @@ def main() -> int:
     ap.add_argument("--no-warm", action="store_true", help="skip the parallel compile warm-up")
     ap.add_argument("--kps", action="store_true", help="the KPS candidates (KPS_CANDIDATES) on their six shapes")
     ap.add_argument("--kint", action="store_true", help="the K-interleaved kernel (KINT_CANDIDATES), K = 7168")
-    ap.add_argument("--next", action="store_true",
-                    help="NEXT_CANDIDATES: kint ROWS at M = 128, (1, 24576, 1536) candidates")
     ap.add_argument("--warm-only", action="store_true",
                     help="only the warm-up; prints 'skip: JSON' (the [shape, impl] pairs that failed) for --skip")
     ap.add_argument("--skip", default="[]", help="JSON list of [[M, N, K], impl] pairs not to run (from --warm-only)")
     args = ap.parse_args()
-    if args.kps or args.kint or args.next:
+    if args.kps or args.kint:
         CANDIDATES.clear()
-        CANDIDATES.update(NEXT_CANDIDATES if args.next else KINT_CANDIDATES if args.kint else KPS_CANDIDATES)
+        CANDIDATES.update(KINT_CANDIDATES if args.kint else KPS_CANDIDATES)
     t0 = time.time()
     from mate.ops.gemm import reference as R
     from mate.ops.gemm import tuning

@@ -7,9 +7,9 @@ shared memory, ptxas warnings (e.g. wgmma serialization) and counts of the SASS
 instructions that matter (QGMMA tensor-core ops, UTMALDG TMA loads, barriers, wgmma
 waits), read with the ``ptxas``/``cuobjdump`` shipped in Triton's wheel. Exits non-zero
 when a configuration spills (except those of ``SPILL_OK``), exceeds the 227 KB of shared memory, lacks QGMMA, or ptxas
-warns; K-interleaved configs (``KINT_CONFIGS``, every kint candidate of ``bench_gemm_smallm.py --kint`` and
-``--next`` and auto's configs of ``tuning.GROUPWISE_GLUON`` with K-major scales, each also with M = 1) also when the
-launcher rejects them or their shared memory exceeds the launcher's bound.
+warns; K-interleaved configs (``KINT_CONFIGS``, every candidate of ``bench_gemm_smallm.py --kint`` and auto's
+configs of ``tuning.GROUPWISE_GLUON`` with K-major scales, each also with M = 1) also when the launcher
+rejects them or their shared memory exceeds the launcher's bound.
 """
 
 from __future__ import annotations
@@ -119,17 +119,15 @@ def compile_one(name, layout, bm, bn, stages, epi_tma=False, mn=False, kps=1, ou
 
 
 def _kint_candidates() -> dict:
-    """The --kint and --next kint candidates of bench_gemm_smallm.py as compile_kint arguments."""
+    """The --kint candidates of bench_gemm_smallm.py as compile_kint arguments."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from bench_gemm_smallm import KINT_CANDIDATES, NEXT_CANDIDATES
+    from bench_gemm_smallm import KINT_CANDIDATES
 
     out = {}
-    for cands in [*KINT_CANDIDATES.values(), *NEXT_CANDIDATES.values()]:
+    for cands in KINT_CANDIDATES.values():
         for name, c in cands.items():
-            if not c.get("KINT"):
-                continue
             out[name] = (c["BLOCK_M"], c["BLOCK_N"], c["num_stages"], c.get("KPS", 1), c.get("SPLIT_K", 1),
-                         bool(c.get("EAGER", False)) and c.get("KPS", 1) > 1, True, bool(c.get("ROWS", False)))
+                         bool(c.get("EAGER", False)) and c.get("KPS", 1) > 1)
     return out
 
 
@@ -143,17 +141,16 @@ def _auto_kint() -> dict:
             for key, c in GROUPWISE_GLUON.items() if c.get("KINT")}
 
 
-def compile_kint(name, bm, bn, stages, kps, split, eager=False, mn=True, rows=False, out_dir=None, keep=False,
+def compile_kint(name, bm, bn, stages, kps, split, eager=False, mn=True, out_dir=None, keep=False,
                  m1=False) -> bool:
     """``mn``: MN-major scales (else K-major, K = 7168: 56 K blocks, a row stride Triton does
-    not specialize); ``m1``: M = 1 (a constexpr at launch: every use of M must accept a Python int);
-    ``rows``: the kernel's ROWS mode (two 64-row halves, one per warpgroup)."""
-    gk.check_kint_config(bm, bn, stages, kps, split, rows)  # what the launcher would reject
+    not specialize); ``m1``: M = 1 (a constexpr at launch: every use of M must accept a Python int)."""
+    gk.check_kint_config(bm, bn, stages, kps, split)  # what the launcher would reject
     sig = {"a_desc": _desc_type(bm), "b_desc": _desc_type(bn), "as_ptr": "*fp32", "bs_ptr": "*fp32",
            "c_ptr": "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32",
            "stride_asm": "i32", "stride_ask": "i32", "stride_bsn": "i32", "stride_bsk": "i32", "stride_cm": "i32"}
     constexprs = {"BLOCK_M": bm, "BLOCK_N": bn, "GROUP_M": 8, "STAGES": stages, "KPS": kps, "SPLIT_K": split,
-                  "FUSED": split > 1, "EAGER": eager, "ROWS": rows}
+                  "FUSED": split > 1, "EAGER": eager}
     constexprs.update({"stride_asm": 1, "stride_bsn": 1} if mn else {"stride_ask": 1, "stride_bsk": 1})
     if m1:
         constexprs["M"] = 1
@@ -165,7 +162,7 @@ def compile_kint(name, bm, bn, stages, kps, split, eager=False, mn=True, rows=Fa
                          attrs=divisibility_attrs(sig, aligned))
     rep = compile_sm90(src, {"num_warps": 4, "maxnreg": gg.GLUON_MAX_REGS}, pattern=PATTERN, out_dir=out_dir,
                        tag=re.sub(r"\W+", "_", name) + ("_m1" if m1 else ""), ptxas=True, keep_text=keep)
-    est = gk.kint_shared_bytes(bm, bn, stages, kps, split, rows)
+    est = gk.kint_shared_bytes(bm, bn, stages, kps, split)
     print(f"{name}{' (M 1)' if m1 else ''}: {rep.registers} registers (launch), stack {rep.stack} B, "
           f"local {rep.local} B, {rep.spills} spill instructions, shared {rep.shared} B "
           f"({rep.shared / 1024:.0f} KB, launcher's bound {est} B)")

@@ -306,13 +306,6 @@ KINT_CONFIGS = {
     # the next K block's wgmma issued before the last is scaled; 3 K blocks per stage
     "kint 64x64 st4 kps3 e": {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 4, "KPS": 3, "EAGER": True},
     "kint 128x64 st6 s4": {"BLOCK_M": 128, "BLOCK_N": 64, "num_stages": 6, "SPLIT_K": 4},
-    # ROWS: each warpgroup one 64-row half of a 128-row tile over every stage (odd rings allowed;
-    # split-K reduced per half)
-    "kint rows 128x64 st4 kps2 s4 e": {"BLOCK_M": 128, "BLOCK_N": 64, "num_stages": 4, "KPS": 2, "SPLIT_K": 4,
-                                       "EAGER": True, "ROWS": True},
-    "kint rows 128x128 st3 kps2 s2 launch": {"BLOCK_M": 128, "BLOCK_N": 128, "num_stages": 3, "KPS": 2,
-                                             "SPLIT_K": 2, "ROWS": True, "REDUCE": "launch"},
-    "kint rows 128x32 st5": {"BLOCK_M": 128, "BLOCK_N": 32, "num_stages": 5, "ROWS": True},
     # the configs backend="auto" picks at K = 7168 (tuning.GROUPWISE_GLUON)
     **{f"auto {key}": cfg for key, cfg in tuning.GROUPWISE_GLUON.items() if cfg.get("KINT")},
 }
@@ -343,20 +336,13 @@ def test_kint_rejects_bad_configs():
     bad = [({"BLOCK_M": 128, "BLOCK_N": 128}, "no 128x128 tile"), ({"BLOCK_M": 64, "BLOCK_N": 16, "KPS": 5}, "KPS"),
            ({"BLOCK_M": 64, "BLOCK_N": 16, "SPLIT_K": 0}, "SPLIT_K"),
            ({"BLOCK_M": 64, "BLOCK_N": 16, "num_stages": 3}, "even"),  # both warpgroups would read a slot
-           ({"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 8, "KPS": 2}, "shared memory"),
-           ({"BLOCK_M": 64, "BLOCK_N": 64, "ROWS": True}, "ROWS mode has no 64x64"),
-           ({"BLOCK_M": 128, "BLOCK_N": 16, "ROWS": True}, "ROWS mode has no 128x16")]
+           ({"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 8, "KPS": 2}, "shared memory")]
     for cfg, msg in bad:
         with pytest.raises(ValueError, match=msg):
             _kint(a, b, sa, sb, out, cfg)
     with pytest.raises(ValueError, match="PLAIN"):
         groupwise_gemm_gluon(a, b, sa, (0, sa.stride(0), 1), sb, (0, sb.stride(0), 1), out, layout=CONTIGUOUS,
                              config={"KINT": True, "BLOCK_M": 64, "BLOCK_N": 16})
-    from mate.ops.gemm.groupwise_gluon_kint import check_kint_config
-
-    check_kint_config(128, 64, 3, 2, 4, rows=True)  # ROWS: both warpgroups read every slot, any ring
-    with pytest.raises(ValueError, match="even"):
-        check_kint_config(128, 64, 3, 2, 4)
 
 
 _KINT_SM90_BUILD = """
@@ -379,12 +365,12 @@ for cfg in json.loads(sys.argv[1]):
     # M = 1 is a constexpr at launch (the GPU tests' M = 1 case)
     cx = {"BLOCK_M": bm, "BLOCK_N": bn, "GROUP_M": 8, "STAGES": cfg["num_stages"], "KPS": cfg.get("KPS", 1),
           "SPLIT_K": split, "FUSED": split > 1 and cfg.get("REDUCE", "fused") == "fused",
-          "EAGER": cfg.get("EAGER", False), "ROWS": cfg.get("ROWS", False), "M": 1}
+          "EAGER": cfg.get("EAGER", False), "M": 1}
     sig.update({c: "constexpr" for c in cx})
     rep = compile_sm90(GluonASTSource(fn=gk.fp8_groupwise_kint_kernel, signature=sig, constexprs=cx,
                                       attrs=divisibility_attrs(sig, ["as_ptr", "bs_ptr", "c_ptr", "ws_ptr", "K"])),
                        {"num_warps": 4, "maxnreg": GLUON_MAX_REGS})
-    est = gk.kint_shared_bytes(bm, bn, cfg["num_stages"], cfg.get("KPS", 1), split, cfg.get("ROWS", False))
+    est = gk.kint_shared_bytes(bm, bn, cfg["num_stages"], cfg.get("KPS", 1), split)
     print(json.dumps(dict(cfg=cfg, shared=rep.shared, est=est, spills=rep.spills, mma=rep.sass.count("QGMMA"))))
 """
 

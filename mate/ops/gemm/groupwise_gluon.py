@@ -445,7 +445,7 @@ def groupwise_gemm_gluon(a, b, a_scale, a_scale_strides, b_scale, b_scale_stride
     (TMA-store epilogue for tiles without padding rows; BLOCK_M 128 with BLOCK_N >= 128,
     ignored elsewhere and where the output's rows are not 16-byte aligned). See the module
     docstring. ``KINT``: the K-interleaved small-M kernel of ``groupwise_gluon_kint.py`` (PLAIN
-    only; it reads BLOCK_M, BLOCK_N, num_stages, KPS, SPLIT_K, GROUP_M, REDUCE, EAGER, ROWS).
+    only; it reads BLOCK_M, BLOCK_N, num_stages, KPS, SPLIT_K, GROUP_M, REDUCE, EAGER).
     """
     if config.get("KINT"):  # K blocks interleaved over the two math warpgroups (groupwise_gluon_kint.py)
         if layout != 0:

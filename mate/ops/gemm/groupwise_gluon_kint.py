@@ -21,9 +21,9 @@ arrive (an atomic counter per tile, reset by it) sums the partials in split orde
 stores the tile, so the result is deterministic (without counters, e.g. first call inside
 a CUDA-graph capture, a second launch reduces).
 
-``ROWS`` (BLOCK_M 128, a candidate): warpgroup h computes rows 64h..64h+63 over every stage
-instead (the B tile read once for both halves, both release each slot, any ring depth; no
-hand-over; split-K reduced per (tile, half)). Tried and not kept: one wgmma in flight across
+Tried and removed: ``ROWS`` (128-row tile, warpgroup h computing rows 64h..64h+63 over every
+stage, B read once for both halves): H200 M=128 N=2112 / 4096, K=7168: 13.4-15.5 / 17.1-22.9 us
+against 11.8 / 14.1 for the default and DeepGEMM's 10.7 / 12.9. One wgmma in flight across
 stages (the next stage's first wgmma issued before the current stage's last product is
 scaled): the in-flight product carried around the stage loop is copied between registers (or
 zero-initialised before it), and ptxas then serializes every wgmma (C7514/C7515) at sm_90.
@@ -43,14 +43,12 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 from mate.ops.gemm.groupwise import tile_coords
 from mate.ops.gemm.groupwise_gluon import GLUON_MAX_REGS, _store_tile
 
-__all__ = ["fp8_groupwise_kint_kernel", "groupwise_gemm_kint", "check_kint_config", "kint_shared_bytes", "KINT_TILES",
-           "KINT_ROWS_TILES"]
+__all__ = ["fp8_groupwise_kint_kernel", "groupwise_gemm_kint", "check_kint_config", "kint_shared_bytes", "KINT_TILES"]
 
 BLOCK_K = gl.constexpr(128)
 CONSUMER_REGS = gl.constexpr(232)
 PRODUCER_REGS = gl.constexpr(40)
 KINT_TILES = {(64, 16), (64, 32), (64, 64), (64, 128), (128, 16), (128, 32), (128, 64)}
-KINT_ROWS_TILES = {(128, 32), (128, 64), (128, 128)}  # ROWS: two 64-row halves, one per warpgroup
 
 
 @gluon.jit
@@ -137,69 +135,38 @@ def _store_partial(c_ptr, ws_ptr, cnt_ptr, acc, t, pid_k, m0, n0, M, N, stride_c
 
 
 @gluon.jit
-def _a_op(a_bufs, slot, HALF: gl.constexpr, ROWS: gl.constexpr, SUB_M: gl.constexpr):
-    """The warpgroup's A view of ring slot ``slot``: its 64-row half with ``ROWS``, else the tile."""
-    if ROWS:
-        a_s = a_bufs.index(slot).slice(HALF * SUB_M, SUB_M, dim=0)
-    else:
-        a_s = a_bufs.index(slot)
-    return a_s
-
-
-@gluon.jit
-def _scales(sa_bufs, sb_bufs, slot, HALF: gl.constexpr, ROWS: gl.constexpr, SUB_M: gl.constexpr,
-            ROW_L: gl.constexpr):
-    """Activation scale x weight scale of the warpgroup's rows for the K block in ``slot``."""
-    if ROWS:
-        sc = (sa_bufs.index(slot).slice(HALF * SUB_M, SUB_M).load(ROW_L)
-              * sb_bufs.index(slot).slice(HALF * SUB_M, SUB_M).load(ROW_L))
-    else:
-        sc = sa_bufs.index(slot).load(ROW_L) * sb_bufs.index(slot).load(ROW_L)
-    return sc
-
-
-@gluon.jit
 def _consumer(a_bufs, b_bufs, sa_bufs, sb_bufs, red_buf, ready, empty, red_full, red_empty, c_ptr, ws_ptr,
               cnt_ptr, M, N, K, stride_cm, HALF: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               GROUP_M: gl.constexpr, STAGES: gl.constexpr, KPS: gl.constexpr, SPLIT_K: gl.constexpr,
-              FUSED: gl.constexpr, EAGER: gl.constexpr, ROWS: gl.constexpr):
-    SUB_M: gl.constexpr = BLOCK_M // 2 if ROWS else BLOCK_M  # the warpgroup's rows of the tile
-    STEP: gl.constexpr = 1 if ROWS else 2  # ROWS: every stage; else every other one
+              FUSED: gl.constexpr, EAGER: gl.constexpr):
     MMA_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                     instr_shape=[16, BLOCK_N, 32])
     ROW_L: gl.constexpr = gl.SliceLayout(1, MMA_L)
     num_units = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N) * SPLIT_K
-    zero = gl.zeros([SUB_M, BLOCK_N], gl.float32, MMA_L)
+    zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, MMA_L)
     it = 0
     for u in range(gl.program_id(0), num_units, gl.num_programs(0)):
         n = (u - gl.program_id(0)) // gl.num_programs(0)  # the program's unit count so far
         t, pid_k, pid_m, pid_n, kb_lo, nkb = _unit(u, M, N, K, BLOCK_M, BLOCK_N, GROUP_M, SPLIT_K)
         num_ks = gl.cdiv(nkb, KPS)
         acc = zero
-        if ROWS:
-            ks0 = 0
-        else:
-            ks0 = (it + HALF) % 2
         # ring stage q (counted over the program's units) goes to warpgroup q % 2: with STAGES
         # even each slot has one reader, which waits for phase q // STAGES only after consuming
         # the slot's previous phase itself (a slot shared by both warpgroups lets one wait while
-        # the other's phase has not landed, and a parity wait cannot tell the two phases apart).
-        # ROWS: both warpgroups read every slot (its two 64-row halves of A, the same B) and
-        # release it together (empty counts 2), so neither can pass the other by a ring phase.
-        for ks in range(ks0, num_ks, STEP):
+        # the other's phase has not landed, and a parity wait cannot tell the two phases apart)
+        for ks in range((it + HALF) % 2, num_ks, 2):
             q = it + ks
             s = q % STAGES
             mbarrier.wait(ready.index(s), (q // STAGES) & 1)
             if EAGER:  # K block j + 1's wgmma issued before block j's is waited for and scaled
-                prod = warpgroup_mma(_a_op(a_bufs, s * KPS, HALF, ROWS, SUB_M),
-                                     b_bufs.index(s * KPS).permute((1, 0)), zero, use_acc=False, is_async=True)
+                prod = warpgroup_mma(a_bufs.index(s * KPS), b_bufs.index(s * KPS).permute((1, 0)), zero,
+                                     use_acc=False, is_async=True)
                 for j in gl.static_range(KPS):
                     slot = s * KPS + j
-                    sc = _scales(sa_bufs, sb_bufs, slot, HALF, ROWS, SUB_M, ROW_L)
+                    sc = sa_bufs.index(slot).load(ROW_L) * sb_bufs.index(slot).load(ROW_L)
                     if j + 1 < KPS:
-                        nxt = warpgroup_mma(_a_op(a_bufs, slot + 1, HALF, ROWS, SUB_M),
-                                            b_bufs.index(slot + 1).permute((1, 0)), zero, use_acc=False,
-                                            is_async=True)
+                        nxt = warpgroup_mma(a_bufs.index(slot + 1), b_bufs.index(slot + 1).permute((1, 0)), zero,
+                                            use_acc=False, is_async=True)
                         prod = warpgroup_mma_wait(num_outstanding=1, deps=(prod, ))
                         acc += prod * sc[:, None]
                         prod = nxt
@@ -210,22 +177,15 @@ def _consumer(a_bufs, b_bufs, sa_bufs, sb_bufs, red_buf, ready, empty, red_full,
             else:
                 for j in gl.static_range(KPS):
                     slot = s * KPS + j
-                    prod = warpgroup_mma(_a_op(a_bufs, slot, HALF, ROWS, SUB_M),
-                                         b_bufs.index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
-                    sc = _scales(sa_bufs, sb_bufs, slot, HALF, ROWS, SUB_M, ROW_L)  # while the wgmma runs
+                    prod = warpgroup_mma(a_bufs.index(slot), b_bufs.index(slot).permute((1, 0)), zero,
+                                         use_acc=False, is_async=True)
+                    sc = sa_bufs.index(slot).load(ROW_L) * sb_bufs.index(slot).load(ROW_L)  # while the wgmma runs
                     prod = warpgroup_mma_wait(num_outstanding=0, deps=(prod, ))
                     if j == KPS - 1:
                         mbarrier.arrive(empty.index(s), count=1)
                     acc += prod * sc[:, None]
         it += num_ks
-        if ROWS:  # each warpgroup stores its half; split-K reduces per (tile, half)
-            m0 = pid_m * BLOCK_M + HALF * SUB_M
-            if SPLIT_K == 1:
-                _store_tile(c_ptr, c_ptr, acc, m0, pid_n * BLOCK_N, M, N, 0, stride_cm, 0, SUB_M, BLOCK_N)
-            else:
-                _store_partial(c_ptr, ws_ptr, cnt_ptr, acc, t * 2 + HALF, pid_k, m0, pid_n * BLOCK_N, M, N,
-                               stride_cm, SUB_M, BLOCK_N, SPLIT_K, FUSED, MMA_L)
-        elif HALF == 1:
+        if HALF == 1:
             mbarrier.wait(red_empty.index(0), (n & 1) ^ 1)
             red_buf.store(acc)
             mbarrier.arrive(red_full.index(0), count=1)
@@ -248,18 +208,13 @@ def fp8_groupwise_kint_kernel(
     stride_asm, stride_ask, stride_bsn, stride_bsk, stride_cm,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
     KPS: gl.constexpr = 1, SPLIT_K: gl.constexpr = 1, FUSED: gl.constexpr = False, EAGER: gl.constexpr = False,
-    ROWS: gl.constexpr = False,
 ):
     """Persistent grid over (tile, K split) units; ``a_desc`` covers a [M, K] with blocks
     [BLOCK_M, 128], ``b_desc`` b [N, K] with blocks [BLOCK_N, 128]. ``ws_ptr``/``cnt_ptr``:
-    the split-K workspace and per-tile counters (``FUSED``; 2 per tile with ``ROWS``), unused when
-    SPLIT_K is 1. ``ROWS`` (BLOCK_M 128): warpgroup h computes rows 64h..64h+63 of the tile over
-    every stage instead of the whole tile over alternate stages (the B tile read once for 128 rows,
-    no hand-over)."""
+    the split-K workspace and per-tile counters (``FUSED``), unused when SPLIT_K is 1."""
     gl.static_assert(BLOCK_M == 64 or BLOCK_M == 128)
     gl.static_assert(BLOCK_N <= 128 and 128 % BLOCK_N == 0)
-    gl.static_assert(not ROWS or BLOCK_M == 128)
-    gl.static_assert(ROWS or STAGES % 2 == 0, "each ring slot must have one reader: STAGES even")
+    gl.static_assert(STAGES % 2 == 0, "each ring slot must have one reader: STAGES even")
     SLOTS: gl.constexpr = STAGES * KPS  # slot s * KPS + j: K block j of stage s
     a_bufs = gl.allocate_shared_memory(gl.float8e4nv, [SLOTS, BLOCK_M, BLOCK_K], a_desc.layout)
     b_bufs = gl.allocate_shared_memory(gl.float8e4nv, [SLOTS, BLOCK_N, BLOCK_K], b_desc.layout)
@@ -267,62 +222,58 @@ def fp8_groupwise_kint_kernel(
     sa_bufs = gl.allocate_shared_memory(gl.float32, [SLOTS, BLOCK_M], SC_SL)
     sb_bufs = gl.allocate_shared_memory(gl.float32, [SLOTS, BLOCK_M], SC_SL)
     RED_SL: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
-    red_buf = gl.allocate_shared_memory(gl.float32, [8 if ROWS else BLOCK_M, BLOCK_N], RED_SL)  # unused with ROWS
+    red_buf = gl.allocate_shared_memory(gl.float32, [BLOCK_M, BLOCK_N], RED_SL)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     red_full = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     red_empty = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=2 if ROWS else 1)  # released by the warpgroups that read it
+        mbarrier.init(empty.index(i), count=1)  # released by the one warpgroup that read it
     mbarrier.init(red_full.index(0), count=1)
     mbarrier.init(red_empty.index(0), count=1)
 
     gl.warp_specialize([
         (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, red_buf, ready, empty, red_full, red_empty, c_ptr, ws_ptr,
                      cnt_ptr, M, N, K, stride_cm, 0, BLOCK_M, BLOCK_N, GROUP_M, STAGES, KPS, SPLIT_K, FUSED,
-                     EAGER, ROWS)),
+                     EAGER)),
         (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, red_buf, ready, empty, red_full, red_empty, c_ptr, ws_ptr,
                      cnt_ptr, M, N, K, stride_cm, 1, BLOCK_M, BLOCK_N, GROUP_M, STAGES, KPS, SPLIT_K, FUSED,
-                     EAGER, ROWS)),
+                     EAGER)),
         (_producer, (a_desc, b_desc, as_ptr, bs_ptr, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, M, N, K,
                      stride_asm, stride_ask, stride_bsn, stride_bsk, BLOCK_M, BLOCK_N, GROUP_M, STAGES, KPS,
                      SPLIT_K)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
-def kint_shared_bytes(bm: int, bn: int, stages: int, kps: int, split: int, rows: bool = False) -> int:
+def kint_shared_bytes(bm: int, bn: int, stages: int, kps: int, split: int) -> int:
     """Upper bound of the kernel's shared memory: the ring (operands and scales), the
     reduction buffer, the barriers and the epilogue's layout conversion (bf16 tile without
     split-K; the split-K store needs only a few bytes for the counter's value), plus 1 KB of
-    alignment. Checked against the sm_90 builds by ``benchmarks/compile_gemm_gluon.py``.
-    ``rows``: no reduction buffer (8 rows allocated), each half's epilogue its own."""
+    alignment. Checked against the sm_90 builds by ``benchmarks/compile_gemm_gluon.py``."""
     slots = stages * kps
     ring = slots * (bm + bn) * 128 + 2 * slots * bm * 4
     epilogue = bm * bn * 2 if split == 1 else 256
-    return ring + (8 if rows else bm) * bn * 4 + (2 * stages + 2) * 8 + epilogue + 1024
+    return ring + bm * bn * 4 + (2 * stages + 2) * 8 + epilogue + 1024
 
 
-def check_kint_config(bm: int, bn: int, stages, kps, split, rows: bool = False) -> None:
+def check_kint_config(bm: int, bn: int, stages, kps, split) -> None:
     """Raises ValueError for a configuration the kernel cannot run."""
     from mate.testing.sass import SMEM_LIMIT
 
-    if rows and (bm, bn) not in KINT_ROWS_TILES:
-        raise ValueError(f"the K-interleaved Gluon GEMM's ROWS mode has no {bm}x{bn} tile (BLOCK_M 128: "
-                         "BLOCK_N 32, 64, 128)")
-    if not rows and (bm, bn) not in KINT_TILES:
+    if (bm, bn) not in KINT_TILES:
         raise ValueError(f"the K-interleaved Gluon GEMM has no {bm}x{bn} tile (BLOCK_M 64: BLOCK_N 16, 32, 64, "
                          "128; BLOCK_M 128: 16, 32, 64)")
     if not isinstance(kps, int) or not 1 <= kps <= 4:
         raise ValueError(f"KPS (K blocks per ring stage) must be 1, 2, 3 or 4, got {kps!r}")
     if not isinstance(split, int) or split < 1:
         raise ValueError(f"SPLIT_K must be a positive int, got {split!r}")
-    if not isinstance(stages, int) or stages < 2 or (stages % 2 and not rows):
+    if not isinstance(stages, int) or stages < 2 or stages % 2:
         # stage q goes to warpgroup q % 2: an odd ring lets both read one slot, and a parity
         # wait of one can pass on the other's phase before it lands
         raise ValueError(f"num_stages (ring stages) of the K-interleaved Gluon GEMM must be even and >= 2, "
                          f"got {stages!r}")
-    need = kint_shared_bytes(bm, bn, stages, kps, split, rows)
+    need = kint_shared_bytes(bm, bn, stages, kps, split)
     if need > SMEM_LIMIT:
         raise ValueError(f"the K-interleaved Gluon GEMM {bm}x{bn} with {stages} stages of {kps} K blocks needs "
                          f"~{need // 1024} KB of shared memory (at most {SMEM_LIMIT // 1024} KB)")
@@ -342,9 +293,7 @@ def groupwise_gemm_kint(a, b, a_scale, a_scale_strides, b_scale, b_scale_strides
     16, 32, 64 for 128), num_stages (ring stages, even), KPS (K blocks per stage, 1-4), SPLIT_K
     (K splits over programs, capped by K / 128), GROUP_M, REDUCE (``"fused"``, the default,
     or ``"launch"``: a second kernel sums the split-K partials), EAGER (KPS > 1: each K block's
-    wgmma issued before the previous one is waited for and scaled; default False), ROWS
-    (BLOCK_M 128, BLOCK_N 32, 64 or 128: each warpgroup one 64-row half over every stage, any
-    stage count; default False)."""
+    wgmma issued before the previous one is waited for and scaled; default False)."""
     from mate.ops.gemm.groupwise import _TL_DTYPE, _tile_counters, splitk_reduce_kernel
 
     if a.dim() != 2 or b.dim() != 2:
@@ -353,8 +302,7 @@ def groupwise_gemm_kint(a, b, a_scale, a_scale_strides, b_scale, b_scale_strides
     N = b.shape[0]
     bm, bn = config["BLOCK_M"], config["BLOCK_N"]
     kps, split, stages = config.get("KPS", 1), config.get("SPLIT_K", 1), config.get("num_stages", 8)
-    rows = bool(config.get("ROWS", False))
-    check_kint_config(bm, bn, stages, kps, split, rows)
+    check_kint_config(bm, bn, stages, kps, split)
     if b.shape[1] != K or K % 128:
         raise ValueError(f"the K-interleaved Gluon GEMM needs a [M, K] and b [N, K] with K a multiple of 128, "
                          f"got {tuple(a.shape)} and {tuple(b.shape)}")
@@ -369,15 +317,14 @@ def groupwise_gemm_kint(a, b, a_scale, a_scale_strides, b_scale, b_scale_strides
         num_sms = torch.cuda.get_device_properties(a.device).multi_processor_count
     cnt = None
     if split > 1 and reduce == "fused":
-        cnt = _tile_counters(a.device, tiles * (2 if rows else 1))
+        cnt = _tile_counters(a.device, tiles)
     ws = torch.empty((split, M, N), dtype=torch.float32, device=a.device) if split > 1 else out
     fp8_groupwise_kint_kernel[(max(1, min(num_sms, tiles * split)), )](
         _desc(a, bm), _desc(b, bn), a_scale, b_scale, out, ws, cnt if cnt is not None else ws,
         M, N, K,
         a_scale_strides[1], a_scale_strides[2], b_scale_strides[1], b_scale_strides[2], out.stride(0),
         BLOCK_M=bm, BLOCK_N=bn, GROUP_M=config.get("GROUP_M", 8), STAGES=stages, KPS=kps,
-        SPLIT_K=split, FUSED=cnt is not None, EAGER=bool(config.get("EAGER", False)) and kps > 1, ROWS=rows,
-        num_warps=4,
+        SPLIT_K=split, FUSED=cnt is not None, EAGER=bool(config.get("EAGER", False)) and kps > 1, num_warps=4,
         maxnreg=GLUON_MAX_REGS,
     )
     if split > 1 and cnt is None:
