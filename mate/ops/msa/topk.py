@@ -469,8 +469,10 @@ def _lane_bisect(k, lo, clo, hm, K, SLACK: tl.constexpr):
 
 @triton.jit
 def _below_lane(b, lane):
-    """Set bits of the uint32 ``b`` (per lane) below bit ``lane``."""
-    return _popc(b & ((tl.full(lane.shape, 1, tl.uint32) << lane.to(tl.uint32)) - 1))
+    """Set bits of the uint32 ``b`` (per lane) below bit ``lane``. Layout-free (the Gluon
+    kernels of ``topk_warps`` call it as it is)."""
+    u = lane.to(tl.uint32)
+    return _popc(b & (((u - u + 1) << u) - 1))
 
 
 @triton.jit
@@ -497,10 +499,30 @@ def _ballot_ge(u, t, VOTE: tl.constexpr):
 
 
 @triton.jit
+def _lane_survivors(ball, jj, lane, R: tl.constexpr):
+    """From the ballots ``ball`` [R, 32] of a row's R registers (``jj`` [R, 1] their index):
+    each lane's count ``S`` of survivors in the row (all lanes equal) and the block id of the
+    lane's survivor (lane L holds the L-th in block order; meaningful for L < S): it lies in
+    the last register starting at or before L. Layout-free (the Gluon kernel calls it)."""
+    S = lane - lane
+    b = S.to(tl.uint32)
+    base = S
+    jstar = S
+    for j in tl.static_range(R):
+        bj = tl.sum(tl.where(jj == j, ball, 0), axis=0)
+        at = lane >= S
+        b = tl.where(at, bj, b)
+        base = tl.where(at, S, base)
+        jstar = tl.where(at, j, jstar)
+        S += _popc(bj)
+    return S, jstar * 32 + _nth_lane(b, lane - base)
+
+
+@triton.jit
 def _nth_lane(b, r):
     """The lane of the ``r``-th set bit (from 0) of each lane's uint32 ``b``: a binary search
-    on popcounts below a lane."""
-    p = tl.zeros_like(r)
+    on popcounts below a lane. Layout-free."""
+    p = r - r
     for step in tl.static_range(5):
         t = p + (16 >> step)
         p = tl.where(_below_lane(b, t) <= r, t, p)
@@ -674,21 +696,9 @@ def _lanes_fast_row(s, n1, s_row, o_row, fb, fe, W, G1: tl.constexpr, SLACK: tl.
     if m_hi <= 0xFF800000:  # no NaN (+inf's key)
         tau0, _c0 = _lane_bisect(m, tl.min(m, axis=0), tl.full([], 32, tl.int32), m_hi, W, SLACK)
         ball = _ballot_ge_f(s, _float_of_key(tau0), VOTE)  # [R, 32]
-        # lane L's survivor (the L-th in block order) lies in the last register starting at or before L
-        S = tl.zeros_like(lane)
-        b = tl.zeros_like(lane).to(tl.uint32)
-        base = tl.zeros_like(lane)
-        jstar = tl.zeros_like(lane)
-        for j in tl.static_range(R):
-            bj = tl.sum(tl.where(jj == j, ball, 0), axis=0)
-            at = lane >= S
-            b = tl.where(at, bj, b)
-            base = tl.where(at, S, base)
-            jstar = tl.where(at, j, jstar)
-            S += _popc(bj)
+        S, src = _lane_survivors(ball, jj, lane, R)
         S1 = tl.max(S, axis=0)
         if S1 <= 32:
-            src = jstar * 32 + _nth_lane(b, lane - base)
             cand = (lane < S) & (src >= fb) & (src < n1 - fe)
             kl = tl.where(cand, _lane_keys(tl.load(s_row + src, mask=cand, other=0.0)), 0)
             _lanes_finish(kl, cand, src, tau0, C, fb, fe, n1, W, o_row)

@@ -44,19 +44,13 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 # layout-free element-wise and reduction helpers of the one-row kernel, shared as they are
-from mate.ops.msa.topk import _float_of_key, _lane_keys, _max_nan
+from mate.ops.msa.topk import _below_lane, _float_of_key, _lane_keys, _lane_survivors, _max_nan, _popc
 
 
 @gluon.jit
 def _warp_id(x):
     """This thread's warp in the program (``x``: any int32 scalar, unused)."""
     return gl.inline_asm_elementwise("{ mov.u32 $0, %tid.x; shr.u32 $0, $0, 5; }", "=r,r", [x],
-                                     dtype=gl.int32, is_pure=True, pack=1)
-
-
-@gluon.jit
-def _popc(x):
-    return gl.inline_asm_elementwise("popc.b32 $0, $1;", "=r,r", [x.to(gl.int32, bitcast=True)],
                                      dtype=gl.int32, is_pure=True, pack=1)
 
 
@@ -73,20 +67,6 @@ def _ballot_ge_f(s, t):
     return gl.inline_asm_elementwise(
         "{ .reg .pred q; setp.ge.f32 q, $1, $2; vote.sync.ballot.b32 $0, q, -1; }", "=r,f,f",
         [s, gl.zeros_like(s) + t], dtype=gl.uint32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _below_lane(b, lane):
-    return _popc(b & ((gl.full(lane.shape, 1, gl.uint32, lane.type.layout) << lane.to(gl.uint32)) - 1))
-
-
-@gluon.jit
-def _nth_lane(b, r):
-    p = gl.zeros_like(r)
-    for step in gl.static_range(5):
-        t = p + (16 >> step)
-        p = gl.where(_below_lane(b, t) <= r, t, p)
-    return p
 
 
 @gluon.jit
@@ -237,20 +217,9 @@ def _lanes_warps_select(s, s_row, o_row, n1, fb, fe, W, NW: gl.constexpr):
     if m_hi <= 0xFF800000:
         tau0 = gl.max(gl.where(lane == W - 1, _sort_desc(m), 0), axis=0)
         ball = _ballot_ge_f(s, _float_of_key(tau0))
-        S = gl.zeros_like(lane)
-        b = gl.zeros_like(lane).to(gl.uint32)
-        base = gl.zeros_like(lane)
-        jstar = gl.zeros_like(lane)
-        for j in gl.static_range(R):
-            bj = gl.sum(gl.where(jj == j, ball, 0), axis=0)
-            at = lane >= S
-            b = gl.where(at, bj, b)
-            base = gl.where(at, S, base)
-            jstar = gl.where(at, j, jstar)
-            S += _popc(bj)
+        S, src = _lane_survivors(ball, jj, lane, R)
         S1 = gl.max(S, axis=0)
         if S1 <= 32:
-            src = jstar * 32 + _nth_lane(b, lane - base)
             cand = (lane < S) & (src >= fb) & (src < n1 - fe)
             kl = gl.where(cand, _lane_keys(gl.load(s_row + src, mask=cand, other=0.0)), 0)
             _lanes_finish(kl, cand, src, C, fb, fe, n1, W, o_row, NW)
