@@ -1,6 +1,6 @@
 """Small-M groupwise FP8 GEMM: ``auto`` against Gluon kernel candidates and DeepGEMM.
 
-    python benchmarks/bench_gemm_smallm.py [--budget SECONDS] [--only M,N,K] [--kps | --kint]
+    python benchmarks/bench_gemm_smallm.py [--budget SECONDS] [--only M,N,K] [--kps | --kint | --m1]
         [--warm-only | --no-warm --skip JSON]
 
 For each (M, N, K) it times, interleaved (``time_interleaved``, CUDA-graph replays over
@@ -20,6 +20,12 @@ columns; 128: the rows; the producer copies the scales into the ring for BLOCK_N
 ``kint BMxBN stSTAGES[ kpsKPS][ sSPLIT]``: the K-interleaved kernel (``groupwise_gluon_kint.py``:
 both math warpgroups own the whole tile and take alternate ring stages; SPLIT K splits over
 programs, reduced in split order by the tile's last unit); ``--kint`` times ``KINT_CANDIDATES``.
+``--m1`` times ``M1_CANDIDATES`` (plain-Triton configs at M = 1 with an M = 64 control; GB/s
+there counts the weight bytes only): ``tma`` (A and B by TMA), ``aptr`` (A by masked pointer
+loads, B by TMA: the kernel's A_PTR), ``ptr`` (the pointer-load kernel), and two diagnostics
+that are not legal launches: ``pad`` (A's TMA descriptor over a zero-padded copy with
+BLOCK_M rows, M unchanged) and ``nospec`` (the TMA kernel compiled without Triton's M == 1
+specialization); ``sSPLIT`` where SPLIT_K > 1.
 DeepGEMM's picks (DG_PRINT_CONFIGS, H200): (64, 2112, 7168) 64x16 16 stages,
 (64, 4096, 7168) 64x32 16, (128, 2112, 7168) 64x32 16, (128, 4096, 7168) 64x64 13,
 (64, 7168, 2048) 64x64 13, (128, 7168, 2048) 64x112 9, (64, 24576, 1536) 64x96 2-CTA
@@ -136,6 +142,45 @@ KINT_CANDIDATES = {
 }
 
 
+def _t(bm, bn, stages, kind="tma", split=1):
+    """A config of the plain-Triton kernels (see ``--m1`` in the module docstring)."""
+    cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "num_stages": stages, "num_warps": 4, "GROUP_M": 8, "SPLIT_K": split,
+           "TMA": kind != "ptr"}
+    if kind == "aptr":
+        cfg["A_PTR"] = True
+    if kind in ("pad", "nospec"):
+        cfg["DIAG"] = kind
+    return f"{kind} {bm}x{bn} st{stages}" + (f" s{split}" if split > 1 else ""), cfg
+
+
+# --m1: why M = 1 runs ~2 us slower than M = 64 at (24576, 1536) with the same tiles and bytes
+# (H200: auto 15.6 us, DeepGEMM 14.6; M = 64: Triton 64x64 13.6, DeepGEMM 14.3). At M = 1 the A
+# box of a TMA load (BLOCK_M x 128) is all out of bounds but one row; DeepGEMM adds BLOCK_M 16
+# and 32 for M <= 16 / 32 ("smaller block M can avoid TMA L2 OOB bound", sm90 heuristics).
+# BLOCK_M 16 here compiles to mma.sync (HMMA.16816 on fp8 converted to fp16), not wgmma.
+M1_SHAPES = ((1, 24576, 1536), (64, 24576, 1536), (1, 4096, 7168), (1, 2112, 7168))
+M1_CANDIDATES = {
+    (1, 24576, 1536): dict([  # auto: tma 64x128 st4 (192 tiles)
+        _t(64, 128, 4), _t(64, 64, 4),
+        _t(64, 128, 4, "aptr"), _t(64, 64, 4, "aptr"), _t(64, 64, 6, "aptr"),
+        _t(64, 128, 3, "ptr"), _t(64, 128, 4, "ptr"), _t(64, 64, 4, "ptr"), _t(64, 64, 6, "ptr"),
+        _t(16, 128, 4), _t(16, 64, 4),
+        _t(64, 128, 4, "pad"), _t(64, 128, 4, "nospec"),
+    ]),
+    (64, 24576, 1536): dict([  # the control (auto: tma 64x64 st4, 384 tiles)
+        _t(64, 128, 4), _t(64, 128, 4, "aptr"), _t(64, 64, 4, "aptr"),
+        _t(64, 128, 4, "ptr"), _t(64, 64, 4, "ptr"), _t(64, 64, 4, "nospec"),
+    ]),
+    (1, 4096, 7168): dict([  # auto: tma 64x128 s4 st5 (32 tiles x 4 splits)
+        _t(64, 128, 5, "aptr", 4), _t(64, 128, 5, "ptr", 4), _t(16, 128, 5, "tma", 4), _t(64, 128, 5, "pad", 4),
+    ]),
+    (1, 2112, 7168): dict([  # auto: tma 64x64 s4 st5 (33 tiles x 4 splits)
+        _t(64, 64, 5, "aptr", 4), _t(64, 64, 5, "ptr", 4), _t(16, 64, 5, "tma", 4), _t(64, 64, 5, "pad", 4),
+    ]),
+}
+_NOSPEC = {}
+
+
 # Tried and removed (H200, interleaved, us; DG = DeepGEMM; auto = the default):
 # (128, 2112, 7168) DG 10.7, auto 11.8; kint ROWS (128-row tile, warpgroup h rows 64h..64h+63 over
 #   every stage) 128x64 st4 kps2 s4 e 15.4, st4 kps2 s4 15.5, st8 s4 15.5, 128x32 st4 kps2 s2 e 13.4.
@@ -172,7 +217,45 @@ def _mate_fn(x, out, cfg):
     a_mk, b_nk = sa_mn.t(), sb_mn.t()
     sa_str = (0, a_mk.stride(0), a_mk.stride(1))
     sb_str = (0, b_nk.stride(0), b_nk.stride(1))
-    return lambda: groupwise_gemm_triton(a, b, sa_mn, sa_str, sb_mn, sb_str, out, None, layout=PLAIN, config=cfg)
+    diag = cfg.get("DIAG")
+    cfg = {k: v for k, v in cfg.items() if k != "DIAG"}
+    fn = lambda: groupwise_gemm_triton(a, b, sa_mn, sa_str, sb_mn, sb_str, out, None, layout=PLAIN, config=cfg)
+    return _diag_fn(diag, a, cfg, fn) if diag else fn
+
+
+def _diag_fn(diag, a, cfg, fn):
+    """``fn`` run with one global of the groupwise module swapped for the call (the CUDA graph
+    captures the launch made inside): ``pad``: ``_desc`` builds A's descriptor over a copy of
+    ``a`` zero-padded to a multiple of BLOCK_M rows (M is still a's row count); ``nospec``: the
+    TMA kernel compiled without specializing M, stride_asm and stride_ask (M == 1 otherwise
+    becomes a constant)."""
+    import triton
+
+    from mate.ops.gemm import groupwise as gw
+
+    if diag == "pad":
+        rows = -(-a.shape[0] // cfg["BLOCK_M"]) * cfg["BLOCK_M"]
+        a_pad = torch.zeros(rows, a.shape[1], dtype=a.dtype, device=a.device)
+        a_pad[: a.shape[0]] = a
+        desc = gw._desc
+        name, value = "_desc", lambda t, rows_block: desc(a_pad if t is a else t, rows_block)
+    elif diag == "nospec":
+        if not _NOSPEC:
+            _NOSPEC[0] = triton.jit(do_not_specialize=["M", "stride_asm", "stride_ask"])(
+                gw.fp8_groupwise_tma_kernel.fn)
+        name, value = "fp8_groupwise_tma_kernel", _NOSPEC[0]
+    else:
+        raise ValueError(f"unknown DIAG {diag!r}")
+
+    def call():
+        saved = getattr(gw, name)
+        setattr(gw, name, value)
+        try:
+            fn()
+        finally:
+            setattr(gw, name, saved)
+
+    return call
 
 
 def _dg_fn(dg, x, out):
@@ -184,7 +267,8 @@ def _dg_fn(dg, x, out):
 
 def _candidate(shape, name):
     """A candidate's config (also in the spawned workers, which see neither table's --kps swap)."""
-    return {**CANDIDATES.get(shape, {}), **KPS_CANDIDATES.get(shape, {}), **KINT_CANDIDATES.get(shape, {})}[name]
+    return {**CANDIDATES.get(shape, {}), **KPS_CANDIDATES.get(shape, {}), **KINT_CANDIDATES.get(shape, {}),
+            **M1_CANDIDATES.get(shape, {})}[name]
 
 
 def _warm(task):
@@ -261,19 +345,21 @@ def main() -> int:
     ap.add_argument("--no-warm", action="store_true", help="skip the parallel compile warm-up")
     ap.add_argument("--kps", action="store_true", help="the KPS candidates (KPS_CANDIDATES) on their six shapes")
     ap.add_argument("--kint", action="store_true", help="the K-interleaved kernel (KINT_CANDIDATES), K = 7168")
+    ap.add_argument("--m1", action="store_true", help="plain-Triton M = 1 candidates (M1_CANDIDATES, M1_SHAPES)")
     ap.add_argument("--warm-only", action="store_true",
                     help="only the warm-up; prints 'skip: JSON' (the [shape, impl] pairs that failed) for --skip")
     ap.add_argument("--skip", default="[]", help="JSON list of [[M, N, K], impl] pairs not to run (from --warm-only)")
     args = ap.parse_args()
-    if args.kps or args.kint:
+    if args.kps or args.kint or args.m1:
         CANDIDATES.clear()
-        CANDIDATES.update(KINT_CANDIDATES if args.kint else KPS_CANDIDATES)
+        CANDIDATES.update(KINT_CANDIDATES if args.kint else M1_CANDIDATES if args.m1 else KPS_CANDIDATES)
     t0 = time.time()
     from mate.ops.gemm import reference as R
     from mate.ops.gemm import tuning
     from mate.testing.bench import rotation_count, time_interleaved
 
-    shapes = [s for s in SHAPES if s in CANDIDATES and (not args.only or ",".join(map(str, s)) == args.only)]
+    shapes = [s for s in (M1_SHAPES if args.m1 else SHAPES)
+              if s in CANDIDATES and (not args.only or ",".join(map(str, s)) == args.only)]
     try:
         import deep_gemm as dg
     except Exception as exc:
@@ -292,13 +378,15 @@ def main() -> int:
         print("skip:", json.dumps(sorted([list(sh), name] for sh, name in failed)))
         return 0
     best, dg_us = {}, {}
-    print(f"{'shape':>18} {'impl':>32} {'us':>7} {'TFLOP/s':>8} {'GB/s':>6} {'DG/t':>5} {'maxrel':>8} det  note")
+    gbs = "wGB/s" if args.m1 else "GB/s"  # --m1: weight bytes (n * k) per second
+    print(f"{'shape':>18} {'impl':>32} {'us':>7} {'TFLOP/s':>8} {gbs:>6} {'DG/t':>5} {'maxrel':>8} det  note")
     for shape in shapes:
         if time.time() - t0 > args.budget:
             print(f"{str(shape):>18} skipped: budget spent")
             continue
         m, n, k = shape
         byts = m * k + n * k + 2 * m * n + 4 * (m + n // 128 + 1) * (k // 128)
+        shown = n * k if args.m1 else byts
         flops = 2.0 * m * n * k
         sets = [_operands(m, n, k, seed=i) for i in range(rotation_count(byts, max_sets=16))]
         outs = [torch.empty(m, n, dtype=torch.bfloat16, device=DEVICE) for _ in sets]
@@ -350,7 +438,7 @@ def main() -> int:
             if name != "deepgemm" and det and err < 1e-2:
                 best.setdefault(shape, {})[name] = t
             ratio = f"{t_dg / t:5.2f}" if t_dg else "  -  "
-            print(f"{str(shape):>18} {name:>32} {t:7.1f} {flops / t / 1e6:8.0f} {byts / t / 1e3:6.0f} {ratio} "
+            print(f"{str(shape):>18} {name:>32} {t:7.1f} {flops / t / 1e6:8.0f} {shown / t / 1e3:6.0f} {ratio} "
                   f"{err:8.1e} {'yes' if det else 'NO ':>3}  {note}", flush=True)
         del sets, outs, cases
         torch.cuda.empty_cache()

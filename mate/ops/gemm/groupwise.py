@@ -162,6 +162,7 @@ def fp8_groupwise_tma_kernel(
     LAYOUT: tl.constexpr, SPLIT_K: tl.constexpr, FUSED_REDUCE: tl.constexpr, OUT_FP8: tl.constexpr,
     OUT_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, NUM_STAGES: tl.constexpr, MMA_LAG: tl.constexpr = False,
+    A_PTR: tl.constexpr = False, a_ptr=None, stride_am=None,
 ):
     """Same math as ``fp8_groupwise_gemm_kernel`` with A and B tiles loaded by TMA.
 
@@ -171,6 +172,9 @@ def fp8_groupwise_tma_kernel(
     Split-K partials go to an fp32 workspace; with ``FUSED_REDUCE`` the last program of a
     tile to arrive (counted with an atomic) sums them in split order and runs the epilogue,
     then resets the tile's counter to 0 for the next call, so the sum is deterministic.
+    ``A_PTR``: A tiles are masked pointer loads from ``a_ptr`` (row stride ``stride_am``,
+    the rows of ``a_desc``'s layout) instead of TMA, so rows past M are not fetched (a TMA
+    box mostly out of bounds at M = 1); ``a_desc`` is then unused.
     """
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -226,8 +230,15 @@ def fp8_groupwise_tma_kernel(
             sb_prev = tl.zeros((BLOCK_N,), dtype=tl.float32)
         else:
             sb_prev = 0.0
+    if A_PTR:
+        a_rows = a_row + tl.arange(0, BLOCK_M)
+        a_ptrs = a_ptr + a_rows.to(tl.int64)[:, None] * stride_am + (kb_lo * BLOCK_K + tl.arange(0, BLOCK_K))[None, :]
     for kb in tl.range(kb_lo, kb_hi, num_stages=NUM_STAGES):
-        a = a_desc.load([a_row, kb * BLOCK_K])
+        if A_PTR:
+            a = tl.load(a_ptrs, mask=in_a[:, None], other=0.0)
+            a_ptrs += BLOCK_K
+        else:
+            a = a_desc.load([a_row, kb * BLOCK_K])
         b = b_desc.load([b_row, kb * BLOCK_K])
         sa = tl.load(as_ptrs, mask=in_a, other=0.0)
         if BLOCK_N > 128:
@@ -361,7 +372,8 @@ def groupwise_gemm_triton(
     True: TMA loads when both operands allow them, else pointer loads, whose BLOCK_N is
     capped at 128), REDUCE (``"fused"``, the default: the last split of a tile reduces;
     ``"launch"``: a second kernel reduces), MMA_LAG (TMA kernel: scale each step's
-    product during the next step, so a wgmma overlaps the scaling; default False) and
+    product during the next step, so a wgmma overlaps the scaling; default False), A_PTR
+    (TMA kernel: A tiles by masked pointer loads, B by TMA; default False) and
     GLUON (PLAIN/CONTIGUOUS layouts, bf16/fp16 output, on a Hopper GPU: the persistent
     warp-specialized kernel of ``groupwise_gluon.py`` with BLOCK_M, BLOCK_N, num_stages,
     GROUP_M, EPI_TMA and KPS (K blocks per ring stage); SPLIT_K is ignored; KINT: the
@@ -410,12 +422,14 @@ def groupwise_gemm_triton(
         if split_k > 1 and config.get("REDUCE", "fused") == "fused":
             cnt = _tile_counters(a.device, tiles)
         reduce_launch = split_k > 1 and cnt is None
+        a_ptr = {"A_PTR": True, "a_ptr": a, "stride_am": a.stride(-2)} if config.get("A_PTR") else {}
         fp8_groupwise_tma_kernel[grid](
-            _desc(a, bm), _desc(b, bn), a_scale, b_scale, out, cs, ws, cnt if cnt is not None else out, idx, mm,
+            None if a_ptr else _desc(a, bm), _desc(b, bn), a_scale, b_scale, out, cs, ws,
+            cnt if cnt is not None else out, idx, mm,
             M, N, K, G,
             *a_scale_strides, *b_scale_strides,
             stride_cg, out.stride(-2), stride_csm,
-            FUSED_REDUCE=cnt is not None, MMA_LAG=config.get("MMA_LAG", False), **common,
+            FUSED_REDUCE=cnt is not None, MMA_LAG=config.get("MMA_LAG", False), **a_ptr, **common,
         )
     else:
         fp8_groupwise_gemm_kernel[grid](
