@@ -1,4 +1,5 @@
-"""Random inputs shared by the GEMM tests (fresh random data on every call)."""
+"""Random inputs shared by the GEMM tests (fresh random data on every call) and the direct
+launch of the plain-layout Triton groupwise kernel."""
 
 from __future__ import annotations
 
@@ -16,6 +17,20 @@ def fp8_block_operands(m: int, n: int, k: int, device="cpu", a_dtype=torch.float
     a_scale = torch.rand(m, kb, device=device) * 0.02 + 0.005
     b_scale = torch.rand(nb, kb, device=device) * 0.02 + 0.005
     return a, b, a_scale, b_scale
+
+
+def launch_groupwise_plain(a, b, sa, sb, out, config: dict, k_major: bool = True) -> None:
+    """``groupwise_gemm_triton`` on a [m, k] x [n, k] problem with K-major scales ``sa`` /
+    ``sb`` ([m, k/128], [ceil(n/128), k/128]), passed as they are (``k_major``) or as
+    transposed contiguous copies read through MN-major strides."""
+    from mate.ops.gemm.groupwise import PLAIN, groupwise_gemm_triton
+
+    s_a = sa if k_major else sa.t().contiguous()
+    s_b = sb if k_major else sb.t().contiguous()
+    a_mk = s_a if k_major else s_a.t()
+    b_nk = s_b if k_major else s_b.t()
+    groupwise_gemm_triton(a, b, s_a, (0, a_mk.stride(0), a_mk.stride(1)), s_b, (0, b_nk.stride(0), b_nk.stride(1)),
+                          out, None, layout=PLAIN, config=config)
 
 
 def fp64_groupwise_loop(a, b, a_scale, b_scale):

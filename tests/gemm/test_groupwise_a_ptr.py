@@ -8,18 +8,7 @@ import torch
 
 from mate.ops.gemm import reference as R
 from mate.testing import assert_close, poisoned
-from tests.gemm._inputs import fp8_block_operands
-
-
-def _launch(a, b, sa, sb, out, config, k_major=True):
-    from mate.ops.gemm.groupwise import PLAIN, groupwise_gemm_triton
-
-    s_a = sa if k_major else sa.t().contiguous()
-    s_b = sb if k_major else sb.t().contiguous()
-    a_mk = s_a if k_major else s_a.t()
-    b_nk = s_b if k_major else s_b.t()
-    groupwise_gemm_triton(a, b, s_a, (0, a_mk.stride(0), a_mk.stride(1)), s_b, (0, b_nk.stride(0), b_nk.stride(1)),
-                          out, None, layout=PLAIN, config=config)
+from tests.gemm._inputs import fp8_block_operands, launch_groupwise_plain
 
 
 def _cfg(bn, split, a_ptr, stages=2):
@@ -40,10 +29,10 @@ def test_a_ptr_plain(device, triton_backend, m, bn, split, k_major, strided):
         a = wide[:, :k]
     ref = R.groupwise_fp32_ref(a, b, sa, sb)
     out = poisoned((m, n), torch.bfloat16, device)
-    _launch(a, b, sa, sb, out, _cfg(bn, split, True), k_major)
+    launch_groupwise_plain(a, b, sa, sb, out, _cfg(bn, split, True), k_major)
     assert_close(out, ref)
     tma = poisoned((m, n), torch.bfloat16, device)
-    _launch(a, b, sa, sb, tma, _cfg(bn, split, False), k_major)
+    launch_groupwise_plain(a, b, sa, sb, tma, _cfg(bn, split, False), k_major)
     assert torch.equal(out.view(torch.int16), tma.view(torch.int16))
 
 
@@ -78,7 +67,7 @@ def test_a_ptr_gpu(m, n, k, bn, split, k_major):
     outs = []
     for a_ptr in (True, True, False):
         out = poisoned((m, n), torch.bfloat16, "cuda")
-        _launch(a, b, sa, sb, out, _cfg(bn, split, a_ptr, stages=4), k_major)
+        launch_groupwise_plain(a, b, sa, sb, out, _cfg(bn, split, a_ptr, stages=4), k_major)
         outs.append(out)
     assert_close(outs[0], ref, max_rel_error=1e-2)
     assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16)), "A_PTR not repeatable"

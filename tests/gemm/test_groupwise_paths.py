@@ -13,14 +13,7 @@ import torch
 from mate import gemm
 from mate.ops.gemm import reference as R
 from mate.testing import assert_close, assert_equal, poisoned, rand_fp8
-from tests.gemm._inputs import fp8_block_operands
-
-
-def _launch(a, b, sa, sb, out, config):
-    from mate.ops.gemm.groupwise import PLAIN, groupwise_gemm_triton
-
-    groupwise_gemm_triton(a, b, sa, (0, sa.stride(0), sa.stride(1)), sb, (0, sb.stride(0), sb.stride(1)), out, None,
-                          layout=PLAIN, config=config)
+from tests.gemm._inputs import fp8_block_operands, launch_groupwise_plain
 
 
 @pytest.mark.parametrize("tma,reduce", [(True, "fused"), (True, "launch"), (False, "launch")])
@@ -32,13 +25,13 @@ def test_split_k_paths(device, triton_backend, tma, reduce):
     out = poisoned((m, n), torch.bfloat16, device)
     cfg = {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 2, "SPLIT_K": 4, "TMA": tma,
            "REDUCE": reduce}
-    _launch(a, b, sa, sb, out, cfg)
+    launch_groupwise_plain(a, b, sa, sb, out, cfg)
     assert_close(out, R.groupwise_fp32_ref(a, b, sa, sb))
     if tma and reduce == "fused":  # the last program of each tile put its counter back to 0
         cnt = groupwise._COUNTERS[groupwise._counter_key(a.device)]
         assert_equal(cnt, torch.zeros_like(cnt))
         out2 = poisoned((m, n), torch.bfloat16, device)
-        _launch(a, b, sa, sb, out2, cfg)  # a second call sees clean counters: same bits
+        launch_groupwise_plain(a, b, sa, sb, out2, cfg)  # a second call sees clean counters: same bits
         assert_equal(out2, out)
 
 
@@ -48,8 +41,8 @@ def test_split_k_sum_is_deterministic_across_reductions(device, triton_backend):
     outs = []
     for reduce in ("fused", "launch"):
         o = poisoned((16, 128), torch.bfloat16, device)
-        _launch(a, b, sa, sb, o, {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 2, "SPLIT_K": 8,
-                                  "REDUCE": reduce})
+        launch_groupwise_plain(a, b, sa, sb, o, {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 2,
+                                                 "SPLIT_K": 8, "REDUCE": reduce})
         outs.append(o)
     assert_equal(outs[0], outs[1])
 
@@ -63,15 +56,15 @@ def test_env_launch_reduce_uses_no_shared_counters(device, triton_backend, monke
     a, b, sa, sb = fp8_block_operands(16, 128, 1024, device)
     cfg = {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 2, "SPLIT_K": 8, "REDUCE": "fused"}
     fused = poisoned((16, 128), torch.bfloat16, device)
-    _launch(a, b, sa, sb, fused, cfg)
+    launch_groupwise_plain(a, b, sa, sb, fused, cfg)
     monkeypatch.setenv("MATE_GEMM_SPLITK_REDUCE", "launch")
     assert groupwise._tile_counters(a.device, 2) is None
     launched = poisoned((16, 128), torch.bfloat16, device)
-    _launch(a, b, sa, sb, launched, cfg)
+    launch_groupwise_plain(a, b, sa, sb, launched, cfg)
     assert_equal(launched, fused)
     monkeypatch.setenv("MATE_GEMM_SPLITK_REDUCE", "atomic")
     with pytest.raises(ValueError, match="MATE_GEMM_SPLITK_REDUCE must be 'fused' or 'launch', got 'atomic'"):
-        _launch(a, b, sa, sb, launched, cfg)
+        launch_groupwise_plain(a, b, sa, sb, launched, cfg)
 
 
 def test_replaced_counter_buffer_stays_alive(device, triton_backend):

@@ -10,18 +10,7 @@ import torch
 
 from mate.ops.gemm import reference as R
 from mate.testing import assert_close, poisoned
-from tests.gemm._inputs import fp8_block_operands
-
-
-def _launch(a, b, sa, sb, out, config, k_major=True):
-    from mate.ops.gemm.groupwise import PLAIN, groupwise_gemm_triton
-
-    s_a = sa if k_major else sa.t().contiguous()
-    s_b = sb if k_major else sb.t().contiguous()
-    a_mk = s_a if k_major else s_a.t()
-    b_nk = s_b if k_major else s_b.t()
-    groupwise_gemm_triton(a, b, s_a, (0, a_mk.stride(0), a_mk.stride(1)), s_b, (0, b_nk.stride(0), b_nk.stride(1)),
-                          out, None, layout=PLAIN, config=config)
+from tests.gemm._inputs import fp8_block_operands, launch_groupwise_plain
 
 
 @pytest.mark.parametrize("bn,lag,split,k_major", [(256, False, 1, True), (256, True, 2, False), (64, True, 1, True),
@@ -31,7 +20,7 @@ def test_tile_variants(device, triton_backend, bn, lag, split, k_major):
     a, b, sa, sb = fp8_block_operands(m, n, k, device)
     out = poisoned((m, n), torch.bfloat16, device)
     cfg = {"BLOCK_M": 64, "BLOCK_N": bn, "num_warps": 4, "num_stages": 2, "SPLIT_K": split, "MMA_LAG": lag}
-    _launch(a, b, sa, sb, out, cfg, k_major)
+    launch_groupwise_plain(a, b, sa, sb, out, cfg, k_major)
     assert_close(out, R.groupwise_fp32_ref(a, b, sa, sb))
 
 
@@ -45,7 +34,7 @@ def test_small_m_tiles(device, triton_backend, bm, bn, split, stages, k_major):
     a, b, sa, sb = fp8_block_operands(m, n, k, device)
     out = poisoned((m, n), torch.bfloat16, device)
     cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": 4, "num_stages": stages, "SPLIT_K": split}
-    _launch(a, b, sa, sb, out, cfg, k_major)
+    launch_groupwise_plain(a, b, sa, sb, out, cfg, k_major)
     assert_close(out, R.groupwise_fp32_ref(a, b, sa, sb))
 
 
@@ -54,7 +43,8 @@ def test_wide_tile_pointer_fallback(device, triton_backend):
     m, n, k = 16, 320, 256
     a, b, sa, sb = fp8_block_operands(m, n, k, device)
     out = poisoned((m, n), torch.bfloat16, device)
-    _launch(a, b, sa, sb, out, {"BLOCK_M": 64, "BLOCK_N": 256, "num_warps": 4, "num_stages": 2, "TMA": False})
+    launch_groupwise_plain(a, b, sa, sb, out,
+                           {"BLOCK_M": 64, "BLOCK_N": 256, "num_warps": 4, "num_stages": 2, "TMA": False})
     assert_close(out, R.groupwise_fp32_ref(a, b, sa, sb))
 
 
