@@ -472,11 +472,10 @@ def sparse_attention_triton(
             k_desc = TensorDescriptor(k, list(k.shape), list(k.stride()), block_shape)
             v_desc = TensorDescriptor(v, list(v.shape), list(v.stride()), block_shape)
         extra = {"maxnreg": cap} if cap and not INTERPRET else {}
-        t_args = (q, q.stride(0), q.stride(1), k_desc, v_desc, u_page, u_blk, u_cnt,
-                  out, out.stride(0), out.stride(1), lse, lse.stride(0), o_part, l_part,
-                  total_q, hq, ratio, sm_scale * k_scale * LOG2E, v_scale, *sel_args, width)
         _sd.msa_decode_t_kernel[(total_q, hkv, splits)](
-            *t_args,
+            q, q.stride(0), q.stride(1), k_desc, v_desc, u_page, u_blk, u_cnt,
+            out, out.stride(0), out.stride(1), lse, lse.stride(0), o_part, l_part,
+            total_q, hq, ratio, sm_scale * k_scale * LOG2E, v_scale, *sel_args, width,
             GP=_sd.decode_t_heads(ratio), C=til.capacity, HEAD_DIM=d, NUM_SPLITS=splits, CAUSAL=causal,
             IS_FP8=is_fp8, HEAD_MAJOR=layout == "HND", FLAT=flat, KEYS=keys,
             BLOCK_W=til.block_w, USE_PAGE_TABLE=use_pt, HAS_QO_OFFSET=qo_offset is not None,
