@@ -158,7 +158,9 @@ def _t(bm, bn, stages, kind="tma", split=1):
 # box of a TMA load (BLOCK_M x 128) is all out of bounds but one row; DeepGEMM adds BLOCK_M 16
 # and 32 for M <= 16 / 32 ("smaller block M can avoid TMA L2 OOB bound", sm90 heuristics).
 # BLOCK_M 16 here compiles to mma.sync (HMMA.16816 on fp8 converted to fp16), not wgmma.
-M1_SHAPES = ((1, 24576, 1536), (64, 24576, 1536), (1, 4096, 7168), (1, 2112, 7168))
+M1_SHAPES = ((1, 24576, 1536), (64, 24576, 1536), (1, 4096, 7168), (1, 2112, 7168),
+             (16, 24576, 1536), (32, 24576, 1536), (16, 4096, 7168), (32, 4096, 7168), (32, 2112, 7168),
+             (16, 7168, 2048))
 M1_CANDIDATES = {
     (1, 24576, 1536): dict([  # auto: tma 64x128 st4 (192 tiles)
         _t(64, 128, 4), _t(64, 64, 4),
@@ -177,6 +179,14 @@ M1_CANDIDATES = {
     (1, 2112, 7168): dict([  # auto: tma 64x64 s4 st5 (33 tiles x 4 splits)
         _t(64, 64, 5, "aptr", 4), _t(64, 64, 5, "ptr", 4), _t(16, 64, 5, "tma", 4), _t(64, 64, 5, "pad", 4),
     ]),
+    # M = 16 and 32 (the rest of the m16 / m32 buckets): the TMA configs auto ran before A_PTR,
+    # against A_PTR with the same tiles (and the other tile width at N = 24576)
+    (16, 24576, 1536): dict([_t(64, 128, 4), _t(64, 128, 4, "aptr"), _t(64, 64, 4), _t(64, 64, 4, "aptr")]),
+    (32, 24576, 1536): dict([_t(64, 128, 4), _t(64, 128, 4, "aptr"), _t(64, 64, 4), _t(64, 64, 4, "aptr")]),
+    (16, 4096, 7168): dict([_t(64, 128, 5, "tma", 4), _t(64, 128, 5, "aptr", 4)]),
+    (32, 4096, 7168): dict([_t(64, 128, 5, "tma", 4), _t(64, 128, 5, "aptr", 4)]),
+    (32, 2112, 7168): dict([_t(64, 64, 5, "tma", 4), _t(64, 64, 5, "aptr", 4)]),
+    (16, 7168, 2048): dict([_t(64, 64, 5), _t(64, 64, 5, "aptr")]),
 }
 _NOSPEC = {}
 
@@ -341,7 +351,7 @@ def _check(fn, out, ref):
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--budget", type=float, default=105.0, help="seconds; later shapes are skipped past it")
-    ap.add_argument("--only", default="", help="M,N,K of one shape")
+    ap.add_argument("--only", default="", help="M,N,K of one shape, or several joined by ';'")
     ap.add_argument("--no-warm", action="store_true", help="skip the parallel compile warm-up")
     ap.add_argument("--kps", action="store_true", help="the KPS candidates (KPS_CANDIDATES) on their six shapes")
     ap.add_argument("--kint", action="store_true", help="the K-interleaved kernel (KINT_CANDIDATES), K = 7168")
@@ -359,7 +369,7 @@ def main() -> int:
     from mate.testing.bench import rotation_count, time_interleaved
 
     shapes = [s for s in (M1_SHAPES if args.m1 else SHAPES)
-              if s in CANDIDATES and (not args.only or ",".join(map(str, s)) == args.only)]
+              if s in CANDIDATES and (not args.only or ",".join(map(str, s)) in args.only.split(";"))]
     try:
         import deep_gemm as dg
     except Exception as exc:

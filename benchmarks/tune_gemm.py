@@ -59,6 +59,9 @@ def configs_for(m: int) -> list[dict]:
         out.append({"BLOCK_M": 64, "BLOCK_N": 256, "num_warps": 8, "num_stages": 4, "MMA_LAG": True})
         if m > 64:
             out.append({"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 5, "MMA_LAG": True})
+        if m <= 32:
+            # A by masked pointer loads: a 64-row TMA box of A is mostly out of bounds at M <= 32
+            out += [{**c, "A_PTR": True} for c in out if c["BLOCK_M"] == 64 and not c.get("MMA_LAG")]
         return out
     for bm, bn, stages in itertools.product((64, 128), (64, 128), (3, 4)):
         warps = 8 if bm == 128 else 4
