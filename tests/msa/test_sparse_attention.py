@@ -162,6 +162,18 @@ def run_case(device, pb, *, decode=False, causal=True, sm_scale=None, k_scale=1.
 TOL = {torch.bfloat16: (2e-2, 2e-2), torch.float16: (3e-3, 3e-3), torch.float8_e4m3fn: (3e-2, 3e-2)}
 
 
+def assert_lse_close(lse, ref, dtype, device) -> None:
+    """LSE against the reference. fp8 Q·K on a GPU runs on FP8 tensor cores, whose accumulator
+    keeps ~13 mantissa bits (truncating) at each of the 4 k-steps of a 128-wide product, so a
+    logit is off by up to ~4 * 2^-13 of the magnitude of its partial sums, not of the LSE
+    (which can be near 0). Here |logits| reach ~5 (0.1 x a 128-term dot of unit normals), so the
+    LSE may be off by ~2.5e-3 absolute at worst (measured on the H200: up to 8.6e-4, at
+    LSE 1.98 and at -0.10). Elsewhere the logits are fp32 math: 1e-4."""
+    on_tensor_cores = dtype == torch.float8_e4m3fn and torch.device(device).type == "cuda"
+    atol, rtol = (2.5e-3, 0.0) if on_tensor_cores else (1e-4, 1e-4)
+    assert_close(lse, ref, atol=atol, rtol=rtol, name="lse")
+
+
 CASES = [
     (torch.bfloat16, 16, 16, "NHD", False, False, False),  # M3-like prefill tile 4 x 16
     (torch.bfloat16, 16, 16, "HND", True, True, True),  # decode, head-major, flat pages
@@ -187,7 +199,7 @@ def test_sparse_attention_matches_reference(device, triton_backend, dtype, ratio
                              k_scale=scale[1], v_scale=scale[2])
     atol, rtol = TOL[dtype]
     assert_close(o, ro, atol=atol, rtol=rtol)
-    assert_close(l_, rl, atol=1e-4, rtol=1e-4, name="lse")
+    assert_lse_close(l_, rl, dtype, device)
 
 
 @pytest.mark.parametrize("decode", [True, False])
@@ -203,7 +215,7 @@ def test_fp8_bf16_conversion_variant(device, triton_backend, monkeypatch, decode
     o, l_, ro, rl = run_case(device, pb, decode=decode, sm_scale=0.05, k_scale=2.0, v_scale=0.25)
     atol, rtol = TOL[torch.float8_e4m3fn]
     assert_close(o, ro, atol=atol, rtol=rtol)
-    assert_close(l_, rl, atol=1e-4, rtol=1e-4, name="lse")
+    assert_lse_close(l_, rl, torch.float8_e4m3fn, device)
 
 
 @pytest.mark.parametrize("splits", [1, 2])
@@ -218,7 +230,7 @@ def test_fp8_decode_64_key_halves(device, triton_backend, monkeypatch, splits):
     o, l_, ro, rl = run_case(device, pb, decode=True, splits=splits, sm_scale=0.05, k_scale=2.0, v_scale=0.25)
     atol, rtol = TOL[torch.float8_e4m3fn]
     assert_close(o, ro, atol=atol, rtol=rtol)
-    assert_close(l_, rl, atol=1e-4, rtol=1e-4, name="lse")
+    assert_lse_close(l_, rl, torch.float8_e4m3fn, device)
 
 
 def test_auto_split_rule_and_workspace_bound():
@@ -308,7 +320,7 @@ def test_sparse_attention_gpu_random_lengths(dtype, ratio, width, layout, flat, 
                              splits=3 if decode and width >= 8 else None, strided=True)
     atol, rtol = TOL[dtype]
     assert_close(o, ro, atol=atol, rtol=rtol)
-    assert_close(l_, rl, atol=1e-4, rtol=1e-4, name="lse")
+    assert_lse_close(l_, rl, dtype, "cuda")
 
 
 def test_custom_op_opcheck(triton_backend):
