@@ -38,6 +38,13 @@ import time
 import torch
 import torch.distributed as dist
 
+# imported before init_process_group on purpose: its functions bind group.WORLD as default
+# arguments at import. Imported later (torch._dynamo pulls it in at the first custom-op call),
+# they keep the process group alive past destroy_process_group, and a gloo worker thread still
+# running at interpreter shutdown aborts the process when it releases a tensor (SIGABRT,
+# "terminate called without an active exception").
+import torch.distributed.nn.functional  # noqa: F401
+
 from mate.sparse_mla_interface import get_batch_decode_metadata_mla, mla_rope_quantize_fp8, sparse_mla_fp8_decode
 from mate.testing.graphs import capture_graph
 
