@@ -530,6 +530,26 @@ def _nth_lane(b, r):
 
 
 @triton.jit
+def _lanes_choose(kl, cand, tau, clo, C, fb, lane):
+    """The C chosen candidates given the C-th largest key ``tau`` of the candidates' keys
+    ``kl`` (one per lane, lanes in block order; ``clo`` of them ``>= tau``): ties at ``tau``
+    taken in lane order, and each chosen lane's output slot ``fb`` + its rank among the
+    chosen. Layout-free (the Gluon kernel of ``topk_warps`` calls it)."""
+    zero = (lane - lane).to(tl.uint32)
+    if clo > C:
+        # a tie straddles the C-th place: the first ties in block (= lane) order
+        eq = kl == tau
+        eball = tl.sum(eq.to(tl.uint32) << lane.to(tl.uint32), axis=0)
+        take = C - clo + _popc(eball)
+        chosen = (kl > tau) | (eq & (_below_lane(zero + eball, lane) < take))
+    else:
+        chosen = kl >= tau
+    chosen = chosen & cand & (C > 0)
+    cball = tl.sum(chosen.to(tl.uint32) << lane.to(tl.uint32), axis=0)
+    return chosen, fb + _below_lane(zero + cball, lane)
+
+
+@triton.jit
 def _lanes_finish(kl, cand, src, tau0, C, fb, fe, n1, W, o_row):
     """Step 3 of :func:`_topk_lanes_kernel` and the output: the exact C-th largest of the
     candidates' keys ``kl`` (one per lane, lanes in block order, block ids ``src``; ``C``
@@ -538,17 +558,7 @@ def _lanes_finish(kl, cand, src, tau0, C, fb, fe, n1, W, o_row):
     lane = tl.arange(0, 32)
     clo = tl.sum(cand.to(tl.int32), axis=0)  # >= C candidates are >= tau0 (keys > 0)
     tau, clo = _lane_bisect(kl, tau0, clo, tl.maximum(tl.max(kl, axis=0), tau0), C, 0)
-    if clo > C:
-        # a tie straddles the C-th place: the first ties in block (= lane) order
-        eq = kl == tau
-        eball = tl.sum(eq.to(tl.uint32) << lane.to(tl.uint32), axis=0)
-        take = C - clo + _popc(eball)
-        chosen = (kl > tau) | (eq & (_below_lane(tl.zeros_like(lane).to(tl.uint32) + eball, lane) < take))
-    else:
-        chosen = kl >= tau
-    chosen = chosen & cand & (C > 0)
-    cball = tl.sum(chosen.to(tl.uint32) << lane.to(tl.uint32), axis=0)
-    slot = fb + _below_lane(tl.zeros_like(lane).to(tl.uint32) + cball, lane)
+    chosen, slot = _lanes_choose(kl, cand, tau, clo, C, fb, lane)
     tl.store(o_row + slot, src, mask=chosen)
     # forced blocks: 0 .. fb-1 in the first slots, n-fe .. n-1 in the last
     end = lane - fb

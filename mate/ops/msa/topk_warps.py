@@ -44,7 +44,15 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 # layout-free element-wise and reduction helpers of the one-row kernel, shared as they are
-from mate.ops.msa.topk import _below_lane, _float_of_key, _lane_keys, _lane_survivors, _max_nan, _popc
+from mate.ops.msa.topk import (
+    _below_lane,
+    _float_of_key,
+    _lane_keys,
+    _lane_survivors,
+    _lanes_choose,
+    _max_nan,
+    _popc,
+)
 
 
 @gluon.jit
@@ -144,16 +152,7 @@ def _lanes_finish(kl, cand, src, C, fb, fe, n1, W, o_row, NW: gl.constexpr):
     # the C-th largest key of the sorted survivors (C > 0: at least C candidates, keys > 0)
     tau = gl.max(gl.where(lane == C - 1, _sort_desc(kl), 0), axis=0)
     clo = gl.sum((kl >= tau).to(gl.int32), axis=0)
-    if clo > C:
-        eq = kl == tau
-        eball = gl.sum(eq.to(gl.uint32) << lane.to(gl.uint32), axis=0)
-        take = C - clo + _popc(eball)
-        chosen = (kl > tau) | (eq & (_below_lane(gl.zeros_like(lane).to(gl.uint32) + eball, lane) < take))
-    else:
-        chosen = kl >= tau
-    chosen = chosen & cand & (C > 0)
-    cball = gl.sum(chosen.to(gl.uint32) << lane.to(gl.uint32), axis=0)
-    slot = fb + _below_lane(gl.zeros_like(lane).to(gl.uint32) + cball, lane)
+    chosen, slot = _lanes_choose(kl, cand, tau, clo, C, fb, lane)
     end = lane - fb
     first = lane < fb
     # the chosen candidates, then the forced blocks: 0 .. fb-1 first, n-fe .. n-1 last (disjoint slots)
