@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from mate._core.dispatch import interpreter_active
+from mate._core.env import ENV_VARS
 from mate._core.triton_helpers import to_fp8_e4m3, to_out_dtype
 
 __all__ = ["groupwise_gemm_triton", "PLAIN", "CONTIGUOUS", "MASKED"]
@@ -316,7 +317,7 @@ def _tile_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
     counters off zero); ``MATE_GEMM_SPLITK_REDUCE=launch`` (or ``config["REDUCE"] =
     "launch"``) is for engines that overlap GEMMs on several streams. A buffer replaced by a
     larger one stays alive, since graphs captured earlier still point at it."""
-    reduce = os.environ.get("MATE_GEMM_SPLITK_REDUCE", "fused")
+    reduce = os.environ.get("MATE_GEMM_SPLITK_REDUCE", ENV_VARS["MATE_GEMM_SPLITK_REDUCE"][0])
     if reduce not in ("fused", "launch"):
         raise ValueError(f"MATE_GEMM_SPLITK_REDUCE must be 'fused' or 'launch', got {reduce!r}")
     if reduce == "launch":

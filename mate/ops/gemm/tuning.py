@@ -15,9 +15,10 @@ candidate; the bucket default is the one that wins most shapes. M <= 16: 64x128 
 (7168, 2048) 10.1 vs 10.5); 64x64 with two waves of split-K programs on (4096, 7168) 16.9 vs
 21.0 (one wave) and (2112, 7168) 13.3; 64x128 with 3 stages (3 CTAs per SM) on (24576, 1536)
 16.2 vs cuBLAS 17.6; cuBLAS on (32768, 512) 11.3 vs 13.4. 64x256 tiles and lagged scaling
-(MMA_LAG) won no shape by more than 3%. m32 started as a copy of m16; its A_PTR choices are measured (below). M >= 256 rows are from the first H200
-run (cuBLAS 112-280 us vs Triton 195-485 us at M=4096; buckets 256-2048 were not measured and
-go to cuBLAS). ``backend="cublas"`` through mate re-lays out one scale tensor (~2 us measured).
+(MMA_LAG) won no shape by more than 3%. m32 started as a copy of m16; its A_PTR choices are
+measured (below). M >= 256 rows are from the first H200 run (cuBLAS 112-280 us vs Triton
+195-485 us at M=4096; buckets 256-2048 were not measured and go to cuBLAS).
+``backend="cublas"`` through mate re-lays out one scale tensor (~2 us measured).
 Regenerate with ``python benchmarks/tune_gemm.py --write`` on the GPU.
 
 A_PTR at M <= 32 (H200 2026-11-29, ``bench_gemm_smallm.py --m1``, same method; us, TMA
