@@ -19,10 +19,10 @@ from mate.testing.bench import record, rotation_count, time_interleaved
 
 FAMILY = "gemm"
 CEIL = "cublas_fp8_TFLOPs"
-M_FULL = (1, 16, 64, 128, 512, 4096, 16384)
+M_FULL = (1, 16, 32, 64, 128, 512, 4096, 16384)
 NK_FULL = ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048))
-M_QUICK = (1, 16, 64, 128, 4096)
-NK_QUICK = ((2112, 7168), (4096, 7168), (24576, 1536))
+M_QUICK = (1, 16, 32, 64, 128, 4096)
+NK_QUICK = ((2112, 7168), (4096, 7168), (24576, 1536), (7168, 2048))
 
 
 def _deep_gemm():

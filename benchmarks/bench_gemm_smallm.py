@@ -160,7 +160,7 @@ def _t(bm, bn, stages, kind="tma", split=1):
 # BLOCK_M 16 here compiles to mma.sync (HMMA.16816 on fp8 converted to fp16), not wgmma.
 M1_SHAPES = ((1, 24576, 1536), (64, 24576, 1536), (1, 4096, 7168), (1, 2112, 7168),
              (16, 24576, 1536), (32, 24576, 1536), (16, 4096, 7168), (32, 4096, 7168), (32, 2112, 7168),
-             (16, 7168, 2048), (32, 7168, 2048))
+             (16, 7168, 2048), (32, 7168, 2048), (1, 7168, 2048), (16, 2112, 7168))
 M1_CANDIDATES = {
     (1, 24576, 1536): dict([  # auto: tma 64x128 st4 (192 tiles)
         _t(64, 128, 4), _t(64, 64, 4),
@@ -175,9 +175,11 @@ M1_CANDIDATES = {
     ]),
     (1, 4096, 7168): dict([  # auto: tma 64x128 s4 st5 (32 tiles x 4 splits)
         _t(64, 128, 5, "aptr", 4), _t(64, 128, 5, "ptr", 4), _t(16, 128, 5, "tma", 4), _t(64, 128, 5, "pad", 4),
+        _t(16, 64, 5, "tma", 4), _k(64, 32, 4, 4, 1, True),  # the Gluon ones with an 8-row A box (a_box_rows)
     ]),
     (1, 2112, 7168): dict([  # auto: tma 64x64 s4 st5 (33 tiles x 4 splits)
         _t(64, 64, 5, "aptr", 4), _t(64, 64, 5, "ptr", 4), _t(16, 64, 5, "tma", 4), _t(64, 64, 5, "pad", 4),
+        _k(64, 32, 4, 4, 2, True), _k(64, 32, 4, 4, 4, True),
     ]),
     # M = 16 and 32 (the rest of the m16 / m32 buckets): the TMA configs auto ran before A_PTR,
     # against A_PTR with the same tiles (and the other tile width at N = 24576)
@@ -185,13 +187,19 @@ M1_CANDIDATES = {
     (32, 24576, 1536): dict([_t(64, 128, 4), _t(64, 128, 4, "aptr"), _t(64, 64, 4), _t(64, 64, 4, "aptr")]),
     # and tiles of M rows (16 / 32: mma.sync, HMMA.16816 on fp8 converted to fp16; no spills,
     # 40-80 KB of shared memory for sm_90), DeepGEMM's choice there
-    (16, 4096, 7168): dict([_t(64, 128, 5, "tma", 4), _t(64, 128, 5, "aptr", 4), _t(16, 128, 5, "tma", 4),
-                            _t(16, 64, 5, "tma", 4)]),
-    (32, 4096, 7168): dict([_t(64, 128, 5, "tma", 4), _t(64, 128, 5, "aptr", 4), _t(32, 128, 5, "tma", 4),
-                            _t(32, 64, 5, "tma", 4)]),
-    (32, 2112, 7168): dict([_t(64, 64, 5, "tma", 4), _t(64, 64, 5, "aptr", 4), _t(32, 64, 5, "tma", 4)]),
-    (16, 7168, 2048): dict([_t(64, 64, 5), _t(64, 64, 5, "aptr"), _t(16, 64, 5), _t(16, 128, 5)]),
-    (32, 7168, 2048): dict([_t(64, 64, 5), _t(64, 64, 5, "aptr"), _t(32, 64, 5)]),
+    (16, 4096, 7168): dict([_t(64, 128, 5, "tma", 4), _t(16, 64, 5, "tma", 4), _t(16, 32, 5, "tma", 2),
+                            _k(64, 32, 4, 4, 1, True), _k(64, 32, 8, 2, 1, True)]),
+    (32, 4096, 7168): dict([_t(64, 128, 5, "tma", 4), _t(32, 64, 5, "tma", 2), _t(32, 32, 6, "tma", 1),
+                            _k(64, 32, 4, 4, 1, True), _k(64, 32, 8, 2, 1, True)]),
+    (32, 2112, 7168): dict([_t(64, 64, 5, "tma", 4), _t(64, 64, 5, "aptr", 4), _k(64, 32, 4, 4, 2, True)]),
+    # second probe at K = 2048 (the first: tma 64x64 9.1 / 8.9 us, 16x64 9.0, 16x128 10.1, 32x64 10.2)
+    # with the short A box (groupwise_gluon.a_box_rows), the Gluon and K-interleaved kernels
+    (16, 7168, 2048): dict([_t(64, 64, 5, "aptr"), _g(64, 64, 6, 2), _g(64, 64, 4, 3), _g(64, 32, 8, 2),
+                            _k(64, 64, 6, 2, 1, True), _k(64, 64, 6, 2)]),
+    (32, 7168, 2048): dict([_t(64, 64, 5, "aptr"), _g(64, 64, 6, 2), _g(64, 64, 4, 3), _g(64, 32, 8, 2),
+                            _k(64, 64, 6, 2, 1, True), _k(64, 64, 6, 2)]),
+    (1, 7168, 2048): dict([_t(64, 64, 5, "aptr"), _g(64, 64, 6, 2), _k(64, 64, 6, 2, 1, True)]),
+    (16, 2112, 7168): dict([_t(64, 64, 5, "aptr", 4), _k(64, 32, 4, 4, 2, True), _k(64, 32, 4, 4, 4, True)]),
 }
 _NOSPEC = {}
 

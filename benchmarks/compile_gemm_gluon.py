@@ -81,7 +81,9 @@ def _desc_type(block_rows: int, cols: int = 128, dtype=gl.float8e4nv, name: str 
     return f"tensordesc<{name}[{block_rows}, {cols}],{layout}>"
 
 
-def compile_one(name, layout, bm, bn, stages, epi_tma=False, mn=False, kps=1, out_dir=None, keep=False) -> bool:
+def compile_one(name, layout, bm, bn, stages, epi_tma=False, mn=False, kps=1, out_dir=None, keep=False,
+                a_rows=None) -> bool:
+    """``a_rows``: rows of A's TMA box (``groupwise_gluon.a_box_rows``; default BLOCK_M)."""
     wide = bn > 128
     bx = 128 if wide else bn
     b_type = _desc_type(bx)
@@ -89,8 +91,8 @@ def compile_one(name, layout, bm, bn, stages, epi_tma=False, mn=False, kps=1, ou
     # without EPI_TMA the launcher passes a_desc as the (unused) output descriptors
     c_type = _desc_type(64, bx, gl.bfloat16, "bf16") if epi_tma else _desc_type(bm)
     c2_type = _desc_type(64, bn - 128, gl.bfloat16, "bf16") if epi_tma and wide else c_type
-    sig = {"a_desc": _desc_type(bm), "b_desc": b_type, "b2_desc": b2_type, "c_desc": c_type, "c2_desc": c2_type,
-           "as_ptr": "*fp32", "bs_ptr": "*fp32",
+    sig = {"a_desc": _desc_type(a_rows or bm), "b_desc": b_type, "b2_desc": b2_type, "c_desc": c_type,
+           "c2_desc": c2_type, "as_ptr": "*fp32", "bs_ptr": "*fp32",
            "c_ptr": "*bf16", "idx_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "G": "i32",
            "stride_asm": "i32", "stride_ask": "i32", "stride_bsg": "i32", "stride_bsn": "i32", "stride_bsk": "i32",
            "stride_cm": "i32"}
@@ -142,11 +144,12 @@ def _auto_kint() -> dict:
 
 
 def compile_kint(name, bm, bn, stages, kps, split, eager=False, mn=True, out_dir=None, keep=False,
-                 m1=False) -> bool:
+                 m1=False, a_rows=None) -> bool:
     """``mn``: MN-major scales (else K-major, K = 7168: 56 K blocks, a row stride Triton does
-    not specialize); ``m1``: M = 1 (a constexpr at launch: every use of M must accept a Python int)."""
+    not specialize); ``m1``: M = 1 (a constexpr at launch: every use of M must accept a Python int);
+    ``a_rows``: rows of A's TMA box (``groupwise_gluon.a_box_rows``; default BLOCK_M)."""
     gk.check_kint_config(bm, bn, stages, kps, split)  # what the launcher would reject
-    sig = {"a_desc": _desc_type(bm), "b_desc": _desc_type(bn), "as_ptr": "*fp32", "bs_ptr": "*fp32",
+    sig = {"a_desc": _desc_type(a_rows or bm), "b_desc": _desc_type(bn), "as_ptr": "*fp32", "bs_ptr": "*fp32",
            "c_ptr": "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32",
            "stride_asm": "i32", "stride_ask": "i32", "stride_bsn": "i32", "stride_bsk": "i32", "stride_cm": "i32"}
     constexprs = {"BLOCK_M": bm, "BLOCK_N": bn, "GROUP_M": 8, "STAGES": stages, "KPS": kps, "SPLIT_K": split,

@@ -18,8 +18,8 @@ pytestmark = pytest.mark.gpu
 # default bf16 tolerance covers it. Norm-wise we ask for 1e-2.
 
 
-@pytest.mark.parametrize("m", [1, 64, 4096])
-@pytest.mark.parametrize("nk", [(2112, 7168), (24576, 1536), (7168, 2048)])
+@pytest.mark.parametrize("m", [1, 16, 32, 64, 4096])
+@pytest.mark.parametrize("nk", [(2112, 7168), (24576, 1536), (7168, 2048), (4096, 7168)])
 @pytest.mark.parametrize("backend", ["triton", "cublas", "auto"])
 def test_groupwise_deepseek_shapes(m, nk, backend):
     n, k = nk

@@ -88,12 +88,20 @@ def test_auto_gluon_configs():
     assert cfg["GLUON"] == {"BLOCK_M": 128, "BLOCK_N": 64, "num_stages": 4, "KPS": 2}
     assert (cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["SPLIT_K"], cfg["num_stages"]) == (64, 128, 1, 5)
     assert "GLUON" not in tuning.groupwise_config(64, 7168, 2048, fp8_out=True)
-    assert "GLUON" not in tuning.groupwise_config(16, 7168, 2048, fp8_out=False)
-    assert "GLUON" not in tuning.groupwise_config(32, 2112, 7168, fp8_out=False)  # M <= 32: not measured
+    for m in (1, 16, 32):  # measured at M <= 32 with A's short TMA box
+        assert tuning.groupwise_config(m, 7168, 2048, fp8_out=False)["GLUON"] == {
+            "BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 6, "KPS": 2}
+    for m in (1, 16):  # the 16-row Triton tile
+        cfg = tuning.groupwise_config(m, 4096, 7168, fp8_out=False)
+        assert "GLUON" not in cfg and (cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["SPLIT_K"]) == (16, 64, 4)
+    assert "GLUON" not in tuning.groupwise_config(16, 24576, 1536, fp8_out=False)
 
 
 # the K-interleaved configs auto picks at K = 7168 (measured at M = 64 / 128, kept for the M bucket)
 AUTO_KINT = {
+    (16, 2112): {"BLOCK_N": 32, "num_stages": 4, "KPS": 4, "SPLIT_K": 2},
+    (32, 2112): {"BLOCK_N": 32, "num_stages": 4, "KPS": 4, "SPLIT_K": 2},
+    (32, 4096): {"BLOCK_N": 32, "num_stages": 4, "KPS": 4, "SPLIT_K": 1},
     (64, 2112): {"BLOCK_N": 32, "num_stages": 4, "KPS": 4, "SPLIT_K": 2},
     (64, 4096): {"BLOCK_N": 32, "num_stages": 4, "KPS": 4, "SPLIT_K": 1},
     (128, 2112): {"BLOCK_N": 64, "num_stages": 6, "KPS": 2, "SPLIT_K": 2},
@@ -102,15 +110,17 @@ AUTO_KINT = {
 
 
 def test_auto_kint_configs():
-    """M 33-64 and 65-128 at N 2112 / 4096, K 7168: the K-interleaved kernel with its own
-    SPLIT_K and stages; the Triton config beside it (off Hopper, FP8 output) is unchanged."""
+    """M 1-16 and 17-32 at N 2112, 17-32, 33-64 and 65-128 at N 2112 / 4096, K 7168: the
+    K-interleaved kernel with its own SPLIT_K and stages; the Triton config beside it (off
+    Hopper, FP8 output) is its bucket's."""
     for (mb, n), want in AUTO_KINT.items():
-        for m in (mb // 2 + 1, mb):
+        for m in (1 if mb == 16 else mb // 2 + 1, mb):
             cfg = tuning.groupwise_config(m, n, 7168, fp8_out=False)
             assert cfg["GLUON"] == {"KINT": True, "BLOCK_M": 64, "EAGER": True, **want}, (m, n)
-            assert (cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["SPLIT_K"]) == (64, 64, 4 if n == 2112 else 2), (m, n)
             assert "GLUON" not in tuning.groupwise_config(m, n, 7168, fp8_out=True)
-    for m, n, k in ((129, 2112, 7168), (64, 7168, 7168), (64, 2112, 2048), (32, 4096, 7168)):
+            if mb >= 64:
+                assert (cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["SPLIT_K"]) == (64, 64, 4 if n == 2112 else 2), (m, n)
+    for m, n, k in ((129, 2112, 7168), (64, 7168, 7168), (64, 2112, 2048), (16, 4096, 7168)):
         assert not tuning.groupwise_config(m, n, k, fp8_out=False).get("GLUON", {}).get("KINT"), (m, n, k)
     for key, cfg in tuning.GROUPWISE_GLUON.items():  # else the Triton config's split and stages would apply
         if cfg.get("KINT"):
@@ -162,7 +172,8 @@ def test_grouped_default_config():
 @pytest.mark.gpu
 @pytest.mark.skipif(not _hopper(), reason="the Gluon kernel needs a Hopper GPU")
 @pytest.mark.parametrize("name", list(CONFIGS))
-@pytest.mark.parametrize("m,n,k", [(1, 2112, 7168), (64, 4096, 7168), (128, 24576, 1536), (300, 7168, 2048)])
+@pytest.mark.parametrize("m,n,k", [(1, 2112, 7168), (24, 4160, 1024), (64, 4096, 7168), (128, 24576, 1536),
+                                   (300, 7168, 2048)])
 def test_gluon_plain(name, m, n, k):
     a, b, sa, sb = fp8_block_operands(m, n, k, "cuda")
     ref = R.groupwise_fp32_ref(a, b, sa, sb)
@@ -196,7 +207,9 @@ def test_gluon_grouped_contiguous(name, rows, n, k, tail):
 @pytest.mark.gpu
 @pytest.mark.skipif(not _hopper(), reason="the Gluon kernel needs a Hopper GPU")
 @pytest.mark.parametrize("m,n,k", [(33, 7168, 2048), (64, 7168, 2048), (100, 7168, 2048), (128, 7168, 2048),
-                                   (33, 2112, 7168), (64, 4096, 7168), (100, 2112, 7168), (128, 4096, 7168)])
+                                   (33, 2112, 7168), (64, 4096, 7168), (100, 2112, 7168), (128, 4096, 7168),
+                                   (1, 7168, 2048), (16, 7168, 2048), (20, 7168, 2048), (1, 2112, 7168),
+                                   (17, 2112, 7168), (32, 4096, 7168)])  # M <= 32: A's short TMA box
 def test_auto_runs_gluon(m, n, k, monkeypatch):
     """backend="auto" at (m, 7168, 2048) runs the Gluon kernel, at (m, 2112 | 4096, 7168) the
     K-interleaved one (both scale modes)."""
@@ -359,9 +372,10 @@ def desc(rows):
 
 for cfg in json.loads(sys.argv[1]):
     bm, bn, split = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg.get("SPLIT_K", 1)
-    sig = {"a_desc": desc(bm), "b_desc": desc(bn), "as_ptr": "*fp32", "bs_ptr": "*fp32", "c_ptr": "*bf16",
-           "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "stride_asm": "i32",
-           "stride_ask": "i32", "stride_bsn": "i32", "stride_bsk": "i32", "stride_cm": "i32"}
+    # A's TMA box at M = 1 (a_box_rows)
+    sig = {"a_desc": desc(gk.a_box_rows(1, bm)), "b_desc": desc(bn), "as_ptr": "*fp32", "bs_ptr": "*fp32",
+           "c_ptr": "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32",
+           "stride_asm": "i32", "stride_ask": "i32", "stride_bsn": "i32", "stride_bsk": "i32", "stride_cm": "i32"}
     # M = 1 is a constexpr at launch (the GPU tests' M = 1 case)
     cx = {"BLOCK_M": bm, "BLOCK_N": bn, "GROUP_M": 8, "STAGES": cfg["num_stages"], "KPS": cfg.get("KPS", 1),
           "SPLIT_K": split, "FUSED": split > 1 and cfg.get("REDUCE", "fused") == "fused",
@@ -405,6 +419,7 @@ def test_kint_sm90_build():
     (64, 2112, 7168),  # a measured shape
     (130, 200, 1152),  # partial row and column tiles, 9 K blocks (odd: a zero-scale block with KPS 2)
     (1, 320, 384),  # 3 K blocks: with 4 splits the last has none
+    (17, 200, 1152),  # a 32-row A box (a_box_rows) with 15 rows past M
 ])
 def test_kint_plain(name, m, n, k):
     a, b, sa, sb = fp8_block_operands(m, n, k, "cuda")

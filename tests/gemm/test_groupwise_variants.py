@@ -26,10 +26,11 @@ def test_tile_variants(device, triton_backend, bn, lag, split, k_major):
 
 @pytest.mark.parametrize("bm,bn,split,stages,k_major", [
     (64, 16, 1, 4, False), (64, 32, 3, 4, True), (128, 32, 2, 3, False), (128, 64, 4, 2, True),
-    (64, 128, 5, 2, False)])
+    (64, 128, 5, 2, False), (16, 64, 2, 3, True), (32, 32, 1, 2, False)])
 def test_small_m_tiles(device, triton_backend, bm, bn, split, stages, k_major):
-    """The small-M candidates: 16/32-column tiles, 128-row tiles on 4 warps, split-K with
-    fewer K blocks per split than pipeline stages (n = 2.5 weight-scale blocks)."""
+    """The small-M candidates: 16/32-column tiles, 16/32-row tiles (mma.sync on the GPU),
+    128-row tiles on 4 warps, split-K with fewer K blocks per split than pipeline stages
+    (n = 2.5 weight-scale blocks)."""
     m, n, k = 72, 320, 640
     a, b, sa, sb = fp8_block_operands(m, n, k, device)
     out = poisoned((m, n), torch.bfloat16, device)

@@ -41,7 +41,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from mate.ops.gemm.groupwise import tile_coords
-from mate.ops.gemm.groupwise_gluon import GLUON_MAX_REGS, _store_tile
+from mate.ops.gemm.groupwise_gluon import GLUON_MAX_REGS, _store_tile, a_box_rows, a_slot
 
 __all__ = ["fp8_groupwise_kint_kernel", "groupwise_gemm_kint", "check_kint_config", "kint_shared_bytes", "KINT_TILES"]
 
@@ -70,7 +70,8 @@ def _producer(a_desc, b_desc, as_ptr, bs_ptr, a_bufs, b_bufs, sa_bufs, sb_bufs, 
               stride_asm, stride_ask, stride_bsn, stride_bsk, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               GROUP_M: gl.constexpr, STAGES: gl.constexpr, KPS: gl.constexpr, SPLIT_K: gl.constexpr):
     SC_L: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
-    nbytes: gl.constexpr = (BLOCK_M + BLOCK_N) * BLOCK_K * KPS
+    A_ROWS: gl.constexpr = a_desc.block_shape[0]  # see groupwise_gluon.a_box_rows
+    nbytes: gl.constexpr = (A_ROWS + BLOCK_N) * BLOCK_K * KPS
     num_units = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N) * SPLIT_K
     zeros = gl.zeros([BLOCK_M], gl.int32, SC_L)
     it = 0
@@ -99,7 +100,7 @@ def _producer(a_desc, b_desc, as_ptr, bs_ptr, a_bufs, b_bufs, sa_bufs, sb_bufs, 
             for j in gl.static_range(KPS):
                 kb = kb_lo + gl.minimum(ks * KPS + j, nkb - 1)
                 tma.async_copy_global_to_shared(a_desc, [a_row, kb * BLOCK_K], ready.index(s),
-                                                a_bufs.index(s * KPS + j))
+                                                a_slot(a_bufs, s * KPS + j, A_ROWS))
                 tma.async_copy_global_to_shared(b_desc, [b_row, kb * BLOCK_K], ready.index(s),
                                                 b_bufs.index(s * KPS + j))
             it += 1
@@ -320,7 +321,7 @@ def groupwise_gemm_kint(a, b, a_scale, a_scale_strides, b_scale, b_scale_strides
         cnt = _tile_counters(a.device, tiles)
     ws = torch.empty((split, M, N), dtype=torch.float32, device=a.device) if split > 1 else out
     fp8_groupwise_kint_kernel[(max(1, min(num_sms, tiles * split)), )](
-        _desc(a, bm), _desc(b, bn), a_scale, b_scale, out, ws, cnt if cnt is not None else ws,
+        _desc(a, a_box_rows(M, bm)), _desc(b, bn), a_scale, b_scale, out, ws, cnt if cnt is not None else ws,
         M, N, K,
         a_scale_strides[1], a_scale_strides[2], b_scale_strides[1], b_scale_strides[2], out.stride(0),
         BLOCK_M=bm, BLOCK_N=bn, GROUP_M=config.get("GROUP_M", 8), STAGES=stages, KPS=kps,

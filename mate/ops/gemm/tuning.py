@@ -29,8 +29,12 @@ bounds but M rows costs ~2 us per tile stream at M = 1 (a diagnostic launch over
 (1, 2112, 7168) 10.1 / 9.2 / 12.7, (16, 24576, 1536) 64x64 13.1 / 14.9 DeepGEMM, (16, 7168,
 2048) 9.1 / 8.3 / 7.3; but (16, 4096, 7168) 13.7 / 14.0 / 12.4 and (32, 4096, 7168) 14.0 /
 15.2 / 12.5, so m32 keeps TMA except (32, 24576, 1536) 64x64 15.1 / 13.4 / 15.1 and (32,
-2112, 7168) 10.1 / 10.0 / 10.7. Rows 16-32 at (4096, 7168) and (7168, 2048) stay at 0.88-0.90x
-DeepGEMM (its 16/32-row tiles there: ``tma 16xBN`` compiles to mma.sync, 12.0 us at (1, 4096, 7168)).
+2112, 7168) 10.1 / 10.0 / 10.7. Rows 16-32 at (4096, 7168) and (7168, 2048) ran 0.87-0.90x
+DeepGEMM with any 64-row tile. 16-row tiles (``tma 16xBN``, mma.sync: HMMA.16816 on fp8 converted
+to fp16) won (4096, 7168) at M <= 16: 16x64 s4 12.6 / DeepGEMM 12.3 at M = 16 and 11.9 / 14.5 at
+M = 1 (64x128 TMA 13.6 and 12.9 with A_PTR); 32-row tiles lost everywhere (32x64 s2 17.0 at (32,
+4096, 7168), 32x32 10.3 at (32, 7168, 2048)). The rest of M <= 32 went to the Gluon kernels
+(``GROUPWISE_GLUON``), once A's TMA box stopped at the rows of M.
 
 Small-M sweep (H200 2026-11-29, ``benchmarks/bench_gemm_smallm.py``: interleaved graph replays,
 rotated inputs; us, ``BMxBN sSPLIT stSTAGES``; every candidate within 3.4e-3 and deterministic;
@@ -146,6 +150,7 @@ GROUPWISE_OVERRIDES: dict[str, dict] = {
     "m16,2112,7168": {"backend": "triton", "BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 6, "A_PTR": True},
     "m16,24576,1536": {"backend": "triton", "BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 6, "A_PTR": True},
     "m16,7168,2048": {"backend": "triton", "BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 6, "A_PTR": True},
+    "m16,4096,7168": {"backend": "triton", "BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 6, "SPLIT_K": 4},
     "m32,2112,7168": {"backend": "triton", "BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 6, "A_PTR": True},
     "m32,24576,1536": {"backend": "triton", "BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 6, "A_PTR": True},
     "m32,7168,2048": {"backend": "triton", "BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 6, "A_PTR": True},
@@ -169,7 +174,22 @@ GROUPWISE_OVERRIDES: dict[str, dict] = {
 # KINT: the K-interleaved kernel (``groupwise_gluon_kint.py``) at K = 7168 (measured in the
 # module docstring: 0.91-0.98x DeepGEMM against 0.79-0.91x for the Triton config); it reads
 # SPLIT_K and num_stages, so its entries set both (the Triton config's would apply otherwise).
+# M <= 32 (H200 2026-11-29, bench_gemm_smallm --m1): with A's TMA box cut to the rows of M
+# (groupwise_gluon.a_box_rows) the Gluon kernels run there as fast as at M = 64 (us, Triton
+# auto before / Gluon / DeepGEMM): (1, 7168, 2048) 7.9 / 7.6 / 7.4, (16, 7168, 2048) 8.3 / 7.8 /
+# 7.3, (32, 7168, 2048) 8.5 / 7.8 / 7.4; K-interleaved (1, 2112, 7168) 9.2 / 8.9 / 13.2, (16,
+# 2112, 7168) 9.7 / 9.1 / 10.6, (32, 2112, 7168) 10.0 / 9.4 / 10.7, (32, 4096, 7168) 13.8 / 12.3
+# / 12.4 (with the 64-row box it ran 16.2 there). (16, 4096, 7168) stays Triton 16x64 (12.3,
+# K-interleaved 12.4).
 GROUPWISE_GLUON: dict[str, dict] = {
+    "m16,7168,2048": {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 6, "KPS": 2},
+    "m32,7168,2048": {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 6, "KPS": 2},
+    "m16,2112,7168": {"KINT": True, "BLOCK_M": 64, "BLOCK_N": 32, "num_stages": 4, "KPS": 4, "SPLIT_K": 2,
+                      "EAGER": True},
+    "m32,2112,7168": {"KINT": True, "BLOCK_M": 64, "BLOCK_N": 32, "num_stages": 4, "KPS": 4, "SPLIT_K": 2,
+                      "EAGER": True},
+    "m32,4096,7168": {"KINT": True, "BLOCK_M": 64, "BLOCK_N": 32, "num_stages": 4, "KPS": 4, "SPLIT_K": 1,
+                      "EAGER": True},
     "m64,7168,2048": {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 6, "KPS": 2},
     "m128,7168,2048": {"BLOCK_M": 128, "BLOCK_N": 64, "num_stages": 4, "KPS": 2},
     "m64,2112,7168": {"KINT": True, "BLOCK_M": 64, "BLOCK_N": 32, "num_stages": 4, "KPS": 4, "SPLIT_K": 2,
