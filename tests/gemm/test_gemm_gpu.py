@@ -9,7 +9,7 @@ from mate import gemm
 from mate.ops.gemm import reference as R
 from mate.testing import assert_close, poisoned, rand_fp8, randn
 from mate.testing.graphs import capture_graph
-from tests.gemm._inputs import fp8_block_operands, grouped_contiguous_operands
+from tests.gemm._inputs import assert_fp8_output_close, fp8_block_operands, grouped_contiguous_operands
 
 pytestmark = pytest.mark.gpu
 
@@ -50,18 +50,7 @@ def test_groupwise_fp8_output_gpu(m, n, k):
     out = poisoned((m, n), torch.float8_e4m3fn, "cuda")
     oscale = poisoned((m, nb), torch.float32, "cuda")
     gemm.gemm_fp8_nt_groupwise(a, b, sa, sb, out=out, output_scale=oscale)
-    ref = R.groupwise_fp32_ref(a, b, sa, sb)
-    _, want = R.quantize_fp8_row_groups_ref(ref)
-    # Hopper FP8 MMAs keep ~14 bits while accumulating a 128-wide K block, so results (and
-    # their amax) differ from the fp32 reference by ~1e-4 relative (measured up to 1.4e-4)
-    assert_close(oscale, want, atol=0.0, rtol=1e-3)
-    scale_e = oscale.repeat_interleave(128, dim=1)[:, :n]
-    # e4m3 rounding: <= 2^-4 relative or 2^-10 absolute in units of the group scale. The
-    # accumulation difference above is absolute, about 1.4e-4 of the row's magnitude, i.e.
-    # up to 448 * 1.4e-4 = 0.063 units of the group scale (amax / 448) on any element
-    # however small (measured on the H200: 0.088 quantized to 0.0625, 0.67 to 0.625):
-    # atol 448 * 2.5e-4 = 0.112 units covers it with margin.
-    assert_close(out.float(), ref / scale_e, atol=448 * 2.5e-4, rtol=2 ** -4 + 1e-3)
+    assert_fp8_output_close(out, oscale, R.groupwise_fp32_ref(a, b, sa, sb))
 
 
 @pytest.mark.parametrize("reduce", ["fused", "launch"])
