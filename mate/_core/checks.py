@@ -8,8 +8,9 @@ that names the argument, what was expected and what was given.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -207,3 +208,18 @@ def check_default(name: str, value: Any, default: Any) -> None:
         raise NotImplementedError(
             f"{name}={value!r} is not implemented (only the default {default!r} is supported)"
         )
+
+
+@contextlib.contextmanager
+def launch_fits(kernel: str, **config: Any) -> Iterator[None]:
+    """Turns Triton's out-of-resources error of a launch inside the block into a ValueError
+    naming ``kernel`` and its launch configuration (a plan's explicit tile or stage options can
+    ask for more shared memory or registers than the GPU has). Formats nothing unless raised."""
+    from triton.runtime.errors import OutOfResources
+
+    try:
+        yield
+    except OutOfResources as exc:
+        opts = ", ".join(f"{k}={v}" for k, v in config.items())
+        raise ValueError(f"{kernel} with {opts} needs {exc.required} of {exc.name} but the GPU has {exc.limit}; "
+                         "choose smaller tiles or fewer stages") from exc

@@ -162,14 +162,14 @@ def test_reference_backend_on_cpu_matches(reference_backend):
     assert_close(o, ro)
 
 
-def test_custom_op_opcheck(triton_backend):
+def test_custom_op_opcheck(device, triton_backend):
     from mate.ops.mha.attention import mha_fwd_op
 
-    q = torch.randn(3, 2, 16).to(torch.bfloat16)
-    k = torch.randn(5, 1, 16).to(torch.bfloat16)
+    q = torch.randn(3, 2, 16, device=device).to(torch.bfloat16)
+    k = torch.randn(5, 1, 16, device=device).to(torch.bfloat16)
     out = torch.empty_like(q)
-    lse = torch.empty(2, 3)
-    torch.library.opcheck(mha_fwd_op, (q, k, k, out, lse, cu([3], "cpu"), 3, cu([5], "cpu"), None, None, False,
+    lse = torch.empty(2, 3, device=device)
+    torch.library.opcheck(mha_fwd_op, (q, k, k, out, lse, cu([3], device), 3, cu([5], device), None, None, False,
                                        0.25, -1, 0), test_utils=("test_schema", "test_faketensor"))
 
 

@@ -15,6 +15,15 @@ BLK = 128
 # fp32 accumulation of D <= 128 products of exactly representable inputs: the kernel and
 # the reference differ only in summation order (a few fp32 ulps of sum |q_i k_i|).
 ATOL, RTOL = 1e-4, 1e-5
+
+
+def _tol(dtype, device) -> dict:
+    """fp32 logits (bf16/fp16 products, or the interpreter's exact fp8 ones): ATOL/RTOL. fp8 Q·K
+    on a GPU runs on FP8 tensor cores, whose accumulator keeps ~13 mantissa bits (truncating) at
+    each of the 4 k-steps of a 128-wide product: a score is off by up to ~4 * 2^-13 = 4.9e-4 of
+    its magnitude (measured on the H200: 3.5e-4 at scores of ~370)."""
+    fp8_mma = dtype == torch.float8_e4m3fn and torch.device(device).type == "cuda"
+    return dict(atol=ATOL, rtol=1e-3 if fp8_mma else RTOL)
 DTYPES = (torch.bfloat16, torch.float16, torch.float8_e4m3fn)
 
 
@@ -115,7 +124,7 @@ def test_kernel_matches_reference(layout, dtype, device, triton_backend, monkeyp
     assert ms is buf
     monkeypatch.setenv("MATE_BACKEND", "reference")
     _, ref = msa(q, k, None, info, output_o=False, max_score=torch.empty_like(buf), **kw)
-    assert_close(ms, ref, atol=ATOL, rtol=RTOL)  # also checks the -inf pattern exactly
+    assert_close(ms, ref, **_tol(dtype, device))  # also checks the -inf pattern exactly
     assert torch.isinf(ms[:, :, -1]).all()
 
 

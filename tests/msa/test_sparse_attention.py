@@ -165,12 +165,17 @@ TOL = {torch.bfloat16: (2e-2, 2e-2), torch.float16: (3e-3, 3e-3), torch.float8_e
 def assert_lse_close(lse, ref, dtype, device) -> None:
     """LSE against the reference. fp8 Q·K on a GPU runs on FP8 tensor cores, whose accumulator
     keeps ~13 mantissa bits (truncating) at each of the 4 k-steps of a 128-wide product, so a
-    logit is off by up to ~4 * 2^-13 of the magnitude of its partial sums, not of the LSE
-    (which can be near 0). Here |logits| reach ~5 (0.1 x a 128-term dot of unit normals), so the
-    LSE may be off by ~2.5e-3 absolute at worst (measured on the H200: up to 8.6e-4, at
-    LSE 1.98 and at -0.10). Elsewhere the logits are fp32 math: 1e-4."""
+    logit is off by up to ~4 * 2^-13 = 4.9e-4 of the magnitude of its partial sums, not of the
+    LSE (which can be near 0). The bound is 1e-3 of the logits' magnitude (the largest finite
+    |reference LSE|, at least 2.5): 2.5e-3 for the usual |logits| of ~5 (measured on the H200:
+    up to 8.6e-4, at LSE 1.98 and at -0.10), 0.038 at the lazy-rescale test's LSE of ~38
+    (measured: 0.018). Elsewhere the logits are fp32 math: 1e-4."""
     on_tensor_cores = dtype == torch.float8_e4m3fn and torch.device(device).type == "cuda"
-    atol, rtol = (2.5e-3, 0.0) if on_tensor_cores else (1e-4, 1e-4)
+    if on_tensor_cores:
+        finite = ref[torch.isfinite(ref)].abs()
+        atol, rtol = 1e-3 * max(2.5, float(finite.max()) if finite.numel() else 0.0), 0.0
+    else:
+        atol, rtol = 1e-4, 1e-4
     assert_close(lse, ref, atol=atol, rtol=rtol, name="lse")
 
 
@@ -323,14 +328,14 @@ def test_sparse_attention_gpu_random_lengths(dtype, ratio, width, layout, flat, 
     assert_lse_close(l_, rl, dtype, "cuda")
 
 
-def test_custom_op_opcheck(triton_backend):
+def test_custom_op_opcheck(device, triton_backend):
     from mate.ops.msa.sparse_attention import msa_sparse_attention_op
 
-    pb = make_problem([2], [130], hq=16, hkv=1, width=4)
-    out = torch.empty(2, 16, 128, dtype=torch.bfloat16)
-    lse = torch.empty(2, 16)
-    iws = torch.empty(4096, dtype=torch.int32)
-    fws = torch.empty(2 * 2 * 16 * 129)
+    pb = make_problem([2], [130], hq=16, hkv=1, width=4, device=device)
+    out = torch.empty(2, 16, 128, dtype=torch.bfloat16, device=device)
+    lse = torch.empty(2, 16, device=device)
+    iws = torch.empty(4096, dtype=torch.int32, device=device)
+    fws = torch.empty(2 * 2 * 16 * 129, device=device)
     args = (pb["q"], pb["k"], pb["v"], pb["kv_block_indexes"], pb["qo_indptr"], pb["kv_lens"], None,
             pb["page_table"], None, None, out, lse, iws, fws, False, 0.088, 1.0, 1.0, True, True, 2)
     torch.library.opcheck(msa_sparse_attention_op, args, test_utils=("test_schema", "test_faketensor"))

@@ -18,6 +18,7 @@ import torch
 
 from mate.ops.sparse_mla.metadata import GLUON_SMALL_H_STAGES, GLUON_STAGES, GLUON_WG_STAGES, plan_decode
 from mate.testing import assert_equal, poisoned
+from tests._markers import interpreter_only
 from tests.sparse_mla.test_decode import _call, _check, _make, check_graph_replay, count_unequal_repeats
 
 
@@ -28,6 +29,7 @@ def test_gluon_module_imports():
     assert decode_gluon.GLUON_BLOCK_H == 64 and decode_gluon.GLUON_NUM_WARPS == 8
 
 
+@interpreter_only
 def test_gluon_plan_falls_back_on_cpu(triton_backend):
     """On a device that is not a GPU the option plans the plain 64-head kernel, which runs
     (under the interpreter on a CPU-only machine)."""
@@ -62,6 +64,7 @@ def test_gluon_plan_defaults_off():
     assert md.block_h == 64 and md.gluon is False
 
 
+@interpreter_only
 @pytest.mark.parametrize("H,small_h", [(16, True), (40, False)])
 def test_gluon_launchers_unaligned_cache_and_split_on_cpu(triton_backend, H, small_h):
     """The launchers' Python path (``gluon_common.launch_decode``) runs under the
@@ -141,7 +144,7 @@ def check_decode(plan, B, q_len, H, top_k, four_d=False, **kw):
     q, kv, idx, sl = _make(B, q_len, H, top_k, pages=64, page_size=64, four_d=four_d, device="cuda",
                            seq_lens=seq_lens)
     out, lse = _run(q, kv, idx, sl, top_k, plan(B, q_len, H, top_k, **kw))
-    _check(out, lse, q, kv, idx, sl, S1, 1.25, gpu=True)
+    _check(out, lse, q, kv, idx, sl, S1, 1.25)
 
 
 def check_empty_rows_and_all_invalid(plan, H, splits):
@@ -154,7 +157,7 @@ def check_empty_rows_and_all_invalid(plan, H, splits):
     idx[0, :, 64:1024] = -1  # whole blocks invalid inside a valid row
     md = plan(B, q_len, H, top_k, num_splits=splits)
     out, lse = _run(q, kv, idx, sl, top_k, md)
-    _check(out, lse, q, kv, idx, sl, S1, 1.25, gpu=True)
+    _check(out, lse, q, kv, idx, sl, S1, 1.25)
     assert_equal(out[1:3], torch.zeros_like(out[1:3]))
     assert_equal(lse[1:3], torch.full_like(lse[1:3], float("inf")))
 
@@ -170,7 +173,7 @@ def check_unaligned_cache(plan, H):
     assert kv8.data_ptr() % 16 == 8
     md = plan(B, q_len, H, top_k)
     out, lse = _run(q, kv8, idx, sl, top_k, md)
-    _check(out, lse, q, kv, idx, sl, S1, 1.25, gpu=True)
+    _check(out, lse, q, kv, idx, sl, S1, 1.25)
 
 
 @gpu

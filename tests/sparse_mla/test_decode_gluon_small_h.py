@@ -14,6 +14,7 @@ import torch
 
 from mate.ops.sparse_mla.metadata import GLUON_SMALL_H_STAGES, GLUON_WG_STAGES, plan_decode
 from mate.testing import assert_equal, poisoned
+from tests._markers import interpreter_only
 from tests.sparse_mla.test_decode import _call, _check, _make, check_graph_replay, count_unequal_repeats
 from tests.sparse_mla.test_decode_gluon import (
     S1,
@@ -40,8 +41,7 @@ def test_small_h_perm_d_is_the_renaming_of_load_vt():
     assert_equal(renamed, perm)
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU tensors run the Triton kernels under the interpreter, "
-                    "which a GPU machine does not set")
+@interpreter_only
 @pytest.mark.parametrize("H,q_len", [(16, 2), (20, 1)])
 def test_small_h_plan_falls_back_on_cpu(triton_backend, H, q_len):
     """On a device that is not a GPU the option plans the plain transposed kernel."""
@@ -127,7 +127,7 @@ def test_gpu_small_h_launch_variants(small_h_ok, H, stages, splits, early):
     sparse_mla_decode_gluon_small_h(q, kv.view(-1, 576), idx, sl, out, lse, md.partial_o, md.partial_lse, S1, 1.25,
                                     md.block_h, md.num_splits, md.split_blocks, md.num_stages, v_early=early,
                                     num_warps=8)
-    _check(out, lse, q, kv, idx, sl, S1, 1.25, gpu=True)
+    _check(out, lse, q, kv, idx, sl, S1, 1.25)
 
 
 @gpu
@@ -171,7 +171,7 @@ def test_gpu_small_h_one_warpgroup_kernel(small_h_ok, H, B, q_len, splits, stage
     lse = poisoned((B, q_len, H), torch.float32, "cuda")
     sparse_mla_decode_gluon_small_h_wg(q, kv.view(-1, 576), idx, sl, out, lse, md.partial_o, md.partial_lse, S1, 1.25,
                                        md.block_h, md.num_splits, md.split_blocks, stages)
-    _check(out, lse, q, kv, idx, sl, S1, 1.25, gpu=True)
+    _check(out, lse, q, kv, idx, sl, S1, 1.25)
 
 
 @gpu
@@ -193,7 +193,7 @@ def test_gpu_small_h_one_warpgroup_short_and_empty_rows(small_h_ok, H, splits, s
     lse = poisoned((B, q_len, H), torch.float32, "cuda")
     sparse_mla_decode_gluon_small_h_wg(q, kv.view(-1, 576), idx, sl, out, lse, md.partial_o, md.partial_lse, S1, 1.25,
                                        md.block_h, md.num_splits, md.split_blocks, stages)
-    _check(out, lse, q, kv, idx, sl, S1, 1.25, gpu=True)
+    _check(out, lse, q, kv, idx, sl, S1, 1.25)
     assert_equal(out[0], torch.zeros_like(out[0]))
     assert_equal(lse[0], torch.full_like(lse[0], float("inf")))
 

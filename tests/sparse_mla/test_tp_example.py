@@ -15,10 +15,13 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
+from tests._markers import interpreter_only
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "tp_sparse_mla_decode.py"
 
 
+@interpreter_only  # GPUs hidden, ranks under the interpreter: a CPU-machine test (on GPUs: the x2 TP benchmark)
 @pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs torch.distributed gloo")
 @pytest.mark.timeout(120)
 def test_tp_example_two_gloo_ranks():

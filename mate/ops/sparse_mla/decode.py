@@ -30,6 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
+from mate._core.checks import launch_fits
 from mate._core.triton_helpers import INTERPRET, to_bf16
 from mate.ops.sparse_mla.metadata import HEAD_DIM_ROPE, HEAD_DIM_V
 
@@ -392,35 +393,37 @@ def sparse_mla_decode_triton(
     split = num_splits > 1
     grid = (triton.cdiv(H, block_h), num_splits, rows)
     kernel = sparse_mla_decode_split_kernel_t if transposed else sparse_mla_decode_split_kernel
-    kernel[grid](
-        query,
-        kv_rows if kv_rows.numel() > 0 else query,  # an empty cache is never read
-        block_tables,
-        seq_lens if seq_lens is not None else block_tables,
-        out,
-        lse,
-        partial_o if split else out,
-        partial_lse if split else lse,
-        kv_rows.shape[0],
-        bmm1_scale * LOG2E,
-        bmm2_scale,
-        H,
-        q_len,
-        top_k,
-        split_blocks,
-        num_splits,
-        1.0,
-        SPLIT=split,
-        BLOCK_H=block_h,
-        BLOCK_N=block_n,
-        D_V=HEAD_DIM_V,
-        D_R=HEAD_DIM_ROPE,
-        HAS_SEQ_LENS=seq_lens is not None,
-        SMALL_H=block_h <= 32,
-        PREFETCH_IDX=prefetch_idx,
-        num_warps=num_warps,
-        num_stages=num_stages,
-        maxnreg=max_regs or None,
-    )
+    with launch_fits("the sparse MLA decode kernel", block_h=block_h, block_n=block_n, num_stages=num_stages,
+                     num_warps=num_warps, transposed=transposed):
+        kernel[grid](
+            query,
+            kv_rows if kv_rows.numel() > 0 else query,  # an empty cache is never read
+            block_tables,
+            seq_lens if seq_lens is not None else block_tables,
+            out,
+            lse,
+            partial_o if split else out,
+            partial_lse if split else lse,
+            kv_rows.shape[0],
+            bmm1_scale * LOG2E,
+            bmm2_scale,
+            H,
+            q_len,
+            top_k,
+            split_blocks,
+            num_splits,
+            1.0,
+            SPLIT=split,
+            BLOCK_H=block_h,
+            BLOCK_N=block_n,
+            D_V=HEAD_DIM_V,
+            D_R=HEAD_DIM_ROPE,
+            HAS_SEQ_LENS=seq_lens is not None,
+            SMALL_H=block_h <= 32,
+            PREFETCH_IDX=prefetch_idx,
+            num_warps=num_warps,
+            num_stages=num_stages,
+            maxnreg=max_regs or None,
+        )
     if split:
         launch_combine(partial_o, partial_lse, out, lse, bmm2_scale, H, num_splits, rows)
