@@ -76,12 +76,19 @@ def _fmt(v, spec):
     return "" if v is None else format(v, spec)
 
 
-def markdown(ceilings: dict, tests: dict | None, rows: list[dict], env: dict) -> str:
+def markdown(ceilings: dict, tests: dict | None, rows: list[dict], env: dict, runs: list[dict] | None = None) -> str:
+    """``runs`` (a merge): each run's families and ceilings; a row's fraction is of its own run's."""
     lines = [f"# mate benchmarks, {env['date']} on {env['gpu']}", "",
              f"torch {env['torch']}, triton {env['triton']}. Times are medians of CUDA-graph replays "
-             "over rotated inputs.", "",
-             "| ceiling | measured |", "| --- | --- |"]
-    lines += [f"| {k} | {v:.1f} |" for k, v in ceilings.items()]
+             "over rotated inputs.", ""]
+    if runs and len(runs) > 1:
+        lines += ["| run | families | " + " | ".join(ceilings) + " |", "| --- " * (len(ceilings) + 2) + "|"]
+        lines += [f"| {i + 1} | {', '.join(r['families'])} | " + " | ".join(f"{r['ceilings'].get(k, 0):.1f}"
+                                                                           for k in ceilings) + " |"
+                  for i, r in enumerate(runs)]
+    else:
+        lines += ["| ceiling | measured |", "| --- | --- |"]
+        lines += [f"| {k} | {v:.1f} |" for k, v in ceilings.items()]
     if tests:
         lines += ["", f"GPU tests: `{tests['summary']}`"]
     lines += ["",
@@ -207,10 +214,12 @@ def merge(paths: list[str]) -> int:
     out_dir = Path(os.environ.get("OUT") or ROOT / "benchmarks" / "results")
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = f"{env['date']}-{env['gpu'].replace('NVIDIA ', '').replace(' ', '_').lower()}"
-    payload = {"env": env, "ceilings": ceilings, "ceilings_runs": [r["ceilings"] for r in runs], "tests": tests,
-               "rows": rows}
+    per_run = [{"families": list(dict.fromkeys(row["family"] for row in r["rows"])), "ceilings": r["ceilings"]}
+               for r in runs]
+    payload = {"env": env, "ceilings": ceilings, "ceilings_runs": [r["ceilings"] for r in runs], "runs": per_run,
+               "tests": tests, "rows": rows}
     (out_dir / f"{stem}.json").write_text(json.dumps(payload, indent=2))
-    (out_dir / f"{stem}.md").write_text(markdown(ceilings, tests, rows, env))
+    (out_dir / f"{stem}.md").write_text(markdown(ceilings, tests, rows, env, per_run))
     plots(rows, out_dir, stem)
     print(f"merged {len(runs)} runs, {len(rows)} rows -> {out_dir / stem}.{{json,md,png}}")
     return 0
