@@ -181,25 +181,21 @@ GROUPWISE_OVERRIDES: dict[str, dict] = {
 # 2112, 7168) 9.7 / 9.1 / 10.6, (32, 2112, 7168) 10.0 / 9.4 / 10.7, (32, 4096, 7168) 13.8 / 12.3
 # / 12.4 (with the 64-row box it ran 16.2 there). (16, 4096, 7168) stays Triton 16x64 (12.3,
 # K-interleaved 12.4).
+_GLUON_64X64 = {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 6, "KPS": 2}
+_KINT_64X32 = {"KINT": True, "BLOCK_M": 64, "BLOCK_N": 32, "num_stages": 4, "KPS": 4, "SPLIT_K": 1, "EAGER": True}
+_KINT_64X64 = {"KINT": True, "BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 6, "KPS": 2, "SPLIT_K": 1, "EAGER": True}
 GROUPWISE_GLUON: dict[str, dict] = {
-    "m16,7168,2048": {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 6, "KPS": 2},
-    "m32,7168,2048": {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 6, "KPS": 2},
-    "m16,2112,7168": {"KINT": True, "BLOCK_M": 64, "BLOCK_N": 32, "num_stages": 4, "KPS": 4, "SPLIT_K": 2,
-                      "EAGER": True},
-    "m32,2112,7168": {"KINT": True, "BLOCK_M": 64, "BLOCK_N": 32, "num_stages": 4, "KPS": 4, "SPLIT_K": 2,
-                      "EAGER": True},
-    "m32,4096,7168": {"KINT": True, "BLOCK_M": 64, "BLOCK_N": 32, "num_stages": 4, "KPS": 4, "SPLIT_K": 1,
-                      "EAGER": True},
-    "m64,7168,2048": {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 6, "KPS": 2},
+    "m16,7168,2048": _GLUON_64X64,
+    "m32,7168,2048": _GLUON_64X64,
+    "m64,7168,2048": _GLUON_64X64,
     "m128,7168,2048": {"BLOCK_M": 128, "BLOCK_N": 64, "num_stages": 4, "KPS": 2},
-    "m64,2112,7168": {"KINT": True, "BLOCK_M": 64, "BLOCK_N": 32, "num_stages": 4, "KPS": 4, "SPLIT_K": 2,
-                      "EAGER": True},
-    "m64,4096,7168": {"KINT": True, "BLOCK_M": 64, "BLOCK_N": 32, "num_stages": 4, "KPS": 4, "SPLIT_K": 1,
-                      "EAGER": True},
-    "m128,2112,7168": {"KINT": True, "BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 6, "KPS": 2, "SPLIT_K": 2,
-                       "EAGER": True},
-    "m128,4096,7168": {"KINT": True, "BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 6, "KPS": 2, "SPLIT_K": 1,
-                       "EAGER": True},
+    "m16,2112,7168": {**_KINT_64X32, "SPLIT_K": 2},
+    "m32,2112,7168": {**_KINT_64X32, "SPLIT_K": 2},
+    "m64,2112,7168": {**_KINT_64X32, "SPLIT_K": 2},
+    "m32,4096,7168": _KINT_64X32,
+    "m64,4096,7168": _KINT_64X32,
+    "m128,2112,7168": {**_KINT_64X64, "SPLIT_K": 2},
+    "m128,4096,7168": _KINT_64X64,
 }
 
 
