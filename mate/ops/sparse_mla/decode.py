@@ -349,6 +349,19 @@ def launch_combine(partial_o: torch.Tensor, partial_lse: torch.Tensor, out: torc
     )
 
 
+def decode_kernel_args(query, kv_rows, block_tables, seq_lens, out, lse, partial_o, partial_lse, bmm1_scale: float,
+                       bmm2_scale: float, split_blocks: int, num_splits: int) -> tuple:
+    """The leading positional arguments every decode kernel takes (Triton and Gluon): the
+    tensors (placeholders where unused: an empty cache is never read, the split scratch only
+    with ``num_splits > 1``), the cache's rows, the scales (bmm1 in log2 units) and the shape."""
+    _, q_len, H, _ = query.shape
+    split = num_splits > 1
+    return (query, kv_rows if kv_rows.numel() > 0 else query, block_tables,
+            seq_lens if seq_lens is not None else block_tables, out, lse, partial_o if split else out,
+            partial_lse if split else lse, kv_rows.shape[0], bmm1_scale * LOG2E, bmm2_scale, H, q_len,
+            block_tables.shape[-1], split_blocks, num_splits)
+
+
 def sparse_mla_decode_triton(
     query: torch.Tensor,
     kv_rows: torch.Tensor,
@@ -379,7 +392,6 @@ def sparse_mla_decode_triton(
     the remaining arguments its launch configuration. No allocation, no host sync.
     """
     B, q_len, H, _ = query.shape
-    top_k = block_tables.shape[-1]
     rows = B * q_len
     if rows == 0 or H == 0:
         return
@@ -396,22 +408,8 @@ def sparse_mla_decode_triton(
     with launch_fits("the sparse MLA decode kernel", block_h=block_h, block_n=block_n, num_stages=num_stages,
                      num_warps=num_warps, transposed=transposed):
         kernel[grid](
-            query,
-            kv_rows if kv_rows.numel() > 0 else query,  # an empty cache is never read
-            block_tables,
-            seq_lens if seq_lens is not None else block_tables,
-            out,
-            lse,
-            partial_o if split else out,
-            partial_lse if split else lse,
-            kv_rows.shape[0],
-            bmm1_scale * LOG2E,
-            bmm2_scale,
-            H,
-            q_len,
-            top_k,
-            split_blocks,
-            num_splits,
+            *decode_kernel_args(query, kv_rows, block_tables, seq_lens, out, lse, partial_o, partial_lse,
+                                bmm1_scale, bmm2_scale, split_blocks, num_splits),
             1.0,
             SPLIT=split,
             BLOCK_H=block_h,

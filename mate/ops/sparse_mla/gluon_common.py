@@ -16,8 +16,6 @@ from triton.experimental.gluon.language.nvidia.hopper import async_copy
 
 from mate.ops.sparse_mla.metadata import HEAD_DIM_ROPE, HEAD_DIM_V
 
-LOG2E = 1.4426950408889634
-
 
 @gluon.jit
 def _load_query(q_ptr, bt, H, h0, BLOCK_H: gl.constexpr, D_V: gl.constexpr, D_R: gl.constexpr,
@@ -142,7 +140,7 @@ def launch_decode(kernel, head_tiles: tuple, query: torch.Tensor, kv_rows: torch
     cp.async moves 16-byte pieces: a cache view that is not 16-byte aligned (rows are 576
     bytes, so only the base matters) takes ``sparse_mla_decode_triton`` with the same plan
     and ``plain_config`` = (block_h, num_warps, num_stages, block_n, transposed)."""
-    from mate.ops.sparse_mla.decode import launch_combine, sparse_mla_decode_triton
+    from mate.ops.sparse_mla.decode import decode_kernel_args, launch_combine, sparse_mla_decode_triton
 
     B, q_len, H, _ = query.shape
     rows = B * q_len
@@ -157,22 +155,8 @@ def launch_decode(kernel, head_tiles: tuple, query: torch.Tensor, kv_rows: torch
         return
     split = num_splits > 1
     kernel[(*head_tiles, num_splits, rows)](
-        query,
-        kv_arg,
-        block_tables,
-        seq_lens if seq_lens is not None else block_tables,
-        out,
-        lse,
-        partial_o if split else out,
-        partial_lse if split else lse,
-        kv_rows.shape[0],
-        bmm1_scale * LOG2E,
-        bmm2_scale,
-        H,
-        q_len,
-        block_tables.shape[-1],
-        split_blocks,
-        num_splits,
+        *decode_kernel_args(query, kv_rows, block_tables, seq_lens, out, lse, partial_o, partial_lse, bmm1_scale,
+                            bmm2_scale, split_blocks, num_splits),
         SPLIT=split,
         HAS_SEQ_LENS=seq_lens is not None,
         D_V=HEAD_DIM_V,
