@@ -112,7 +112,8 @@ every candidate within 3.4e-3 with both scale modes and bitwise repeatable):
                                        128x64 st6 s2 18.2; 64x128 st6 s2 17.6
 
 ``GROUPWISE_GLUON`` selects the fastest (first) kint config of each shape for its M bucket
-(33-64, 65-128 at N 2112 / 4096, K 7168: the same tile and unit counts as M 64 / 128).
+(33-64, 65-128 at N 2112 / 4096, K 7168: the same tile and unit counts as M 64 / 128); the
+M <= 32 entries were measured there (see the comment above ``GROUPWISE_GLUON``).
 """
 
 from __future__ import annotations
