@@ -134,22 +134,30 @@ def _kint_candidates() -> dict:
 
 
 def _auto_kint() -> dict:
-    """The K-interleaved configs of tuning.GROUPWISE_GLUON (auto at K = 7168) with K-major scales
-    (with MN-major ones they are bench candidates)."""
+    """The distinct K-interleaved configs of tuning.GROUPWISE_GLUON (auto at K = 7168; several
+    buckets share one) with K-major scales (with MN-major ones they are bench candidates)."""
     from mate.ops.gemm.tuning import GROUPWISE_GLUON
 
-    return {f"kint auto {key} K-major": (c["BLOCK_M"], c["BLOCK_N"], c["num_stages"], c["KPS"], c["SPLIT_K"],
-                                         bool(c.get("EAGER")) and c["KPS"] > 1, False)
-            for key, c in GROUPWISE_GLUON.items() if c.get("KINT")}
+    out = {}
+    for key, c in GROUPWISE_GLUON.items():
+        if not c.get("KINT"):
+            continue
+        args = (c["BLOCK_M"], c["BLOCK_N"], c["num_stages"], c["KPS"], c["SPLIT_K"],
+                bool(c.get("EAGER")) and c["KPS"] > 1, False)
+        if args not in out.values():
+            out[f"kint auto {key} K-major"] = args
+    return out
 
 
 def compile_kint(name, bm, bn, stages, kps, split, eager=False, mn=True, out_dir=None, keep=False,
                  m1=False, a_rows=None) -> bool:
     """``mn``: MN-major scales (else K-major, K = 7168: 56 K blocks, a row stride Triton does
     not specialize); ``m1``: M = 1 (a constexpr at launch: every use of M must accept a Python int);
-    ``a_rows``: rows of A's TMA box (``groupwise_gluon.a_box_rows``; default BLOCK_M)."""
+    ``a_rows``: rows of A's TMA box (default ``groupwise_gluon.a_box_rows`` of M: BLOCK_M, 8 at M = 1)."""
     gk.check_kint_config(bm, bn, stages, kps, split)  # what the launcher would reject
-    sig = {"a_desc": _desc_type(a_rows or bm), "b_desc": _desc_type(bn), "as_ptr": "*fp32", "bs_ptr": "*fp32",
+    if a_rows is None:  # what the launcher builds: at M = 1 an 8-row box
+        a_rows = gk.a_box_rows(1, bm) if m1 else bm
+    sig = {"a_desc": _desc_type(a_rows), "b_desc": _desc_type(bn), "as_ptr": "*fp32", "bs_ptr": "*fp32",
            "c_ptr": "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32",
            "stride_asm": "i32", "stride_ask": "i32", "stride_bsn": "i32", "stride_bsk": "i32", "stride_cm": "i32"}
     constexprs = {"BLOCK_M": bm, "BLOCK_N": bn, "GROUP_M": 8, "STAGES": stages, "KPS": kps, "SPLIT_K": split,

@@ -15,6 +15,17 @@ from mate.ops.gemm.groupwise import CONTIGUOUS, PLAIN, groupwise_gemm_triton
 from mate.testing import assert_close, poisoned, rand_fp8
 from tests.gemm._inputs import fp8_block_operands
 
+
+def _auto_configs(kint: bool) -> dict:
+    """The distinct Gluon (``kint``: K-interleaved) configs of ``tuning.GROUPWISE_GLUON``, each
+    named after the first bucket that picks it (several buckets share one config)."""
+    out: dict[str, dict] = {}
+    for key, cfg in tuning.GROUPWISE_GLUON.items():
+        if bool(cfg.get("KINT")) == kint and cfg not in out.values():
+            out[f"auto {key}"] = cfg
+    return out
+
+
 CONFIGS = {
     "128x128 st6": {"BLOCK_M": 128, "BLOCK_N": 128, "num_stages": 6},
     "128x64 st8": {"BLOCK_M": 128, "BLOCK_N": 64, "num_stages": 8},
@@ -23,7 +34,7 @@ CONFIGS = {
     "128x16 st10": {"BLOCK_M": 128, "BLOCK_N": 16, "num_stages": 10},
     "128x192 st4": {"BLOCK_M": 128, "BLOCK_N": 192, "num_stages": 4},
     # the configs backend="auto" picks (tuning.GROUPWISE_GLUON; its K-interleaved ones in KINT_CONFIGS)
-    **{f"auto {key}": cfg for key, cfg in tuning.GROUPWISE_GLUON.items() if not cfg.get("KINT")},
+    **_auto_configs(kint=False),
 }
 
 
@@ -320,7 +331,7 @@ KINT_CONFIGS = {
     "kint 64x64 st4 kps3 e": {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 4, "KPS": 3, "EAGER": True},
     "kint 128x64 st6 s4": {"BLOCK_M": 128, "BLOCK_N": 64, "num_stages": 6, "SPLIT_K": 4},
     # the configs backend="auto" picks at K = 7168 (tuning.GROUPWISE_GLUON)
-    **{f"auto {key}": cfg for key, cfg in tuning.GROUPWISE_GLUON.items() if cfg.get("KINT")},
+    **_auto_configs(kint=True),
 }
 
 
