@@ -17,6 +17,7 @@ import torch
 
 __all__ = [
     "check_tensor",
+    "launch_fits",
     "check_dtype",
     "check_shape",
     "check_ndim",

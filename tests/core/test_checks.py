@@ -26,6 +26,7 @@ from mate._core.checks import (
     check_value,
     device_matches,
     fmt_dtypes,
+    launch_fits,
 )
 
 
@@ -39,7 +40,7 @@ def test_every_exported_helper_is_tested():
         "check_tensor", "check_dtype", "check_shape", "check_ndim", "check_contiguous",
         "check_last_dim_contiguous", "check_same_device", "check_out_tensor", "check_value",
         "check_choice", "check_positive_int", "check_python_float", "check_default",
-        "check_inputs_enabled", "fmt_dtypes", "check_is_tensor", "device_matches",
+        "check_inputs_enabled", "fmt_dtypes", "check_is_tensor", "device_matches", "launch_fits",
     }
     assert set(checks.__all__) <= tested, set(checks.__all__) - tested
 
@@ -228,3 +229,17 @@ def test_check_inputs_enabled(monkeypatch, value, enabled):
     else:
         monkeypatch.setenv("MATE_CHECK_INPUTS", value)
     assert check_inputs_enabled() is enabled
+
+
+def test_launch_fits():
+    """Triton's out-of-resources error inside the block becomes a ValueError naming the kernel,
+    its options and the amounts; other errors and a clean block pass through unchanged."""
+    from triton.runtime.errors import OutOfResources
+
+    with launch_fits("the demo kernel", block_n=64, num_stages=3):
+        pass
+    with _raises(ValueError, "the demo kernel with block_n=64, num_stages=3 needs 253952 of shared memory",
+                 "the GPU has 232448"), launch_fits("the demo kernel", block_n=64, num_stages=3):
+        raise OutOfResources(253952, 232448, "shared memory")
+    with pytest.raises(RuntimeError, match="other"), launch_fits("the demo kernel", block_n=64):
+        raise RuntimeError("other")

@@ -1,0 +1,52 @@
+"""Merging benchmark runs of one session (``benchmarks/run_gpu.py --merge``) and the README
+table made from the result (``benchmarks/update_readme.py``): each row keeps the ceilings of
+the run that measured it, and both outputs name each run's families and ceilings."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV = {"date": "2026-11-29", "gpu": "NVIDIA H200", "torch": "2.11", "triton": "3.6"}
+
+
+def _run(family: str, copy: float, fp8: float) -> dict:
+    time_us = random.uniform(5.0, 50.0)
+    row = {"family": family, "op": "op", "shape": f"{family} shape", "dtype": "e4m3", "impl": "mate",
+           "time_us": time_us, "frac_ceiling": random.random(), "ceiling": "copy_GBps", "GBps": copy / 2}
+    return {"env": ENV, "ceilings": {"copy_GBps": copy, "cublas_fp8_TFLOPs": fp8}, "tests": None, "rows": [row]}
+
+
+def test_merge_keeps_each_runs_ceilings(tmp_path):
+    first, second = _run("sparse_mla", 4237.0, 1437.0), _run("gemm", 4260.0, 1469.0)
+    paths = []
+    for i, run in enumerate((first, second)):
+        paths.append(tmp_path / f"run{i}.json")
+        paths[-1].write_text(json.dumps(run))
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "MPLBACKEND": "Agg"}
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "run_gpu.py"), "--merge", *map(str, paths)],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    payload = json.loads((out / "2026-11-29-h200.json").read_text())
+    assert payload["rows"] == first["rows"] + second["rows"]
+    assert payload["runs"] == [{"families": ["sparse_mla"], "ceilings": first["ceilings"]},
+                               {"families": ["gemm"], "ceilings": second["ceilings"]}]
+    md = (out / "2026-11-29-h200.md").read_text()
+    assert "| 1 | sparse_mla | 4237.0 | 1437.0 |" in md and "| 2 | gemm | 4260.0 | 1469.0 |" in md
+
+    spec = importlib.util.spec_from_file_location("update_readme", ROOT / "benchmarks" / "update_readme.py")
+    readme = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(readme)
+    text = readme.condensed(payload, "2026-11-29-h200")
+    assert ("Ceilings, measured in the run of each row: sparse_mla: copy_GBps = 4237, cublas_fp8_TFLOPs = 1437; "
+            "gemm: copy_GBps = 4260, cublas_fp8_TFLOPs = 1469.") in text
+    # one run: the single ceilings line
+    single = readme.condensed({**first, "runs": None}, "x")
+    assert "Ceilings in the same run: copy_GBps = 4237, cublas_fp8_TFLOPs = 1437." in single
