@@ -1,6 +1,6 @@
 """Small-M groupwise FP8 GEMM: ``auto`` against Gluon kernel candidates and DeepGEMM.
 
-    python benchmarks/bench_gemm_smallm.py [--budget SECONDS] [--only M,N,K] [--kps | --kint | --m1]
+    python benchmarks/bench_gemm_smallm.py [--budget SECONDS] [--only M,N,K] [--kps | --kint | --m1 | --flat]
         [--warm-only | --no-warm --skip JSON]
 
 For each (M, N, K) it times, interleaved (``time_interleaved``, CUDA-graph replays over
@@ -20,6 +20,8 @@ columns; 128: the rows; the producer copies the scales into the ring for BLOCK_N
 ``kint BMxBN stSTAGES[ kpsKPS][ sSPLIT]``: the K-interleaved kernel (``groupwise_gluon_kint.py``:
 both math warpgroups own the whole tile and take alternate ring stages; SPLIT K splits over
 programs, reduced in split order by the tile's last unit); ``--kint`` times ``KINT_CANDIDATES``.
+``flat 64xBN stSTAGES[ kpsKPS]``: the single-partition kernel (``groupwise_gluon_flat.py``: one warpgroup,
+no warp-specialize region); ``--flat`` times ``FLAT_CANDIDATES`` on ``FLAT_SHAPES``.
 ``--m1`` times ``M1_CANDIDATES`` (plain-Triton configs at M = 1 with an M = 64 control; GB/s
 there counts the weight bytes only): ``tma`` (A and B by TMA), ``aptr`` (A by masked pointer
 loads, B by TMA: the kernel's A_PTR), ``ptr`` (the pointer-load kernel), and two diagnostics
@@ -139,6 +141,32 @@ KINT_CANDIDATES = {
         _k(64, 64, 6, 2),  # 14.3
         _k(64, 64, 4, 3, 1, True),  # 14.5
     ]),
+}
+
+
+def _f(bn, stages, kps=1):
+    """A config of the single-partition kernel (groupwise_gluon_flat.py: one warpgroup, 64-row tiles)."""
+    cfg = {"GLUON": True, "FLAT": True, "BLOCK_M": 64, "BLOCK_N": bn, "num_stages": stages, "GROUP_M": 8,
+           "num_warps": 4}
+    if kps > 1:
+        cfg["KPS"] = kps
+    return f"flat 64x{bn} st{stages}" + (f" kps{kps}" if kps > 1 else ""), cfg
+
+
+# --flat: the single-partition kernel (no warp-specialize region, whose fixed ~0.4 us was the
+# gap to DeepGEMM at small M and short K); the first of each shape is what auto took from it
+FLAT_SHAPES = ((1, 7168, 2048), (16, 7168, 2048), (32, 7168, 2048), (64, 7168, 2048), (128, 7168, 2048),
+               (16, 24576, 1536), (64, 24576, 1536), (16, 32768, 512), (128, 32768, 512), (64, 4096, 7168),
+               (128, 2112, 7168))
+FLAT_CANDIDATES = {
+    **{(m, 7168, 2048): dict([_f(64, 4, 2), _f(64, 3, 4), _f(64, 6, 2)]) for m in (1, 16, 32, 64)},
+    (128, 7168, 2048): dict([_f(64, 3, 2), _f(64, 6, 2)]),  # 224 tiles, two programs per SM
+    (16, 24576, 1536): dict([_f(64, 2, 2), _f(64, 3, 2), _f(128, 2, 2)]),
+    (64, 24576, 1536): dict([_f(64, 2, 2), _f(64, 3, 2), _f(128, 2, 2)]),
+    (16, 32768, 512): dict([_f(128, 2, 2), _f(64, 2, 2)]),
+    (128, 32768, 512): dict([_f(128, 2, 2), _f(64, 2, 2)]),
+    (64, 4096, 7168): dict([_f(32, 4, 4), _f(32, 8, 2)]),  # lost to the K-interleaved kernel
+    (128, 2112, 7168): dict([_f(32, 4, 4), _f(32, 8, 2)]),
 }
 
 
@@ -291,7 +319,7 @@ def _dg_fn(dg, x, out):
 def _candidate(shape, name):
     """A candidate's config (also in the spawned workers, which see neither table's --kps swap)."""
     return {**CANDIDATES.get(shape, {}), **KPS_CANDIDATES.get(shape, {}), **KINT_CANDIDATES.get(shape, {}),
-            **M1_CANDIDATES.get(shape, {})}[name]
+            **M1_CANDIDATES.get(shape, {}), **FLAT_CANDIDATES.get(shape, {})}[name]
 
 
 def _warm(task):
@@ -369,19 +397,21 @@ def main() -> int:
     ap.add_argument("--kps", action="store_true", help="the KPS candidates (KPS_CANDIDATES) on their six shapes")
     ap.add_argument("--kint", action="store_true", help="the K-interleaved kernel (KINT_CANDIDATES), K = 7168")
     ap.add_argument("--m1", action="store_true", help="plain-Triton M = 1 candidates (M1_CANDIDATES, M1_SHAPES)")
+    ap.add_argument("--flat", action="store_true", help="the single-partition kernel (FLAT_CANDIDATES, FLAT_SHAPES)")
     ap.add_argument("--warm-only", action="store_true",
                     help="only the warm-up; prints 'skip: JSON' (the [shape, impl] pairs that failed) for --skip")
     ap.add_argument("--skip", default="[]", help="JSON list of [[M, N, K], impl] pairs not to run (from --warm-only)")
     args = ap.parse_args()
-    if args.kps or args.kint or args.m1:
+    if args.kps or args.kint or args.m1 or args.flat:
         CANDIDATES.clear()
-        CANDIDATES.update(KINT_CANDIDATES if args.kint else M1_CANDIDATES if args.m1 else KPS_CANDIDATES)
+        CANDIDATES.update(KINT_CANDIDATES if args.kint else M1_CANDIDATES if args.m1 else
+                          FLAT_CANDIDATES if args.flat else KPS_CANDIDATES)
     t0 = time.time()
     from mate.ops.gemm import reference as R
     from mate.ops.gemm import tuning
     from mate.testing.bench import rotation_count, time_interleaved
 
-    shapes = [s for s in (M1_SHAPES if args.m1 else SHAPES)
+    shapes = [s for s in (M1_SHAPES if args.m1 else FLAT_SHAPES if args.flat else SHAPES)
               if s in CANDIDATES and (not args.only or ",".join(map(str, s)) in args.only.split(";"))]
     try:
         import deep_gemm as dg

@@ -379,9 +379,9 @@ def groupwise_gemm_triton(
     warp-specialized kernel of ``groupwise_gluon.py`` with BLOCK_M, BLOCK_N, num_stages,
     GROUP_M, EPI_TMA and KPS (K blocks per ring stage); SPLIT_K is ignored; KINT: the
     K-interleaved small-M kernel of ``groupwise_gluon_kint.py``, which reads SPLIT_K and EAGER
-    too; elsewhere the option is ignored. True: the config as is; a dict: its keys override
-    the config's for the Gluon kernel, whose other keys still serve the plain-Triton kernel
-    elsewhere).
+    too; FLAT: the single-partition kernel of ``groupwise_gluon_flat.py``; elsewhere the
+    option is ignored. True: the config as is; a dict: its keys override the config's for
+    the Gluon kernel, whose other keys still serve the plain-Triton kernel elsewhere).
     """
     M, K = a.shape[-2], a.shape[-1]
     N = b.shape[-2]

@@ -464,7 +464,16 @@ def groupwise_gemm_gluon(a, b, a_scale, a_scale_strides, b_scale, b_scale_stride
     ignored elsewhere and where the output's rows are not 16-byte aligned). See the module
     docstring. ``KINT``: the K-interleaved small-M kernel of ``groupwise_gluon_kint.py`` (PLAIN
     only; it reads BLOCK_M, BLOCK_N, num_stages, KPS, SPLIT_K, GROUP_M, REDUCE, EAGER).
+    ``FLAT``: the single-partition kernel of ``groupwise_gluon_flat.py`` (PLAIN only; it reads
+    BLOCK_N, num_stages and GROUP_M; BLOCK_M is 64).
     """
+    if config.get("FLAT"):  # one partition, one warpgroup, no warp specialization (groupwise_gluon_flat.py)
+        if layout != 0:
+            raise ValueError("the single-partition Gluon GEMM (FLAT) takes the PLAIN layout only")
+        from mate.ops.gemm.groupwise_gluon_flat import groupwise_gemm_flat
+
+        groupwise_gemm_flat(a, b, a_scale, a_scale_strides, b_scale, b_scale_strides, out, config=config)
+        return
     if config.get("KINT"):  # K blocks interleaved over the two math warpgroups (groupwise_gluon_kint.py)
         if layout != 0:
             raise ValueError("the K-interleaved Gluon GEMM (KINT) takes the PLAIN layout only")
