@@ -16,12 +16,17 @@ from mate.testing import assert_close, poisoned, rand_fp8
 from tests.gemm._inputs import fp8_block_operands
 
 
-def _auto_configs(kint: bool) -> dict:
-    """The distinct Gluon (``kint``: K-interleaved) configs of ``tuning.GROUPWISE_GLUON``, each
+def kernel_kind(cfg: dict) -> str:
+    """Which Gluon kernel a ``tuning.GROUPWISE_GLUON`` config runs: "kint", "flat" or "gluon"."""
+    return "kint" if cfg.get("KINT") else "flat" if cfg.get("FLAT") else "gluon"
+
+
+def auto_configs(kind: str) -> dict:
+    """The distinct configs of ``tuning.GROUPWISE_GLUON`` for one kernel (``kernel_kind``), each
     named after the first bucket that picks it (several buckets share one config)."""
     out: dict[str, dict] = {}
     for key, cfg in tuning.GROUPWISE_GLUON.items():
-        if bool(cfg.get("KINT")) == kint and cfg not in out.values():
+        if kernel_kind(cfg) == kind and cfg not in out.values():
             out[f"auto {key}"] = cfg
     return out
 
@@ -34,7 +39,7 @@ CONFIGS = {
     "128x16 st10": {"BLOCK_M": 128, "BLOCK_N": 16, "num_stages": 10},
     "128x192 st4": {"BLOCK_M": 128, "BLOCK_N": 192, "num_stages": 4},
     # the configs backend="auto" picks (tuning.GROUPWISE_GLUON; its K-interleaved ones in KINT_CONFIGS)
-    **_auto_configs(kint=False),
+    **auto_configs("gluon"),
 }
 
 
@@ -92,20 +97,30 @@ def test_grouped_default_falls_back_off_hopper():
 
 def test_auto_gluon_configs():
     """Gluon overrides only for bf16/fp16 output; the Triton config beside them is unchanged."""
-    cfg = tuning.groupwise_config(64, 7168, 2048, fp8_out=False)
+    # the single-partition kernel (groupwise_gluon_flat.py), its Triton config beside it unchanged
+    flat = {"FLAT": True, "BLOCK_M": 64, "KPS": 2}
+    cfg = tuning.groupwise_config(64, 7168, 2048, fp8_out=False)  # the warp-specialized kernel
     assert cfg["GLUON"] == {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 6, "KPS": 2}
     assert (cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["SPLIT_K"], cfg["num_stages"]) == (64, 64, 1, 5)
-    cfg = tuning.groupwise_config(100, 7168, 2048, fp8_out=False)
-    assert cfg["GLUON"] == {"BLOCK_M": 128, "BLOCK_N": 64, "num_stages": 4, "KPS": 2}
-    assert (cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["SPLIT_K"], cfg["num_stages"]) == (64, 128, 1, 5)
     assert "GLUON" not in tuning.groupwise_config(64, 7168, 2048, fp8_out=True)
-    for m in (1, 16, 32):  # measured at M <= 32 with A's short TMA box
-        assert tuning.groupwise_config(m, 7168, 2048, fp8_out=False)["GLUON"] == {
-            "BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 6, "KPS": 2}
+    cfg = tuning.groupwise_config(100, 7168, 2048, fp8_out=False)
+    assert cfg["GLUON"] == {**flat, "BLOCK_N": 64, "num_stages": 3}
+    assert (cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["SPLIT_K"], cfg["num_stages"]) == (64, 128, 1, 5)
+    for m in (1, 16, 32):
+        assert tuning.groupwise_config(m, 7168, 2048, fp8_out=False)["GLUON"] == {**flat, "BLOCK_N": 64,
+                                                                                   "num_stages": 4}
+    for m in (1, 16, 32, 64):
+        assert tuning.groupwise_config(m, 24576, 1536, fp8_out=False)["GLUON"] == {**flat, "BLOCK_N": 64,
+                                                                                    "num_stages": 2}
+    assert tuning.groupwise_config(16, 32768, 512, fp8_out=False)["GLUON"] == {**flat, "BLOCK_N": 128, "num_stages": 2}
+    for m, n, k in ((128, 24576, 1536), (64, 32768, 512), (128, 32768, 512), (16, 24576, 1536)):
+        cfg = tuning.groupwise_config(m, n, k, fp8_out=True)
+        assert "GLUON" not in cfg, (m, n, k)
+    assert "GLUON" not in tuning.groupwise_config(128, 24576, 1536, fp8_out=False)
+    assert tuning.groupwise_backend(128, 32768, 512) == "cublas"
     for m in (1, 16):  # the 16-row Triton tile
         cfg = tuning.groupwise_config(m, 4096, 7168, fp8_out=False)
         assert "GLUON" not in cfg and (cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["SPLIT_K"]) == (16, 64, 4)
-    assert "GLUON" not in tuning.groupwise_config(16, 24576, 1536, fp8_out=False)
 
 
 # the K-interleaved configs auto picks at K = 7168 (measured at M = 64 / 128, kept for the M bucket)
@@ -220,17 +235,19 @@ def test_gluon_grouped_contiguous(name, rows, n, k, tail):
 @pytest.mark.parametrize("m,n,k", [(33, 7168, 2048), (64, 7168, 2048), (100, 7168, 2048), (128, 7168, 2048),
                                    (33, 2112, 7168), (64, 4096, 7168), (100, 2112, 7168), (128, 4096, 7168),
                                    (1, 7168, 2048), (16, 7168, 2048), (20, 7168, 2048), (1, 2112, 7168),
-                                   (17, 2112, 7168), (32, 4096, 7168)])  # M <= 32: A's short TMA box
+                                   (17, 2112, 7168), (32, 4096, 7168),  # M <= 32: A's short TMA box
+                                   (1, 24576, 1536), (40, 24576, 1536), (16, 32768, 512)])
 def test_auto_runs_gluon(m, n, k, monkeypatch):
-    """backend="auto" at (m, 7168, 2048) runs the Gluon kernel, at (m, 2112 | 4096, 7168) the
-    K-interleaved one (both scale modes)."""
+    """backend="auto" runs the kernel ``tuning.GROUPWISE_GLUON`` names for the shape (at
+    (m, 7168, 2048) the warp-specialized or the single-partition kernel, at (m, 2112 | 4096,
+    7168) the K-interleaved one), both scale modes."""
     from mate import gemm
     from mate.ops.gemm import groupwise_gluon
 
     calls = []
     launch = groupwise_gluon.groupwise_gemm_gluon
     monkeypatch.setattr(groupwise_gluon, "groupwise_gemm_gluon", lambda *args, **kw: calls.append(
-        (bool(kw["config"].get("KINT")), kw["config"]["BLOCK_M"])) or launch(*args, **kw))
+        (kernel_kind(kw["config"]), kw["config"]["BLOCK_M"])) or launch(*args, **kw))
     a, b, sa, sb = fp8_block_operands(m, n, k, "cuda")
     ref = R.groupwise_fp32_ref(a, b, sa, sb)
     for mode in ("K", "MN"):
@@ -241,7 +258,8 @@ def test_auto_runs_gluon(m, n, k, monkeypatch):
             gemm.gemm_fp8_nt_groupwise(a, b, sa.t().contiguous(), sb.t().contiguous(), scale_major_mode="MN",
                                        out=out, backend="auto")
         assert_close(out, ref, max_rel_error=1e-2, name=f"auto m={m} {mode}")
-    assert calls == [(True, 64) if k == 7168 else (False, 64 if m <= 64 else 128)] * 2
+    want = tuning.GROUPWISE_GLUON[f"{tuning.m_bucket(m)},{n},{k}"]
+    assert calls == [(kernel_kind(want), want["BLOCK_M"])] * 2
 
 
 @pytest.mark.gpu
@@ -331,7 +349,7 @@ KINT_CONFIGS = {
     "kint 64x64 st4 kps3 e": {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 4, "KPS": 3, "EAGER": True},
     "kint 128x64 st6 s4": {"BLOCK_M": 128, "BLOCK_N": 64, "num_stages": 6, "SPLIT_K": 4},
     # the configs backend="auto" picks at K = 7168 (tuning.GROUPWISE_GLUON)
-    **_auto_configs(kint=True),
+    **auto_configs("kint"),
 }
 
 

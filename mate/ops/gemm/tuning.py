@@ -182,14 +182,34 @@ GROUPWISE_OVERRIDES: dict[str, dict] = {
 # 2112, 7168) 9.7 / 9.1 / 10.6, (32, 2112, 7168) 10.0 / 9.4 / 10.7, (32, 4096, 7168) 13.8 / 12.3
 # / 12.4 (with the 64-row box it ran 16.2 there). (16, 4096, 7168) stays Triton 16x64 (12.3,
 # K-interleaved 12.4).
-_GLUON_64X64 = {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 6, "KPS": 2}
+# FLAT: the single-partition kernel (``groupwise_gluon_flat.py``: one warpgroup, no warp
+# specialization, whose ~0.4 us region cost is the fixed gap to DeepGEMM at small M; H200
+# 2026-11-30, ``bench_gemm_smallm.py --flat``: interleaved graph replays beside auto and
+# DeepGEMM; us, auto before / FLAT / DeepGEMM): (1, 7168, 2048) 7.49 / 7.43 / 7.30, (16, 7168,
+# 2048) 7.72 / 7.60 / 7.26, (32, 7168, 2048) 7.78 / 7.70 / 7.32 (64x64, 4 stages of 2 K blocks),
+# (128, 7168, 2048) 8.92 / 8.76 / 8.69 (64x64, 3 x 2: two programs per SM), (16, 24576, 1536)
+# 13.03 / 12.31 / 14.85 and (64, 24576, 1536) 13.85 / 13.24 / 14.36 (64x64, 2 x 2: three
+# programs per SM; M 17-32 takes the same, between the two), (16, 32768, 512) 7.91 / 7.62 / 8.05
+# (64x128, 2 x 2). Not adopted: (128, 32768, 512) 12.61 (cuBLAS) / 11.89 / 10.50 (auto runs
+# cuBLAS there, and 0.88x misses the bar too); (64, 7168, 2048) 7.88 / 7.87 / 7.12, and 8.0 /
+# 7.8 / 7.2 in a --flat run after the last GPU test run, so that bucket keeps the
+# warp-specialized kernel for now. At K = 7168 it lost to the K-interleaved kernel ((64, 4096,
+# 7168) 14.65 against 12.63, (128, 2112, 7168) 13.84 against 11.71): one warpgroup's chain per K
+# block (wait, wgmma, wait, scale) is not hidden there.
+_FLAT_64X64 = {"FLAT": True, "BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 4, "KPS": 2}
+_FLAT_64X64_ST2 = {"FLAT": True, "BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 2, "KPS": 2}
+_FLAT_64X128_ST2 = {"FLAT": True, "BLOCK_M": 64, "BLOCK_N": 128, "num_stages": 2, "KPS": 2}
 _KINT_64X32 = {"KINT": True, "BLOCK_M": 64, "BLOCK_N": 32, "num_stages": 4, "KPS": 4, "SPLIT_K": 1, "EAGER": True}
 _KINT_64X64 = {"KINT": True, "BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 6, "KPS": 2, "SPLIT_K": 1, "EAGER": True}
 GROUPWISE_GLUON: dict[str, dict] = {
-    "m16,7168,2048": _GLUON_64X64,
-    "m32,7168,2048": _GLUON_64X64,
-    "m64,7168,2048": _GLUON_64X64,
-    "m128,7168,2048": {"BLOCK_M": 128, "BLOCK_N": 64, "num_stages": 4, "KPS": 2},
+    "m16,7168,2048": _FLAT_64X64,
+    "m32,7168,2048": _FLAT_64X64,
+    "m64,7168,2048": {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 6, "KPS": 2},
+    "m128,7168,2048": {**_FLAT_64X64, "num_stages": 3},
+    "m16,24576,1536": _FLAT_64X64_ST2,
+    "m32,24576,1536": _FLAT_64X64_ST2,
+    "m64,24576,1536": _FLAT_64X64_ST2,
+    "m16,32768,512": _FLAT_64X128_ST2,
     "m16,2112,7168": {**_KINT_64X32, "SPLIT_K": 2},
     "m32,2112,7168": {**_KINT_64X32, "SPLIT_K": 2},
     "m64,2112,7168": {**_KINT_64X32, "SPLIT_K": 2},
