@@ -66,7 +66,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from mate.ops.gemm.groupwise import tile_coords
 
-__all__ = ["fp8_groupwise_gluon_kernel", "groupwise_gemm_gluon", "gluon_supported", "GLUON_MAX_REGS"]
+__all__ = ["fp8_groupwise_gluon_kernel", "groupwise_gemm_gluon", "gluon_supported", "check_kps", "operand_desc",
+           "GLUON_MAX_REGS"]
 
 BLOCK_K = gl.constexpr(128)
 GLUON_MAX_REGS = 168  # launch registers per thread: 3 warpgroups (4 + 4 + 1 warps) fit an SM
@@ -434,9 +435,18 @@ def gluon_supported(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> bool
     return all(t.is_contiguous() and t.data_ptr() % 16 == 0 and t.shape[-1] % 16 == 0 for t in (a, b))
 
 
-def _desc(t: torch.Tensor, rows: int, block_rows: int):
+def check_kps(kps) -> None:
+    """Raises ValueError unless ``kps`` (K blocks per ring stage) is 1, 2, 3 or 4."""
+    if not isinstance(kps, int) or not 1 <= kps <= 4:
+        raise ValueError(f"KPS (K blocks per ring stage) must be 1, 2, 3 or 4, got {kps!r}")
+
+
+def operand_desc(t: torch.Tensor, block_rows: int, rows: int | None = None):
+    """TMA descriptor of an e4m3 operand viewed as [rows (default: its first dim), K] with
+    blocks [block_rows, 128] (the ring slots' 128-byte swizzled layout)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+    rows = t.shape[0] if rows is None else rows
     layout = gl.NVMMASharedLayout.get_default_for([block_rows, 128], gl.float8e4nv)
     return TensorDescriptor(t, [rows, t.shape[-1]], [t.shape[-1], 1], [block_rows, 128], layout)
 
@@ -490,8 +500,7 @@ def groupwise_gemm_gluon(a, b, a_scale, a_scale_strides, b_scale, b_scale_stride
         raise ValueError(f"the Gluon GEMM has no {bm}x{bn} tile (BLOCK_M 64: BLOCK_N 32, 64, 128; "
                          "BLOCK_M 128: 16, 32, 64, 128, 192)")
     kps = config.get("KPS", 1)
-    if not isinstance(kps, int) or not 1 <= kps <= 4:
-        raise ValueError(f"the Gluon GEMM's KPS (K blocks per ring stage) must be 1, 2, 3 or 4, got {kps!r}")
+    check_kps(kps)
     epi_tma = (bool(config.get("EPI_TMA", False)) and bm == 128 and bn >= 128
                and out.dim() == 2 and out.data_ptr() % 16 == 0 and (out.stride(0) * out.element_size()) % 16 == 0)
     tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
@@ -500,9 +509,9 @@ def groupwise_gemm_gluon(a, b, a_scale, a_scale_strides, b_scale, b_scale_stride
     grid = (max(1, min(num_sms, tiles)), )
     idx = m_indices if m_indices is not None else out
     wide = bn > 128
-    a_desc = _desc(a, M, a_box_rows(M, bm))
-    b_desc = _desc(b, G * N, 128 if wide else bn)
-    b2_desc = _desc(b, G * N, bn - 128) if wide else b_desc
+    a_desc = operand_desc(a, a_box_rows(M, bm), M)
+    b_desc = operand_desc(b, 128 if wide else bn, G * N)
+    b2_desc = operand_desc(b, bn - 128, G * N) if wide else b_desc
     c_desc = _out_desc(out, 128 if wide else bn) if epi_tma else a_desc  # a_desc: a placeholder, never used
     c2_desc = _out_desc(out, bn - 128) if epi_tma and wide else c_desc
     fp8_groupwise_gluon_kernel[grid](

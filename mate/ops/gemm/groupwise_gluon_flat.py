@@ -27,7 +27,6 @@ Selected with ``config["GLUON"] = {"FLAT": True, ...}`` (see ``groupwise_gemm_fl
 
 from __future__ import annotations
 
-import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -40,7 +39,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from mate.ops.gemm.groupwise import tile_coords
-from mate.ops.gemm.groupwise_gluon import _store_tile, a_box_rows, a_slot
+from mate.ops.gemm.groupwise_gluon import _store_tile, a_box_rows, a_slot, check_kps, operand_desc
 
 __all__ = ["fp8_groupwise_flat_kernel", "groupwise_gemm_flat", "check_flat_config", "flat_shared_bytes",
            "FLAT_TILES"]
@@ -149,19 +148,11 @@ def check_flat_config(bn: int, stages, k: int, kps=1) -> None:
         raise ValueError(f"the single-partition Gluon GEMM has no 64x{bn} tile (BLOCK_N 16, 32, 64 or 128)")
     if not isinstance(stages, int) or stages < 1:
         raise ValueError(f"num_stages of the single-partition Gluon GEMM must be a positive int, got {stages!r}")
-    if not isinstance(kps, int) or not 1 <= kps <= 4:
-        raise ValueError(f"KPS (K blocks per ring stage) must be 1, 2, 3 or 4, got {kps!r}")
+    check_kps(kps)
     need = flat_shared_bytes(bn, stages, k, kps)
     if need > SMEM_LIMIT:
         raise ValueError(f"the single-partition Gluon GEMM 64x{bn} with {stages} stages of {kps} K blocks at K={k} needs "
                          f"~{need // 1024} KB of shared memory (at most {SMEM_LIMIT // 1024} KB)")
-
-
-def _desc(t: torch.Tensor, block_rows: int):
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    layout = gl.NVMMASharedLayout.get_default_for([block_rows, 128], gl.float8e4nv)
-    return TensorDescriptor(t, list(t.shape), [t.shape[-1], 1], [block_rows, 128], layout)
 
 
 def groupwise_gemm_flat(a, b, a_scale, a_scale_strides, b_scale, b_scale_strides, out, *, config: dict) -> None:
@@ -181,7 +172,7 @@ def groupwise_gemm_flat(a, b, a_scale, a_scale_strides, b_scale, b_scale_strides
         return
     stages = max(1, min(stages, -(-(K // 128) // kps)))
     fp8_groupwise_flat_kernel[(triton.cdiv(M, 64) * triton.cdiv(N, bn), )](
-        _desc(a, a_box_rows(M, 64)), _desc(b, bn), a_scale, b_scale, out,
+        operand_desc(a, a_box_rows(M, 64)), operand_desc(b, bn), a_scale, b_scale, out,
         M, N, K,
         a_scale_strides[1], a_scale_strides[2], b_scale_strides[1], b_scale_strides[2], out.stride(0),
         BLOCK_N=bn, GROUP_M=config.get("GROUP_M", 8), STAGES=stages, KB_ROWS=_kb_rows(K, kps), KPS=kps,

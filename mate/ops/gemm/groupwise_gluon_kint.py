@@ -41,7 +41,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from mate.ops.gemm.groupwise import tile_coords
-from mate.ops.gemm.groupwise_gluon import GLUON_MAX_REGS, _store_tile, a_box_rows, a_slot
+from mate.ops.gemm.groupwise_gluon import GLUON_MAX_REGS, _store_tile, a_box_rows, a_slot, check_kps, operand_desc
 
 __all__ = ["fp8_groupwise_kint_kernel", "groupwise_gemm_kint", "check_kint_config", "kint_shared_bytes", "KINT_TILES"]
 
@@ -265,8 +265,7 @@ def check_kint_config(bm: int, bn: int, stages, kps, split) -> None:
     if (bm, bn) not in KINT_TILES:
         raise ValueError(f"the K-interleaved Gluon GEMM has no {bm}x{bn} tile (BLOCK_M 64: BLOCK_N 16, 32, 64, "
                          "128; BLOCK_M 128: 16, 32, 64)")
-    if not isinstance(kps, int) or not 1 <= kps <= 4:
-        raise ValueError(f"KPS (K blocks per ring stage) must be 1, 2, 3 or 4, got {kps!r}")
+    check_kps(kps)
     if not isinstance(split, int) or split < 1:
         raise ValueError(f"SPLIT_K must be a positive int, got {split!r}")
     if not isinstance(stages, int) or stages < 2 or stages % 2:
@@ -278,13 +277,6 @@ def check_kint_config(bm: int, bn: int, stages, kps, split) -> None:
     if need > SMEM_LIMIT:
         raise ValueError(f"the K-interleaved Gluon GEMM {bm}x{bn} with {stages} stages of {kps} K blocks needs "
                          f"~{need // 1024} KB of shared memory (at most {SMEM_LIMIT // 1024} KB)")
-
-
-def _desc(t: torch.Tensor, block_rows: int):
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    layout = gl.NVMMASharedLayout.get_default_for([block_rows, 128], gl.float8e4nv)
-    return TensorDescriptor(t, list(t.shape), [t.shape[-1], 1], [block_rows, 128], layout)
 
 
 def groupwise_gemm_kint(a, b, a_scale, a_scale_strides, b_scale, b_scale_strides, out, *, config: dict,
@@ -321,7 +313,7 @@ def groupwise_gemm_kint(a, b, a_scale, a_scale_strides, b_scale, b_scale_strides
         cnt = _tile_counters(a.device, tiles)
     ws = torch.empty((split, M, N), dtype=torch.float32, device=a.device) if split > 1 else out
     fp8_groupwise_kint_kernel[(max(1, min(num_sms, tiles * split)), )](
-        _desc(a, a_box_rows(M, bm)), _desc(b, bn), a_scale, b_scale, out, ws, cnt if cnt is not None else ws,
+        operand_desc(a, a_box_rows(M, bm)), operand_desc(b, bn), a_scale, b_scale, out, ws, cnt if cnt is not None else ws,
         M, N, K,
         a_scale_strides[1], a_scale_strides[2], b_scale_strides[1], b_scale_strides[2], out.stride(0),
         BLOCK_M=bm, BLOCK_N=bn, GROUP_M=config.get("GROUP_M", 8), STAGES=stages, KPS=kps,
