@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["rel_error", "assert_close", "assert_equal", "DTYPE_TOL"]
+__all__ = ["rel_error", "assert_close", "assert_equal", "fp8_mma_on_gpu", "DTYPE_TOL"]
 
 # Elementwise tolerances (atol, rtol) by the output dtype: one or two units of the output
 # rounding on top of the accumulation-order differences of fp32 math.
@@ -15,6 +15,14 @@ DTYPE_TOL: dict[torch.dtype, tuple[float, float]] = {
     torch.float16: (1e-3, 2e-3),
     torch.float8_e4m3fn: (0.0, 0.13),
 }
+
+
+def fp8_mma_on_gpu(dtype: torch.dtype, device) -> bool:
+    """Whether fp8 products of this dtype and device run on Hopper FP8 tensor cores, whose
+    accumulator keeps ~13 mantissa bits (truncating) at each 32-wide k-step, so a 128-wide
+    dot product is off by up to ~4 * 2^-13 of its partial sums' magnitude (the interpreter's
+    and the references' fp8 products are exact in fp32)."""
+    return dtype == torch.float8_e4m3fn and torch.device(device).type == "cuda"
 
 
 _BITS_DTYPE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}

@@ -10,6 +10,7 @@ import torch
 
 from mate.msa_interface import MsaRuntimeMetadata, _msa_plan_from_lengths, msa, msa_plan
 from mate.testing import assert_close, poisoned
+from mate.testing.numeric import fp8_mma_on_gpu
 
 BLK = 128
 # fp32 accumulation of D <= 128 products of exactly representable inputs: the kernel and
@@ -22,8 +23,7 @@ def _tol(dtype, device) -> dict:
     on a GPU runs on FP8 tensor cores, whose accumulator keeps ~13 mantissa bits (truncating) at
     each of the 4 k-steps of a 128-wide product: a score is off by up to ~4 * 2^-13 = 4.9e-4 of
     its magnitude (measured on the H200: 3.5e-4 at scores of ~370)."""
-    fp8_mma = dtype == torch.float8_e4m3fn and torch.device(device).type == "cuda"
-    return dict(atol=ATOL, rtol=1e-3 if fp8_mma else RTOL)
+    return dict(atol=ATOL, rtol=1e-3 if fp8_mma_on_gpu(dtype, device) else RTOL)
 DTYPES = (torch.bfloat16, torch.float16, torch.float8_e4m3fn)
 
 

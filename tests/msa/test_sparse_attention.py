@@ -11,6 +11,7 @@ import torch
 from mate.ops.msa.reference_attention import sparse_attention_reference
 from mate.ops.msa.sparse_attention import sparse_attention
 from mate.testing import assert_close, poisoned
+from mate.testing.numeric import fp8_mma_on_gpu
 
 BLK = 128
 
@@ -170,8 +171,7 @@ def assert_lse_close(lse, ref, dtype, device) -> None:
     |reference LSE|, at least 2.5): 2.5e-3 for the usual |logits| of ~5 (measured on the H200:
     up to 8.6e-4, at LSE 1.98 and at -0.10), 0.038 at the lazy-rescale test's LSE of ~38
     (measured: 0.018). Elsewhere the logits are fp32 math: 1e-4."""
-    on_tensor_cores = dtype == torch.float8_e4m3fn and torch.device(device).type == "cuda"
-    if on_tensor_cores:
+    if fp8_mma_on_gpu(dtype, device):
         finite = ref[torch.isfinite(ref)].abs()
         atol, rtol = 1e-3 * max(2.5, float(finite.max()) if finite.numel() else 0.0), 0.0
     else:
