@@ -52,7 +52,8 @@ if ROOT not in sys.path:  # spawned warm-up workers import mate too
 
 DEVICE = "cuda"
 SHAPES = ((64, 2112, 7168), (64, 4096, 7168), (128, 2112, 7168), (128, 4096, 7168),
-          (64, 7168, 2048), (128, 7168, 2048), (64, 24576, 1536), (128, 24576, 1536))
+          (64, 7168, 2048), (128, 7168, 2048), (64, 24576, 1536), (128, 24576, 1536),
+          (64, 7168, 16384), (128, 7168, 16384))
 
 
 def _g(bm, bn, stages, kps=1):
@@ -140,6 +141,18 @@ KINT_CANDIDATES = {
         _k(64, 64, 6, 2, 1, True),  # 128, 918 KB, DeepGEMM's tile (auto: 14.1 us, 0.91x)
         _k(64, 64, 6, 2),  # 14.3
         _k(64, 64, 4, 3, 1, True),  # 14.5
+    ]),
+    # K = 16384 (128 K blocks), not yet timed: auto runs Triton 64x128 there (2026-11-30: 38.0 us
+    # at M = 64 against DeepGEMM's 35.8, 0.94x; 48.1 against 45.7 at M = 128)
+    (64, 7168, 16384): dict([
+        _k(64, 64, 6, 2, 1, True),  # 112, 2 MB
+        _k(64, 128, 2, 3, 2),  # 56 x 2 splits, 3 MB
+        _k(64, 32, 4, 4, 1, True),  # 224 (two waves)
+    ]),
+    (128, 7168, 16384): dict([
+        _k(64, 64, 6, 2, 1, True),  # 224 (two waves)
+        _k(64, 128, 2, 3, 1),  # 112, 3 MB
+        _k(128, 64, 6, 1, 1),  # 112, 3 MB, B read once
     ]),
 }
 
