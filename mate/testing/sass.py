@@ -17,10 +17,12 @@ import tempfile
 import triton
 from triton.backends.compiler import GPUTarget
 
+from mate._core.hopper import SMEM_PER_PROGRAM
+
 __all__ = ["SMEM_LIMIT", "SassReport", "compile_sm90", "divisibility_attrs", "opcode_counts"]
 
-SMEM_LIMIT = 227 * 1024
-"""Dynamic shared memory one program may use on an H100/H200 SM."""
+SMEM_LIMIT = SMEM_PER_PROGRAM
+"""Dynamic shared memory one program may use on an H100/H200 SM (``mate._core.hopper``)."""
 
 TOOLS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 _SPILL = re.compile(r"\b(STL|LDL)")

@@ -38,6 +38,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from mate._core.hopper import SMEM_PER_PROGRAM
 from mate.ops.gemm.groupwise import tile_coords
 from mate.ops.gemm.groupwise_gluon import _store_tile, a_box_rows, a_slot, check_kps, operand_desc
 
@@ -142,17 +143,15 @@ def _kb_rows(k: int, kps: int) -> int:
 
 def check_flat_config(bn: int, stages, k: int, kps=1) -> None:
     """Raises ValueError for a configuration the kernel cannot run."""
-    from mate.testing.sass import SMEM_LIMIT
-
     if (64, bn) not in FLAT_TILES:
         raise ValueError(f"the single-partition Gluon GEMM has no 64x{bn} tile (BLOCK_N 16, 32, 64 or 128)")
     if not isinstance(stages, int) or stages < 1:
         raise ValueError(f"num_stages of the single-partition Gluon GEMM must be a positive int, got {stages!r}")
     check_kps(kps)
     need = flat_shared_bytes(bn, stages, k, kps)
-    if need > SMEM_LIMIT:
+    if need > SMEM_PER_PROGRAM:
         raise ValueError(f"the single-partition Gluon GEMM 64x{bn} with {stages} stages of {kps} K blocks at K={k} needs "
-                         f"~{need // 1024} KB of shared memory (at most {SMEM_LIMIT // 1024} KB)")
+                         f"~{need // 1024} KB of shared memory (at most {SMEM_PER_PROGRAM // 1024} KB)")
 
 
 def groupwise_gemm_flat(a, b, a_scale, a_scale_strides, b_scale, b_scale_strides, out, *, config: dict) -> None:

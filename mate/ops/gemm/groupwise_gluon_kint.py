@@ -40,6 +40,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
+from mate._core.hopper import SMEM_PER_PROGRAM
 from mate.ops.gemm.groupwise import tile_coords
 from mate.ops.gemm.groupwise_gluon import GLUON_MAX_REGS, _store_tile, a_box_rows, a_slot, check_kps, operand_desc
 
@@ -260,8 +261,6 @@ def kint_shared_bytes(bm: int, bn: int, stages: int, kps: int, split: int) -> in
 
 def check_kint_config(bm: int, bn: int, stages, kps, split) -> None:
     """Raises ValueError for a configuration the kernel cannot run."""
-    from mate.testing.sass import SMEM_LIMIT
-
     if (bm, bn) not in KINT_TILES:
         raise ValueError(f"the K-interleaved Gluon GEMM has no {bm}x{bn} tile (BLOCK_M 64: BLOCK_N 16, 32, 64, "
                          "128; BLOCK_M 128: 16, 32, 64)")
@@ -274,9 +273,9 @@ def check_kint_config(bm: int, bn: int, stages, kps, split) -> None:
         raise ValueError(f"num_stages (ring stages) of the K-interleaved Gluon GEMM must be even and >= 2, "
                          f"got {stages!r}")
     need = kint_shared_bytes(bm, bn, stages, kps, split)
-    if need > SMEM_LIMIT:
+    if need > SMEM_PER_PROGRAM:
         raise ValueError(f"the K-interleaved Gluon GEMM {bm}x{bn} with {stages} stages of {kps} K blocks needs "
-                         f"~{need // 1024} KB of shared memory (at most {SMEM_LIMIT // 1024} KB)")
+                         f"~{need // 1024} KB of shared memory (at most {SMEM_PER_PROGRAM // 1024} KB)")
 
 
 def groupwise_gemm_kint(a, b, a_scale, a_scale_strides, b_scale, b_scale_strides, out, *, config: dict,

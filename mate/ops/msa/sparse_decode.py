@@ -21,6 +21,7 @@ import os
 import triton
 import triton.language as tl
 
+from mate._core.hopper import REGS_PER_SM, SMEM_PER_SM, SMEM_RESERVED_PER_PROGRAM
 from mate._core.triton_helpers import INTERPRET, dot_operand, to_out_dtype
 from mate.ops.msa.softmax_helpers import finish_softmax, split_entries, visible_limit
 
@@ -108,8 +109,6 @@ read with cuobjdump before the lazy rescale (the default now: bf16 64 keys 3 sta
 registers; shared memory, which bounds bf16 at 2 programs per SM, is unchanged). No spills;
 QGMMA (fp8 Sᵀ) and HGMMA in the SASS, no ptxas warning."""
 
-_SM90_SHARED = 233472  # bytes per SM (228 KB); each resident program also reserves 1 KB
-_SM90_REGS = 65536
 
 
 def decode_t_heads(ratio: int) -> int:
@@ -138,8 +137,8 @@ def t_programs_per_sm(is_fp8: bool) -> int:
     regs, smem = T_COMPILES.get((is_fp8, keys, stages), (128, 2 * tile * stages + 16384))
     if cap:
         regs = min(regs, cap)
-    by_regs = _SM90_REGS // (-(-regs // 8) * 8 * 128)
-    by_smem = _SM90_SHARED // (smem + 1024)
+    by_regs = REGS_PER_SM // (-(-regs // 8) * 8 * 128)
+    by_smem = SMEM_PER_SM // (smem + SMEM_RESERVED_PER_PROGRAM)
     return max(1, min(5, by_regs, by_smem))
 
 

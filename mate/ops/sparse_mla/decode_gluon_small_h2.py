@@ -61,6 +61,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from mate._core.hopper import smem_for_programs
 from mate.ops.sparse_mla.decode_gluon_small_h import _first_block, _issue_qk, _online_softmax
 from mate.ops.sparse_mla.gluon_common import (
     _gather_next,
@@ -72,8 +73,7 @@ __all__ = ["sparse_mla_decode_small_h_wg_kernel", "sparse_mla_decode_gluon_small
 
 WG_BLOCK_N = 64
 WG_NUM_WARPS = 4
-# Shared memory of one program that lets 2 share an SM (228 KB, 1 KB reserved per program).
-WG_SMEM_LIMIT = 113 * 1024
+WG_SMEM_LIMIT = smem_for_programs(2)  # 113 KB: two programs share an SM
 
 
 @gluon.jit

@@ -15,6 +15,7 @@ import dataclasses
 import torch
 
 from mate._core import checks
+from mate._core.hopper import REGS_PER_SM
 
 __all__ = ["DecodeMetadata", "plan_decode", "BLOCK_N", "HEAD_DIM_V", "HEAD_DIM_ROPE", "GLUON_STAGES",
            "GLUON_SMALL_H_STAGES", "GLUON_WG_STAGES"]
@@ -178,7 +179,7 @@ def _resident_per_sm(block_h: int, block_n: int, num_warps: int, max_regs: int, 
     if transposed or block_h == 64:
         return 1
     if max_regs:  # registers bound it (the shared memory of these configs fits 4 per SM)
-        return max(1, min(4, 65536 // (32 * num_warps * max_regs)))
+        return max(1, min(4, REGS_PER_SM // (32 * num_warps * max_regs)))
     known = {(16, 16, 4): 2, (16, 16, 8): 2, (16, 32, 8): 2, (32, 16, 4): 2}  # 124-245 registers
     return known.get((block_h, block_n, num_warps), 1)
 
