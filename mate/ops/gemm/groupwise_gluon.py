@@ -66,8 +66,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from mate.ops.gemm.groupwise import tile_coords
 
-__all__ = ["fp8_groupwise_gluon_kernel", "groupwise_gemm_gluon", "gluon_supported", "check_kps", "operand_desc",
-           "GLUON_MAX_REGS"]
+__all__ = ["fp8_groupwise_gluon_kernel", "groupwise_gemm_gluon", "gluon_supported", "check_kps", "issue_stage",
+           "operand_desc", "plain_mnk", "GLUON_MAX_REGS"]
 
 BLOCK_K = gl.constexpr(128)
 GLUON_MAX_REGS = 168  # launch registers per thread: 3 warpgroups (4 + 4 + 1 warps) fit an SM
@@ -111,6 +111,20 @@ def a_slot(a_bufs, slot, A_ROWS: gl.constexpr):
     if buf.shape[0] > A_ROWS:
         buf = buf.slice(0, A_ROWS)
     return buf
+
+
+@gluon.jit
+def issue_stage(a_desc, b_desc, a_bufs, b_bufs, bar, s, kb_lo, st, nkb, a_row, b_row, KPS: gl.constexpr):
+    """TMA loads of stage ``st``'s K blocks, kb_lo + st * KPS + j for j < KPS (A [A_ROWS, 128]
+    and B [BLOCK_N, 128] each), into ring stage ``s``'s KPS slots, counted on ``bar``; a block
+    at or past kb_lo + ``nkb`` reloads block kb_lo + nkb - 1 (the callers give it zero scales,
+    so its product adds 0)."""
+    A_ROWS: gl.constexpr = a_desc.block_shape[0]  # see a_box_rows
+    mbarrier.expect(bar, (A_ROWS + b_desc.block_shape[0]) * BLOCK_K * KPS)
+    for j in gl.static_range(KPS):
+        kb = kb_lo + gl.minimum(st * KPS + j, nkb - 1)
+        tma.async_copy_global_to_shared(a_desc, [a_row, kb * BLOCK_K], bar, a_slot(a_bufs, s * KPS + j, A_ROWS))
+        tma.async_copy_global_to_shared(b_desc, [b_row, kb * BLOCK_K], bar, b_bufs.index(s * KPS + j))
 
 
 @gluon.jit
@@ -439,6 +453,18 @@ def check_kps(kps) -> None:
     """Raises ValueError unless ``kps`` (K blocks per ring stage) is 1, 2, 3 or 4."""
     if not isinstance(kps, int) or not 1 <= kps <= 4:
         raise ValueError(f"KPS (K blocks per ring stage) must be 1, 2, 3 or 4, got {kps!r}")
+
+
+def plain_mnk(a: torch.Tensor, b: torch.Tensor, kernel: str) -> tuple[int, int, int]:
+    """(M, N, K) of a [M, K] x b [N, K] problem for a kernel that takes the PLAIN layout only
+    (``kernel`` names it in the errors): 2-D operands with equal K, a multiple of 128."""
+    if a.dim() != 2 or b.dim() != 2:
+        raise ValueError(f"the {kernel} Gluon GEMM takes the PLAIN layout (2-D a and b) only")
+    M, K = a.shape
+    if b.shape[1] != K or K % 128:
+        raise ValueError(f"the {kernel} Gluon GEMM needs a [M, K] and b [N, K] with K a multiple of 128, "
+                         f"got {tuple(a.shape)} and {tuple(b.shape)}")
+    return M, b.shape[0], K
 
 
 def operand_desc(t: torch.Tensor, block_rows: int, rows: int | None = None):

@@ -33,33 +33,19 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
-    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
 
 from mate._core.hopper import SMEM_PER_PROGRAM
 from mate.ops.gemm.groupwise import tile_coords
-from mate.ops.gemm.groupwise_gluon import _store_tile, a_box_rows, a_slot, check_kps, operand_desc
+from mate.ops.gemm.groupwise_gluon import _store_tile, a_box_rows, check_kps, issue_stage, operand_desc, plain_mnk
 
 __all__ = ["fp8_groupwise_flat_kernel", "groupwise_gemm_flat", "check_flat_config", "flat_shared_bytes",
            "FLAT_TILES"]
 
 BLOCK_K = gl.constexpr(128)
 FLAT_TILES = {(64, 16), (64, 32), (64, 64), (64, 128)}
-
-
-@gluon.jit
-def _issue(a_desc, b_desc, a_bufs, b_bufs, ready, s, st, num_kb, a_row, b_row, A_ROWS: gl.constexpr,
-           KPS: gl.constexpr):
-    """TMA loads of stage ``st``'s KPS K blocks into ring stage ``s``, counted on ``ready[s]``;
-    a block past the end reloads the last one (its scales are 0, so its product adds 0)."""
-    mbarrier.expect(ready.index(s), (A_ROWS + b_desc.block_shape[0]) * BLOCK_K * KPS)
-    for j in gl.static_range(KPS):
-        kb = gl.minimum(st * KPS + j, num_kb - 1)
-        tma.async_copy_global_to_shared(a_desc, [a_row, kb * BLOCK_K], ready.index(s),
-                                        a_slot(a_bufs, s * KPS + j, A_ROWS))
-        tma.async_copy_global_to_shared(b_desc, [b_row, kb * BLOCK_K], ready.index(s), b_bufs.index(s * KPS + j))
 
 
 @gluon.jit
@@ -75,7 +61,6 @@ def fp8_groupwise_flat_kernel(
     per ring stage (one wait, one CTA barrier and one refill per stage; STAGES <= the stage
     count); ``KB_ROWS``: a power of two >= the stages' K blocks (the scale buffers' rows)."""
     BLOCK_M: gl.constexpr = 64
-    A_ROWS: gl.constexpr = a_desc.block_shape[0]
     MMA_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                     instr_shape=[16, BLOCK_N, 32])
     ROW_L: gl.constexpr = gl.SliceLayout(1, MMA_L)
@@ -97,7 +82,7 @@ def fp8_groupwise_flat_kernel(
         mbarrier.init(ready.index(i), count=1)
     fence_async_shared()  # the barriers' init before the TMA loads that complete on them
     for s0 in gl.static_range(STAGES):  # the launcher keeps STAGES <= num_st
-        _issue(a_desc, b_desc, a_bufs, b_bufs, ready, s0, s0, num_kb, a_row, b_row, A_ROWS, KPS)
+        issue_stage(a_desc, b_desc, a_bufs, b_bufs, ready.index(s0), s0, 0, s0, num_kb, a_row, b_row, KPS)
 
     # every scale of the tile, loads all in flight: flat index i = K block * 64 + row
     i = gl.arange(0, KB_ROWS * BLOCK_M, layout=FLAT_L)
@@ -125,20 +110,25 @@ def fp8_groupwise_flat_kernel(
             acc += prod * sc[:, None]
         if st + STAGES < num_st:
             gl.thread_barrier()  # every warp's wgmmas have read stage s
-            _issue(a_desc, b_desc, a_bufs, b_bufs, ready, s, st + STAGES, num_kb, a_row, b_row, A_ROWS, KPS)
+            issue_stage(a_desc, b_desc, a_bufs, b_bufs, ready.index(s), s, 0, st + STAGES, num_kb, a_row, b_row, KPS)
     _store_tile(c_ptr, c_ptr, acc, a_row, b_row, M, N, 0, stride_cm, 0, BLOCK_M, BLOCK_N)
 
 
 def flat_shared_bytes(bn: int, stages: int, k: int, kps: int = 1) -> int:
     """The kernel's shared memory: the ring, the two scale buffers and the barriers (the
     epilogue's layout conversion reuses the ring; equal to the sm_90 builds' size, checked by
-    ``benchmarks/compile_gemm_gluon.py``)."""
+    ``tests/gemm/test_groupwise_gluon_flat.py``)."""
     return stages * kps * (64 + bn) * 128 + 2 * _kb_rows(k, kps) * 64 * 4 + stages * 8
+
+
+def _stage_count(k: int, kps: int) -> int:
+    """Ring stages of KPS K blocks that cover K (at least one)."""
+    return -(-max(1, k // 128) // kps)
 
 
 def _kb_rows(k: int, kps: int) -> int:
     """Rows of the scale buffers: a power of two >= the K blocks of every stage."""
-    return triton.next_power_of_2(-(-max(1, k // 128) // kps) * kps)
+    return triton.next_power_of_2(_stage_count(k, kps) * kps)
 
 
 def check_flat_config(bn: int, stages, k: int, kps=1) -> None:
@@ -158,18 +148,12 @@ def groupwise_gemm_flat(a, b, a_scale, a_scale_strides, b_scale, b_scale_strides
     """Launches the kernel on a [M, K] x b [N, K]ᵀ (PLAIN; ``groupwise_gluon.gluon_supported``
     must hold). ``config``: BLOCK_N (16, 32, 64 or 128; BLOCK_M is 64), num_stages (ring
     stages), KPS (K blocks per stage, default 1), GROUP_M. One program per output tile."""
-    if a.dim() != 2 or b.dim() != 2:
-        raise ValueError("the single-partition Gluon GEMM takes the PLAIN layout (2-D a and b) only")
-    M, K = a.shape
-    N = b.shape[0]
+    M, N, K = plain_mnk(a, b, "single-partition")
     bn, stages, kps = config["BLOCK_N"], config.get("num_stages", 8), config.get("KPS", 1)
-    if b.shape[1] != K or K % 128:
-        raise ValueError(f"the single-partition Gluon GEMM needs a [M, K] and b [N, K] with K a multiple of 128, "
-                         f"got {tuple(a.shape)} and {tuple(b.shape)}")
     check_flat_config(bn, stages, K, kps)
     if M == 0 or N == 0:
         return
-    stages = max(1, min(stages, -(-(K // 128) // kps)))
+    stages = min(stages, _stage_count(K, kps))
     fp8_groupwise_flat_kernel[(triton.cdiv(M, 64) * triton.cdiv(N, bn), )](
         operand_desc(a, a_box_rows(M, 64)), operand_desc(b, bn), a_scale, b_scale, out,
         M, N, K,

@@ -38,11 +38,19 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 
 from mate._core.hopper import SMEM_PER_PROGRAM
 from mate.ops.gemm.groupwise import tile_coords
-from mate.ops.gemm.groupwise_gluon import GLUON_MAX_REGS, _store_tile, a_box_rows, a_slot, check_kps, operand_desc
+from mate.ops.gemm.groupwise_gluon import (
+    GLUON_MAX_REGS,
+    _store_tile,
+    a_box_rows,
+    check_kps,
+    issue_stage,
+    operand_desc,
+    plain_mnk,
+)
 
 __all__ = ["fp8_groupwise_kint_kernel", "groupwise_gemm_kint", "check_kint_config", "kint_shared_bytes", "KINT_TILES"]
 
@@ -71,8 +79,6 @@ def _producer(a_desc, b_desc, as_ptr, bs_ptr, a_bufs, b_bufs, sa_bufs, sb_bufs, 
               stride_asm, stride_ask, stride_bsn, stride_bsk, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               GROUP_M: gl.constexpr, STAGES: gl.constexpr, KPS: gl.constexpr, SPLIT_K: gl.constexpr):
     SC_L: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
-    A_ROWS: gl.constexpr = a_desc.block_shape[0]  # see groupwise_gluon.a_box_rows
-    nbytes: gl.constexpr = (A_ROWS + BLOCK_N) * BLOCK_K * KPS
     num_units = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N) * SPLIT_K
     zeros = gl.zeros([BLOCK_M], gl.int32, SC_L)
     it = 0
@@ -97,13 +103,7 @@ def _producer(a_desc, b_desc, as_ptr, bs_ptr, a_bufs, b_bufs, sa_bufs, sb_bufs, 
                 async_copy.async_copy_global_to_shared(sb_bufs.index(s * KPS + j), bs_ptrs + kb * stride_bsk,
                                                        mask=k_ok)
             async_copy.mbarrier_arrive(ready.index(s), increment_count=True)
-            mbarrier.expect(ready.index(s), nbytes)
-            for j in gl.static_range(KPS):
-                kb = kb_lo + gl.minimum(ks * KPS + j, nkb - 1)
-                tma.async_copy_global_to_shared(a_desc, [a_row, kb * BLOCK_K], ready.index(s),
-                                                a_slot(a_bufs, s * KPS + j, A_ROWS))
-                tma.async_copy_global_to_shared(b_desc, [b_row, kb * BLOCK_K], ready.index(s),
-                                                b_bufs.index(s * KPS + j))
+            issue_stage(a_desc, b_desc, a_bufs, b_bufs, ready.index(s), s, kb_lo, ks, nkb, a_row, b_row, KPS)
             it += 1
 
 
@@ -288,16 +288,10 @@ def groupwise_gemm_kint(a, b, a_scale, a_scale_strides, b_scale, b_scale_strides
     wgmma issued before the previous one is waited for and scaled; default False)."""
     from mate.ops.gemm.groupwise import _TL_DTYPE, _tile_counters, splitk_reduce_kernel
 
-    if a.dim() != 2 or b.dim() != 2:
-        raise ValueError("the K-interleaved Gluon GEMM takes the PLAIN layout (2-D a and b) only")
-    M, K = a.shape
-    N = b.shape[0]
+    M, N, K = plain_mnk(a, b, "K-interleaved")
     bm, bn = config["BLOCK_M"], config["BLOCK_N"]
     kps, split, stages = config.get("KPS", 1), config.get("SPLIT_K", 1), config.get("num_stages", 8)
     check_kint_config(bm, bn, stages, kps, split)
-    if b.shape[1] != K or K % 128:
-        raise ValueError(f"the K-interleaved Gluon GEMM needs a [M, K] and b [N, K] with K a multiple of 128, "
-                         f"got {tuple(a.shape)} and {tuple(b.shape)}")
     reduce = config.get("REDUCE", "fused")
     if reduce not in ("fused", "launch"):
         raise ValueError(f"REDUCE must be 'fused' or 'launch', got {reduce!r}")
