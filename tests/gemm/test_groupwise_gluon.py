@@ -13,6 +13,7 @@ from mate.ops.gemm import reference as R
 from mate.ops.gemm import tuning
 from mate.ops.gemm.groupwise import CONTIGUOUS, PLAIN, groupwise_gemm_triton
 from mate.testing import assert_close, poisoned, rand_fp8
+from tests._sm90 import sm90_build_reports
 from tests.gemm._inputs import fp8_block_operands
 
 
@@ -187,6 +188,21 @@ def test_gluon_rejects_bad_kps():
         with pytest.raises(ValueError, match="KPS"):
             groupwise_gemm_gluon(a, b, sa, (0, sa.stride(0), 1), sb, (0, sb.stride(0), 1), out, layout=PLAIN,
                                  config={"BLOCK_M": 64, "BLOCK_N": 64, "KPS": kps})
+
+
+def test_plain_only_kernels_check_shapes():
+    """The K-interleaved and single-partition launchers share one shape check: 2-D operands,
+    equal K, a multiple of 128; the error names the kernel."""
+    from mate.ops.gemm.groupwise_gluon import plain_mnk
+
+    a, b, _, _ = fp8_block_operands(3, 192, 256)
+    assert plain_mnk(a, b, "K-interleaved") == (3, 192, 256)
+    with pytest.raises(ValueError, match="the K-interleaved Gluon GEMM takes the PLAIN layout"):
+        plain_mnk(a, b[None], "K-interleaved")
+    with pytest.raises(ValueError, match=r"the single-partition Gluon GEMM needs .* K a multiple of 128"):
+        plain_mnk(a, b[:, :128], "single-partition")
+    with pytest.raises(ValueError, match="K a multiple of 128"):
+        plain_mnk(a[:, :200], b[:, :200], "single-partition")
 
 
 def test_grouped_default_config():
@@ -423,19 +439,10 @@ def test_kint_sm90_build():
     without the interpreter) with M = 1 specialized: no spills, shared memory within the
     launcher's bound and the SM's limit, QGMMA."""
     import json
-    import os
-    import subprocess
-    import sys
 
     from mate.testing.sass import SMEM_LIMIT
 
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
-    res = subprocess.run([sys.executable, "-c", _KINT_SM90_BUILD, json.dumps(list(KINT_CONFIGS.values()))], env=env,
-                         capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
-    reps = [json.loads(line) for line in res.stdout.strip().splitlines()]
+    reps = sm90_build_reports(_KINT_SM90_BUILD, json.dumps(list(KINT_CONFIGS.values())))
     assert len(reps) == len(KINT_CONFIGS)
     for rep in reps:
         assert rep["spills"] == 0 and rep["shared"] <= min(SMEM_LIMIT, rep["est"]) and rep["mma"] > 0, rep

@@ -8,9 +8,6 @@ kernel against the reference, in both scale modes, repeatable, and inside a CUDA
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -19,6 +16,7 @@ from mate.ops.gemm import reference as R
 from mate.ops.gemm import tuning
 from mate.ops.gemm.groupwise import CONTIGUOUS, PLAIN
 from mate.testing import assert_close, poisoned
+from tests._sm90 import sm90_build_reports
 from tests.gemm._inputs import fp8_block_operands, launch_groupwise_plain
 from tests.gemm.test_groupwise_gluon import auto_configs
 
@@ -125,13 +123,7 @@ def test_flat_sm90_build():
     from mate.testing.sass import SMEM_LIMIT
 
     builds = _flat_builds()
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
-    res = subprocess.run([sys.executable, "-c", _FLAT_SM90_BUILD, json.dumps(builds)], env=env, capture_output=True,
-                         text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
-    reps = [json.loads(line) for line in res.stdout.strip().splitlines()]
+    reps = sm90_build_reports(_FLAT_SM90_BUILD, json.dumps(builds))
     assert len(reps) == len(builds)
     for rep in reps:
         assert rep["spills"] == 0 and rep["mma"] > 0 and rep["shared"] == rep["est"] <= SMEM_LIMIT, rep

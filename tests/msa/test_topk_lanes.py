@@ -14,6 +14,7 @@ from test_topk import _random_case, random_config, random_scores
 from mate.ops.msa.reference_select import topk_select_reference
 from mate.ops.msa.topk import sparse_topk_select_triton
 from mate.testing import assert_equal, poisoned
+from tests._sm90 import sm90_build_reports
 
 
 def _check_lanes(s, topk, kw, qpos, **extra):
@@ -131,18 +132,7 @@ def test_lanes_warps_sm90_build_has_no_shared_memory_or_barrier():
     interpreter), at the default register cap, with warps that never talk: no shared
     memory, no barrier, no local memory, and the ballots of the row; masking whole rows by
     value keeps every branch warp-uniform (no divergence checks before the warp reductions)."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
-    res = subprocess.run([sys.executable, "-c", _SM90_BUILD, "4", "0"], env=env, capture_output=True,
-                         text=True, timeout=300)
-    assert res.returncode == 0, res.stderr[-3000:]
-    rep = json.loads(res.stdout.strip().splitlines()[-1])
+    rep = sm90_build_reports(_SM90_BUILD, "4", "0", timeout=300)[-1]
     assert rep["shared"] == 0 and rep["local"] == 0 and rep["sync"] == 0, rep
     assert rep["votes"] >= 8 and rep["div"] == 0, rep
 
