@@ -349,6 +349,12 @@ def launch_combine(partial_o: torch.Tensor, partial_lse: torch.Tensor, out: torc
     )
 
 
+def kv_kernel_arg(kv_rows: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
+    """The cache argument of the decode kernels: ``kv_rows``, or ``query`` as a placeholder for
+    an empty cache (never read)."""
+    return kv_rows if kv_rows.numel() > 0 else query
+
+
 def decode_kernel_args(query, kv_rows, block_tables, seq_lens, out, lse, partial_o, partial_lse, bmm1_scale: float,
                        bmm2_scale: float, split_blocks: int, num_splits: int) -> tuple:
     """The leading positional arguments every decode kernel takes (Triton and Gluon): the
@@ -356,7 +362,7 @@ def decode_kernel_args(query, kv_rows, block_tables, seq_lens, out, lse, partial
     with ``num_splits > 1``), the cache's rows, the scales (bmm1 in log2 units) and the shape."""
     _, q_len, H, _ = query.shape
     split = num_splits > 1
-    return (query, kv_rows if kv_rows.numel() > 0 else query, block_tables,
+    return (query, kv_kernel_arg(kv_rows, query), block_tables,
             seq_lens if seq_lens is not None else block_tables, out, lse, partial_o if split else out,
             partial_lse if split else lse, kv_rows.shape[0], bmm1_scale * LOG2E, bmm2_scale, H, q_len,
             block_tables.shape[-1], split_blocks, num_splits)

@@ -140,14 +140,13 @@ def launch_decode(kernel, head_tiles: tuple, query: torch.Tensor, kv_rows: torch
     cp.async moves 16-byte pieces: a cache view that is not 16-byte aligned (rows are 576
     bytes, so only the base matters) takes ``sparse_mla_decode_triton`` with the same plan
     and ``plain_config`` = (block_h, num_warps, num_stages, block_n, transposed)."""
-    from mate.ops.sparse_mla.decode import decode_kernel_args, launch_combine, sparse_mla_decode_triton
+    from mate.ops.sparse_mla.decode import decode_kernel_args, kv_kernel_arg, launch_combine, sparse_mla_decode_triton
 
     B, q_len, H, _ = query.shape
     rows = B * q_len
     if rows == 0 or H == 0:
         return
-    kv_arg = kv_rows if kv_rows.numel() > 0 else query  # an empty cache is never read
-    if kv_arg.data_ptr() % 16:
+    if kv_kernel_arg(kv_rows, query).data_ptr() % 16:
         block_h, warps, stages, block_n, transposed = plain_config
         sparse_mla_decode_triton(query, kv_rows, block_tables, seq_lens, out, lse, partial_o, partial_lse,
                                  bmm1_scale, bmm2_scale, block_h, num_splits, split_blocks, warps, stages, block_n,
