@@ -142,17 +142,17 @@ KINT_CANDIDATES = {
         _k(64, 64, 6, 2),  # 14.3
         _k(64, 64, 4, 3, 1, True),  # 14.5
     ]),
-    # K = 16384 (128 K blocks), not yet timed: auto runs Triton 64x128 there (2026-11-30: 38.0 us
-    # at M = 64 against DeepGEMM's 35.8, 0.94x; 48.1 against 45.7 at M = 128)
+    # K = 16384 (128 K blocks; H200 2026-11-30, after the GPU tests: Triton 64x128 ran 37.5 us at
+    # M = 64 against DeepGEMM's 36.4, 48.3 against 45.8 at M = 128)
     (64, 7168, 16384): dict([
-        _k(64, 64, 6, 2, 1, True),  # 112, 2 MB
-        _k(64, 128, 2, 3, 2),  # 56 x 2 splits, 3 MB
-        _k(64, 32, 4, 4, 1, True),  # 224 (two waves)
+        _k(64, 64, 6, 2, 1, True),  # 112, 2 MB (auto: 35.7 us, 1.02x)
+        _k(64, 128, 2, 3, 2),  # 56 x 2 splits, 3 MB: 41.8
+        _k(64, 32, 4, 4, 1, True),  # 224 (two waves): 44.1
     ]),
     (128, 7168, 16384): dict([
-        _k(64, 64, 6, 2, 1, True),  # 224 (two waves)
-        _k(64, 128, 2, 3, 1),  # 112, 3 MB
-        _k(128, 64, 6, 1, 1),  # 112, 3 MB, B read once
+        _k(128, 64, 6, 1, 1),  # 112, 3 MB, B read once (auto: 46.6 us, 0.98x)
+        _k(64, 64, 6, 2, 1, True),  # 224 (two waves): 51.7
+        _k(64, 128, 2, 3, 1),  # 112, 3 MB: 55.9
     ]),
 }
 

@@ -100,8 +100,8 @@ def test_auto_gluon_configs():
     """Gluon overrides only for bf16/fp16 output; the Triton config beside them is unchanged."""
     # the single-partition kernel (groupwise_gluon_flat.py), its Triton config beside it unchanged
     flat = {"FLAT": True, "BLOCK_M": 64, "KPS": 2}
-    cfg = tuning.groupwise_config(64, 7168, 2048, fp8_out=False)  # the warp-specialized kernel
-    assert cfg["GLUON"] == {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 6, "KPS": 2}
+    cfg = tuning.groupwise_config(64, 7168, 2048, fp8_out=False)
+    assert cfg["GLUON"] == {**flat, "BLOCK_N": 64, "num_stages": 4}
     assert (cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["SPLIT_K"], cfg["num_stages"]) == (64, 64, 1, 5)
     assert "GLUON" not in tuning.groupwise_config(64, 7168, 2048, fp8_out=True)
     cfg = tuning.groupwise_config(100, 7168, 2048, fp8_out=False)
@@ -147,7 +147,12 @@ def test_auto_kint_configs():
             assert "GLUON" not in tuning.groupwise_config(m, n, 7168, fp8_out=True)
             if mb >= 64:
                 assert (cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["SPLIT_K"]) == (64, 64, 4 if n == 2112 else 2), (m, n)
-    for m, n, k in ((129, 2112, 7168), (64, 7168, 7168), (64, 2112, 2048), (16, 4096, 7168)):
+    k16 = {64: {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 6, "KPS": 2, "SPLIT_K": 1, "EAGER": True},
+           128: {"BLOCK_M": 128, "BLOCK_N": 64, "num_stages": 6, "KPS": 1, "SPLIT_K": 1}}
+    for mb, want in k16.items():  # K = 16384, N = 7168
+        for m in (mb // 2 + 1, mb):
+            assert tuning.groupwise_config(m, 7168, 16384, fp8_out=False)["GLUON"] == {"KINT": True, **want}, m
+    for m, n, k in ((129, 2112, 7168), (32, 7168, 16384), (64, 7168, 7168), (64, 2112, 2048), (16, 4096, 7168)):
         assert not tuning.groupwise_config(m, n, k, fp8_out=False).get("GLUON", {}).get("KINT"), (m, n, k)
     for key, cfg in tuning.GROUPWISE_GLUON.items():  # else the Triton config's split and stages would apply
         if cfg.get("KINT"):
@@ -252,11 +257,12 @@ def test_gluon_grouped_contiguous(name, rows, n, k, tail):
                                    (33, 2112, 7168), (64, 4096, 7168), (100, 2112, 7168), (128, 4096, 7168),
                                    (1, 7168, 2048), (16, 7168, 2048), (20, 7168, 2048), (1, 2112, 7168),
                                    (17, 2112, 7168), (32, 4096, 7168),  # M <= 32: A's short TMA box
-                                   (1, 24576, 1536), (40, 24576, 1536), (16, 32768, 512)])
+                                   (1, 24576, 1536), (40, 24576, 1536), (16, 32768, 512),
+                                   (40, 7168, 16384), (128, 7168, 16384)])
 def test_auto_runs_gluon(m, n, k, monkeypatch):
     """backend="auto" runs the kernel ``tuning.GROUPWISE_GLUON`` names for the shape (at
-    (m, 7168, 2048) the warp-specialized or the single-partition kernel, at (m, 2112 | 4096,
-    7168) the K-interleaved one), both scale modes."""
+    (m, 7168, 2048) the single-partition kernel, at (m, 2112 | 4096,
+    7168) and (m, 7168, 16384) the K-interleaved one), both scale modes."""
     from mate import gemm
     from mate.ops.gemm import groupwise_gluon
 

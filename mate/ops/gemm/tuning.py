@@ -191,11 +191,22 @@ GROUPWISE_OVERRIDES: dict[str, dict] = {
 # 13.03 / 12.31 / 14.85 and (64, 24576, 1536) 13.85 / 13.24 / 14.36 (64x64, 2 x 2: three
 # programs per SM; M 17-32 takes the same, between the two), (16, 32768, 512) 7.91 / 7.62 / 8.05
 # (64x128, 2 x 2). Not adopted: (128, 32768, 512) 12.61 (cuBLAS) / 11.89 / 10.50 (auto runs
-# cuBLAS there, and 0.88x misses the bar too); (64, 7168, 2048) 7.88 / 7.87 / 7.12, and 8.0 /
-# 7.8 / 7.2 in a --flat run after the last GPU test run, so that bucket keeps the
-# warp-specialized kernel for now. At K = 7168 it lost to the K-interleaved kernel ((64, 4096,
+# cuBLAS there, and 0.88x misses the bar too). (64, 7168, 2048) took it later, from three runs
+# (7.88 / 7.87 / 7.12, 8.0 / 7.8 / 7.2 and 8.0 / 7.9 / 7.2; 64x64, 4 x 2). At K = 7168 it lost to the K-interleaved kernel ((64, 4096,
 # 7168) 14.65 against 12.63, (128, 2112, 7168) 13.84 against 11.71): one warpgroup's chain per K
 # block (wait, wgmma, wait, scale) is not hidden there.
+# K = 16384 (H200 2026-11-30, bench_gemm_smallm --kint after the GPU tests; us, Triton auto /
+# K-interleaved / DeepGEMM): (64, 7168, 16384) 37.5 / 35.7 (64x64, 6 stages of 2, eager) / 36.4;
+# (128, 7168, 16384) 48.3 / 46.6 (128x64, 6 stages: B read once) / 45.8. Lost there: 64x128 st2
+# kps3 (41.8 / 55.9), 64x32 st4 kps4 (44.1 at M = 64), 64x64 st6 kps2 at M = 128 (51.7, two waves).
+# Stream-K in the single-partition kernel (tried and removed, H200 2026-11-30): at N = 7168, K =
+# 2048 the 64x64 tiles leave 20 of 132 SMs idle (112 tiles, 224 at M = 128 on two programs per
+# SM); 132 (264) programs taking equal runs of (tile, ring stage) units, with a split tile's
+# fp32 partials summed in order by its last program (tested correct and deterministic, CUDA
+# graph included), ran (16 | 32 | 64 | 128, 7168, 2048) in 11.6 | 12.1 | 13.2 | 13.5-17.5 us
+# against 7.7 | 7.8 | 7.9 | 8.8 one program per tile: a split tile's fixup (partial stores, a
+# GPU-scope fence, the counter's atomic round trip, the partials' loads) is a ~2 us latency
+# chain per split segment, against the ~0.7 us of one ring stage it saves per program.
 _FLAT_64X64 = {"FLAT": True, "BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 4, "KPS": 2}
 _FLAT_64X64_ST2 = {"FLAT": True, "BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 2, "KPS": 2}
 _FLAT_64X128_ST2 = {"FLAT": True, "BLOCK_M": 64, "BLOCK_N": 128, "num_stages": 2, "KPS": 2}
@@ -204,7 +215,7 @@ _KINT_64X64 = {"KINT": True, "BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 6, "KPS
 GROUPWISE_GLUON: dict[str, dict] = {
     "m16,7168,2048": _FLAT_64X64,
     "m32,7168,2048": _FLAT_64X64,
-    "m64,7168,2048": {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 6, "KPS": 2},
+    "m64,7168,2048": _FLAT_64X64,
     "m128,7168,2048": {**_FLAT_64X64, "num_stages": 3},
     "m16,24576,1536": _FLAT_64X64_ST2,
     "m32,24576,1536": _FLAT_64X64_ST2,
@@ -217,6 +228,8 @@ GROUPWISE_GLUON: dict[str, dict] = {
     "m64,4096,7168": _KINT_64X32,
     "m128,2112,7168": {**_KINT_64X64, "SPLIT_K": 2},
     "m128,4096,7168": _KINT_64X64,
+    "m64,7168,16384": _KINT_64X64,
+    "m128,7168,16384": {"KINT": True, "BLOCK_M": 128, "BLOCK_N": 64, "num_stages": 6, "KPS": 1, "SPLIT_K": 1},
 }
 
 
