@@ -30,6 +30,10 @@ FLAT_CONFIGS = {
     "flat 64x32 st8 kps2": {"BLOCK_N": 32, "num_stages": 8, "KPS": 2},
     "flat 64x64 st1": {"BLOCK_N": 64, "num_stages": 1},
     "flat 64x128 st2 kps3": {"BLOCK_N": 128, "num_stages": 2, "KPS": 3},
+    # two wgmmas of a stage in flight
+    "flat 64x64 st4 kps2 e": {"BLOCK_N": 64, "num_stages": 4, "KPS": 2, "EAGER": True},
+    "flat 64x32 st3 kps4 e": {"BLOCK_N": 32, "num_stages": 3, "KPS": 4, "EAGER": True},
+    "flat 64x128 st2 kps2 e": {"BLOCK_N": 128, "num_stages": 2, "KPS": 2, "EAGER": True},
     # the configs backend="auto" picks (tuning.GROUPWISE_GLUON)
     **auto_configs("flat"),
 }
@@ -97,7 +101,8 @@ for cfg, m, k in json.loads(sys.argv[1]):
     sig = {"a_desc": desc(a_box_rows(m, 64)), "b_desc": desc(bn), "as_ptr": "*fp32", "bs_ptr": "*fp32",
            "c_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32", "stride_asm": "i32", "stride_ask": "i32",
            "stride_bsn": "i32", "stride_bsk": "i32", "stride_cm": "i32"}
-    cx = {"BLOCK_N": bn, "GROUP_M": 8, "STAGES": stages, "KB_ROWS": gf._kb_rows(k, kps), "KPS": kps}
+    cx = {"BLOCK_N": bn, "GROUP_M": 8, "STAGES": stages, "KB_ROWS": gf._kb_rows(k, kps), "KPS": kps,
+          "EAGER": cfg.get("EAGER", False) and kps > 1}
     sig.update({c: "constexpr" for c in cx})
     rep = compile_sm90(GluonASTSource(fn=gf.fp8_groupwise_flat_kernel, signature=sig, constexprs=cx,
                                       attrs=divisibility_attrs(sig, ["as_ptr", "bs_ptr", "c_ptr", "K"])),

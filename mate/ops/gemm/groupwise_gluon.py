@@ -67,7 +67,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from mate.ops.gemm.groupwise import tile_coords
 
 __all__ = ["fp8_groupwise_gluon_kernel", "groupwise_gemm_gluon", "gluon_supported", "check_kps", "issue_stage",
-           "operand_desc", "plain_mnk", "GLUON_MAX_REGS"]
+           "operand_desc", "plain_mnk", "scaled_stage", "GLUON_MAX_REGS"]
 
 BLOCK_K = gl.constexpr(128)
 GLUON_MAX_REGS = 168  # launch registers per thread: 3 warpgroups (4 + 4 + 1 warps) fit an SM
@@ -222,6 +222,43 @@ def _store_tile(c_ptr, idx_ptr, acc, m0, n0, M, N, expert, stride_cm, LAYOUT: gl
         row_ok = offs_m < M
     c_ptrs = c_ptr + offs_m.to(gl.int64)[:, None] * stride_cm + offs_n[None, :]
     gl.store(c_ptrs, out, mask=row_ok[:, None] & (offs_n < N)[None, :])
+
+
+@gluon.jit
+def scaled_stage(a_bufs, b_bufs, sa_buf, sb_buf, slot0, row0, acc, zero, release, s, KPS: gl.constexpr,
+                 ROW_L: gl.constexpr, EAGER: gl.constexpr):
+    """Returns acc + the KPS K blocks of one ring stage: block j's FP8 wgmma on slots slot0 + j
+    into a fresh fp32 product, scaled by rows row0 + j of ``sa_buf`` (the activation scales of
+    the tile's rows) and ``sb_buf`` (the weight scale, in every row), read while the wgmma runs.
+    ``release``: the ring's mbarriers, of which ``release[s]`` is arrived on once the stage's
+    last wgmma has read its slots (None: the caller releases them). ``EAGER``: block j + 1's wgmma is issued before block j's is
+    waited for and scaled (two in flight)."""
+    if EAGER:
+        prod = warpgroup_mma(a_bufs.index(slot0), b_bufs.index(slot0).permute((1, 0)), zero, use_acc=False,
+                             is_async=True)
+        for j in gl.static_range(KPS):
+            sc = sa_buf.index(row0 + j).load(ROW_L) * sb_buf.index(row0 + j).load(ROW_L)
+            if j + 1 < KPS:
+                nxt = warpgroup_mma(a_bufs.index(slot0 + j + 1), b_bufs.index(slot0 + j + 1).permute((1, 0)), zero,
+                                    use_acc=False, is_async=True)
+                prod = warpgroup_mma_wait(num_outstanding=1, deps=(prod, ))
+                acc += prod * sc[:, None]
+                prod = nxt
+            else:
+                prod = warpgroup_mma_wait(num_outstanding=0, deps=(prod, ))
+                if release is not None:
+                    mbarrier.arrive(release.index(s), count=1)
+                acc += prod * sc[:, None]
+    else:
+        for j in gl.static_range(KPS):
+            prod = warpgroup_mma(a_bufs.index(slot0 + j), b_bufs.index(slot0 + j).permute((1, 0)), zero,
+                                 use_acc=False, is_async=True)
+            sc = sa_buf.index(row0 + j).load(ROW_L) * sb_buf.index(row0 + j).load(ROW_L)  # while the wgmma runs
+            prod = warpgroup_mma_wait(num_outstanding=0, deps=(prod, ))
+            if j == KPS - 1 and release is not None:
+                mbarrier.arrive(release.index(s), count=1)
+            acc += prod * sc[:, None]
+    return acc
 
 
 @gluon.jit
@@ -501,7 +538,7 @@ def groupwise_gemm_gluon(a, b, a_scale, a_scale_strides, b_scale, b_scale_stride
     docstring. ``KINT``: the K-interleaved small-M kernel of ``groupwise_gluon_kint.py`` (PLAIN
     only; it reads BLOCK_M, BLOCK_N, num_stages, KPS, SPLIT_K, GROUP_M, REDUCE, EAGER).
     ``FLAT``: the single-partition kernel of ``groupwise_gluon_flat.py`` (PLAIN only; it reads
-    BLOCK_N, num_stages and GROUP_M; BLOCK_M is 64).
+    BLOCK_N, num_stages, KPS, GROUP_M and EAGER; BLOCK_M is 64).
     """
     if config.get("FLAT"):  # one partition, one warpgroup, no warp specialization (groupwise_gluon_flat.py)
         if layout != 0:

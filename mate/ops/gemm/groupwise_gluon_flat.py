@@ -17,7 +17,8 @@ This kernel has one partition, one warpgroup (4 warps) and one output tile per p
   memory with plain loads, all in flight at once;
 * per ring stage (``KPS`` K blocks): one wait; per K block one FP8 wgmma into a fresh fp32
   product, the block's scales read from shared memory while it runs, then acc += product *
-  a_scale[row] * b_scale; the stage is then refilled with stage st + STAGES after a CTA
+  a_scale[row] * b_scale (``EAGER``: block j + 1's wgmma issued before block j's product is
+  waited for and scaled, ``groupwise_gluon.scaled_stage``); the stage is then refilled with stage st + STAGES after a CTA
   barrier (every warp's wgmmas have read it), so up to STAGES stages stay in flight;
 * the epilogue stores the tile as bf16/fp16 through shared memory in 16-byte row pieces
   (``groupwise_gluon._store_tile``).
@@ -33,13 +34,19 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
-    warpgroup_mma,
-    warpgroup_mma_wait,
 )
 
 from mate._core.hopper import SMEM_PER_PROGRAM
 from mate.ops.gemm.groupwise import tile_coords
-from mate.ops.gemm.groupwise_gluon import _store_tile, a_box_rows, check_kps, issue_stage, operand_desc, plain_mnk
+from mate.ops.gemm.groupwise_gluon import (
+    _store_tile,
+    a_box_rows,
+    check_kps,
+    issue_stage,
+    operand_desc,
+    plain_mnk,
+    scaled_stage,
+)
 
 __all__ = ["fp8_groupwise_flat_kernel", "groupwise_gemm_flat", "check_flat_config", "flat_shared_bytes",
            "FLAT_TILES"]
@@ -54,12 +61,13 @@ def fp8_groupwise_flat_kernel(
     M, N, K,
     stride_asm, stride_ask, stride_bsn, stride_bsk, stride_cm,
     BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, KB_ROWS: gl.constexpr,
-    KPS: gl.constexpr = 1,
+    KPS: gl.constexpr = 1, EAGER: gl.constexpr = False,
 ):
     """One program per 64 x BLOCK_N output tile; ``a_desc`` covers a [M, K] with blocks
     [a_box_rows(M, 64), 128], ``b_desc`` b [N, K] with blocks [BLOCK_N, 128]; ``KPS`` K blocks
     per ring stage (one wait, one CTA barrier and one refill per stage; STAGES <= the stage
-    count); ``KB_ROWS``: a power of two >= the stages' K blocks (the scale buffers' rows)."""
+    count); ``KB_ROWS``: a power of two >= the stages' K blocks (the scale buffers' rows);
+    ``EAGER``: two wgmmas of a stage in flight (``scaled_stage``)."""
     BLOCK_M: gl.constexpr = 64
     MMA_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                     instr_shape=[16, BLOCK_N, 32])
@@ -100,14 +108,7 @@ def fp8_groupwise_flat_kernel(
     for st in range(num_st):
         s = st % STAGES
         mbarrier.wait(ready.index(s), (st // STAGES) & 1)
-        for j in gl.static_range(KPS):
-            slot = s * KPS + j
-            prod = warpgroup_mma(a_bufs.index(slot), b_bufs.index(slot).permute((1, 0)), zero, use_acc=False,
-                                 is_async=True)
-            kb = st * KPS + j
-            sc = sa_smem.index(kb).load(ROW_L) * sb_smem.index(kb).load(ROW_L)  # while the wgmma runs
-            prod = warpgroup_mma_wait(num_outstanding=0, deps=(prod, ))
-            acc += prod * sc[:, None]
+        acc = scaled_stage(a_bufs, b_bufs, sa_smem, sb_smem, s * KPS, st * KPS, acc, zero, None, s, KPS, ROW_L, EAGER)
         if st + STAGES < num_st:
             gl.thread_barrier()  # every warp's wgmmas have read stage s
             issue_stage(a_desc, b_desc, a_bufs, b_bufs, ready.index(s), s, 0, st + STAGES, num_kb, a_row, b_row, KPS)
@@ -147,7 +148,9 @@ def check_flat_config(bn: int, stages, k: int, kps=1) -> None:
 def groupwise_gemm_flat(a, b, a_scale, a_scale_strides, b_scale, b_scale_strides, out, *, config: dict) -> None:
     """Launches the kernel on a [M, K] x b [N, K]ᵀ (PLAIN; ``groupwise_gluon.gluon_supported``
     must hold). ``config``: BLOCK_N (16, 32, 64 or 128; BLOCK_M is 64), num_stages (ring
-    stages), KPS (K blocks per stage, default 1), GROUP_M. One program per output tile."""
+    stages), KPS (K blocks per stage, default 1), GROUP_M, EAGER (KPS > 1: each K block's wgmma
+    issued before the previous one is waited for and scaled; default False). One program per
+    output tile."""
     M, N, K = plain_mnk(a, b, "single-partition")
     bn, stages, kps = config["BLOCK_N"], config.get("num_stages", 8), config.get("KPS", 1)
     check_flat_config(bn, stages, K, kps)
@@ -159,5 +162,5 @@ def groupwise_gemm_flat(a, b, a_scale, a_scale_strides, b_scale, b_scale_strides
         M, N, K,
         a_scale_strides[1], a_scale_strides[2], b_scale_strides[1], b_scale_strides[2], out.stride(0),
         BLOCK_N=bn, GROUP_M=config.get("GROUP_M", 8), STAGES=stages, KB_ROWS=_kb_rows(K, kps), KPS=kps,
-        num_warps=4,
+        EAGER=bool(config.get("EAGER", False)) and kps > 1, num_warps=4,
     )

@@ -38,7 +38,7 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 from mate._core.hopper import SMEM_PER_PROGRAM
 from mate.ops.gemm.groupwise import tile_coords
@@ -50,6 +50,7 @@ from mate.ops.gemm.groupwise_gluon import (
     issue_stage,
     operand_desc,
     plain_mnk,
+    scaled_stage,
 )
 
 __all__ = ["fp8_groupwise_kint_kernel", "groupwise_gemm_kint", "check_kint_config", "kint_shared_bytes", "KINT_TILES"]
@@ -160,32 +161,8 @@ def _consumer(a_bufs, b_bufs, sa_bufs, sb_bufs, red_buf, ready, empty, red_full,
             q = it + ks
             s = q % STAGES
             mbarrier.wait(ready.index(s), (q // STAGES) & 1)
-            if EAGER:  # K block j + 1's wgmma issued before block j's is waited for and scaled
-                prod = warpgroup_mma(a_bufs.index(s * KPS), b_bufs.index(s * KPS).permute((1, 0)), zero,
-                                     use_acc=False, is_async=True)
-                for j in gl.static_range(KPS):
-                    slot = s * KPS + j
-                    sc = sa_bufs.index(slot).load(ROW_L) * sb_bufs.index(slot).load(ROW_L)
-                    if j + 1 < KPS:
-                        nxt = warpgroup_mma(a_bufs.index(slot + 1), b_bufs.index(slot + 1).permute((1, 0)), zero,
-                                            use_acc=False, is_async=True)
-                        prod = warpgroup_mma_wait(num_outstanding=1, deps=(prod, ))
-                        acc += prod * sc[:, None]
-                        prod = nxt
-                    else:
-                        prod = warpgroup_mma_wait(num_outstanding=0, deps=(prod, ))
-                        mbarrier.arrive(empty.index(s), count=1)
-                        acc += prod * sc[:, None]
-            else:
-                for j in gl.static_range(KPS):
-                    slot = s * KPS + j
-                    prod = warpgroup_mma(a_bufs.index(slot), b_bufs.index(slot).permute((1, 0)), zero,
-                                         use_acc=False, is_async=True)
-                    sc = sa_bufs.index(slot).load(ROW_L) * sb_bufs.index(slot).load(ROW_L)  # while the wgmma runs
-                    prod = warpgroup_mma_wait(num_outstanding=0, deps=(prod, ))
-                    if j == KPS - 1:
-                        mbarrier.arrive(empty.index(s), count=1)
-                    acc += prod * sc[:, None]
+            acc = scaled_stage(a_bufs, b_bufs, sa_bufs, sb_bufs, s * KPS, s * KPS, acc, zero, empty, s, KPS, ROW_L,
+                               EAGER)
         it += num_ks
         if HALF == 1:
             mbarrier.wait(red_empty.index(0), (n & 1) ^ 1)
