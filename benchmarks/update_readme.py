@@ -22,9 +22,9 @@ def condensed(payload: dict, name: str) -> str:
            f"full table and plots: `benchmarks/results/{name}.md`.", "",
            "Ceilings in the same run: " + ", ".join(f"{k} = {v:.0f}" for k, v in ceil.items()) + ".", ""]
     if len(payload.get("runs") or []) > 1:  # a merge of calls: each row's fraction is of its own run's ceilings
-        out[2] = "Ceilings, measured in the run of each row: " + "; ".join(
-            f"{', '.join(r['families'])}: " + ", ".join(f"{k} = {v:.0f}" for k, v in r["ceilings"].items())
-            for r in payload["runs"]) + "."
+        out[2] = "Ceilings, measured in the run of each row (runs in the order of the full table): " + "; ".join(
+            f"run {i} ({', '.join(r['families'])}): " + ", ".join(f"{k} = {v:.0f}" for k, v in r["ceilings"].items())
+            for i, r in enumerate(payload["runs"], 1)) + "."
     if payload.get("tests"):
         out += [f"GPU tests: {payload['tests']['summary']}", ""]
     groups: OrderedDict[tuple, dict] = OrderedDict()
