@@ -25,7 +25,7 @@ from mate._core.checks import (
     check_value,
 )
 from mate._core.custom_op import mate_custom_op
-from mate._core.dispatch import select_backend
+from mate._core.dispatch import requested_backend, select_backend
 from mate.api_logging import mate_api
 from mate.ops.gemm import cublas, reference, tuning
 
@@ -87,8 +87,8 @@ def _resolve_backend(backend: str, device: torch.device, cublas_reason: str | No
     if backend == "triton":
         return select_backend(device, "triton")
     base = select_backend(device)
-    if base == "reference" or device.type != "cuda":
-        return base
+    if base == "reference" or device.type != "cuda" or requested_backend() == "triton":
+        return base  # MATE_BACKEND=triton: the Triton kernels, not cuBLAS
     return "cublas" if cublas_reason is None and auto_pick() == "cublas" else "triton"
 
 
@@ -111,11 +111,16 @@ def _check_k(k: int) -> None:
     check_value("k (the last dimension of a and b)", k > 0 and k % _BLOCK == 0, "a positive multiple of 128", k)
 
 
-def _out_dtype(out_dtype: torch.dtype | None, allowed: tuple[torch.dtype, ...], default: torch.dtype,
-               out: torch.Tensor | None) -> torch.dtype:
-    dtype = out_dtype if out_dtype is not None else (out.dtype if out is not None else default)
+def _out_dtype(out_dtype: torch.dtype | None, allowed: tuple[torch.dtype, ...], default: torch.dtype | None,
+               out: torch.Tensor | None, name: str = "out_dtype") -> torch.dtype:
+    """The output dtype: the option ``name`` (``ValueError`` outside ``allowed``), else ``out``'s
+    (``TypeError``), else ``default``."""
+    if out_dtype is None and out is not None:
+        check_tensor("out", out, dtype=allowed)
+        return out.dtype
+    dtype = default if out_dtype is None else out_dtype
     if dtype not in allowed:
-        raise ValueError(f"out_dtype must be one of {tuple(str(d) for d in allowed)}, got {dtype}")
+        raise ValueError(f"{name} must be one of {tuple(str(d) for d in allowed)}, got {dtype}")
     return dtype
 
 
@@ -295,7 +300,7 @@ def bmm_fp8(
         check_tensor("A_scale", A_scale, shape=(b, m, 1), contiguous=True)
         check_tensor("B_scale", B_scale, shape=(b, 1, n), contiguous=True)
     device = check_same_device(A=A, B=B, A_scale=A_scale, B_scale=B_scale, out=out)
-    dtype = _out_dtype(dtype, (torch.bfloat16, torch.float16), torch.bfloat16, None)
+    dtype = _out_dtype(dtype, (torch.bfloat16, torch.float16), None, None, "dtype")
     out = _alloc_out(out, (b, m, n), dtype, device)
     reason = cublas.bmm_fp8_cublas_reason(A, B, out, per_tensor)
     impl = _resolve_backend(backend, device, reason, lambda: tuning.bmm_fp8_backend(b, m, n, k))
@@ -310,6 +315,8 @@ def bmm_fp8(
 
 def _scale_mode(scale_major_mode: str | None, a_scale: torch.Tensor, b_scale: torch.Tensor,
                 m: int, kb: int, nb: int) -> str:
+    # None: the mode whose shapes a_scale and b_scale both have; ValueError when both modes fit
+    # (m == k / 128 and nb == k / 128) or neither does
     fits_k = tuple(a_scale.shape) == (m, kb) and tuple(b_scale.shape) == (nb, kb)
     fits_mn = tuple(a_scale.shape) == (kb, m) and tuple(b_scale.shape) == (kb, nb)
     if scale_major_mode is None:

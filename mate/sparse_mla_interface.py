@@ -187,6 +187,7 @@ def mla_rope_quantize_fp8(
     checks.check_tensor("q_rope", q_rope, dtype=bf16, ndim=3)
     nnz, num_heads = q_rope.shape[0], q_rope.shape[1]
     checks.check_shape("q_rope", q_rope, [nnz, num_heads, 64])
+    checks.check_value("q_rope", num_heads > 0, "[nnz, H, 64] with H >= 1", list(q_rope.shape))
     checks.check_last_dim_contiguous("q_rope", q_rope)
     checks.check_tensor("k_rope", k_rope, dtype=bf16, shape=[nnz, 64], last_dim_contiguous=True)
     checks.check_tensor("q_nope", q_nope, dtype=bf16, shape=[nnz, num_heads, 512], last_dim_contiguous=True)
@@ -231,6 +232,7 @@ from mate.ops.sparse_mla.metadata import DecodeMetadata, plan_decode  # noqa: E4
 
 _FP8 = torch.float8_e4m3fn
 _ROW = 576  # kv_lora_rank + qk_rope_head_dim
+_MAX_ROWS = 65535  # CUDA's limit on a launch grid's y and z axes
 
 
 @mate_custom_op("sparse_mla_fp8_decode", mutates_args=("out", "lse", "partial_o", "partial_lse"))
@@ -286,6 +288,9 @@ def _check_decode_query(query: torch.Tensor) -> tuple[int, int, int]:
     checks.check_tensor("query", query, dtype=_FP8, ndim=4, contiguous=True)
     batch, q_len, heads = query.shape[:3]
     checks.check_shape("query", query, [batch, q_len, heads, _ROW])
+    # the query rows are a launch-grid axis of the decode and combine kernels (at most 65535)
+    checks.check_value("query", batch * q_len <= _MAX_ROWS, f"at most {_MAX_ROWS} rows B * q_len per call",
+                       f"B={batch}, q_len={q_len}")
     return batch, q_len, heads
 
 

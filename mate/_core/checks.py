@@ -102,12 +102,14 @@ def device_matches(given: torch.device, wanted: torch.device | str) -> bool:
 
 
 def check_same_device(**tensors: torch.Tensor | None) -> torch.device:
-    """``ValueError`` unless every given tensor is on one device; returns that device."""
+    """``ValueError`` unless every given tensor is on one device (``TypeError`` for an argument
+    that is not a tensor); returns that device."""
     device = None
     first = None
     for name, t in tensors.items():
         if t is None:
             continue
+        check_is_tensor(name, t)
         if device is None:
             device, first = t.device, name
         elif t.device != device:
@@ -155,8 +157,9 @@ def check_out_tensor(
     contiguous: bool = True,
     last_dim_contiguous: bool = False,
 ) -> torch.Tensor:
-    """Checks a caller-supplied output buffer; never reallocates a wrong one."""
-    return check_tensor(
+    """Checks a caller-supplied output buffer; never reallocates a wrong one. A strided buffer
+    must not overlap itself (an expanded view would make the kernels' stores race)."""
+    check_tensor(
         name,
         out,
         dtype=dtype,
@@ -165,6 +168,24 @@ def check_out_tensor(
         contiguous=contiguous,
         last_dim_contiguous=last_dim_contiguous,
     )
+    if not contiguous and not _non_overlapping(out):
+        raise ValueError(f"{name} must not overlap itself (each element its own memory), got strides "
+                         f"{tuple(out.stride())} for shape {tuple(out.shape)}")
+    return out
+
+
+def _non_overlapping(t: torch.Tensor) -> bool:
+    """Whether no two elements of ``t`` share memory: ordered by stride, each dimension of size
+    > 1 steps past the whole extent of the smaller ones (sufficient; the layouts it refuses,
+    e.g. interleaved dimensions, are not ones an output buffer has)."""
+    if t.numel() <= 1:
+        return True
+    extent = 1
+    for stride, size in sorted((st, s) for s, st in zip(t.shape, t.stride()) if s > 1):
+        if stride < extent:
+            return False
+        extent = stride * size
+    return True
 
 
 def check_value(name: str, ok: bool, expected: str, given: Any) -> None:

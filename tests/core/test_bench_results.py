@@ -45,8 +45,9 @@ def test_merge_keeps_each_runs_ceilings(tmp_path):
     readme = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(readme)
     text = readme.condensed(payload, "2026-11-29-h200")
-    assert ("Ceilings, measured in the run of each row: sparse_mla: copy_GBps = 4237, cublas_fp8_TFLOPs = 1437; "
-            "gemm: copy_GBps = 4260, cublas_fp8_TFLOPs = 1469.") in text
+    assert ("Ceilings, measured in the run of each row (runs in the order of the full table): run 1 (sparse_mla): "
+            "copy_GBps = 4237, cublas_fp8_TFLOPs = 1437; run 2 (gemm): copy_GBps = 4260, cublas_fp8_TFLOPs = 1469.") \
+        in text
     # one run: the single ceilings line
     single = readme.condensed({**first, "runs": None}, "x")
     assert "Ceilings in the same run: copy_GBps = 4237, cublas_fp8_TFLOPs = 1437." in single

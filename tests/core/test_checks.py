@@ -113,6 +113,8 @@ def test_check_same_device():
     meta = torch.zeros(1, device="meta")
     with _raises(ValueError, "b must be on cpu (the device of a), got meta"):
         check_same_device(a=a, b=meta)
+    with _raises(TypeError, "out must be a torch.Tensor, got list"):  # before any device is read
+        check_same_device(a=a, out=[1, 2])
 
 
 def test_device_matches():
@@ -160,6 +162,16 @@ def test_check_out_tensor():
     with _raises(ValueError, "out must have a contiguous last dimension"):
         check_out_tensor("out", strided.t(), shape=(5, 3), dtype=torch.bfloat16, device=dev, contiguous=False,
                          last_dim_contiguous=True)
+    # a strided buffer must not overlap itself (an expanded view: every row the same memory)
+    for view in (torch.empty(1, 5, dtype=torch.bfloat16).expand(3, 5),
+                 torch.empty(3, 1, 5, dtype=torch.bfloat16).expand(3, 2, 5)):
+        with _raises(ValueError, "out must not overlap itself", f"got strides {tuple(view.stride())}"):
+            check_out_tensor("out", view, shape=tuple(view.shape), dtype=torch.bfloat16, device=dev,
+                             contiguous=False, last_dim_contiguous=True)
+    check_out_tensor("out", torch.empty(4, 3, dtype=torch.bfloat16).t(), shape=(3, 4), dtype=torch.bfloat16,
+                     device=dev, contiguous=False)  # a transposed view does not overlap
+    check_out_tensor("out", torch.empty(0, 5, dtype=torch.bfloat16).expand(0, 5), shape=(0, 5),
+                     dtype=torch.bfloat16, device=dev, contiguous=False)
 
 
 def test_check_value():

@@ -54,3 +54,15 @@ def test_public_functions_follow_the_conventions(run_py, tmp_path):
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["seen"], "no public function found: the inspection is broken"
     assert not result["problems"], "\n".join(result["problems"])
+
+
+def test_import_mate_is_light_and_exposes_the_modules(run_py):
+    """``import mate`` loads no kernel code; each public module is imported on first access."""
+    proc = run_py("import sys, mate\n"
+                  "print(any(m.startswith('mate.') for m in sys.modules), 'triton' in sys.modules)\n"
+                  "print(mate.gemm.bmm_fp8.__module__, mate.sparse_mla_interface.__name__, mate.msa_interface.__name__,"
+                  " mate.mha_interface.__name__)\n"
+                  "print(hasattr(mate, 'nothing'))")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["False", "False", "mate.gemm", "mate.sparse_mla_interface", "mate.msa_interface",
+                                   "mate.mha_interface", "False"]

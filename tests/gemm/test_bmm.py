@@ -100,8 +100,14 @@ def test_bmm_errors():
         gemm.bmm_fp8(A8, B8, torch.ones(2, 4), torch.ones(2, 1, 3), torch.bfloat16)
     with pytest.raises(TypeError, match="B_scale must be torch.float32"):
         gemm.bmm_fp8(A8, B8, one, one.half(), torch.bfloat16)
-    with pytest.raises(ValueError, match="out_dtype"):
+    with pytest.raises(ValueError, match=r"^dtype must be one of .*got torch.float32"):
         gemm.bmm_fp8(A8, B8, one, one, torch.float32)
+    with pytest.raises(ValueError, match=r"^dtype must be one of .*got None"):  # dtype is required
+        gemm.bmm_fp8(A8, B8, one, one, None)
+    with pytest.raises(TypeError, match="out must be torch.bfloat16, got torch.float32"):
+        gemm.bmm_fp8(A8, B8, one, one, torch.bfloat16, out=torch.empty(2, 4, 3))
+    with pytest.raises(ValueError, match="out must not overlap itself"):  # an expanded output view
+        gemm.bmm_bf16(A, B, out=torch.empty(1, 1, 3, dtype=torch.bfloat16).expand(2, 4, 3))
 
 
 def test_bmm_opcheck():

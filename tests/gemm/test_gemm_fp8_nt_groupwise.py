@@ -139,6 +139,25 @@ def test_error_out_dtype_fp32():
     a, b, sa, sb = _args()
     with pytest.raises(ValueError, match="out_dtype"):
         gemm.gemm_fp8_nt_groupwise(a, b, sa, sb, out_dtype=torch.float32)
+    # without out_dtype the output dtype is out's: a wrong one names out (TypeError), as with out_dtype given
+    with pytest.raises(TypeError, match=r"out must be one of \(torch.bfloat16, torch.float16\), got torch.float32"):
+        gemm.gemm_fp8_nt_groupwise(a, b, sa, sb, out=torch.empty(4, 128))
+    with pytest.raises(TypeError, match="out must be torch.bfloat16, got torch.float16"):
+        gemm.gemm_fp8_nt_groupwise(a, b, sa, sb, out=torch.empty(4, 128, dtype=torch.float16),
+                                   out_dtype=torch.bfloat16)
+
+
+def test_mate_backend_triton_forces_the_triton_kernels(monkeypatch):
+    """MATE_BACKEND=triton runs the Triton kernels on CUDA tensors where auto would pick cuBLAS
+    (host-side choice only; no GPU needed); an explicit backend argument still wins."""
+    cuda = torch.device("cuda")
+    monkeypatch.delenv("MATE_BACKEND", raising=False)
+    assert gemm._resolve_backend("auto", cuda, None, lambda: "cublas") == "cublas"
+    monkeypatch.setenv("MATE_BACKEND", "triton")
+    assert gemm._resolve_backend("auto", cuda, None, lambda: "cublas") == "triton"
+    assert gemm._resolve_backend("cublas", cuda, None, lambda: "cublas") == "cublas"
+    monkeypatch.setenv("MATE_BACKEND", "reference")
+    assert gemm._resolve_backend("auto", cuda, None, lambda: "cublas") == "reference"
 
 
 def test_error_ambiguous_scale_mode():

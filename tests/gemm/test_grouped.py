@@ -83,6 +83,16 @@ def test_contiguous_out_of_range_index_skipped(device, triton_backend):
     out = poisoned((128, n), torch.bfloat16, device)
     gemm.group_deepgemm_fp8_nt_groupwise(a, b, a_scale, b_scale, idx, out=out)
     assert bool(torch.isnan(out.float()).all())
+    # beside valid rows of the same 128-row tile: those rows are still computed
+    idx = torch.tensor([0] * 100 + [5] * 28 + [1] * 128, dtype=torch.int32, device=device)
+    a = rand_fp8((256, k), device=device)
+    a_scale = torch.rand(256, 1, device=device) + 0.5
+    out = poisoned((256, n), torch.bfloat16, device)
+    gemm.group_deepgemm_fp8_nt_groupwise(a, b, a_scale, b_scale, idx, out=out)
+    ref = R.grouped_contiguous_ref(a, b, a_scale, b_scale, idx, torch.float32)
+    valid = idx < 2
+    assert_close(out[valid], ref[valid])
+    assert bool(torch.isnan(out[~valid].float()).all())
 
 
 @pytest.mark.parametrize("expected_m", [16, 100])  # 64-row and 128-row tiles

@@ -53,12 +53,14 @@ def _plain(a, b, sa, sb, out, cfg):
                           layout=PLAIN, config={"GLUON": True, "GROUP_M": 8, "num_warps": 4, **cfg})
 
 
-def _grouped_operands(rows, n, k, device, tail=0):
+def _grouped_operands(rows, n, k, device, tail=0, stray=False):
     """Contiguous MoE inputs: group g has rows[g] rows padded to a multiple of 128 with index
-    -1, then ``tail`` more -1 rows; weight scales [G, ceil(n / 128), k / 128]."""
+    -1, then ``tail`` more -1 rows; weight scales [G, ceil(n / 128), k / 128]. ``stray``: the
+    padding rows get the out-of-range index G + 3 instead (skipped like padding, and not the
+    valid rows of their tile)."""
     idx = []
     for g, r in enumerate(rows):
-        idx += [g] * r + [-1] * (-(-r // 128) * 128 - r)
+        idx += [g] * r + [len(rows) + 3 if stray else -1] * (-(-r // 128) * 128 - r)
     idx = torch.tensor(idx + [-1] * tail, dtype=torch.int32, device=device)
     m, G = idx.numel(), len(rows)
     a = rand_fp8((m, k), device=device, scale=2.0)
@@ -73,7 +75,7 @@ def _grouped(cfg, idx, a, sa, b, sb):
     groupwise_gemm_triton(a, b, sa, (0, sa.stride(0), 1), sb, (sb.stride(0), sb.stride(1), 1), out, None,
                           layout=CONTIGUOUS, config=cfg, m_indices=idx)
     ref = R.grouped_contiguous_ref(a, b, sa, sb, idx, torch.float32)
-    valid = idx >= 0
+    valid = (idx >= 0) & (idx < b.shape[0])
     assert_close(out[valid], ref[valid], max_rel_error=1e-2)
     assert torch.isnan(out[~valid].float()).all()  # padding rows are not written
 
@@ -249,6 +251,8 @@ def test_gluon_grouped_contiguous(name, rows, n, k, tail):
     else:
         cfg = {"GLUON": True, "GROUP_M": 8, **CONFIGS[name]}
     _grouped(cfg, *_grouped_operands(rows, n, k, "cuda", tail))
+    if rows[0] % 128:  # out-of-range indices in the padding rows beside valid ones
+        _grouped(cfg, *_grouped_operands(rows, n, k, "cuda", tail, stray=True))
 
 
 @pytest.mark.gpu

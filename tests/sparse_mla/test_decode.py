@@ -335,6 +335,9 @@ def _bad_cases():
         (dict(lse=torch.empty(B, q_len, H, 1)), ValueError, "lse"),
         (dict(lse=torch.empty(B * q_len, 2 * H)[:, ::2]), ValueError, "lse"),
         (dict(return_lse=1), TypeError, "return_lse"),
+        (dict(out=[0.0]), TypeError, "out must be a torch.Tensor, got list"),
+        (dict(lse=[0.0]), TypeError, "lse must be a torch.Tensor, got list"),
+        (dict(seq_lens=[1, 1]), TypeError, "seq_lens must be a torch.Tensor, got list"),
     ]
 
 
@@ -369,6 +372,10 @@ def test_metadata_bad_inputs():
         get_batch_decode_metadata_mla(q, sl.float(), 64)
     with pytest.raises(ValueError, match="seq_lens"):
         get_batch_decode_metadata_mla(q, sl[:1], 64)
+    too_many = r"query must be at most 65535 rows B \* q_len per call, got 'B=65536, q_len=1'"
+    with pytest.raises(ValueError, match=too_many):
+        get_batch_decode_metadata_mla(torch.empty(65536, 1, 1, 576, dtype=torch.float8_e4m3fn),
+                                      torch.ones(65536, dtype=torch.int32), 64)
     md = get_batch_decode_metadata_mla(q, sl.view(2, 1), 64)
     with pytest.raises(dataclasses.FrozenInstanceError):
         md.num_splits = 3

@@ -181,6 +181,8 @@ def _bad(name):
         "q_rope not tensor": (set_arg(0, lambda t: t.tolist()), TypeError, r"q_rope must be a torch.Tensor"),
         "q_rope ndim": (set_arg(0, lambda t: t[:, 0]), ValueError, r"q_rope must be 3-D, got 2-D"),
         "q_rope width": (set_arg(0, lambda t: t[..., :32]), ValueError, r"q_rope must have shape \[3, 2, 64\]"),
+        "no heads": (lambda a, k: [a.__setitem__(0, a[0][:, :0]), a.__setitem__(2, a[2][:, :0])], ValueError,
+                     r"q_rope must be \[nnz, H, 64\] with H >= 1, got \[3, 0, 64\]"),
         "k_rope nnz": (set_arg(1, lambda t: t[:2]), ValueError, r"k_rope must have shape \[3, 64\], got \[2, 64\]"),
         "q_nope heads": (set_arg(2, lambda t: t[:, :1]), ValueError, r"q_nope must have shape \[3, 2, 512\]"),
         "k_nope width": (set_arg(3, lambda t: t[:, :256]), ValueError, r"k_nope must have shape \[3, 512\]"),
@@ -225,10 +227,11 @@ def _bad(name):
 
 BAD_CASES = [
     "q_rope dtype", "k_rope dtype", "q_nope dtype", "k_nope dtype", "cache dtype", "pos dtype", "q_rope not tensor",
-    "q_rope ndim", "q_rope width", "k_rope nnz", "q_nope heads", "k_nope width", "cache width", "cache strided",
-    "cache empty", "pos shape", "pos strided", "q_rope last dim", "k_nope last dim", "is_neox type", "scale tensor",
-    "scale type", "quantize_dtype e5m2", "quantize_dtype bf16", "quantize_dtype type", "out e5m2 implied",
-    "out e5m2 vs quantize_dtype", "out not fp8", "outs mixed fp8", "out shape", "out last dim", "out device",
+    "q_rope ndim", "q_rope width", "no heads", "k_rope nnz", "q_nope heads", "k_nope width", "cache width",
+    "cache strided", "cache empty", "pos shape", "pos strided", "q_rope last dim", "k_nope last dim", "is_neox type",
+    "scale tensor", "scale type", "quantize_dtype e5m2", "quantize_dtype bf16", "quantize_dtype type",
+    "out e5m2 implied", "out e5m2 vs quantize_dtype", "out not fp8", "outs mixed fp8", "out shape", "out last dim",
+    "out device",
 ]
 
 

@@ -102,10 +102,9 @@ def fp8_groupwise_gemm_kernel(
         c_ptr += g64 * stride_cg
     if LAYOUT == 1:  # CONTIGUOUS: the tile's expert; rows of another index are not written
         idx = tl.load(idx_ptr + offs_m, mask=row_ok, other=-1)
+        idx = tl.where(idx < G, idx, -1)  # an index >= G is skipped like a padding row
         expert = tl.max(idx, axis=0)
         if expert < 0:
-            return
-        if expert >= G:
             return
         row_ok = idx == expert
         e64 = expert.to(tl.int64)
@@ -201,10 +200,9 @@ def fp8_groupwise_tma_kernel(
         b_row += grp * N
     if LAYOUT == 1:  # CONTIGUOUS
         idx = tl.load(idx_ptr + offs_m, mask=row_ok, other=-1)
+        idx = tl.where(idx < G, idx, -1)  # an index >= G is skipped like a padding row
         expert = tl.max(idx, axis=0)
         if expert < 0:
-            return
-        if expert >= G:
             return
         row_ok = idx == expert
         bs_ptr += expert.to(tl.int64) * stride_bsg

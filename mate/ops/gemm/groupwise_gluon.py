@@ -78,14 +78,14 @@ PRODUCER_REGS = gl.constexpr(40)
 @gluon.jit
 def _tile_expert(idx_ptr, pid_m, M, G, LAYOUT: gl.constexpr, BLOCK_M: gl.constexpr, IDX_L: gl.constexpr,
                  FULL: gl.constexpr = False):
-    """The tile's expert (CONTIGUOUS: the largest m_indices of its rows), -1 for a tile to
-    skip (only padding rows, or an index >= G); 0 for PLAIN. With ``FULL`` also whether
+    """The tile's expert (CONTIGUOUS: the largest m_indices < G of its rows), -1 for a tile to
+    skip (only padding rows and indices >= G); 0 for PLAIN. With ``FULL`` also whether
     every row < M of the tile belongs to that expert (no padding row to leave unwritten)."""
     if LAYOUT == 1:
         offs = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=IDX_L)
         idx = gl.load(idx_ptr + offs, mask=offs < M, other=-1)
+        idx = gl.where(idx < G, idx, -1)  # an index >= G is skipped like a padding row
         expert = gl.max(idx, axis=0)
-        expert = gl.where(expert < G, expert, -1)
         if FULL:
             full = gl.min(gl.where(offs < M, idx, expert), axis=0) == expert
         else:

@@ -6,6 +6,7 @@ only ``flashinfer.bmm_bf16`` / ``flashinfer.bmm_fp8`` here, and
 function is a thin adapter onto :mod:`mate`.
 """
 
+from flashinfer import decode, gemm, rope  # noqa: F401  (attributes of the package, as upstream)
 from flashinfer.gemm import bmm_bf16, bmm_fp8
 
 __version__ = "0.6.17+mate"

@@ -15,12 +15,12 @@ import torch
 import mate.sparse_mla_interface as _mate_mla
 from flashinfer._compat import mate_backend as _mate_backend
 from mate._core.checks import check_default as _check_default
-from mate.api_logging import mate_api
+from mate.api_logging import mate_api as _mate_api
 
 __all__ = ["get_batch_decode_metadata_mla", "trtllm_batch_decode_with_kv_cache_mla"]
 
 
-@mate_api
+@_mate_api
 def get_batch_decode_metadata_mla(query: torch.Tensor, seq_lens: torch.Tensor, sparse_mla_top_k: int) -> Any:
     """Plans the sparse MLA decode once, for reuse across decode steps.
 
@@ -62,7 +62,7 @@ def get_batch_decode_metadata_mla(query: torch.Tensor, seq_lens: torch.Tensor, s
     return _mate_mla.get_batch_decode_metadata_mla(query, seq_lens, sparse_mla_top_k)
 
 
-@mate_api
+@_mate_api
 def trtllm_batch_decode_with_kv_cache_mla(
     query: torch.Tensor,
     kv_cache: torch.Tensor,

@@ -12,7 +12,7 @@ import torch
 
 import mate.gemm as _mate_gemm
 from flashinfer._compat import mate_backend as _mate_backend
-from mate.api_logging import mate_api
+from mate.api_logging import mate_api as _mate_api
 
 __all__ = [
     "batch_deepgemm_fp8_nt_groupwise",
@@ -23,7 +23,7 @@ __all__ = [
 ]
 
 
-@mate_api
+@_mate_api
 def bmm_bf16(
     A: torch.Tensor,
     B: torch.Tensor,
@@ -73,7 +73,7 @@ def bmm_bf16(
     return _mate_gemm.bmm_bf16(A, B, out=out, out_dtype=out_dtype, backend=_mate_backend(backend))
 
 
-@mate_api
+@_mate_api
 def bmm_fp8(
     A: torch.Tensor,
     B: torch.Tensor,
@@ -130,7 +130,7 @@ def bmm_fp8(
     return _mate_gemm.bmm_fp8(A, B, A_scale, B_scale, dtype, out=out, backend=_mate_backend(backend))
 
 
-@mate_api
+@_mate_api
 def gemm_fp8_nt_groupwise(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -211,7 +211,7 @@ def gemm_fp8_nt_groupwise(
     )
 
 
-@mate_api
+@_mate_api
 def group_deepgemm_fp8_nt_groupwise(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -271,7 +271,7 @@ def group_deepgemm_fp8_nt_groupwise(
     )
 
 
-@mate_api
+@_mate_api
 def batch_deepgemm_fp8_nt_groupwise(
     a: torch.Tensor,
     b: torch.Tensor,

@@ -5,12 +5,12 @@ from __future__ import annotations
 import torch
 
 import mate.sparse_mla_interface as _mate_mla
-from mate.api_logging import mate_api
+from mate.api_logging import mate_api as _mate_api
 
 __all__ = ["mla_rope_quantize_fp8"]
 
 
-@mate_api
+@_mate_api
 def mla_rope_quantize_fp8(
     q_rope: torch.Tensor,
     k_rope: torch.Tensor,

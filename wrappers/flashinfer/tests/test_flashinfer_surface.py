@@ -6,6 +6,7 @@ import importlib
 import importlib.metadata
 import inspect
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -41,6 +42,9 @@ def test_surface_is_exactly_the_listed_names(module_name):
         and getattr(v, "__module__", "").startswith("flashinfer")
     }
     assert public == listed
+    # nor does a mate helper under a public name (e.g. the logging decorator)
+    assert not {n for n, v in vars(mod).items() if not n.startswith("_") and callable(v)
+                and getattr(v, "__module__", "").startswith("mate")}
     star: dict = {}
     exec(f"from {module_name} import *", star)  # noqa: S102 - the star-import surface
     assert {n for n in star if not n.startswith("__")} == listed
@@ -53,6 +57,15 @@ def test_surface_is_exactly_the_listed_names(module_name):
 def test_root_exports_are_the_gemm_functions():
     assert flashinfer.bmm_bf16 is flashinfer.gemm.bmm_bf16
     assert flashinfer.bmm_fp8 is flashinfer.gemm.bmm_fp8
+
+
+def test_submodules_are_attributes_of_the_package():
+    """After a bare ``import flashinfer`` (a fresh interpreter) the three submodules are
+    reachable as attributes, as upstream, where SGLang calls
+    ``flashinfer.decode.trtllm_batch_decode_with_kv_cache_mla``."""
+    code = "import flashinfer; print(flashinfer.decode.__name__, flashinfer.rope.__name__, flashinfer.gemm.__name__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["flashinfer.decode", "flashinfer.rope", "flashinfer.gemm"]
 
 
 def _function(name):
