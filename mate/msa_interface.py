@@ -24,7 +24,7 @@ from typing import Any, NamedTuple, Optional
 
 import torch
 
-from mate._core.checks import check_tensor, check_value
+from mate._core.checks import check_inputs_enabled, check_out_tensor, check_tensor, check_value
 from mate._core.custom_op import mate_custom_op
 from mate._core.dispatch import select_backend
 from mate.api_logging import mate_api
@@ -639,6 +639,10 @@ def _resolve_parts(
             elif kv_indices is None:
                 raise ValueError(f"page_table or kv_indices is required for a {p.mode} plan (page_size "
                                  f"{p.page_size}), got neither")
+            else:
+                check_value("kv_indices", kv_indices.shape[0] >= p.kv_pages_end,
+                            f"at least {p.kv_pages_end} entries (the pages of the plan's kv_lens)",
+                            f"{kv_indices.shape[0]} entries")
         parts.append(_Part(p, q0, q0 + nq, k0, k0 + nk, p.prefill_plan.cu_seqlens_q, p.prefill_plan.cu_seqlens_k,
                            p.kv_lens, off, off_val, pt, kv_indices if p.page_size > 0 else None,
                            p.kv_page_indptr))
@@ -739,7 +743,9 @@ def _attend_dense_or_paged(q, k, v, part: _Part, out, lse, sm_scale) -> None:
     from mate import mha_interface
 
     plan = part.plan
-    if plan.causal and (part.qo_offset_value is not None or not plan.default_qo_offset):
+    custom = (part.qo_offset_value is not None or not plan.default_qo_offset
+              or (part.qo_offset is not None and part.qo_offset is not plan.qo_offset))  # a tensor override
+    if plan.causal and custom:
         raise NotImplementedError(
             "qo_offset other than kv_len - q_len is not implemented for causal dense/paged attention "
             "(FlashAttention's causal mask is bottom-right aligned); got a custom qo_offset"
@@ -775,8 +781,8 @@ def _attend_dense_or_paged(q, k, v, part: _Part, out, lse, sm_scale) -> None:
 def _check_block_indexes_valid(kv_block_indexes: torch.Tensor, parts: list[_Part]) -> None:
     """``check_input_valid=True``: every id is -1 or a valid block of its request (host read)."""
     for part in parts:
-        idx = _slice_rows(kv_block_indexes, part).to("cpu", torch.int64)
         cu = part.cu_seqlens_q.to("cpu", torch.int64)
+        idx = _slice_rows(kv_block_indexes, part)[:int(cu[-1])].to("cpu", torch.int64)  # not a static plan's spare rows
         blocks = (part.kv_lens.to("cpu", torch.int64) + MSA_BLOCK - 1) // MSA_BLOCK
         req = torch.searchsorted(cu[1:], torch.arange(idx.shape[0]), right=True)
         limit = blocks[req].view(-1, 1, 1)
@@ -863,7 +869,8 @@ def msa(
     output_maxscore : bool
         Run the max-score pass (default: the plan's ``output_maxscore``).
     check_input_valid : bool
-        Reject out-of-range ids in ``kv_block_indexes`` (reads them on the host).
+        Reject out-of-range ids in ``kv_block_indexes`` (reads them on the host; also on
+        with ``MATE_CHECK_INPUTS=1``).
 
     Returns
     -------
@@ -994,10 +1001,10 @@ def msa(
         if out is None:
             out = torch.empty((total_q, Hq, Dv), dtype=out_dtype, device=q.device)
         else:
-            check_tensor("out", out, dtype=out_dtype, shape=(total_q, Hq, Dv), device=q.device,
-                         last_dim_contiguous=True)
+            check_out_tensor("out", out, dtype=out_dtype, shape=(total_q, Hq, Dv), device=q.device,
+                             contiguous=False, last_dim_contiguous=True)
         if lse is not None:
-            check_tensor("lse", lse, dtype=torch.float32, shape=(total_q, Hq), device=q.device)
+            check_out_tensor("lse", lse, dtype=torch.float32, shape=(total_q, Hq), device=q.device, contiguous=False)
         sm_scale = q.shape[-1] ** -0.5 if sm_scale is None else _float_arg("sm_scale", sm_scale)
         k_scale = _float_arg("k_scale", k_scale)
         v_scale = _float_arg("v_scale", v_scale)
@@ -1015,6 +1022,9 @@ def msa(
         else:
             if kv_block_indexes is not None:
                 raise ValueError(f"kv_block_indexes needs a sparse plan (kv_block_num > 0), got a {plan.mode} plan")
+            if q.dtype == torch.float8_e4m3fn:
+                raise NotImplementedError(f"float8_e4m3fn q / k / v are implemented for sparse plans only, got a "
+                                          f"{plan.mode} plan")
             if k_scale != 1.0 or v_scale != 1.0:
                 raise NotImplementedError(f"k_scale / v_scale other than 1 are not implemented for {plan.mode} "
                                           f"plans, got k_scale={k_scale}, v_scale={v_scale}")
@@ -1029,7 +1039,7 @@ def msa(
     if max_score is not None:
         _run_max_score(q, k, max_score, parts)
     if out is not None:
-        if sparse and kw.get("check_input_valid", False):
+        if sparse and (kw.get("check_input_valid", False) or check_inputs_enabled()):
             _check_block_indexes_valid(kv_block_indexes, parts)
         for part in parts:
             if part.plan.is_sparse:

@@ -86,6 +86,8 @@ def loop_max_score(q, k, q_lens, kv_lens, layout, kw, causal=True, qo_offset=Non
                         kv = kd[k0 + j, g]
                     else:
                         pg = int(table[b, j // BLK]) if table is not None else int(flat[p0 + j // BLK])
+                        if not 0 <= pg < kd.shape[0]:  # a page id out of range is skipped
+                            continue
                         kv = kd[pg, j % BLK, g] if layout != "head_major" else kd[pg, g, j % BLK]
                     s = float((qd[t, h] * kv).sum())
                     out[t, h, j // BLK] = max(out[t, h, j // BLK], s)
@@ -126,6 +128,31 @@ def test_kernel_matches_reference(layout, dtype, device, triton_backend, monkeyp
     _, ref = msa(q, k, None, info, output_o=False, max_score=torch.empty_like(buf), **kw)
     assert_close(ms, ref, **_tol(dtype, device))  # also checks the -inf pattern exactly
     assert torch.isinf(ms[:, :, -1]).all()
+
+
+@pytest.mark.parametrize("layout", ["token_major", "head_major", "flat"])
+def test_out_of_range_pages_are_skipped(layout, device, triton_backend, monkeypatch):
+    """Page ids -1, >= the cache's pages and huge ones in the table or the flat list: the
+    kernel never reads them (their blocks are -inf, as in the reference and the float64 loop),
+    the other blocks are unchanged."""
+    q_lens, kv_lens = [3, 2], [300, 200]
+    info, q, k, kw = make_case(q_lens, kv_lens, 4, 2, 64, torch.bfloat16, device, layout=layout)
+    ids = kw["page_table"] if layout != "flat" else kw["kv_indices"]
+    bad = [(0, 1, -1), (1, 0, k.shape[0]), (1, 1, 2**31 - 1)] if layout != "flat" else \
+        [(None, 1, -1), (None, 3, k.shape[0] + 7)]
+    for b, j, val in bad:
+        if b is None:
+            ids[j] = val
+        else:
+            ids[b, j] = val
+    buf = poisoned((q.shape[0], 4, info.plan.max_k_tiles), torch.float32, device)
+    _, ms = msa(q, k, None, info, output_o=False, max_score=buf, **kw)
+    monkeypatch.setenv("MATE_BACKEND", "reference")
+    _, ref = msa(q, k, None, info, output_o=False, max_score=torch.empty_like(buf), **kw)
+    assert_close(ms, ref, **_tol(torch.bfloat16, device))
+    loop = loop_max_score(q, k, q_lens, kv_lens, layout, {n: t.cpu() for n, t in kw.items()})
+    assert_close(ref.cpu(), loop.float(), atol=ATOL, rtol=RTOL)
+    assert torch.isinf(ms[:3, :, 1]).all() if layout != "flat" else torch.isinf(ms[3:, :, 0]).all()
 
 
 @pytest.mark.parametrize("layout,causal", [("token_major", True), ("dense", False), ("flat", True)])

@@ -44,29 +44,39 @@ def _mma_operand(x):
 
 
 @triton.jit
-def _tile_max(q, k_base, kb, b, lim, min_lim, kv_len, table_ptr, stride_table, kv_idx_ptr, page_base,
-              stride_kp, stride_kt, offs_n, offs_d, KADDR: tl.constexpr, MASKED: tl.constexpr):
+def _tile_max(q, k_base, kb, b, lim, min_lim, kv_len, table_ptr, stride_table, n_cols, kv_idx_ptr, page_base,
+              page_count, n_indices, num_pages, stride_kp, stride_kt, offs_n, offs_d, KADDR: tl.constexpr,
+              MASKED: tl.constexpr):
     """Row maxima of q . k over key tile ``kb``; MASKED=False only for tiles every row sees
-    whole (no compare/select per score)."""
+    whole (no compare/select per score). A paged tile whose page id is missing (past the
+    table's columns or the request's ``kv_indices``) or outside [0, num_pages) is skipped:
+    -inf, its loads masked off."""
     BLOCK_N: tl.constexpr = 128
     key0 = kb * BLOCK_N
+    page_ok = True
     if KADDR == 0:
         tile_ptr = k_base + key0.to(tl.int64) * stride_kt
-    elif KADDR == 1:
-        page = tl.load(table_ptr + b.to(tl.int64) * stride_table + kb)
-        tile_ptr = k_base + page.to(tl.int64) * stride_kp
     else:
-        page = tl.load(kv_idx_ptr + page_base + kb)
-        tile_ptr = k_base + page.to(tl.int64) * stride_kp
+        if KADDR == 1:
+            page = tl.load(table_ptr + b.to(tl.int64) * stride_table + kb, mask=kb < n_cols, other=-1)
+        else:
+            # compared as differences: page_base + kb may exceed int32 for adversarial metadata
+            listed = (page_base >= 0) & (kb < page_count) & (kb < n_indices - page_base)
+            page = tl.load(kv_idx_ptr + page_base.to(tl.int64) + kb, mask=listed, other=-1)
+        page_ok = (page >= 0) & (page < num_pages)
+        tile_ptr = k_base + tl.where(page_ok, page, 0).to(tl.int64) * stride_kp
+    k_ptrs = tile_ptr + offs_n[:, None] * stride_kt + offs_d[None, :]
     if MASKED:
-        key_ok = (key0 + offs_n) < kv_len
-        k = tl.load(tile_ptr + offs_n[:, None] * stride_kt + offs_d[None, :], mask=key_ok[:, None], other=0.0)
+        key_ok = ((key0 + offs_n) < kv_len) & page_ok
+        k = tl.load(k_ptrs, mask=key_ok[:, None], other=0.0)
+    elif KADDR == 0:
+        k = tl.load(k_ptrs)
     else:
-        k = tl.load(tile_ptr + offs_n[:, None] * stride_kt + offs_d[None, :])
+        k = tl.load(k_ptrs, mask=(offs_n < BLOCK_N)[:, None] & page_ok, other=0.0)
     s = tl.dot(q, tl.trans(_mma_operand(k)), out_dtype=tl.float32)
     if MASKED:
         s = tl.where(((key0 + offs_n)[None, :] < lim[:, None]) | (key0 + BLOCK_N <= min_lim), s, float("-inf"))
-    return tl.max(s, axis=1)
+    return tl.where(page_ok, tl.max(s, axis=1), float("-inf"))
 
 
 @triton.jit
@@ -76,7 +86,7 @@ def _max_score_fwd_kernel(
     qo_offset_value,
     stride_qt, stride_qh,
     stride_kp, stride_kt, stride_kh,
-    stride_table,
+    stride_table, n_cols, n_indices, num_pages,
     stride_ot, stride_oh,
     num_tiles_out, tiles_per_chunk, num_row_tiles,
     HKV: tl.constexpr, RATIO: tl.constexpr, D: tl.constexpr,
@@ -129,25 +139,25 @@ def _max_score_fwd_kernel(
             k_base = k_ptr + tl.load(cu_k_ptr + b).to(tl.int64) * stride_kt + kvh * stride_kh
         else:
             k_base = k_ptr + kvh * stride_kh
-        if KADDR == 2:
-            page_base = tl.load(indptr_ptr + b)
 
         c0 = chunk * tiles_per_chunk
         c1 = tl.minimum(c0 + tiles_per_chunk, num_tiles_out)
         t_end = tl.maximum(tl.minimum(c1, n_vis_tiles), c0)
         acc = tl.full([BLOCK_M, OUT_W], float("-inf"), dtype=tl.float32)
         if KADDR == 2:
-            pb = page_base
+            pb = tl.load(indptr_ptr + b)
+            p_cnt = tl.load(indptr_ptr + b + 1) - pb
         else:
             pb = 0
+            p_cnt = 0
         # tiles [c0, t_full) are whole for every row (min_lim <= kv_len): no per-score mask
         if SPLIT_FULL:
             t_full = tl.maximum(tl.minimum(min_lim // BLOCK_N, t_end), c0)
         else:
             t_full = c0
         for kb in range(c0, t_full):
-            m = _tile_max(q, k_base, kb, b, lim, min_lim, kv_len, table_ptr, stride_table, kv_idx_ptr, pb,
-                          stride_kp, stride_kt, offs_n, offs_d, KADDR, False)
+            m = _tile_max(q, k_base, kb, b, lim, min_lim, kv_len, table_ptr, stride_table, n_cols, kv_idx_ptr, pb,
+                          p_cnt, n_indices, num_pages, stride_kp, stride_kt, offs_n, offs_d, KADDR, False)
             j = (kb - c0) % OUT_W
             acc = tl.where(cols[None, :] == j, m[:, None], acc)
             if (j == OUT_W - 1) | (kb == t_end - 1):
@@ -155,8 +165,8 @@ def _max_score_fwd_kernel(
                 acc = tl.full([BLOCK_M, OUT_W], float("-inf"), dtype=tl.float32)
         # tiles crossing some row's visible limit (causal diagonal, end of the context): masked
         for kb in range(t_full, t_end):
-            m = _tile_max(q, k_base, kb, b, lim, min_lim, kv_len, table_ptr, stride_table, kv_idx_ptr, pb,
-                          stride_kp, stride_kt, offs_n, offs_d, KADDR, True)
+            m = _tile_max(q, k_base, kb, b, lim, min_lim, kv_len, table_ptr, stride_table, n_cols, kv_idx_ptr, pb,
+                          p_cnt, n_indices, num_pages, stride_kp, stride_kt, offs_n, offs_d, KADDR, True)
             j = (kb - c0) % OUT_W
             acc = tl.where(cols[None, :] == j, m[:, None], acc)
             if (j == OUT_W - 1) | (kb == t_end - 1):
@@ -259,6 +269,9 @@ def max_score_triton(
         q.stride(0), q.stride(1),
         stride_kp, stride_kt, stride_kh,
         page_table.stride(0) if page_table is not None else 0,
+        page_table.shape[1] if page_table is not None else 0,
+        kv_indices.shape[0] if kv_indices is not None else 0,
+        k.shape[0] if layout != LAYOUT_DENSE else 0,
         max_score.stride(0), max_score.stride(1),
         num_tiles, cfg["tiles_per_chunk"], cfg["row_tiles"],
         HKV=Hkv, RATIO=ratio, D=D, BLOCK_M=cfg["BLOCK_M"], OUT_W=cfg["OUT_W"],

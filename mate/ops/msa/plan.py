@@ -131,6 +131,8 @@ class MsaPlan:
     is_static: bool = False
     default_qo_offset: bool = True
     """True when ``qo_offset == kv_lens - qo_lens`` (bottom-right causal alignment)."""
+    kv_pages_end: int = 0
+    """``kv_page_indptr[-1]`` as a host int: the flat ``kv_indices`` entries the plan reads."""
     workspace: MsaWorkspace = dataclasses.field(default_factory=MsaWorkspace, repr=False, compare=False)
     """Scratch buffers of the sparse forward, allocated at the plan's first call and reused
     by every later call (see :mod:`mate.ops.msa.workspace`)."""
@@ -369,10 +371,11 @@ def _build_plan(
     max_q = int(qo_lens.max()) if B else 0
     max_k = int(kv_lens.max()) if B else 0
     i32 = dict(dtype=torch.int32, device=device)
-    indptr = None
+    indptr, pages_end = None, 0
     if page_size > 0:
         pages = (kv_lens + page_size - 1) // page_size
         indptr = (_cumsum0(pages) + page_base).to(**i32)
+        pages_end = page_base + int(pages.sum())
     prefill = MsaPrefillPlan(cu_q.to(**i32), cu_k.to(**i32), int(cu_k[-1]), max_q, max_k, total_q)
     decode = None
     if page_size > 0:
@@ -401,6 +404,7 @@ def _build_plan(
         decode_plan=decode,
         is_static=False,
         default_qo_offset=bool(torch.equal(qo_offset, kv_lens - qo_lens)),
+        kv_pages_end=pages_end,
     )
 
 

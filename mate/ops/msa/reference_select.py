@@ -24,6 +24,23 @@ def _token_requests(cu_seqlens_q: torch.Tensor, total_q: int) -> tuple[torch.Ten
     return req, t - cu[req]
 
 
+def _block_pages(blk: torch.Tensor, req: torch.Tensor, page_table: torch.Tensor | None,
+                 kv_indices: torch.Tensor | None, kv_page_indptr: torch.Tensor | None) -> torch.Tensor:
+    """The page of block ``blk[i, j]`` of request ``req[i]`` (int64), -1 where the table has no
+    such column or the request's ``kv_indices`` range no such entry."""
+    if page_table is not None:
+        width = page_table.shape[1]
+        page = page_table.to(torch.int64)[req[:, None], blk.clamp(0, max(width - 1, 0))] if width else blk * 0 - 1
+        return torch.where(blk < width, page, -1)
+    start = kv_page_indptr.to(torch.int64)[req][:, None]
+    count = kv_page_indptr.to(torch.int64)[req + 1][:, None] - start
+    n = kv_indices.shape[0]
+    listed = (start >= 0) & (blk < count) & (start + blk < n)
+    flat = torch.where(listed, start + blk, 0)
+    page = kv_indices.to(torch.int64)[flat] if n else torch.zeros_like(flat)
+    return torch.where(listed, page, -1)
+
+
 def max_score_reference(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -48,7 +65,9 @@ def max_score_reference(
 
     K is dense ragged (``layout`` 0, ``cu_seqlens_k``) or paged with 128-token pages,
     token-major ``[pages, 128, Hkv, D]`` (1) or head-major ``[pages, Hkv, 128, D]`` (2);
-    pages come from ``page_table[b, block]`` or ``kv_indices[kv_page_indptr[b] + block]``.
+    pages come from ``page_table[b, block]`` or ``kv_indices[kv_page_indptr[b] + block]``; a
+    block whose page is missing (no such table column, past the request's ``kv_indices``) or
+    outside ``[0, k.shape[0])`` is skipped (-inf), as the kernel skips it.
     A key ``j`` of request ``b`` is visible to the token at position ``p`` when
     ``j < kv_lens[b]`` and, under ``causal``, ``j <= p``; ``p = qo_offset[b] + i`` (default
     ``qo_offset = kv_len - q_len``, or the scalar ``qo_offset_value``).
@@ -57,6 +76,8 @@ def max_score_reference(
     dev = q.device
     out = torch.full((total_q, Hq, num_k_tiles), float("-inf"), dtype=torch.float32, device=dev)
     if total_q == 0 or num_k_tiles == 0:
+        return out
+    if layout != LAYOUT_DENSE and k.shape[0] == 0:  # no page to read
         return out
     Hkv = k.shape[2] if layout == LAYOUT_TOKEN_MAJOR else k.shape[1]
     ratio = Hq // Hkv
@@ -87,13 +108,8 @@ def max_score_reference(
             kk = kf[row]  # [n, keys, Hkv, D]
         else:
             blk = (keys // MSA_BLOCK)[None, :].expand(t1 - t0, -1)
-            if page_table is not None:
-                cols = blk.clamp(max=page_table.shape[1] - 1)
-                page = page_table.to(torch.int64)[r[:, None], cols]
-            else:
-                flat = kv_page_indptr.to(torch.int64)[r][:, None] + blk
-                flat = torch.where(visible, flat, torch.zeros_like(flat)).clamp(max=max(kv_indices.shape[0] - 1, 0))
-                page = kv_indices.to(torch.int64)[flat]
+            page = _block_pages(blk, r, page_table, kv_indices, kv_page_indptr)
+            visible &= (page >= 0) & (page < k.shape[0])  # a missing or out-of-range page is skipped
             page = torch.where(visible, page, torch.zeros_like(page))
             slot = (keys % MSA_BLOCK)[None, :].expand_as(page)
             if layout == LAYOUT_TOKEN_MAJOR:

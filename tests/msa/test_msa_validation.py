@@ -1,0 +1,91 @@
+"""msa(): bad or unsupported inputs raise instead of giving a wrong answer (CPU reference;
+the checks run before any kernel)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mate.msa_interface import MsaRuntimeMetadata, _msa_plan_from_lengths, msa, msa_plan
+
+
+def _i32(values):
+    return torch.tensor(values, dtype=torch.int32)
+
+
+def _bf16(*shape):
+    return torch.randn(*shape).bfloat16()
+
+
+def test_causal_dense_custom_offset_is_not_silently_ignored():
+    """Causal dense attention implements only the default offset (kv_len - q_len): a tensor
+    override and a static plan's runtime qo_offset raise like the int override."""
+    q, k, v = _bf16(4, 2, 64), _bf16(8, 2, 64), _bf16(8, 2, 64)
+    info = _msa_plan_from_lengths(torch.tensor([4]), torch.tensor([8]), num_qo_heads=2)
+    msa(q, k, v, info)  # the default offset runs
+    for override in (_i32([0]), 0):
+        with pytest.raises(NotImplementedError, match="qo_offset other than kv_len - q_len"):
+            msa(q, k, v, info, q_offset_override=override)
+    static = msa_plan(1, 4, 8, 2)
+    rt = MsaRuntimeMetadata(qo_lens=_i32([4]), kv_lens=_i32([8]), qo_offset=_i32([0]), cu_seqlens_q=_i32([0, 4]),
+                            cu_seqlens_k=_i32([0, 8]), seqused_k=_i32([8]))
+    with pytest.raises(NotImplementedError, match="qo_offset other than kv_len - q_len"):
+        msa(q, k, v, static, runtime_metadata=rt)
+
+
+def _sparse_static_case():
+    info = msa_plan(2, 4, 384, 4, num_kv_heads=2, page_size=128, kv_block_num=4, sparse_kernel_mode="prefill")
+    cache = _bf16(6, 128, 2, 128)
+    q = _bf16(8, 4, 128)
+    idx = torch.full((8, 2, 4), -1, dtype=torch.int32)
+    idx[:, :, 0] = 0
+    rt = MsaRuntimeMetadata(_i32([3, 2]), _i32([300, 140]), None, cu_seqlens_q=_i32([0, 3, 5]),
+                            cu_seqlens_k=_i32([0, 300, 440]), seqused_k=_i32([300, 140]),
+                            page_table=_i32([[4, 1, 3], [0, 5, 0]]))
+    return info, cache, q, idx, rt
+
+
+def test_check_input_valid_on_a_static_plan_skips_its_spare_rows(monkeypatch):
+    """Rows past cu_seqlens_q[-1] (a static plan's capacity) are not checked; an id past a
+    request's blocks raises ValueError, also with MATE_CHECK_INPUTS=1 instead of the flag."""
+    info, cache, q, idx, rt = _sparse_static_case()
+    idx[6:, :, 1] = 99  # spare rows: never read
+    msa(q, cache, cache, info, kv_block_indexes=idx, runtime_metadata=rt, check_input_valid=True)
+    idx[4, 1, 2] = 2  # request 1 has 2 blocks (140 keys)
+    with pytest.raises(ValueError, match=r"kv_block_indexes must hold -1 or a valid block id \(< 2 .*got 2"):
+        msa(q, cache, cache, info, kv_block_indexes=idx, runtime_metadata=rt, check_input_valid=True)
+    msa(q, cache, cache, info, kv_block_indexes=idx, runtime_metadata=rt)  # skipped by the kernel, no check
+    monkeypatch.setenv("MATE_CHECK_INPUTS", "1")
+    with pytest.raises(ValueError, match="kv_block_indexes must hold -1 or a valid block id"):
+        msa(q, cache, cache, info, kv_block_indexes=idx, runtime_metadata=rt)
+
+
+def test_short_kv_indices_raise():
+    """Flat kv_indices with fewer entries than the plan's pages raise (they used to be padded
+    with the last entry, reading another page), for max-score and attention alike."""
+    q, cache = _bf16(2, 2, 128), _bf16(3, 128, 1, 128)
+    info = _msa_plan_from_lengths(torch.tensor([2]), torch.tensor([256]), 2, 1, page_size=128, output_maxscore=True)
+    with pytest.raises(ValueError, match=r"kv_indices must be at least 2 entries .*got '1 entries'"):
+        msa(q, cache, None, info, kv_indices=_i32([0]), output_o=False)
+    with pytest.raises(ValueError, match="kv_indices must be at least 2 entries"):
+        msa(q, cache, cache, info, kv_indices=_i32([0]), output_maxscore=False)
+    msa(q, cache, cache, info, kv_indices=_i32([2, 0]))
+
+
+def test_fp8_dense_and_paged_plans_are_not_implemented():
+    q = _bf16(4, 2, 64).to(torch.float8_e4m3fn)
+    k = _bf16(8, 2, 64).to(torch.float8_e4m3fn)
+    info = _msa_plan_from_lengths(torch.tensor([4]), torch.tensor([8]), num_qo_heads=2)
+    with pytest.raises(NotImplementedError, match="float8_e4m3fn q / k / v are implemented for sparse plans only"):
+        msa(q, k, k, info)
+
+
+def test_overlapping_out_raises():
+    q, k, v = _bf16(4, 2, 64), _bf16(8, 2, 64), _bf16(8, 2, 64)
+    info = _msa_plan_from_lengths(torch.tensor([4]), torch.tensor([8]), num_qo_heads=2)
+    out = torch.empty(1, 2, 64, dtype=torch.bfloat16).expand(4, 2, 64)
+    with pytest.raises(ValueError, match="out must not overlap itself"):
+        msa(q, k, v, info, out=out)
+    lse = torch.empty(1, 2).expand(4, 2)
+    with pytest.raises(ValueError, match="lse must not overlap itself"):
+        msa(q, k, v, info, lse=lse)
