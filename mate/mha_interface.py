@@ -80,7 +80,7 @@ def _check_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int
 
 
 def _run(q, k, v, out, lse, *, cu_seqlens_q, max_seqlen_q, cu_seqlens_k, seqused_k, page_table, batched,
-         softmax_scale, window, backend, k_lens_host=None) -> None:
+         softmax_scale, window, backend, k_lens_host=None, skip_whole=False) -> None:
     if select_backend(q.device, backend) == "reference":
         from mate.ops.mha.reference import attention_varlen_reference
 
@@ -102,7 +102,13 @@ def _run(q, k, v, out, lse, *, cu_seqlens_q, max_seqlen_q, cu_seqlens_k, seqused
     from mate.ops.mha.attention import mha_fwd_op
 
     mha_fwd_op(q, k, v, out, lse, cu_seqlens_q, int(max_seqlen_q), cu_seqlens_k, seqused_k, page_table,
-               bool(batched), float(softmax_scale), int(window[0]), int(window[1]))
+               bool(batched), float(softmax_scale), int(window[0]), int(window[1]), bool(skip_whole))
+
+
+def _sdpa_device(device: torch.device) -> bool:
+    """Where the single-sequence path hands the work to torch's fused attention (a test may
+    widen it to the CPU to exercise the path under the interpreter)."""
+    return device.type == "cuda"
 
 
 def _sdpa_single_sequence(q, k, v, out, softmax_scale, causal) -> None:
@@ -288,17 +294,17 @@ def flash_attn_varlen_func(
                                 contiguous=False, last_dim_contiguous=True)
     scale = d ** -0.5 if softmax_scale is None else checks.check_python_float("softmax_scale", softmax_scale)
     backend_used = select_backend(device, backend)
-    single = (backend_used == "triton" and device.type == "cuda" and not paged and seqused_k is None
-              and batch == 1 and not return_softmax_lse and left < 0 and (right < 0 or causal)
-              and max_seqlen_q == total_q and (not causal or k.shape[0] == total_q))
+    single = (backend_used == "triton" and _sdpa_device(device) and not paged and seqused_k is None
+              and cu_seqlens_k is not None and batch == 1 and not return_softmax_lse and left < 0
+              and (right < 0 or causal) and max_seqlen_q == total_q and (not causal or k.shape[0] == total_q))
     if single:
-        # one dense sequence spanning the tensors: torch's fused (cuDNN / flash) attention
+        # one dense sequence spanning the tensors: torch's fused (cuDNN / flash) attention; the
+        # kernel below then recomputes the request only if cu_seqlens say it spans less
         _sdpa_single_sequence(q, k, v, out, scale, causal)
-        return out
     lse = torch.empty(hq, total_q, dtype=torch.float32, device=device)
     _run(q, k, v, out, lse, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, cu_seqlens_k=cu_seqlens_k,
          seqused_k=seqused_k, page_table=page_table, batched=False, softmax_scale=scale, window=(left, right),
-         backend=backend)
+         backend=backend, skip_whole=single)
     return (out, lse) if return_softmax_lse else out
 
 

@@ -273,6 +273,30 @@ def test_single_sequence_sdpa_path_gpu():
     assert_close(o, ro, atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_single_sequence_path_follows_cu_seqlens(causal, triton_backend, monkeypatch):
+    """One request handed to torch's fused attention: the kernel after it leaves the result
+    alone when cu_seqlens cover q and k whole, and recomputes the request when they cover
+    less (keys k[2:7] of 8 rows), with no host read. The path is CUDA-only; here it is widened
+    to the CPU, so the kernel runs under the interpreter."""
+    from mate import mha_interface
+
+    monkeypatch.setattr(mha_interface, "_sdpa_device", lambda device: True)
+    g = torch.Generator().manual_seed(torch.seed() % 2**31)
+    T, hq, hkv, d = 5, 4, 2, 64
+    q = torch.randn(T, hq, d, generator=g).to(torch.bfloat16)
+    k = torch.randn(8 if not causal else T, hkv, d, generator=g).to(torch.bfloat16)
+    v = torch.randn_like(k)
+    whole = cu([k.shape[0]], "cpu")
+    part = torch.tensor([2, 7] if not causal else [1, 4], dtype=torch.int32)
+    for cu_k in (whole, part):
+        out = poisoned((T, hq, d), torch.bfloat16, "cpu")
+        o = flash_attn_varlen_func(q, k, v, cu([T], "cpu"), cu_k, T, k.shape[0], causal=causal, out=out)
+        k0, k1 = int(cu_k[0]), int(cu_k[1])
+        ro, _ = attention_varlen_reference(q, k[k0:k1], v[k0:k1], cu([T], "cpu"), [k1 - k0], causal=causal)
+        assert_close(o, ro, atol=2e-2, rtol=2e-2, name=f"cu_seqlens_k={cu_k.tolist()}")
+
+
 def test_paged_bad_pages_are_skipped(device, triton_backend):
     """Pages outside the cache and keys past the table's width are skipped, never read."""
     g = torch.Generator().manual_seed(torch.seed() % 2**31)
@@ -288,6 +312,12 @@ def test_paged_bad_pages_are_skipped(device, triton_backend):
     v0 = vc.cpu()[table[0, :7].cpu().long()].reshape(-1, 1, 64)[keep]
     ro, _ = attention_varlen_reference(q[0].cpu(), k0, v0, cu([1], "cpu"), [len(keep)], k_starts=[0])
     assert_close(o[0], ro, atol=3e-3, rtol=3e-3)
+    # the reference skips the same keys (masked in place, so a causal position is kept)
+    for causal in (False, True):
+        o = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, page_table=bad, causal=causal)
+        rq, _ = attention_varlen_reference(q.reshape(2, 4, 64).cpu(), kc.cpu(), vc.cpu(), cu([1, 1], "cpu"), lens,
+                                           page_table=bad.cpu(), causal=causal)
+        assert_close(o.reshape(2, 4, 64), rq, atol=3e-3, rtol=3e-3)
     o = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, page_table=table[:, :2].contiguous())
     ro, _ = attention_varlen_reference(q.reshape(2, 4, 64).cpu(), kc.cpu(), vc.cpu(), cu([1, 1], "cpu"), [32, 32],
                                        page_table=table.cpu())

@@ -26,10 +26,10 @@ def _mha_fwd_kernel(
     k_ptr, v_ptr, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
     cu_q_ptr, cu_k_ptr, seqused_k_ptr, page_table_ptr, stride_pt, n_cols, num_pages,
     o_ptr, stride_ot, stride_oh, lse_ptr, stride_lh, stride_lt,
-    RATIO, qk_scale, window_left, window_right,
+    RATIO, qk_scale, window_left, window_right, whole_q, whole_k,
     TM: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
     PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, HAS_CU_K: tl.constexpr, HAS_SEQUSED: tl.constexpr,
-    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SKIP_WHOLE: tl.constexpr = False,
 ):
     mblk = tl.program_id(0)
     req = tl.program_id(1)
@@ -44,6 +44,9 @@ def _mha_fwd_kernel(
     else:
         k_start = 0
         k_len = 0
+    if SKIP_WHOLE:  # noqa: SIM102 (a constexpr guard): the caller computed a request spanning q[:whole_q], k[:whole_k]
+        if (q_start == 0) & (q_len == whole_q) & (k_start == 0) & (k_len == whole_k):
+            return
     if HAS_SEQUSED:
         k_len = tl.load(seqused_k_ptr + req)
     rows = tl.arange(0, BLOCK_M)
@@ -134,12 +137,16 @@ def attention_triton(
     softmax_scale: float,
     window_left: int,
     window_right: int,
+    skip_whole: bool = False,
 ) -> None:
     """Launches ``_mha_fwd_kernel``; inputs validated by the caller.
 
     q [total_q, Hq, D]; k/v ragged [total_k, Hkv, D] (``cu_seqlens_k``), batched
     [B, S, Hkv, D] (``batched``) or paged [pages, page_size, Hkv, D] (``page_table``);
-    out [total_q, Hq, D]; lse [Hq, total_q] (any strides).
+    out [total_q, Hq, D]; lse [Hq, total_q] (any strides). ``skip_whole`` (one ragged
+    request, ``cu_seqlens_k`` given): every program returns at once when ``cu_seqlens_q`` is
+    [0, total_q] and ``cu_seqlens_k`` [0, total_k], the case the caller computed otherwise
+    (read on the device: no host sync), and computes the request in every other case.
     """
     total_q, hq, d = q.shape
     hkv = k.shape[-2]
@@ -173,10 +180,11 @@ def attention_triton(
         page_table if paged else dummy, page_table.stride(0) if paged else 0,
         page_table.shape[1] if paged else 0, k.shape[0],
         out, out.stride(0), out.stride(1), lse, lse.stride(0), lse.stride(1),
-        ratio, softmax_scale * LOG2E, window_left, window_right,
+        ratio, softmax_scale * LOG2E, window_left, window_right, total_q, k.shape[0],
         TM=tm, GP=gp, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=d, PAGE_SIZE=page_size, PAGED=paged,
         HAS_CU_K=cu_seqlens_k is not None, HAS_SEQUSED=seqused_k is not None,
         HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0,
+        SKIP_WHOLE=skip_whole and cu_seqlens_k is not None and seqused_k is None and not paged and not batched,
         num_warps=num_warps, num_stages=1 if INTERPRET else 2,
     )
 
@@ -196,10 +204,12 @@ def _mha_fwd_op_impl(
     softmax_scale: float,
     window_left: int,
     window_right: int,
+    skip_whole: bool = False,
 ) -> None:
     attention_triton(q, k, v, out, lse, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
                      cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k, page_table=page_table, batched=batched,
-                     softmax_scale=softmax_scale, window_left=window_left, window_right=window_right)
+                     softmax_scale=softmax_scale, window_left=window_left, window_right=window_right,
+                     skip_whole=skip_whole)
 
 
 def _register():

@@ -12,7 +12,7 @@ import math
 
 import torch
 
-__all__ = ["request_keys", "attention_varlen_reference"]
+__all__ = ["request_keys", "missing_keys", "attention_varlen_reference"]
 
 
 def request_keys(
@@ -27,16 +27,38 @@ def request_keys(
     """The ``k_len`` keys of request ``i`` as [k_len, Hkv, D].
 
     ``cache`` is ragged [total_k, Hkv, D] (rows from ``k_start``), batched [B, S, Hkv, D]
-    (``batched=True``) or paged [pages, page_size, Hkv, D] with ``page_table`` [B, max_pages].
+    (``batched=True``) or paged [pages, page_size, Hkv, D] with ``page_table`` [B, max_pages];
+    keys of a page the table lacks (past its width) or that lies outside the cache are NaN
+    (see :func:`missing_keys`).
     """
     if page_table is not None:
         page_size = cache.shape[1]
         n = -(-k_len // page_size)
-        sel = cache[page_table[i, :n].long()]
+        pages = _request_pages(page_table, i, n, cache.shape[0])
+        sel = cache[pages.clamp(min=0)].clone() if cache.shape[0] else cache.new_zeros((n,) + cache.shape[1:])
+        sel[pages < 0] = float("nan")
         return sel.reshape(-1, cache.shape[2], cache.shape[3])[:k_len]
     if batched:
         return cache[i, :k_len]
     return cache[k_start:k_start + k_len]
+
+
+def _request_pages(page_table: torch.Tensor, i: int, n: int, num_pages: int) -> torch.Tensor:
+    """The first ``n`` page ids of request ``i``, -1 where the table has no such column or
+    the id is outside [0, num_pages)."""
+    row = page_table[i, :n].long().cpu()
+    pages = torch.full((n,), -1, dtype=torch.long)
+    pages[:row.shape[0]] = torch.where((row >= 0) & (row < num_pages), row, -1)
+    return pages.to(page_table.device)
+
+
+def missing_keys(page_table: torch.Tensor | None, i: int, k_len: int, page_size: int, num_pages: int) -> torch.Tensor:
+    """Bool [k_len]: the keys of request ``i`` whose page is missing or out of range (the
+    kernels skip them, as if masked); all False without a page table."""
+    if page_table is None:
+        return torch.zeros(k_len, dtype=torch.bool)
+    pages = _request_pages(page_table, i, -(-k_len // page_size), num_pages).cpu()
+    return (pages < 0).repeat_interleave(page_size)[:k_len]
 
 
 def attention_varlen_reference(
@@ -86,6 +108,11 @@ def attention_varlen_reference(
             vis &= keys[None, :] <= pos[:, None] + right
         if left >= 0:
             vis &= keys[None, :] >= pos[:, None] - left
+        page_size = k.shape[1] if page_table is not None else 1
+        missing = missing_keys(page_table, i, k_len, page_size, k.shape[0]).to(q.device)
+        vis &= ~missing[None, :]
+        kr = kr.masked_fill(missing[:, None, None], 0.0)
+        vr = vr.masked_fill(missing[:, None, None], 0.0)
         s = torch.einsum("thd,khd->htk", q[q0:q1].to(compute_dtype), kr) * scale
         s = s.masked_fill(~vis[None], -math.inf)
         l_ = torch.logsumexp(s, dim=-1)  # [Hq, n]
