@@ -753,6 +753,9 @@ def _attend_dense_or_paged(q, k, v, part: _Part, out, lse, sm_scale) -> None:
     qp = _slice_rows(q, part)
     op = _slice_rows(out, part)
     want_lse = lse is not None
+    if plan.is_static:  # straight into out / lse (or the plan's scratch LSE): no allocation per call
+        _attend_static_dense_or_paged(qp, k, v, part, op, lse, sm_scale)
+        return
     if plan.page_size <= 0:
         kp = k if part.k_end < 0 else k[part.k_start:part.k_end]
         vp = v if part.k_end < 0 else v[part.k_start:part.k_end]
@@ -776,6 +779,28 @@ def _attend_dense_or_paged(q, k, v, part: _Part, out, lse, sm_scale) -> None:
         op.copy_(o)
     if want_lse:
         _slice_rows(lse, part).copy_(l_.transpose(0, 1))  # mha LSE is [Hq, total_q]
+
+
+def _attend_static_dense_or_paged(qp, k, v, part: _Part, op, lse, sm_scale) -> None:
+    """A static dense or paged plan's attention through the mha kernel itself: the output
+    rows ``op``, the caller's LSE rows as an [Hq, rows] view or else a scratch LSE from the
+    plan's workspace (the kernel always writes one)."""
+    from mate import mha_interface
+
+    plan = part.plan
+    rows, hq = qp.shape[0], qp.shape[1]
+    if lse is not None:
+        lse_hq = _slice_rows(lse, part).t()
+    else:
+        lse_hq = plan.workspace.buffer("dense_lse", hq * rows, torch.float32, qp.device).view(hq, rows)
+    paged = plan.page_size > 0
+    if paged and _k_layout(k, plan) == LAYOUT_HEAD_MAJOR:
+        k, v = k.transpose(1, 2), v.transpose(1, 2)  # token-major views of the same pages (read in place)
+    mha_interface._run(qp, k, v, op, lse_hq, cu_seqlens_q=part.cu_seqlens_q,
+                       max_seqlen_q=plan.prefill_plan.max_seqlen_q,
+                       cu_seqlens_k=None if paged else part.cu_seqlens_k, seqused_k=part.kv_lens,
+                       page_table=part.page_table if paged else None, batched=False, softmax_scale=sm_scale,
+                       window=(-1, 0 if plan.causal else -1), backend=None)
 
 
 def _check_block_indexes_valid(kv_block_indexes: torch.Tensor, parts: list[_Part]) -> None:

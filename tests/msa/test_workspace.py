@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from mate.msa_interface import msa, msa_plan
+from mate.ops.mha.reference import attention_varlen_reference
 from mate.ops.msa.plan import MsaRuntimeMetadata
 from mate.ops.msa.reference_attention import sparse_attention_reference
 from mate.ops.msa.workspace import MsaWorkspace
@@ -141,5 +142,65 @@ def test_static_plan_call_does_not_allocate_gpu(decode):
         torch.cuda.synchronize()
         before = torch.cuda.memory_stats()["allocation.all.allocated"]
         msa(q, k, v, info, kv_block_indexes=idx, runtime_metadata=rt, page_table=table, out=out, lse=lse)
+        torch.cuda.synchronize()
+        assert torch.cuda.memory_stats()["allocation.all.allocated"] == before
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_static_dense_and_paged_plans_write_in_place(device, triton_backend, paged):
+    """A static dense / paged plan runs the attention kernel straight into out and lse (the
+    caller's, or the plan's scratch LSE): right values on the valid rows, and the second call
+    allocates nothing in the plan's workspace."""
+    hq, hkv, bmax, max_q, max_k = 4, 2, 2, 4, 384
+    info = msa_plan(bmax, max_q, max_k, hq, num_kv_heads=hkv, page_size=BLK if paged else -1)
+    q = torch.randn(bmax * max_q, hq, 128).bfloat16().to(device)
+    if paged:
+        k = torch.randn(7, BLK, hkv, 128).bfloat16().to(device)
+        v = torch.randn(7, BLK, hkv, 128).bfloat16().to(device)
+        table = torch.tensor([[4, 1, 3], [0, 6, 2]], dtype=torch.int32, device=device)
+    else:
+        k = torch.randn(bmax * max_k, hkv, 128).bfloat16().to(device)
+        v = torch.randn(bmax * max_k, hkv, 128).bfloat16().to(device)
+        table = None
+    q_lens, kv_lens = [3, 2], [300, 140]
+    rt = MsaRuntimeMetadata(None, None, None, cu_seqlens_q=_cu(q_lens).to(device), cu_seqlens_k=_cu(kv_lens).to(device),
+                            seqused_k=torch.tensor(kv_lens, dtype=torch.int32, device=device), page_table=table)
+    for with_lse in (True, False, False):
+        out = poisoned(q.shape, q.dtype, device)
+        lse = poisoned(q.shape[:2], torch.float32, device) if with_lse else None
+        msa(q, k, v, info, runtime_metadata=rt, out=out, lse=lse)
+        n = sum(q_lens)
+        ro, rl = attention_varlen_reference(q[:n].cpu(), k.cpu(), v.cpu(), _cu(q_lens), kv_lens,
+                                            k_starts=None if paged else _cu(kv_lens)[:-1].tolist(),
+                                            page_table=None if table is None else table.cpu(), causal=True)
+        assert_close(out[:n], ro, atol=2e-2, rtol=2e-2)
+        if with_lse:
+            assert_close(lse[:n], rl.t(), atol=1e-3, rtol=1e-3, name="lse")
+        else:
+            allocations = info.plan.workspace.allocations
+    assert info.plan.workspace.allocations == allocations  # the third call reused the scratch LSE
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("paged", [False, True])
+def test_static_dense_and_paged_plan_calls_do_not_allocate_gpu(paged):
+    device, hq, hkv, bmax, max_q, max_k = "cuda", 64, 4, 4, 256, 4096
+    info = msa_plan(bmax, max_q, max_k, hq, num_kv_heads=hkv, page_size=BLK if paged else -1)
+    q = torch.randn(bmax * max_q, hq, 128, device=device).bfloat16()
+    pages = bmax * max_k // BLK
+    shape = (pages, BLK, hkv, 128) if paged else (bmax * max_k, hkv, 128)
+    k, v = torch.randn(shape, device=device).bfloat16(), torch.randn(shape, device=device).bfloat16()
+    table = torch.randperm(pages, device=device).to(torch.int32).view(bmax, -1).contiguous() if paged else None
+    lens = [max_k - 7 * i for i in range(bmax)]
+    rt = MsaRuntimeMetadata(None, None, None, cu_seqlens_q=_cu([max_q] * bmax).to(device),
+                            cu_seqlens_k=_cu(lens).to(device), seqused_k=torch.tensor(lens, dtype=torch.int32,
+                                                                                      device=device), page_table=table)
+    out = torch.empty(q.shape, dtype=q.dtype, device=device)
+    for with_lse in (True, False):
+        lse = torch.empty(q.shape[:2], dtype=torch.float32, device=device) if with_lse else None
+        msa(q, k, v, info, runtime_metadata=rt, out=out, lse=lse)  # warm-up
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_stats()["allocation.all.allocated"]
+        msa(q, k, v, info, runtime_metadata=rt, out=out, lse=lse)
         torch.cuda.synchronize()
         assert torch.cuda.memory_stats()["allocation.all.allocated"] == before
