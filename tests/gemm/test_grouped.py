@@ -157,3 +157,38 @@ def test_grouped_errors():
         g(a3, b, s3, b_scale, mm[:1], 8)
     with pytest.raises(ValueError, match="b must have shape"):
         g(a3[:1], b, s3[:1], b_scale, mm, 8)
+
+
+def test_grouped_more_errors():
+    """The rest of the spec's error cases of both MoE layouts (types, shapes, k, devices)."""
+    G, m, n, k = 2, 128, 128, 256
+    a = rand_fp8((m, k))
+    a_scale = torch.ones(m, 2)
+    b, b_scale = _experts(G, n, k, "cpu")
+    idx = torch.zeros(m, dtype=torch.int32)
+    f = gemm.group_deepgemm_fp8_nt_groupwise
+    with pytest.raises(TypeError, match="b must be one of"):
+        f(a, b.float(), a_scale, b_scale, idx)
+    with pytest.raises(TypeError, match="a_scale must be torch.float32"):
+        f(a, b, a_scale.half(), b_scale, idx)
+    with pytest.raises(ValueError, match="out must have shape"):
+        f(a, b, a_scale, b_scale, idx, out=torch.empty(m, n + 1, dtype=torch.bfloat16))
+    with pytest.raises(TypeError, match="out must be"):
+        f(a, b, a_scale, b_scale, idx, out=torch.empty(m, n, dtype=torch.float32))
+    with pytest.raises(ValueError, match="k \\(the last dimension of a and b\\) must be a positive multiple of 128"):
+        f(a[:, :200].contiguous(), b[:, :, :200].contiguous(), a_scale, b_scale, idx)
+    with pytest.raises(ValueError, match="must be on cpu"):
+        f(a, b, a_scale, b_scale, idx.to("meta"))
+    g = gemm.batch_deepgemm_fp8_nt_groupwise
+    a3, s3 = a.view(G, 64, k), a_scale.view(G, 64, 2)
+    mm = torch.full((G,), 64, dtype=torch.int32)
+    with pytest.raises(TypeError, match="masked_m must be torch.int32"):
+        g(a3, b, s3, b_scale, mm.long(), 8)
+    with pytest.raises(ValueError, match="a_scale must have shape"):
+        g(a3, b, s3[:, :32].contiguous(), b_scale, mm, 8)
+    with pytest.raises(ValueError, match="out must have shape"):
+        g(a3, b, s3, b_scale, mm, 8, out=torch.empty(G, 64, n + 1, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="out_dtype"):
+        g(a3, b, s3, b_scale, mm, 8, out_dtype=torch.float32)
+    with pytest.raises(ValueError, match="a and b must not both be torch.float8_e5m2"):
+        g(a3.to(torch.float8_e5m2), b.to(torch.float8_e5m2), s3, b_scale, mm, 8)

@@ -322,3 +322,34 @@ def test_paged_bad_pages_are_skipped(device, triton_backend):
     ro, _ = attention_varlen_reference(q.reshape(2, 4, 64).cpu(), kc.cpu(), vc.cpu(), cu([1, 1], "cpu"), [32, 32],
                                        page_table=table.cpu())
     assert_close(o.reshape(2, 4, 64), ro, atol=3e-3, rtol=3e-3)
+
+
+_T = torch.zeros(1)
+VARLEN_NOT_IMPLEMENTED = {"q_descale": _T, "k_descale": _T, "v_descale": _T, "learnable_sink": _T,
+                          "attention_chunk": 64, "seqused_q": _T, "cp_world_size": 2, "cp_rank": 1,
+                          "cp_tot_seqused_k": _T}
+KVCACHE_NOT_IMPLEMENTED = {"k": _T, "v": _T, "rotary_sin": _T, "cache_batch_idx": _T, "cache_leftpad": _T,
+                           "cu_seqlens_k_new": _T, "rotary_seqlens": _T, "q_descale": _T, "learnable_sink": _T,
+                           "attention_chunk": 64, "cp_world_size": 2}
+
+
+@pytest.mark.parametrize("name", sorted(VARLEN_NOT_IMPLEMENTED))
+def test_varlen_not_implemented_arguments(name):
+    q, k = torch.randn(4, 2, 64, dtype=torch.bfloat16), torch.randn(4, 1, 64, dtype=torch.bfloat16)
+    cq = cu([4], "cpu")
+    with pytest.raises(NotImplementedError, match=name):
+        flash_attn_varlen_func(q, k, k, cq, cq, 4, 4, **{name: VARLEN_NOT_IMPLEMENTED[name]})
+
+
+@pytest.mark.parametrize("name", sorted(KVCACHE_NOT_IMPLEMENTED))
+def test_kvcache_not_implemented_arguments(name):
+    q, kc = torch.randn(1, 1, 2, 64, dtype=torch.bfloat16), torch.zeros(1, 16, 1, 64, dtype=torch.bfloat16)
+    with pytest.raises(NotImplementedError, match=name):
+        flash_attn_with_kvcache(q, kc, kc, cache_seqlens=3, **{name: KVCACHE_NOT_IMPLEMENTED[name]})
+
+
+@pytest.mark.parametrize("kw,match", [({"headdim_v": 64}, "headdim_v"), ({"attention_chunk": 64}, "attention_chunk"),
+                                      ({"has_softcap": True}, "has_softcap")])
+def test_scheduler_metadata_not_implemented_arguments(kw, match):
+    with pytest.raises(NotImplementedError, match=match):
+        get_scheduler_metadata(2, 1, 256, 8, 2, 128, **kw)

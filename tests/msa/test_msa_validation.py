@@ -89,3 +89,39 @@ def test_overlapping_out_raises():
     lse = torch.empty(1, 2).expand(4, 2)
     with pytest.raises(ValueError, match="lse must not overlap itself"):
         msa(q, k, v, info, lse=lse)
+
+
+def test_sparse_entry_points_take_their_own_plan_and_outputs_only():
+    """sparse_msa takes a single sparse_prefill plan, sparse_decode_atten_func a single
+    sparse_decode plan; msa()'s output-selection keywords are not theirs."""
+    from mate.msa_interface import sparse_decode_atten_func, sparse_msa, sparse_msa_plan
+
+    q, cache = _bf16(2, 2, 128), _bf16(2, 128, 1, 128)
+    table = _i32([[1, 0]])
+    blocks = _i32([0, 1, -1, -1]).expand(2, 1, 4).contiguous()
+    prefill = sparse_msa_plan(torch.tensor([2]), torch.tensor([256]), num_qo_heads=2, num_kv_heads=1, kv_block_num=4)
+    decode = _msa_plan_from_lengths(torch.tensor([1, 1]), torch.tensor([256, 200]), 2, 1, page_size=128,
+                                    kv_block_num=4, sparse_kernel_mode="decode")
+    dense = _msa_plan_from_lengths(torch.tensor([2]), torch.tensor([256]), num_qo_heads=2, num_kv_heads=1)
+    out, none = sparse_msa(q, cache, cache, prefill, kv_block_indexes=blocks, page_table=table)
+    assert none is None and out.shape == (2, 2, 128)
+    for info, mode in ((decode, "sparse_decode"), (dense, "dense")):
+        with pytest.raises(ValueError, match=f"plan_info must be a single sparse_prefill plan, got mode '{mode}'"):
+            sparse_msa(q, cache, cache, info, kv_block_indexes=blocks, page_table=table)
+    with pytest.raises(ValueError, match="plan_info must be a single sparse_decode plan, got mode 'sparse_prefill'"):
+        sparse_decode_atten_func(q, cache, cache, prefill, page_table=table, kv_block_indexes=blocks)
+    with pytest.raises(TypeError, match="plan_info must be an MsaPlanInfo, got dict"):
+        sparse_msa(q, cache, cache, {}, kv_block_indexes=blocks)
+    for key, value in (("output_o", False), ("output_maxscore", True), ("max_score", torch.empty(1))):
+        with pytest.raises(TypeError, match=f"sparse_msa\\(\\) got an unexpected keyword argument '{key}'"):
+            sparse_msa(q, cache, cache, prefill, kv_block_indexes=blocks, page_table=table, **{key: value})
+        unexpected = f"sparse_decode_atten_func\\(\\) got an unexpected keyword argument '{key}'"
+        with pytest.raises(TypeError, match=unexpected):
+            sparse_decode_atten_func(q, cache, cache, decode, page_table=table.expand(2, 2).contiguous(),
+                                     kv_block_indexes=blocks, **{key: value})
+    with pytest.raises(TypeError, match="return_softmax_lse must be a bool, got int"):
+        sparse_decode_atten_func(q, cache, cache, decode, page_table=table.expand(2, 2).contiguous(),
+                                 kv_block_indexes=blocks, return_softmax_lse=1)
+    out, lse = sparse_decode_atten_func(q, cache, cache, decode, page_table=table.expand(2, 2).contiguous(),
+                                        kv_block_indexes=blocks, return_softmax_lse=True)
+    assert out.shape == (2, 2, 128) and lse.shape == (2, 2) and lse.dtype == torch.float32
