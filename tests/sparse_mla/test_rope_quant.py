@@ -221,6 +221,7 @@ def _bad(name):
                          ValueError, r"q_rope_out must have a contiguous last dimension"),
         "out device": (set_kw("q_nope_out", lambda a: torch.empty(3, 2, 512, dtype=E4M3, device="meta")),
                        ValueError, r"q_nope_out must be on"),
+        "pos device": (set_arg(5, lambda t: t.to("meta")), ValueError, r"pos_ids must be on cpu"),
     }
     return cases[name]
 
@@ -231,7 +232,7 @@ BAD_CASES = [
     "cache strided", "cache empty", "pos shape", "pos strided", "q_rope last dim", "k_nope last dim", "is_neox type",
     "scale tensor", "scale type", "quantize_dtype e5m2", "quantize_dtype bf16", "quantize_dtype type",
     "out e5m2 implied", "out e5m2 vs quantize_dtype", "out not fp8", "outs mixed fp8", "out shape", "out last dim",
-    "out device",
+    "out device", "pos device",
 ]
 
 

@@ -127,12 +127,12 @@ def test_decode_without_metadata_or_out(device):
     ("causal_seqlens_kv_global", "tensor"),
     # Passed to mate, which refuses them the same way (ignoring them would change the result).
     ("sinks", "tensor-list"), ("skip_softmax_threshold_scale_factor", 0.5), ("uses_shared_paged_kv_idx", False),
-    ("cum_seq_lens_q", "tensor"), ("max_q_len", 2), ("bmm1_scale", "tensor"),
+    ("cum_seq_lens_q", "tensor"), ("max_q_len", 2), ("bmm1_scale", "tensor"), ("bmm2_scale", "tensor"),
 ])
 def test_decode_options_mate_does_not_implement_raise(device, name, value):
     query, kv_cache, block_tables, seq_lens = _decode_inputs(device, B=1, q_len=1, H=8, top_k=64, pages=2)
     if value == "tensor":
-        value = torch.ones(1, dtype=torch.int32 if name != "bmm1_scale" else torch.float32, device=device)
+        value = torch.ones(1, dtype=torch.float32 if name.startswith("bmm") else torch.int32, device=device)
     elif value == "tensor-list":
         value = [torch.zeros(8, device=device)]
     with pytest.raises(NotImplementedError, match=name):
