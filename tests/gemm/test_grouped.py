@@ -127,12 +127,15 @@ def test_masked_reference_cpu_and_check_inputs(monkeypatch):
         gemm.batch_deepgemm_fp8_nt_groupwise(a, b, a_scale, b_scale, torch.tensor([5, 0], dtype=torch.int32), 2)
 
 
-def test_grouped_errors():
+def _error_operands():
+    """Small valid operands of both MoE layouts (2 experts, 128 rows, n 128, k 256) for the error tests."""
     G, m, n, k = 2, 128, 128, 256
-    a = rand_fp8((m, k))
-    a_scale = torch.ones(m, 2)
     b, b_scale = _experts(G, n, k, "cpu")
-    idx = torch.zeros(m, dtype=torch.int32)
+    return G, m, n, k, rand_fp8((m, k)), torch.ones(m, 2), b, b_scale, torch.zeros(m, dtype=torch.int32)
+
+
+def test_grouped_errors():
+    G, m, n, k, a, a_scale, b, b_scale, idx = _error_operands()
     f = gemm.group_deepgemm_fp8_nt_groupwise
     with pytest.raises(TypeError, match="m_indices must be torch.int32"):
         f(a, b, a_scale, b_scale, idx.long())
@@ -161,11 +164,7 @@ def test_grouped_errors():
 
 def test_grouped_more_errors():
     """The rest of the spec's error cases of both MoE layouts (types, shapes, k, devices)."""
-    G, m, n, k = 2, 128, 128, 256
-    a = rand_fp8((m, k))
-    a_scale = torch.ones(m, 2)
-    b, b_scale = _experts(G, n, k, "cpu")
-    idx = torch.zeros(m, dtype=torch.int32)
+    G, m, n, k, a, a_scale, b, b_scale, idx = _error_operands()
     f = gemm.group_deepgemm_fp8_nt_groupwise
     with pytest.raises(TypeError, match="b must be one of"):
         f(a, b.float(), a_scale, b_scale, idx)
