@@ -55,7 +55,9 @@ def run_tests(out_dir: Path, pytest_args: list[str]) -> dict:
 
 def run_benchmarks(families: list[str], ceilings: dict, quick: bool, on_family=None) -> list[dict]:
     rows: list[dict] = []
-    for fam in families:
+    from mate.testing.bench import progress
+
+    for fam in progress(families, "benchmark families"):
         path = ROOT / "benchmarks" / f"bench_{fam}.py"
         spec = importlib.util.spec_from_file_location(f"bench_{fam}", path)
         mod = importlib.util.module_from_spec(spec)

@@ -100,11 +100,11 @@ _PARTIAL = ""
 def sweep(budget_s: float, buckets: list[str] | None = None, nks: list[tuple[int, int]] | None = None) -> dict:
     import torch
 
-    from mate.testing.bench import rotation_count
+    from mate.testing.bench import progress, rotation_count
 
     t0 = time.time()
     results: dict = {}
-    for key, m in BUCKET_M.items():
+    for key, m in progress(list(BUCKET_M.items()), "M buckets"):
         if buckets and key not in buckets:
             continue
         for n, k in (nks or NK):

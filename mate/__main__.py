@@ -10,6 +10,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -154,7 +155,7 @@ def _config() -> dict[str, Any]:
         "backend_requested": requested,
         "backend_auto_picks": picks,
         "triton_interpreter": interpreter_active(),
-        "triton_cache_dir": os.environ.get("TRITON_CACHE_DIR", str(Path.home() / ".triton" / "cache")),
+        "triton_cache_dir": _triton_cache_dir(),
         "dump_dir": str(Path(os.environ.get("MATE_DUMP_DIR", "mate_dumps")).resolve()),
         "env": env_in_effect(),
     }
@@ -175,13 +176,26 @@ def cmd_show_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def _triton_cache_dir() -> str:
+    """Where Triton caches compiled kernels (TRITON_CACHE_DIR, else under TRITON_HOME or ~)."""
+    try:
+        from triton import knobs
+
+        return str(knobs.cache.dir)
+    except (ImportError, AttributeError):
+        home = os.environ.get("TRITON_HOME", str(Path.home()))
+        return os.environ.get("TRITON_CACHE_DIR", str(Path(home) / ".triton" / "cache"))
+
+
 def cmd_env(args: argparse.Namespace) -> int:
-    from mate._core.env import ENV_VARS
+    from mate._core.env import ENV_VARS, unknown_mate_vars
 
     for name, (default, meaning) in ENV_VARS.items():
         value = os.environ.get(name)
         shown = f"{value} (set)" if value is not None else f"{default} (default)"
         print(f"{name}={shown}\n    {meaning}")
+    for name in unknown_mate_vars():
+        print(f"{name}={os.environ[name]} (set)\n    warning: not a variable mate reads (a typo?)")
     for name in ("TRITON_INTERPRET", "TRITON_CACHE_DIR"):
         print(f"{name}={os.environ.get(name, '(unset)')}")
     return 0
@@ -245,7 +259,7 @@ def _compare(out: Any, ref: Any, where: str) -> list[str]:
     if dataclasses.is_dataclass(ref) and not isinstance(ref, type):
         if type(out) is not type(ref):
             return [f"{where}: expected {type(ref).__name__}, got {type(out).__name__}"]
-        return [e for f in dataclasses.fields(ref)
+        return [e for f in dataclasses.fields(ref) if f.compare  # compare=False: scratch, not the value
                 for e in _compare(getattr(out, f.name), getattr(ref, f.name), f"{where}.{f.name}")]
     if ref is None or isinstance(ref, (bool, int, float, str)):
         same = out == ref or (isinstance(ref, float) and isinstance(out, float) and ref != ref and out != out)
@@ -256,7 +270,7 @@ def _compare(out: Any, ref: Any, where: str) -> list[str]:
 def cmd_replay(args: argparse.Namespace) -> int:
     import torch
 
-    from mate.api_logging import restore_tensors
+    from mate.api_logging import restore_tensors, tensors_in
 
     dirs = _call_dirs(Path(args.dir))
     if not dirs:
@@ -289,8 +303,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
         if not args.compare:
             print(f"RAN  {d.name} ({meta['function']} on {device})")
             continue
-        ref = torch.load(d / "outputs.pt", map_location="cpu", weights_only=False)["result"]
-        errs = _compare(result, ref, "result")
+        dumped = torch.load(d / "outputs.pt", map_location="cpu", weights_only=False)
+        errs = _compare(result, dumped["result"], "result")
+        live = dict(tensors_in({"args": args_, "kwargs": kwargs}))
+        for path, ref in dumped.get("mutated", {}).items():  # arguments the call wrote in place
+            errs += _compare(live.get(path), ref, path.replace("['args']", "arg").replace("['kwargs']", ""))
         if errs:
             failed += 1
             print(f"FAIL {d.name} ({meta['function']} on {device})")
@@ -302,25 +319,39 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _bench_families(bench_dir: Path) -> list[str]:
+    """The benchmark modules the GPU runner can run (those with ``run(ceilings, quick)``;
+    the others are variant sweeps with their own command lines)."""
+    return sorted(p.stem.removeprefix("bench_") for p in bench_dir.glob("bench_*.py")
+                  if "\ndef run(ceilings" in p.read_text())
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
-    """Runs one family's benchmark (``benchmarks/bench_<op>.py``) through the GPU runner."""
+    """Runs one family's benchmark (``benchmarks/bench_<op>.py``) through the GPU runner,
+    writing its JSON / Markdown / PNG to ``--out`` (default: a new temporary folder, so the
+    committed results are left alone)."""
     bench_dir = Path(__file__).resolve().parent.parent / "benchmarks"
-    script = bench_dir / f"bench_{args.op}.py"
-    if not script.is_file():
-        have = sorted(p.stem.removeprefix("bench_") for p in bench_dir.glob("bench_*.py"))
-        print(f"no benchmark for {args.op!r}; available: {', '.join(have) or 'none (benchmarks/ not found)'}")
+    if not bench_dir.is_dir():
+        print("mate bench runs the scripts in benchmarks/ of a source checkout; this installation has none "
+              "(clone the repository and run it there)")
+        return 1
+    have = _bench_families(bench_dir)
+    if args.op not in have:
+        print(f"no benchmark for {args.op!r}; available: {', '.join(have) or 'none'}")
         return 1
     import torch
 
     if not torch.cuda.is_available():
         print("mate bench needs a CUDA GPU (benchmarks time the Triton kernels against GPU peers)")
         return 1
+    out = args.out or tempfile.mkdtemp(prefix=f"mate_bench_{args.op}_")
     cmd = [sys.executable, str(bench_dir / "run_gpu.py"), "--skip-tests", "--families", args.op]
     if args.shape:
         cmd += ["--shape-filter", ",".join(args.shape)]
     if not args.peers:
         cmd += ["--mate-only"]
-    return subprocess.call(cmd)
+    print(f"results go to {out}")
+    return subprocess.call(cmd, env={**os.environ, "OUT": out})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -342,6 +373,7 @@ def build_parser() -> argparse.ArgumentParser:
     bp.add_argument("op")
     bp.add_argument("--shape", nargs="*", default=None, help="keep rows whose shape contains one of these")
     bp.add_argument("--peers", action="store_true", help="also show the peers (cuBLAS, FlashMLA, ...)")
+    bp.add_argument("--out", default=None, help="folder for the JSON / Markdown / PNG (default: a new temporary one)")
     bp.set_defaults(fn=cmd_bench)
     return p
 

@@ -22,6 +22,7 @@ reaches the caller.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import datetime as _dt
 import fnmatch
@@ -40,7 +41,7 @@ import torch
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-__all__ = ["mate_api", "LogConfig", "CONFIG", "snapshot_tensors", "restore_tensors"]
+__all__ = ["mate_api", "LogConfig", "CONFIG", "snapshot_tensors", "restore_tensors", "tensors_in"]
 
 
 def _env_float(name: str, default: float) -> float:
@@ -133,8 +134,10 @@ def _describe(value: Any, with_stats: bool) -> str:
         return f"[{inner}]" if isinstance(value, list) else f"({inner})"
     if isinstance(value, dict):
         return "{" + ", ".join(f"{k}: {_describe(v, with_stats)}" for k, v in value.items()) + "}"
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return type(value).__name__ + "(...)"
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):  # a plan: its tensors and values
+        inner = ", ".join(f"{f.name}={_describe(getattr(value, f.name), with_stats)}"
+                          for f in dataclasses.fields(value) if f.repr)
+        return f"{type(value).__name__}({inner})"
     text = repr(value)
     return text if len(text) <= 200 else text[:197] + "..."
 
@@ -158,7 +161,7 @@ def _stats(t: torch.Tensor) -> str:
         return f"{{true={int(x.sum())}}}"
     if x.is_complex():
         return "{complex}"
-    return f"{{min={x.min().item()}, max={x.max().item()}}}"
+    return f"{{min={x.min().item()}, max={x.max().item()}, mean={x.double().mean().item():.6g}}}"
 
 
 # ---------------------------------------------------------------------------- dumps
@@ -174,8 +177,10 @@ def snapshot_tensors(value: Any) -> Any:
     Parameters
     ----------
     value : Any
-        A tensor, or lists / tuples / dicts nesting tensors; other objects are kept as
-        they are.
+        A tensor, or lists / tuples (named tuples keep their type) / dicts / dataclasses
+        nesting tensors; a dataclass field declared ``compare=False`` (scratch space) is
+        kept as its shape and dtype only, or reset to its ``default_factory``; other
+        objects are kept as they are.
 
     Returns
     -------
@@ -197,20 +202,15 @@ def snapshot_tensors(value: Any) -> Any:
     >>> snap["x"].stride(), torch.equal(snap["x"], x), snap["n"]
     ((4, 1), True, 7)
     """
-    if isinstance(value, torch.Tensor):
-        t = value.detach()
+    def copy(t: torch.Tensor) -> torch.Tensor:
+        t = t.detach()
         if t.numel() == 0:
             return t.cpu().clone()
         span = 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride()))
         flat = t.as_strided((span,), (1,), t.storage_offset()).cpu().clone()
         return flat.as_strided(t.shape, t.stride(), 0)
-    if isinstance(value, list):
-        return [snapshot_tensors(v) for v in value]
-    if isinstance(value, tuple):
-        return tuple(snapshot_tensors(v) for v in value)
-    if isinstance(value, dict):
-        return {k: snapshot_tensors(v) for k, v in value.items()}
-    return value
+
+    return _map_structure(value, copy, scratch=_Scratch.of)
 
 
 def restore_tensors(value: Any, device: torch.device) -> Any:
@@ -227,7 +227,8 @@ def restore_tensors(value: Any, device: torch.device) -> Any:
     -------
     Any
         The same structure with every tensor copied to ``device`` (fresh storage, same
-        shape, strides and dtype).
+        shape, strides and dtype), scratch fields allocated there (uninitialised) and the
+        ``torch.device`` fields of dataclasses set to ``device``.
 
     Raises
     ------
@@ -243,29 +244,106 @@ def restore_tensors(value: Any, device: torch.device) -> Any:
     >>> back[0].stride() == x.stride(), torch.equal(back[0], x)
     (True, True)
     """
-    if isinstance(value, torch.Tensor):
-        if value.numel() == 0:
-            return value.to(device)
-        span = 1 + sum((s - 1) * st for s, st in zip(value.shape, value.stride()))
-        flat = value.as_strided((span,), (1,), value.storage_offset()).to(device).clone()
-        return flat.as_strided(value.shape, value.stride(), 0)
-    if isinstance(value, list):
-        return [restore_tensors(v, device) for v in value]
-    if isinstance(value, tuple):
-        return tuple(restore_tensors(v, device) for v in value)
-    if isinstance(value, dict):
-        return {k: restore_tensors(v, device) for k, v in value.items()}
-    return value
+    def move(t: torch.Tensor) -> torch.Tensor:
+        if t.numel() == 0:
+            return t.to(device)
+        span = 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride()))
+        flat = t.as_strided((span,), (1,), t.storage_offset()).to(device).clone()
+        return flat.as_strided(t.shape, t.stride(), 0)
+
+    return _map_structure(value, move, scratch=lambda spec: spec.allocate(device), device=device)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Scratch:
+    """A dumped stand-in for a scratch tensor (a dataclass field with ``compare=False``, such
+    as a decode plan's partial-output buffers): its shape and dtype, re-allocated on replay
+    instead of saving its contents."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @staticmethod
+    def of(t: torch.Tensor) -> _Scratch:
+        return _Scratch(tuple(t.shape), t.dtype)
+
+    def allocate(self, device: torch.device) -> torch.Tensor:
+        return torch.empty(self.shape, dtype=self.dtype, device=device)
+
+
+def _map_structure(value: Any, fn: Callable[[torch.Tensor], Any], *, scratch: Callable[[Any], Any],
+                   device: torch.device | None = None) -> Any:
+    """``value`` with ``fn`` applied to every tensor inside lists, tuples (named tuples keep
+    their type), dicts and dataclasses (copied field by field). A dataclass field declared
+    ``compare=False`` is not part of the value: a tensor there goes through ``scratch``, one
+    with a ``default_factory`` (e.g. a plan's workspace) starts afresh. With ``device``, a
+    dataclass's ``torch.device`` fields become it (a plan restored on another device)."""
+    def walk(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            return fn(v)
+        if isinstance(v, (_Scratch,)):
+            return scratch(v)
+        if isinstance(v, list):
+            return [walk(x) for x in v]
+        if isinstance(v, tuple):
+            items = [walk(x) for x in v]
+            return type(v)(*items) if hasattr(v, "_fields") else tuple(items)
+        if isinstance(v, dict):
+            return {k: walk(x) for k, x in v.items()}
+        if dataclasses.is_dataclass(v) and not isinstance(v, type):
+            new = copy.copy(v)
+            for f in dataclasses.fields(v):
+                x = getattr(v, f.name)
+                if not f.compare and f.default_factory is not dataclasses.MISSING:
+                    x = f.default_factory()
+                elif not f.compare and isinstance(x, torch.Tensor):
+                    x = scratch(x)
+                elif device is not None and isinstance(x, torch.device):
+                    x = device
+                else:
+                    x = walk(x)
+                object.__setattr__(new, f.name, x)
+            return new
+        return v
+
+    return walk(value)
+
+
+def tensors_in(value: Any) -> list[tuple[str, torch.Tensor]]:
+    """(path, tensor) of every tensor in ``value`` (the structures of :func:`snapshot_tensors`),
+    e.g. ``("[1]", t)`` or ``("['out']", t)``; paths name list/tuple/dict items."""
+    found: list[tuple[str, torch.Tensor]] = []
+
+    def walk(v: Any, path: str) -> None:
+        if isinstance(v, torch.Tensor):
+            found.append((path, v))
+        elif isinstance(v, (list, tuple)):
+            for i, x in enumerate(v):
+                walk(x, f"{path}[{i}]")
+        elif isinstance(v, dict):
+            for k, x in v.items():
+                walk(x, f"{path}[{k!r}]")
+
+    walk(value, "")
+    return found
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return torch.equal(a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))
 
 
 def _nbytes(value: Any) -> int:
-    if isinstance(value, torch.Tensor):
-        return value.untyped_storage().nbytes()
-    if isinstance(value, (list, tuple)):
-        return sum(_nbytes(v) for v in value)
-    if isinstance(value, dict):
-        return sum(_nbytes(v) for v in value.values())
-    return 0
+    total = 0
+
+    def add(t: torch.Tensor) -> torch.Tensor:
+        nonlocal total
+        total += t.untyped_storage().nbytes()
+        return t
+
+    _map_structure(value, add, scratch=lambda x: x)
+    return total
 
 
 def _dump_selected(name: str) -> bool:
@@ -275,14 +353,9 @@ def _dump_selected(name: str) -> bool:
 
 
 def _first_device(value: Any) -> str:
-    if isinstance(value, torch.Tensor):
-        return str(value.device)
-    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
-    for v in items:
-        d = _first_device(v)
-        if d:
-            return d
-    return ""
+    devices: list[str] = []
+    _map_structure(value, lambda t: devices.append(str(t.device)), scratch=lambda x: x)
+    return devices[0] if devices else ""
 
 
 class _Dump:
@@ -296,6 +369,7 @@ class _Dump:
         self.qualname = qualname
         self.inputs = {"args": snapshot_tensors(list(args)), "kwargs": snapshot_tensors(dict(kwargs))}
         self.device = _first_device([args, kwargs])
+        self.live = {"args": list(args), "kwargs": dict(kwargs)}
 
     def fits(self) -> bool:
         limit = CONFIG.dump_max_size_gb * (1 << 30)
@@ -304,8 +378,18 @@ class _Dump:
             and _dump_state["bytes"] + _nbytes(self.inputs) <= limit
         )
 
+    def mutated(self) -> dict[str, torch.Tensor]:
+        """The tensor arguments the call changed (bitwise), as after the call, by path."""
+        before = dict(tensors_in(self.inputs))
+        changed = {}
+        for path, t in tensors_in(self.live):
+            after = snapshot_tensors(t)
+            if path in before and not _same_bits(after, before[path]):
+                changed[path] = after
+        return changed
+
     def write(self, result: Any, error: str | None) -> None:
-        outputs = snapshot_tensors(result)
+        outputs = {"result": snapshot_tensors(result), "mutated": self.mutated() if error is None else {}}
         size = _nbytes(self.inputs) + _nbytes(outputs)
         if _dump_state["bytes"] + size > CONFIG.dump_max_size_gb * (1 << 30):
             _emit(f"[mate] dump of {self.qualname} skipped: MATE_DUMP_MAX_SIZE_GB reached")
@@ -313,7 +397,7 @@ class _Dump:
         self.dir.mkdir(parents=True, exist_ok=False)
         try:
             torch.save(self.inputs, self.dir / "inputs.pt")
-            torch.save({"result": outputs}, self.dir / "outputs.pt")
+            torch.save(outputs, self.dir / "outputs.pt")
         except BaseException:
             # an argument torch.save cannot pickle: leave no half-written call folder
             shutil.rmtree(self.dir, ignore_errors=True)

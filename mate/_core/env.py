@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["ENV_VARS", "env_in_effect"]
+__all__ = ["ENV_VARS", "env_in_effect", "unknown_mate_vars"]
 
 ENV_VARS: dict[str, tuple[str, str]] = {
     "MATE_BACKEND": ("auto", "auto | triton | reference: Triton kernels on CUDA, reference on CPU; "
@@ -27,7 +27,17 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "MATE_MSA_DECODE_VARIANT": ("", "key=value,... overrides of the MSA decode kernel config "
                                 "(mate.ops.msa.sparse_decode.DECODE_VARIANT keys, e.g. fp8_stages=2,"
                                 "fp8_maxnreg=none) for benchmarks; read at import"),
+    # read by the scripts in benchmarks/, not by the library
+    "MATE_BENCH_BUDGET_S": ("150", "benchmarks: time budget of bench_gemm.py in seconds (later shapes get a note)"),
+    "MATE_BENCH_FLEX": ("", "benchmarks: 1 adds the compiled FlexAttention peer to bench_msa_attention.py"),
+    "MATE_SPARSE_MLA_BARS": ("", "benchmarks: 1 makes bench_sparse_mla.py time only the bar shapes, with "
+                             "candidate launch plans"),
 }
+
+
+def unknown_mate_vars() -> list[str]:
+    """MATE_* variables set in the environment that mate does not read (likely typos)."""
+    return sorted(n for n in os.environ if n.startswith("MATE_") and n not in ENV_VARS)
 
 
 def env_in_effect() -> dict[str, str]:

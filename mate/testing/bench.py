@@ -10,14 +10,17 @@ kernel, is not counted; gaps between the kernels of one replay still are.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import torch
 
 from mate.testing.graphs import capture_graph
 
-__all__ = ["time_fn", "time_interleaved", "measure_ceilings", "rotation_count", "record"]
+T = TypeVar("T")
+
+__all__ = ["time_fn", "time_interleaved", "measure_ceilings", "rotation_count", "record", "progress"]
 
 L2_BYTES = 60 * (1 << 20)
 SPIN_CYCLES = 100_000  # ~50 us at the H200's clock: longer than a graph launch from the host
@@ -174,3 +177,13 @@ def record(
                 row["frac_ceiling"] = achieved / ceilings[ceiling]
                 row["ceiling"] = ceiling
     return row
+
+
+def progress(items: Iterable[T], desc: str, total: int | None = None) -> Iterable[T]:
+    """``items`` with a ``tqdm`` progress bar on stderr (the ``bench`` extra installs it);
+    the plain iterable when tqdm is missing or stderr is not a terminal."""
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return items
+    return tqdm(items, desc=desc, total=total, disable=None, file=sys.stderr, leave=False)

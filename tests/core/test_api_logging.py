@@ -119,9 +119,9 @@ def test_level5_statistics(run_py):
     stats = "{min=-3, max=4, mean=0.9, nan=1, inf=2}"
     assert lines[1] == f"[mate]   arg0 = Tensor(shape=[2, 4], stride=[4, 1], dtype=torch.float32, device=cpu) {stats}"
     assert lines[3].endswith(f"device=cpu) {stats}") and lines[3].startswith("[mate]   result = ")
-    assert lines[5].endswith("dtype=torch.int64, device=cpu) {min=1, max=5}")
+    assert lines[5].endswith("dtype=torch.int64, device=cpu) {min=1, max=5, mean=3}")
     assert lines[6].endswith("device=cpu) {nan=2, inf=0}")
-    assert lines[7].endswith("dtype=torch.int64, device=cpu) {min=2, max=6}")
+    assert lines[7].endswith("dtype=torch.int64, device=cpu) {min=2, max=6, mean=4}")
     assert lines[9].endswith("device=cpu) {empty}")
     assert "dtype=torch.float8_e4m3fn, device=cpu) {min=-448, max=0.5, mean=-223.75, nan=1, inf=0}" in lines[10]
     assert lines[10].endswith("dtype=torch.bool, device=cpu) {true=2}]")
@@ -171,6 +171,9 @@ def test_level10_dump_contents_keep_strides(demo_dump):
     assert torch.isnan(q.float()).all()  # the inputs are the buffers before the call (poisoned)
     q_out, r_out = torch.load(dirs[1] / "outputs.pt")["result"]
     assert q_out.stride() == (16, 1) and r_out.stride() == (8, 1)
+    mutated = torch.load(dirs[1] / "outputs.pt")["mutated"]  # the buffers written in place, by argument path
+    assert sorted(mutated) == ["['args'][1]", "['args'][2]"]
+    assert_equal(mutated["['args'][1]"], expected["q"])
     assert_equal(q_out, expected["q"])
     assert_equal(r_out, expected["r"])
     # call 3: transposed input, strided out= buffer
@@ -179,6 +182,7 @@ def test_level10_dump_contents_keep_strides(demo_dump):
     res = torch.load(dirs[2] / "outputs.pt")["result"]
     assert res.stride() == (8, 1)
     assert_equal(res, expected["r3"])
+    assert sorted(torch.load(dirs[2] / "outputs.pt")["mutated"]) == ["['kwargs']['out']"]
     # call 4 raised: its result is empty
     assert torch.load(dirs[3] / "outputs.pt")["result"] is None
 
@@ -296,3 +300,28 @@ def test_log_config_parsing(monkeypatch):
     monkeypatch.setenv("MATE_DUMP_MAX_SIZE_GB", "")
     cfg = LogConfig.from_env()
     assert (cfg.level, cfg.dump_max_count, cfg.dump_max_size_gb) == (0, 1000, 20.0)
+
+
+def test_snapshot_and_restore_plans():
+    """Named tuples keep their type; dataclasses (plans, metadata) are copied field by field,
+    their scratch fields (compare=False) kept as shape and dtype only and re-allocated, their
+    devices set to the restore device; the dump size counts their tensors."""
+    from mate.api_logging import _nbytes
+    from mate.msa_interface import _msa_plan_from_lengths
+    from mate.ops.sparse_mla.metadata import plan_decode
+
+    info = _msa_plan_from_lengths(torch.tensor([3]), torch.tensor([300]), 4, 2, page_size=128, kv_block_num=4,
+                                  sparse_kernel_mode="prefill")
+    snap = snapshot_tensors([info])
+    back = restore_tensors(snap, torch.device("cpu"))[0]
+    assert type(back) is type(info) and type(back.plan) is type(info.plan)
+    assert_equal(back.plan.kv_lens, info.plan.kv_lens) and back.plan.kv_lens is not info.plan.kv_lens
+    assert back.plan.workspace is not info.plan.workspace and back.plan.workspace.allocations == 0
+    assert _nbytes(snap) >= info.plan.kv_lens.untyped_storage().nbytes()
+    md = plan_decode(2, 1, 16, 64, "meta")
+    snap = snapshot_tensors(md)
+    assert snap.partial_o.__class__.__name__ == "_Scratch" and tuple(snap.partial_o.shape) == tuple(md.partial_o.shape)
+    back = restore_tensors(snap, torch.device("cpu"))
+    assert back.device == torch.device("cpu") and back.partial_o.device.type == "cpu"
+    assert back.partial_o.shape == md.partial_o.shape and back.num_splits == md.num_splits
+    back.check_matches(2, 1, 16, 64, torch.device("cpu"))  # usable by a decode on the replay device

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from mate.testing.bench import L2_BYTES, record, rotation_count, time_fn, time_interleaved
+from mate.testing.bench import L2_BYTES, progress, record, rotation_count, time_fn, time_interleaved
 
 CEILINGS = {"copy_GBps": 4000.0, "cublas_bf16_TFLOPs": 800.0}
 
@@ -34,6 +34,23 @@ def test_record_missing_peer_and_unknown_ceiling():
     assert not {"TFLOPs", "GBps", "frac_ceiling", "ceiling"} & set(row)
     row = record({}, family="f", op="o", shape="s", impl="mate", time_us=10.0, flops=1e9, ceiling="copy_GBps")
     assert "frac_ceiling" not in row and row["TFLOPs"] == pytest.approx(100.0)  # 1e9 flop in 1e-5 s
+
+
+def test_progress_yields_every_item(monkeypatch):
+    """With tqdm (a bar on a terminal, none here: stderr is captured) or without it."""
+    assert list(progress(range(4), "items")) == [0, 1, 2, 3]
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_tqdm(name, *args, **kw):
+        if name.startswith("tqdm"):
+            raise ImportError(name)
+        return real_import(name, *args, **kw)
+
+    monkeypatch.setattr(builtins, "__import__", no_tqdm)
+    items = ["a", "b"]
+    assert progress(items, "items") is items
 
 
 def test_rotation_count():

@@ -87,10 +87,16 @@ def test_env_lists_every_variable(capsys, monkeypatch):
     assert "TRITON_INTERPRET=" in out
 
 
+def test_env_warns_about_unknown_mate_variables(capsys, monkeypatch):
+    monkeypatch.setenv("MATE_LOG_LEVEL", "3")  # a typo of MATE_LOGLEVEL
+    assert main(["env"]) == 0
+    assert "MATE_LOG_LEVEL=3 (set)\n    warning: not a variable mate reads (a typo?)\n" in capsys.readouterr().out
+
+
 def test_env_vars_cover_the_code():
-    # every MATE_* variable the package reads is listed (and so shown by `mate env`)
+    # every MATE_* variable the package and its benchmark scripts read is listed (and so shown by `mate env`)
     used = set()
-    for path in (REPO / "mate").rglob("*.py"):
+    for path in [*(REPO / "mate").rglob("*.py"), *(REPO / "benchmarks").glob("*.py")]:
         used |= set(re.findall(r"[\"'](MATE_[A-Z0-9_]+)[\"']", path.read_text()))
     assert used, "no MATE_* variable found: the scan is broken"
     assert used <= set(ENV_VARS), used - set(ENV_VARS)
@@ -203,10 +209,61 @@ def test_replay_compares_plain_values():
 
 
 def test_bench_unknown_op(capsys):
-    assert main(["bench", "no_such_op"]) == 1
-    out = capsys.readouterr().out.strip()
-    have = sorted(p.stem.removeprefix("bench_") for p in (REPO / "benchmarks").glob("bench_*.py"))
-    assert out == f"no benchmark for 'no_such_op'; available: {', '.join(have) or 'none (benchmarks/ not found)'}"
+    """Only families the runner can run are offered (a module with run(ceilings, quick));
+    variant sweeps with their own command lines are not."""
+    have = sorted(p.stem.removeprefix("bench_") for p in (REPO / "benchmarks").glob("bench_*.py")
+                  if "\ndef run(ceilings" in p.read_text())
+    assert "gemm" in have and "gemm_smallm" not in have
+    for op in ("no_such_op", "gemm_smallm"):
+        assert main(["bench", op]) == 1
+        assert capsys.readouterr().out.strip() == f"no benchmark for {op!r}; available: {', '.join(have)}"
+
+
+def test_show_config_triton_cache_follows_triton_home(run_mate, tmp_path):
+    proc = run_mate("show-config", "--json", TRITON_HOME=str(tmp_path / "th"))
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["triton_cache_dir"] == str(tmp_path / "th" / ".triton" / "cache")
+
+
+def test_replay_checks_arguments_written_in_place(demo_dump, demo_importable, capsys, tmp_path):
+    root = tmp_path / "dumps"
+    shutil.copytree(demo_dump["root"], root)
+    call = _call_dirs(root)[2]  # scale_rows(x.t(), -1.5, out=out): out written in place
+    res = torch.load(call / "outputs.pt")
+    res["mutated"]["['kwargs']['out']"][1, 2] += 1.0
+    torch.save(res, call / "outputs.pt")
+    assert main(["replay", "--dir", str(call)]) == 1
+    out = capsys.readouterr().out
+    assert f"FAIL {call.name}" in out and "['out']: 1 of 24 elements outside" in out
+
+
+REAL_OPS = """
+import torch
+from mate.sparse_mla_interface import get_batch_decode_metadata_mla, sparse_mla_fp8_decode
+from mate.msa_interface import _msa_plan_from_lengths, msa
+q = torch.randn(2, 1, 16, 576).to(torch.float8_e4m3fn)
+kv = torch.randn(1, 64, 576).to(torch.float8_e4m3fn)
+idx = torch.randint(-1, 64, (2, 1, 64), dtype=torch.int32)
+sl = torch.tensor([40, 64], dtype=torch.int32)
+md = get_batch_decode_metadata_mla(q, sl, 64)
+sparse_mla_fp8_decode(q, kv, None, 128, 512, 64, idx, sl, 4096, sparse_mla_top_k=64, bmm1_scale=0.05, metadata=md)
+info = _msa_plan_from_lengths(torch.tensor([3]), torch.tensor([300]), 4, 2, page_size=128, kv_block_num=4,
+                              sparse_kernel_mode="prefill")
+cache = torch.randn(3, 128, 2, 128).bfloat16()
+blocks = torch.tensor([0, 2, -1, -1], dtype=torch.int32).expand(3, 2, 4).contiguous()
+msa(torch.randn(3, 4, 128).bfloat16(), cache, cache, info, kv_block_indexes=blocks,
+    page_table=torch.tensor([[2, 0, 1]], dtype=torch.int32))
+"""
+
+
+def test_replay_of_ops_taking_plans_and_metadata(run_py, run_mate, tmp_path):
+    """Calls whose arguments and results are plans or metadata objects (a named tuple of
+    dataclasses, a frozen dataclass with scratch buffers) dump and replay."""
+    proc = run_py(REAL_OPS, MATE_LOGLEVEL="10", MATE_DUMP_DIR=str(tmp_path / "dumps"), MATE_LOGDEST="stderr")
+    assert proc.returncode == 0 and "logging failed" not in proc.stderr, proc.stderr
+    proc = run_mate("replay", "--dir", str(tmp_path / "dumps"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.rstrip().endswith("4 of 4 call(s) reproduced")
 
 
 @pytest.mark.gpu

@@ -127,9 +127,10 @@ class DecodeMetadata:
     max_regs: int
     prefetch_idx: bool
     gluon: bool
-    partial_o: torch.Tensor
-    partial_lse: torch.Tensor
-    lse_scratch: torch.Tensor
+    # scratch space, not part of the plan's value (dumps record only its shape)
+    partial_o: torch.Tensor = dataclasses.field(compare=False)
+    partial_lse: torch.Tensor = dataclasses.field(compare=False)
+    lse_scratch: torch.Tensor = dataclasses.field(compare=False)
 
     @property
     def config(self) -> tuple[int, int, int, int, torch.device]:
