@@ -270,7 +270,7 @@ def _compare(out: Any, ref: Any, where: str) -> list[str]:
 def cmd_replay(args: argparse.Namespace) -> int:
     import torch
 
-    from mate.api_logging import restore_tensors, tensors_in
+    from mate.api_logging import _tensors_in, restore_tensors
 
     dirs = _call_dirs(Path(args.dir))
     if not dirs:
@@ -305,7 +305,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
             continue
         dumped = torch.load(d / "outputs.pt", map_location="cpu", weights_only=False)
         errs = _compare(result, dumped["result"], "result")
-        live = dict(tensors_in({"args": args_, "kwargs": kwargs}))
+        live = dict(_tensors_in({"args": args_, "kwargs": kwargs}))
         for path, ref in dumped.get("mutated", {}).items():  # arguments the call wrote in place
             errs += _compare(live.get(path), ref, path.replace("['args']", "arg").replace("['kwargs']", ""))
         if errs:

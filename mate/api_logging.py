@@ -41,7 +41,7 @@ import torch
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-__all__ = ["mate_api", "LogConfig", "CONFIG", "snapshot_tensors", "restore_tensors", "tensors_in"]
+__all__ = ["mate_api", "LogConfig", "CONFIG", "snapshot_tensors", "restore_tensors"]
 
 
 def _env_float(name: str, default: float) -> float:
@@ -309,7 +309,7 @@ def _map_structure(value: Any, fn: Callable[[torch.Tensor], Any], *, scratch: Ca
     return walk(value)
 
 
-def tensors_in(value: Any) -> list[tuple[str, torch.Tensor]]:
+def _tensors_in(value: Any) -> list[tuple[str, torch.Tensor]]:
     """(path, tensor) of every tensor in ``value`` (the structures of :func:`snapshot_tensors`),
     e.g. ``("[1]", t)`` or ``("['out']", t)``; paths name list/tuple/dict items."""
     found: list[tuple[str, torch.Tensor]] = []
@@ -380,9 +380,9 @@ class _Dump:
 
     def mutated(self) -> dict[str, torch.Tensor]:
         """The tensor arguments the call changed (bitwise), as after the call, by path."""
-        before = dict(tensors_in(self.inputs))
+        before = dict(_tensors_in(self.inputs))
         changed = {}
-        for path, t in tensors_in(self.live):
+        for path, t in _tensors_in(self.live):
             after = snapshot_tensors(t)
             if path in before and not _same_bits(after, before[path]):
                 changed[path] = after
