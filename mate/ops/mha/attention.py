@@ -121,6 +121,13 @@ def mha_tiling(ratio: int, max_seqlen_q: int) -> tuple[int, int, int]:
     return tm, gp, max(16, tm * gp)
 
 
+def mha_num_warps(block_m: int, head_dim: int) -> int:
+    """Warps of a program with ``block_m`` query rows (the probe in
+    ``benchmarks/probe_mha_warps.py`` times the alternatives: at d = 128 the 4-warp, 64-row
+    build spills 120 instructions for sm_90 and the 8-warp one none)."""
+    return 4 if block_m <= 64 else 8
+
+
 def attention_triton(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -170,7 +177,7 @@ def attention_triton(
         page_size = 1
     dummy = cu_seqlens_q
     block_n = 64
-    num_warps = 4 if block_m <= 64 else 8
+    num_warps = mha_num_warps(block_m, d)
     grid = (triton.cdiv(max_seqlen_q, tm), batch, hkv)
     _mha_fwd_kernel[grid](
         q, q.stride(0), q.stride(1),
