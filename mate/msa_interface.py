@@ -14,7 +14,7 @@ Typical selection pipeline (MiniMax-M3 indexer: one proxy query head per KV head
                                   page_size=128, output_maxscore=True, device="cuda")
     _, max_score = msa(q_idx, k_cache, None, info, page_table=page_table,
                        output_o=False, output_maxscore=True)
-    blocks = sparse_topk_select(max_score, 15, force_end_blocks=1,
+    blocks = sparse_topk_select(max_score, 16, force_end_blocks=1,
                                 force_blocks_count_in_topk=False)
 """
 
