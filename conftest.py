@@ -40,3 +40,23 @@ def triton_backend(monkeypatch):
 def reference_backend(monkeypatch):
     monkeypatch.setenv("MATE_BACKEND", "reference")
     return "reference"
+
+
+@pytest.fixture
+def random_seed(request) -> int:
+    """A fresh seed for a randomized test, shown in the report when the test fails (so a
+    failing case can be drawn again)."""
+    import random
+
+    seed = random.randrange(2**31)
+    request.node.user_properties.append(("random_seed", seed))
+    yield seed
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    seeds = [v for k, v in item.user_properties if k == "random_seed"]
+    if report.failed and seeds:
+        report.sections.append(("random seed", f"random_seed = {seeds[0]}"))

@@ -67,8 +67,8 @@ def loop_attention(q, k, v, cu_q, k_lens, k_starts, scale, causal, window):
 
 
 @pytest.mark.parametrize("causal,window", [(True, (-1, -1)), (False, (2, 1)), (True, (3, -1))])
-def test_reference_matches_float64_loop(causal, window):
-    g = torch.Generator().manual_seed(0)
+def test_reference_matches_float64_loop(causal, window, random_seed):
+    g = torch.Generator().manual_seed(random_seed)
     q_lens, k_lens = [3, 4], [5, 2]
     q = torch.randn(7, 4, 16, generator=g, dtype=torch.float64)
     k = torch.randn(7, 2, 16, generator=g, dtype=torch.float64)
@@ -157,9 +157,30 @@ def test_reference_backend_on_cpu_matches(reference_backend):
     g = torch.Generator().manual_seed(torch.seed() % 2**31)
     q = torch.randn(4, 2, 32, generator=g).to(torch.bfloat16)
     k = torch.randn(6, 1, 32, generator=g).to(torch.bfloat16)
-    o = flash_attn_varlen_func(q, k, k, cu([4], "cpu"), cu([6], "cpu"), 4, 6, causal=True)
-    ro, _ = attention_varlen_reference(q, k, k, cu([4], "cpu"), [6], k_starts=[0], causal=True)
+    v = torch.randn(6, 1, 32, generator=g).to(torch.bfloat16)
+    o = flash_attn_varlen_func(q, k, v, cu([4], "cpu"), cu([6], "cpu"), 4, 6, causal=True)
+    ro, _ = attention_varlen_reference(q, k, v, cu([4], "cpu"), [6], k_starts=[0], causal=True)
     assert_close(o, ro)
+
+
+def test_softmax_scale_reaches_the_kernel(device, triton_backend):
+    """A random softmax_scale (a kernel that dropped it would use D^-1/2), ragged and paged."""
+    g = torch.Generator().manual_seed(torch.seed() % 2**31)
+    scale = float(torch.rand(1, generator=g)) * 0.4 + 0.02
+    q = torch.randn(7, 4, 64, generator=g).to(torch.bfloat16).to(device)
+    k, v = (torch.randn(9, 2, 64, generator=g).to(torch.bfloat16).to(device) for _ in range(2))
+    o = flash_attn_varlen_func(q, k, v, cu([3, 4], device), cu([5, 4], device), 4, 5, softmax_scale=scale,
+                               causal=True)
+    ro, _ = attention_varlen_reference(q.cpu(), k.cpu(), v.cpu(), cu([3, 4], "cpu"), [5, 4], k_starts=[0, 5],
+                                       softmax_scale=scale, causal=True)
+    assert_close(o, ro, atol=2e-2, rtol=2e-2, name=f"softmax_scale={scale}")
+    kc, vc, table = paged_cache([40, 17], 2, 64, 16, torch.bfloat16, device, g)
+    qd = torch.randn(2, 1, 4, 64, generator=g).to(torch.bfloat16).to(device)
+    seqlens = torch.tensor([40, 17], dtype=torch.int32, device=device)
+    o = flash_attn_with_kvcache(qd, kc, vc, cache_seqlens=seqlens, page_table=table, softmax_scale=scale)
+    ro, _ = attention_varlen_reference(qd.reshape(2, 4, 64).cpu(), kc.cpu(), vc.cpu(), cu([1, 1], "cpu"), [40, 17],
+                                       page_table=table.cpu(), softmax_scale=scale)
+    assert_close(o.reshape(2, 4, 64), ro, atol=2e-2, rtol=2e-2, name=f"paged softmax_scale={scale}")
 
 
 def test_custom_op_opcheck(device, triton_backend):

@@ -185,9 +185,11 @@ def test_kernel_offsets_and_overrides(causal, device, triton_backend, monkeypatc
         results.append((r1, r2, r3))
     for a, b in zip(*results):
         assert_close(a, b, atol=ATOL, rtol=RTOL)
-    # the plan's offsets as an independent loop computes them
-    assert_close(results[0][0], loop_max_score(q, k, q_lens, kv_lens, "token_major", kw, causal, off).float(),
-                 atol=ATOL, rtol=RTOL)
+    # the plan's offsets and both overrides as an independent loop computes them
+    kw_cpu = {n: t.cpu() for n, t in kw.items()}
+    for got, offsets in zip(results[0], (off, 130, off.flip(0))):
+        want = loop_max_score(q, k, q_lens, kv_lens, "token_major", kw_cpu, causal, offsets).float()
+        assert_close(got.cpu(), want, atol=ATOL, rtol=RTOL)
 
 
 def test_static_plan_runtime_metadata_and_mixed_plan(device, triton_backend):
@@ -252,7 +254,7 @@ def test_gpu_long_contexts(q_len, kv_len, batch, head_major):
     info = _msa_plan_from_lengths(torch.full((batch,), q_len), torch.full((batch,), kv_len), hq, hkv, page_size=BLK,
                                   output_maxscore=True, device=dev)
     _, ms = msa(q, k, None, info, output_o=False, page_table=table)
-    for b in sorted({0, batch - 1}):
+    for b in range(batch):  # every request (each has its own pages)
         kd = k[table[b].long()]
         kd = (kd.transpose(1, 2) if head_major else kd).reshape(tiles * BLK, hkv, d)[:kv_len]
         ref = _blocked_oracle(q[b * q_len:(b + 1) * q_len], kd, q_len, kv_len, hq, hkv, tiles)

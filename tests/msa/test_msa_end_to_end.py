@@ -129,7 +129,8 @@ def test_m3_geometry_prefill_and_decode(ctx, shuffled):
     hq, hkv, topk = 64, 4, 16
     n_pre = 1024 if ctx > 4096 else ctx
     q_lens, kv_lens = [1, 1, 1, 1, n_pre], [ctx, ctx - 77, 5000, 129, ctx]
-    q, k, v, table = layer_inputs(q_lens, kv_lens, hq, hkv, device=device, seed=ctx + shuffled)
+    seed = torch.seed() % 2**31
+    q, k, v, table = layer_inputs(q_lens, kv_lens, hq, hkv, device=device, seed=seed)
     if not shuffled:  # identity page table: pages in request order
         nblk = [-(-n // BLK) for n in kv_lens]
         ident = torch.zeros_like(table)
@@ -142,14 +143,21 @@ def test_m3_geometry_prefill_and_decode(ctx, shuffled):
         table = ident
     idx = select_blocks(q, k, {"num_kv_heads": hkv}, q_lens, kv_lens, table, topk, device)
     plan, out, lse = run_sparse(q, k, v, idx, q_lens, kv_lens, table, topk, device, hkv)
-    # reference (on the GPU, fp32) for the decode rows and the last 128 prefill tokens
-    rows = torch.cat([torch.arange(4), torch.arange(4 + n_pre - 128, 4 + n_pre)]).to(device)
-    qi = torch.tensor([0, 1, 2, 3, 4, 4 + 128], dtype=torch.int32, device=device)
-    ro, rl = sparse_attention_reference(q[rows], k, v, idx[rows], qi, torch.tensor(kv_lens, dtype=torch.int32,
-                                        device=device), page_table=table.to(device), num_kv_heads=hkv)
-    # bf16 output, P rounded to bf16 before PV: a few bf16 ulps; LSE fp32 on the same logits
-    assert_close(out[rows], ro, atol=2e-2, rtol=2e-2)
-    assert_close(lse[rows], rl, atol=1e-3, rtol=1e-4, name="lse")
+    # reference (on the GPU, fp32) for every row: the decode rows, then the prefill request in
+    # chunks of 256 tokens (each a request of its own at its absolute positions)
+    kvl = torch.tensor(kv_lens, dtype=torch.int32, device=device)
+    table = table.to(device)
+    chunks = [(0, 4, torch.arange(5, dtype=torch.int32), kvl[:4], None, table[:4])]
+    for c0 in range(0, n_pre, 256):
+        c1 = min(n_pre, c0 + 256)
+        chunks.append((4 + c0, 4 + c1, torch.tensor([0, c1 - c0], dtype=torch.int32), kvl[4:],
+                       torch.tensor([ctx - n_pre + c0], dtype=torch.int32, device=device), table[4:]))
+    for r0, r1, qi, lens, offset, pt in chunks:
+        ro, rl = sparse_attention_reference(q[r0:r1], k, v, idx[r0:r1], qi.to(device), lens, offset, page_table=pt,
+                                            num_kv_heads=hkv)
+        # bf16 output, P rounded to bf16 before PV: a few bf16 ulps; LSE fp32 on the same logits
+        assert_close(out[r0:r1], ro, atol=2e-2, rtol=2e-2, name=f"out rows {r0}:{r1} (seed {seed})")
+        assert_close(lse[r0:r1], rl, atol=1e-3, rtol=1e-4, name=f"lse rows {r0}:{r1} (seed {seed})")
 
 
 @pytest.mark.gpu
@@ -189,7 +197,14 @@ def test_static_plan_cuda_graph_replay_equals_eager():
         torch.cuda.synchronize()
         got_o, got_l = out.clone(), lse.clone()
         out.fill_(float("nan"))
+        lse.fill_(float("nan"))
         step()
         n = sum(q_lens)
         assert torch.equal(got_o[:n], out[:n]) and torch.equal(got_l[:n], lse[:n])
         assert (got_o[n:].float() == 0).all() and torch.isinf(got_l[n:]).all()  # padding rows: no key
+        # and both equal the reference
+        qi = torch.tensor([0] + list(torch.tensor(q_lens).cumsum(0).tolist()), dtype=torch.int32, device=device)
+        ro, rl = sparse_attention_reference(q[:n], k, v, idx[:n], qi, torch.tensor(kv_lens, dtype=torch.int32,
+                                            device=device), page_table=table, num_kv_heads=hkv)
+        assert_close(got_o[:n], ro, atol=2e-2, rtol=2e-2)
+        assert_close(got_l[:n], rl, atol=1e-3, rtol=1e-4, name="lse")

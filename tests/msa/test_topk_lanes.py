@@ -145,9 +145,9 @@ def test_lanes_warps_sm90_build_has_no_shared_memory_or_barrier():
                                      dict(lanes_kernel="fast", lanes_warps=2), dict(lanes_kernel="fast"),
                                      dict(lanes_kernel="fast", lanes_warps=8)],
                          ids=["classic", "fast", "warps2", "default", "warps8"])
-def test_gpu_lanes_thousand_random_cases_with_ties(variant):
-    rng = random.Random(777)
-    gen = torch.Generator().manual_seed(777)
+def test_gpu_lanes_thousand_random_cases_with_ties(variant, random_seed):
+    rng = random.Random(random_seed)
+    gen = torch.Generator().manual_seed(random_seed)
     for i in range(1000):
         T = rng.choice([7, 17, 40, 100, 256, 256, 300])
         tq, H = rng.randint(1, 64), rng.randint(1, 4)

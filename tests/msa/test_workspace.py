@@ -165,7 +165,8 @@ def test_static_dense_and_paged_plans_write_in_place(device, triton_backend, pag
     q_lens, kv_lens = [3, 2], [300, 140]
     rt = MsaRuntimeMetadata(None, None, None, cu_seqlens_q=_cu(q_lens).to(device), cu_seqlens_k=_cu(kv_lens).to(device),
                             seqused_k=torch.tensor(kv_lens, dtype=torch.int32, device=device), page_table=table)
-    for with_lse in (True, False, False):
+    allocations = None
+    for call, with_lse in enumerate((True, False, False)):
         out = poisoned(q.shape, q.dtype, device)
         lse = poisoned(q.shape[:2], torch.float32, device) if with_lse else None
         msa(q, k, v, info, runtime_metadata=rt, out=out, lse=lse)
@@ -176,9 +177,9 @@ def test_static_dense_and_paged_plans_write_in_place(device, triton_backend, pag
         assert_close(out[:n], ro, atol=2e-2, rtol=2e-2)
         if with_lse:
             assert_close(lse[:n], rl.t(), atol=1e-3, rtol=1e-3, name="lse")
-        else:
+        if call == 1:  # the first call without lse allocated the scratch LSE
             allocations = info.plan.workspace.allocations
-    assert info.plan.workspace.allocations == allocations  # the third call reused the scratch LSE
+    assert info.plan.workspace.allocations == allocations  # the third call reused it
 
 
 @pytest.mark.gpu

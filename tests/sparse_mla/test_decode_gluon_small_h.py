@@ -36,9 +36,9 @@ def test_small_h_perm_d_is_the_renaming_of_load_vt():
     """Row m of Oᵀ holds value _perm_d(m): the reshape + permute of ``_load_vt`` on indices."""
     d = torch.arange(512)
     renamed = d.view(8, 8, 4, 2).permute(2, 0, 3, 1).reshape(512)  # [D876, D543, D21, d0] -> m order
-    m = torch.arange(512)
-    perm = ((m & 7) << 3) | ((m >> 3) & 1) | (((m >> 4) & 7) << 6) | (((m >> 7) & 1) << 1) | (((m >> 8) & 1) << 2)
-    assert_equal(renamed, perm)
+    from mate.ops.sparse_mla.decode_gluon_small_h import _perm_d
+
+    assert_equal(renamed, _perm_d.fn(torch.arange(512)))  # the kernel's own formula (its combine reads it)
 
 
 @interpreter_only
@@ -213,6 +213,6 @@ def test_small_h_one_warpgroup_launch_validated():
 def test_small_h_one_warpgroup_perm_half_is_the_renaming_of_load_vt_half():
     d = torch.arange(256)
     renamed = d.view(4, 8, 4, 2).permute(2, 0, 3, 1).reshape(256)
-    m = torch.arange(256)
-    perm = ((m & 7) << 3) | ((m >> 3) & 1) | (((m >> 4) & 3) << 6) | (((m >> 6) & 1) << 1) | (((m >> 7) & 1) << 2)
-    assert_equal(renamed, perm)
+    from mate.ops.sparse_mla.decode_gluon_small_h2 import _perm_half
+
+    assert_equal(renamed, _perm_half.fn(torch.arange(256)))
