@@ -481,6 +481,7 @@ def count_unequal_repeats(B, q_len, H, top_k, md, repeats):
     mismatches = 0
     for _ in range(repeats):
         out.fill_(float("nan"))
+        lse.fill_(float("nan"))
         _call(q, kv, idx, sl, top_k, out=out, lse=lse, bmm1_scale=0.05, metadata=md)
         mismatches += not (torch.equal(out, first) and torch.equal(lse, first_lse))
     return mismatches
