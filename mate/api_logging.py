@@ -281,7 +281,7 @@ def _map_structure(value: Any, fn: Callable[[torch.Tensor], Any], *, scratch: Ca
     def walk(v: Any) -> Any:
         if isinstance(v, torch.Tensor):
             return fn(v)
-        if isinstance(v, (_Scratch,)):
+        if isinstance(v, _Scratch):
             return scratch(v)
         if isinstance(v, list):
             return [walk(x) for x in v]
@@ -311,7 +311,8 @@ def _map_structure(value: Any, fn: Callable[[torch.Tensor], Any], *, scratch: Ca
 
 def _tensors_in(value: Any) -> list[tuple[str, torch.Tensor]]:
     """(path, tensor) of every tensor in ``value`` (the structures of :func:`snapshot_tensors`),
-    e.g. ``("[1]", t)`` or ``("['out']", t)``; paths name list/tuple/dict items."""
+    e.g. ``("[1]", t)``, ``("['out']", t)`` or ``("[0].plan.kv_lens", t)``; a dataclass's
+    ``compare=False`` fields (scratch, not part of the value) are left out. Reads only."""
     found: list[tuple[str, torch.Tensor]] = []
 
     def walk(v: Any, path: str) -> None:
@@ -323,6 +324,10 @@ def _tensors_in(value: Any) -> list[tuple[str, torch.Tensor]]:
         elif isinstance(v, dict):
             for k, x in v.items():
                 walk(x, f"{path}[{k!r}]")
+        elif dataclasses.is_dataclass(v) and not isinstance(v, type):
+            for f in dataclasses.fields(v):
+                if f.compare:
+                    walk(getattr(v, f.name), f"{path}.{f.name}")
 
     walk(value, "")
     return found
@@ -335,15 +340,7 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _nbytes(value: Any) -> int:
-    total = 0
-
-    def add(t: torch.Tensor) -> torch.Tensor:
-        nonlocal total
-        total += t.untyped_storage().nbytes()
-        return t
-
-    _map_structure(value, add, scratch=lambda x: x)
-    return total
+    return sum(t.untyped_storage().nbytes() for _, t in _tensors_in(value))
 
 
 def _dump_selected(name: str) -> bool:
@@ -353,9 +350,8 @@ def _dump_selected(name: str) -> bool:
 
 
 def _first_device(value: Any) -> str:
-    devices: list[str] = []
-    _map_structure(value, lambda t: devices.append(str(t.device)), scratch=lambda x: x)
-    return devices[0] if devices else ""
+    found = _tensors_in(value)
+    return str(found[0][1].device) if found else ""
 
 
 class _Dump:

@@ -12,7 +12,7 @@ import math
 
 import torch
 
-__all__ = ["request_keys", "missing_keys", "attention_varlen_reference"]
+__all__ = ["request_keys", "block_pages", "missing_keys", "attention_varlen_reference"]
 
 
 def request_keys(
@@ -28,28 +28,45 @@ def request_keys(
 
     ``cache`` is ragged [total_k, Hkv, D] (rows from ``k_start``), batched [B, S, Hkv, D]
     (``batched=True``) or paged [pages, page_size, Hkv, D] with ``page_table`` [B, max_pages];
-    keys of a page the table lacks (past its width) or that lies outside the cache are NaN
-    (see :func:`missing_keys`).
+    keys of a page the table lacks (past its width) or that lies outside the cache are zero
+    (and masked by the caller, see :func:`missing_keys`).
     """
     if page_table is not None:
         page_size = cache.shape[1]
         n = -(-k_len // page_size)
         pages = _request_pages(page_table, i, n, cache.shape[0])
         sel = cache[pages.clamp(min=0)].clone() if cache.shape[0] else cache.new_zeros((n,) + cache.shape[1:])
-        sel[pages < 0] = float("nan")
+        sel[pages < 0] = 0
         return sel.reshape(-1, cache.shape[2], cache.shape[3])[:k_len]
     if batched:
         return cache[i, :k_len]
     return cache[k_start:k_start + k_len]
 
 
+def block_pages(blk: torch.Tensor, req: torch.Tensor, page_table: torch.Tensor | None,
+                kv_indices: torch.Tensor | None = None, kv_page_indptr: torch.Tensor | None = None) -> torch.Tensor:
+    """The page of block ``blk[i, j]`` of request ``req[i]`` (int64), from ``page_table[req,
+    blk]`` or the flat ``kv_indices[kv_page_indptr[req] + blk]``; -1 where the table has no
+    such column or the request's ``kv_indices`` range no such entry."""
+    if page_table is not None:
+        width = page_table.shape[1]
+        page = page_table.to(torch.int64)[req[:, None], blk.clamp(0, max(width - 1, 0))] if width else blk * 0 - 1
+        return torch.where(blk < width, page, -1)
+    start = kv_page_indptr.to(torch.int64)[req][:, None]
+    count = kv_page_indptr.to(torch.int64)[req + 1][:, None] - start
+    n = kv_indices.shape[0]
+    listed = (start >= 0) & (blk < count) & (start + blk < n)
+    flat = torch.where(listed, start + blk, 0)
+    page = kv_indices.to(torch.int64)[flat] if n else torch.zeros_like(flat)
+    return torch.where(listed, page, -1)
+
+
 def _request_pages(page_table: torch.Tensor, i: int, n: int, num_pages: int) -> torch.Tensor:
     """The first ``n`` page ids of request ``i``, -1 where the table has no such column or
     the id is outside [0, num_pages)."""
-    row = page_table[i, :n].long().cpu()
-    pages = torch.full((n,), -1, dtype=torch.long)
-    pages[:row.shape[0]] = torch.where((row >= 0) & (row < num_pages), row, -1)
-    return pages.to(page_table.device)
+    dev = page_table.device
+    pages = block_pages(torch.arange(n, device=dev)[None], torch.tensor([i], device=dev), page_table)[0]
+    return torch.where((pages >= 0) & (pages < num_pages), pages, -1)
 
 
 def missing_keys(page_table: torch.Tensor | None, i: int, k_len: int, page_size: int, num_pages: int) -> torch.Tensor:
@@ -111,8 +128,6 @@ def attention_varlen_reference(
         page_size = k.shape[1] if page_table is not None else 1
         missing = missing_keys(page_table, i, k_len, page_size, k.shape[0]).to(q.device)
         vis &= ~missing[None, :]
-        kr = kr.masked_fill(missing[:, None, None], 0.0)
-        vr = vr.masked_fill(missing[:, None, None], 0.0)
         s = torch.einsum("thd,khd->htk", q[q0:q1].to(compute_dtype), kr) * scale
         s = s.masked_fill(~vis[None], -math.inf)
         l_ = torch.logsumexp(s, dim=-1)  # [Hq, n]

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from mate.ops.mha.reference import block_pages
+
 __all__ = ["max_score_reference", "topk_select_reference", "valid_block_counts", "MSA_BLOCK"]
 
 MSA_BLOCK = 128
@@ -22,23 +24,6 @@ def _token_requests(cu_seqlens_q: torch.Tensor, total_q: int) -> tuple[torch.Ten
     req = torch.searchsorted(cu[1:].contiguous(), t, right=True)
     req = req.clamp(max=cu.shape[0] - 2)
     return req, t - cu[req]
-
-
-def _block_pages(blk: torch.Tensor, req: torch.Tensor, page_table: torch.Tensor | None,
-                 kv_indices: torch.Tensor | None, kv_page_indptr: torch.Tensor | None) -> torch.Tensor:
-    """The page of block ``blk[i, j]`` of request ``req[i]`` (int64), -1 where the table has no
-    such column or the request's ``kv_indices`` range no such entry."""
-    if page_table is not None:
-        width = page_table.shape[1]
-        page = page_table.to(torch.int64)[req[:, None], blk.clamp(0, max(width - 1, 0))] if width else blk * 0 - 1
-        return torch.where(blk < width, page, -1)
-    start = kv_page_indptr.to(torch.int64)[req][:, None]
-    count = kv_page_indptr.to(torch.int64)[req + 1][:, None] - start
-    n = kv_indices.shape[0]
-    listed = (start >= 0) & (blk < count) & (start + blk < n)
-    flat = torch.where(listed, start + blk, 0)
-    page = kv_indices.to(torch.int64)[flat] if n else torch.zeros_like(flat)
-    return torch.where(listed, page, -1)
 
 
 def max_score_reference(
@@ -108,7 +93,7 @@ def max_score_reference(
             kk = kf[row]  # [n, keys, Hkv, D]
         else:
             blk = (keys // MSA_BLOCK)[None, :].expand(t1 - t0, -1)
-            page = _block_pages(blk, r, page_table, kv_indices, kv_page_indptr)
+            page = block_pages(blk, r, page_table, kv_indices, kv_page_indptr)
             visible &= (page >= 0) & (page < k.shape[0])  # a missing or out-of-range page is skipped
             page = torch.where(visible, page, torch.zeros_like(page))
             slot = (keys % MSA_BLOCK)[None, :].expand_as(page)
