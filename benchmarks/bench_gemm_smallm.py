@@ -172,21 +172,19 @@ def _f(bn, stages, kps=1, eager=False):
 # --flat: the single-partition kernel (no warp-specialize region, whose fixed ~0.4 us was the
 # gap to DeepGEMM at small M and short K); the first of each shape is what auto took from it
 FLAT_SHAPES = ((1, 7168, 2048), (16, 7168, 2048), (32, 7168, 2048), (64, 7168, 2048), (128, 7168, 2048),
-               (16, 24576, 1536), (64, 24576, 1536), (16, 32768, 512), (128, 32768, 512), (64, 4096, 7168),
-               (128, 2112, 7168))
-# "e" (EAGER, not yet timed): two wgmmas of a stage in flight (compiled for sm_90 here: no spills,
-# 111 registers at 64x64 kps2 against 92)
+               (16, 24576, 1536), (64, 24576, 1536), (16, 32768, 512), (128, 32768, 512))
+# "e" (EAGER): two wgmmas of a stage in flight. The H200 run of 2026-11-30 (session 12) took the
+# eager configs first below into auto (the others were auto's before, or came next); at K = 7168
+# the eager kernel lost to the K-interleaved one ((64, 4096, 7168) 13.4 against 12.8 us, (128,
+# 2112, 7168) 12.6 against 11.8), so those shapes left this list
 FLAT_CANDIDATES = {
-    **{(m, 7168, 2048): dict([_f(64, 4, 2), _f(64, 4, 2, True), _f(64, 3, 4, True), _f(64, 6, 2, True)])
-       for m in (1, 16, 32, 64)},
-    (128, 7168, 2048): dict([_f(64, 3, 2), _f(64, 3, 2, True)]),  # 224 tiles, two programs per SM
-    (16, 24576, 1536): dict([_f(64, 2, 2), _f(64, 2, 2, True), _f(64, 3, 2, True)]),
-    (64, 24576, 1536): dict([_f(64, 2, 2), _f(64, 2, 2, True), _f(64, 3, 2, True)]),
+    **{(m, 7168, 2048): dict([_f(64, 4, 2, True), _f(64, 4, 2), _f(64, 3, 4, True)]) for m in (1, 16)},
+    **{(m, 7168, 2048): dict([_f(64, 3, 4, True), _f(64, 4, 2), _f(64, 4, 2, True)]) for m in (32, 64)},
+    (128, 7168, 2048): dict([_f(64, 3, 2, True), _f(64, 3, 2)]),  # 224 tiles, two programs per SM
+    (16, 24576, 1536): dict([_f(64, 2, 2, True), _f(64, 2, 2)]),
+    (64, 24576, 1536): dict([_f(64, 2, 2), _f(64, 2, 2, True)]),
     (16, 32768, 512): dict([_f(128, 2, 2), _f(128, 2, 2, True)]),
-    (128, 32768, 512): dict([_f(128, 2, 2), _f(128, 2, 2, True)]),
-    # the K-interleaved kernel's shapes (without EAGER this kernel lost there)
-    (64, 4096, 7168): dict([_f(32, 4, 4), _f(32, 4, 4, True), _f(64, 4, 3, True)]),
-    (128, 2112, 7168): dict([_f(32, 4, 4), _f(32, 4, 4, True), _f(64, 4, 3, True)]),
+    (128, 32768, 512): dict([_f(128, 2, 2, True), _f(128, 2, 2)]),  # auto ran cuBLAS here before
 }
 
 

@@ -102,25 +102,35 @@ def test_auto_gluon_configs():
     """Gluon overrides only for bf16/fp16 output; the Triton config beside them is unchanged."""
     # the single-partition kernel (groupwise_gluon_flat.py), its Triton config beside it unchanged
     flat = {"FLAT": True, "BLOCK_M": 64, "KPS": 2}
+    eager = {**flat, "EAGER": True}
     cfg = tuning.groupwise_config(64, 7168, 2048, fp8_out=False)
-    assert cfg["GLUON"] == {**flat, "BLOCK_N": 64, "num_stages": 4}
+    assert cfg["GLUON"] == {**eager, "BLOCK_N": 64, "num_stages": 3, "KPS": 4}
     assert (cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["SPLIT_K"], cfg["num_stages"]) == (64, 64, 1, 5)
     assert "GLUON" not in tuning.groupwise_config(64, 7168, 2048, fp8_out=True)
     cfg = tuning.groupwise_config(100, 7168, 2048, fp8_out=False)
-    assert cfg["GLUON"] == {**flat, "BLOCK_N": 64, "num_stages": 3}
+    assert cfg["GLUON"] == {**eager, "BLOCK_N": 64, "num_stages": 3}
     assert (cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["SPLIT_K"], cfg["num_stages"]) == (64, 128, 1, 5)
-    for m in (1, 16, 32):
-        assert tuning.groupwise_config(m, 7168, 2048, fp8_out=False)["GLUON"] == {**flat, "BLOCK_N": 64,
+    for m in (1, 16):
+        assert tuning.groupwise_config(m, 7168, 2048, fp8_out=False)["GLUON"] == {**eager, "BLOCK_N": 64,
                                                                                    "num_stages": 4}
-    for m in (1, 16, 32, 64):
+    assert tuning.groupwise_config(32, 7168, 2048, fp8_out=False)["GLUON"] == {**eager, "BLOCK_N": 64,
+                                                                                "num_stages": 3, "KPS": 4}
+    for m in (1, 16):
+        assert tuning.groupwise_config(m, 24576, 1536, fp8_out=False)["GLUON"] == {**eager, "BLOCK_N": 64,
+                                                                                    "num_stages": 2}
+    for m in (32, 64):
         assert tuning.groupwise_config(m, 24576, 1536, fp8_out=False)["GLUON"] == {**flat, "BLOCK_N": 64,
                                                                                     "num_stages": 2}
     assert tuning.groupwise_config(16, 32768, 512, fp8_out=False)["GLUON"] == {**flat, "BLOCK_N": 128, "num_stages": 2}
+    # (65-128, 32768, 512): the eager single-partition kernel, measured faster than cuBLAS there
+    assert tuning.groupwise_config(128, 32768, 512, fp8_out=False)["GLUON"] == {**eager, "BLOCK_N": 128,
+                                                                                 "num_stages": 2}
+    assert tuning.groupwise_backend(128, 32768, 512) == "triton"
     for m, n, k in ((128, 24576, 1536), (64, 32768, 512), (128, 32768, 512), (16, 24576, 1536)):
         cfg = tuning.groupwise_config(m, n, k, fp8_out=True)
         assert "GLUON" not in cfg, (m, n, k)
     assert "GLUON" not in tuning.groupwise_config(128, 24576, 1536, fp8_out=False)
-    assert tuning.groupwise_backend(128, 32768, 512) == "cublas"
+    assert tuning.groupwise_backend(256, 32768, 512) == "cublas"
     for m in (1, 16):  # the 16-row Triton tile
         cfg = tuning.groupwise_config(m, 4096, 7168, fp8_out=False)
         assert "GLUON" not in cfg and (cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["SPLIT_K"]) == (16, 64, 4)
@@ -261,7 +271,7 @@ def test_gluon_grouped_contiguous(name, rows, n, k, tail):
                                    (33, 2112, 7168), (64, 4096, 7168), (100, 2112, 7168), (128, 4096, 7168),
                                    (1, 7168, 2048), (16, 7168, 2048), (20, 7168, 2048), (1, 2112, 7168),
                                    (17, 2112, 7168), (32, 4096, 7168),  # M <= 32: A's short TMA box
-                                   (1, 24576, 1536), (40, 24576, 1536), (16, 32768, 512),
+                                   (1, 24576, 1536), (40, 24576, 1536), (16, 32768, 512), (100, 32768, 512),
                                    (40, 7168, 16384), (128, 7168, 16384)])
 def test_auto_runs_gluon(m, n, k, monkeypatch):
     """backend="auto" runs the kernel ``tuning.GROUPWISE_GLUON`` names for the shape (at

@@ -13,11 +13,14 @@ def test_m_buckets_and_table_cover_every_m():
         assert key in tuning.GROUPWISE_TABLE
         assert tuning.groupwise_backend(m, 2112, 7168) in ("cublas", "triton")
     assert tuning.m_bucket(16) == "m16" and tuning.m_bucket(17) == "m32" and tuning.m_bucket(1 << 20) == "mmax"
-    # measured: small M goes to Triton, large M to cuBLAS, (128, 32768, 512) to cuBLAS
+    # measured: small M goes to Triton, large M to cuBLAS; a Gluon shape to Triton, which runs
+    # its Gluon kernel on Hopper ((128, 32768, 512): cuBLAS in the generated table)
     assert tuning.groupwise_backend(64, 2112, 7168) == "triton"
     assert tuning.groupwise_backend(4096, 4096, 7168) == "cublas"
     assert tuning.groupwise_backend(128, 24576, 1536) == "triton"
-    assert tuning.groupwise_backend(128, 32768, 512) == "cublas"
+    assert tuning.GROUPWISE_OVERRIDES["m128,32768,512"]["backend"] == "cublas"
+    assert tuning.groupwise_backend(128, 32768, 512) == "triton"
+    assert tuning.groupwise_backend(256, 32768, 512) == "cublas"
 
 
 def test_split_k_only_when_tiles_do_not_fill_the_gpu():

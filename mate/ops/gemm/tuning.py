@@ -199,6 +199,14 @@ GROUPWISE_OVERRIDES: dict[str, dict] = {
 # K-interleaved / DeepGEMM): (64, 7168, 16384) 37.5 / 35.7 (64x64, 6 stages of 2, eager) / 36.4;
 # (128, 7168, 16384) 48.3 / 46.6 (128x64, 6 stages: B read once) / 45.8. Lost there: 64x128 st2
 # kps3 (41.8 / 55.9), 64x32 st4 kps4 (44.1 at M = 64), 64x64 st6 kps2 at M = 128 (51.7, two waves).
+# EAGER in the single-partition kernel (a stage's next wgmma issued before the previous product
+# is scaled; H200 2026-11-30 session 12, bench_gemm_smallm --flat; us, auto before / FLAT eager /
+# DeepGEMM): (1, 7168, 2048) 7.5 / 7.0 / 7.4, (16, 7168, 2048) 7.7 / 7.3 / 7.3 (4 x 2), (32, 7168,
+# 2048) 7.8 / 7.3 / 7.4, (64, 7168, 2048) 7.9 / 7.6 / 7.1 (3 x 4), (128, 7168, 2048) 8.7 / 8.4 /
+# 8.7 (3 x 2), (16, 24576, 1536) 12.5 / 12.3 / 14.8 (2 x 2; 64 rows: 13.2 either way), (128,
+# 32768, 512) 13.0 (cuBLAS) / 11.9 / 10.7 (64x128, 2 x 2: taken over cuBLAS). At K = 7168 the
+# eager FLAT kernel still lost to the K-interleaved one ((64, 4096, 7168) 13.4 against 12.8,
+# (128, 2112, 7168) 12.6 against 11.8).
 # Stream-K in the single-partition kernel (tried and removed, H200 2026-11-30): at N = 7168, K =
 # 2048 the 64x64 tiles leave 20 of 132 SMs idle (112 tiles, 224 at M = 128 on two programs per
 # SM); 132 (264) programs taking equal runs of (tile, ring stage) units, with a split tile's
@@ -207,20 +215,21 @@ GROUPWISE_OVERRIDES: dict[str, dict] = {
 # against 7.7 | 7.8 | 7.9 | 8.8 one program per tile: a split tile's fixup (partial stores, a
 # GPU-scope fence, the counter's atomic round trip, the partials' loads) is a ~2 us latency
 # chain per split segment, against the ~0.7 us of one ring stage it saves per program.
-_FLAT_64X64 = {"FLAT": True, "BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 4, "KPS": 2}
+_FLAT_64X64 = {"FLAT": True, "BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 4, "KPS": 2, "EAGER": True}
 _FLAT_64X64_ST2 = {"FLAT": True, "BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 2, "KPS": 2}
 _FLAT_64X128_ST2 = {"FLAT": True, "BLOCK_M": 64, "BLOCK_N": 128, "num_stages": 2, "KPS": 2}
 _KINT_64X32 = {"KINT": True, "BLOCK_M": 64, "BLOCK_N": 32, "num_stages": 4, "KPS": 4, "SPLIT_K": 1, "EAGER": True}
 _KINT_64X64 = {"KINT": True, "BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 6, "KPS": 2, "SPLIT_K": 1, "EAGER": True}
 GROUPWISE_GLUON: dict[str, dict] = {
     "m16,7168,2048": _FLAT_64X64,
-    "m32,7168,2048": _FLAT_64X64,
-    "m64,7168,2048": _FLAT_64X64,
+    "m32,7168,2048": {**_FLAT_64X64, "num_stages": 3, "KPS": 4},
+    "m64,7168,2048": {**_FLAT_64X64, "num_stages": 3, "KPS": 4},
     "m128,7168,2048": {**_FLAT_64X64, "num_stages": 3},
-    "m16,24576,1536": _FLAT_64X64_ST2,
+    "m16,24576,1536": {**_FLAT_64X64_ST2, "EAGER": True},
     "m32,24576,1536": _FLAT_64X64_ST2,
     "m64,24576,1536": _FLAT_64X64_ST2,
     "m16,32768,512": _FLAT_64X128_ST2,
+    "m128,32768,512": {**_FLAT_64X128_ST2, "EAGER": True},
     "m16,2112,7168": {**_KINT_64X32, "SPLIT_K": 2},
     "m32,2112,7168": {**_KINT_64X32, "SPLIT_K": 2},
     "m64,2112,7168": {**_KINT_64X32, "SPLIT_K": 2},
@@ -246,7 +255,11 @@ def _entry(m: int, n: int, k: int) -> dict:
 
 
 def groupwise_backend(m: int, n: int, k: int) -> str:
-    """``"cublas"`` or ``"triton"``: the faster measured path for this shape class."""
+    """``"cublas"`` or ``"triton"``: the faster measured path for this shape class (a shape of
+    ``GROUPWISE_GLUON`` was measured against auto's path and runs Triton: its Gluon kernel on
+    Hopper)."""
+    if f"{m_bucket(m)},{n},{k}" in GROUPWISE_GLUON:
+        return "triton"
     return _entry(m, n, k)["backend"]
 
 
