@@ -483,7 +483,9 @@ def gemm_fp8_nt_groupwise(
         dtype = _out_dtype(out_dtype, (torch.bfloat16, torch.float16), torch.bfloat16, out)
     out = _alloc_out(out, (m, n), dtype, device)
     reason = cublas.groupwise_cublas_reason(a, b, out)
-    impl = _resolve_backend(backend, device, reason, lambda: tuning.groupwise_backend(m, n, k))
+    a_mk, b_nk = (a_scale, b_scale) if mode == "K" else (a_scale.t(), b_scale.t())
+    impl = _resolve_backend(backend, device, reason, lambda: tuning.groupwise_backend(
+        m, n, k, cublas.groupwise_scales_in_place(a_mk, b_nk.t())))
     if out.numel() == 0:
         return out
     _gemm_fp8_nt_groupwise_op(a, b, a_scale, b_scale, mode == "K", out, output_scale, impl)

@@ -122,10 +122,10 @@ def test_auto_gluon_configs():
         assert tuning.groupwise_config(m, 24576, 1536, fp8_out=False)["GLUON"] == {**flat, "BLOCK_N": 64,
                                                                                     "num_stages": 2}
     assert tuning.groupwise_config(16, 32768, 512, fp8_out=False)["GLUON"] == {**flat, "BLOCK_N": 128, "num_stages": 2}
-    # (65-128, 32768, 512): the eager single-partition kernel, measured faster than cuBLAS there
+    # (65-128, 32768, 512): the eager single-partition kernel where cuBLAS would re-lay a scale out
     assert tuning.groupwise_config(128, 32768, 512, fp8_out=False)["GLUON"] == {**eager, "BLOCK_N": 128,
                                                                                  "num_stages": 2}
-    assert tuning.groupwise_backend(128, 32768, 512) == "triton"
+    assert tuning.groupwise_backend(128, 32768, 512, scales_in_place=False) == "triton"
     for m, n, k in ((128, 24576, 1536), (64, 32768, 512), (128, 32768, 512), (16, 24576, 1536)):
         cfg = tuning.groupwise_config(m, n, k, fp8_out=True)
         assert "GLUON" not in cfg, (m, n, k)
@@ -271,7 +271,7 @@ def test_gluon_grouped_contiguous(name, rows, n, k, tail):
                                    (33, 2112, 7168), (64, 4096, 7168), (100, 2112, 7168), (128, 4096, 7168),
                                    (1, 7168, 2048), (16, 7168, 2048), (20, 7168, 2048), (1, 2112, 7168),
                                    (17, 2112, 7168), (32, 4096, 7168),  # M <= 32: A's short TMA box
-                                   (1, 24576, 1536), (40, 24576, 1536), (16, 32768, 512), (100, 32768, 512),
+                                   (1, 24576, 1536), (40, 24576, 1536), (16, 32768, 512), (128, 32768, 512),
                                    (40, 7168, 16384), (128, 7168, 16384)])
 def test_auto_runs_gluon(m, n, k, monkeypatch):
     """backend="auto" runs the kernel ``tuning.GROUPWISE_GLUON`` names for the shape (at
@@ -296,6 +296,33 @@ def test_auto_runs_gluon(m, n, k, monkeypatch):
         assert_close(out, ref, max_rel_error=1e-2, name=f"auto m={m} {mode}")
     want = tuning.GROUPWISE_GLUON[f"{tuning.m_bucket(m)},{n},{k}"]
     assert calls == [(kernel_kind(want), want["BLOCK_M"])] * 2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="the Gluon kernel needs a Hopper GPU")
+def test_auto_follows_the_scale_layout(monkeypatch):
+    """(128, 32768, 512): auto runs cuBLAS when it reads both scales in place (M-major
+    activation scale, K-major weight scale), else the Gluon kernel (no scale re-layout)."""
+    from mate import gemm
+    from mate.ops.gemm import cublas, groupwise_gluon
+
+    m, n, k = 128, 32768, 512
+    calls = []
+    for mod, name, tag in ((cublas, "groupwise_cublas", "cublas"), (groupwise_gluon, "groupwise_gemm_gluon", "gluon")):
+        launch = getattr(mod, name)
+        monkeypatch.setattr(mod, name, lambda *args, _f=launch, _t=tag, **kw: calls.append(_t) or _f(*args, **kw))
+    a, b, sa, sb = fp8_block_operands(m, n, k, "cuda")
+    ref = R.groupwise_fp32_ref(a, b, sa, sb)
+    sa_m_major = sa.t().contiguous().t()  # [m, kb] with stride (1, m)
+    cases = {"K in place": (sa_m_major, sb, "K", "cublas"), "MN in place": (sa_m_major.t(), sb.t(), "MN", "cublas"),
+             "K, K-major activation scale": (sa, sb, "K", "gluon"),
+             "MN, MN-major weight scale": (sa_m_major.t(), sb.t().contiguous(), "MN", "gluon")}
+    for name, (a_s, b_s, mode, want) in cases.items():
+        calls.clear()
+        out = poisoned((m, n), torch.bfloat16, "cuda")
+        gemm.gemm_fp8_nt_groupwise(a, b, a_s, b_s, scale_major_mode=mode, out=out, backend="auto")
+        assert_close(out, ref, max_rel_error=1e-2, name=name)
+        assert calls == [want], (name, calls)
 
 
 @pytest.mark.gpu

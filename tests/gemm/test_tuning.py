@@ -13,14 +13,28 @@ def test_m_buckets_and_table_cover_every_m():
         assert key in tuning.GROUPWISE_TABLE
         assert tuning.groupwise_backend(m, 2112, 7168) in ("cublas", "triton")
     assert tuning.m_bucket(16) == "m16" and tuning.m_bucket(17) == "m32" and tuning.m_bucket(1 << 20) == "mmax"
-    # measured: small M goes to Triton, large M to cuBLAS; a Gluon shape to Triton, which runs
-    # its Gluon kernel on Hopper ((128, 32768, 512): cuBLAS in the generated table)
+    # measured: small M goes to Triton, large M to cuBLAS, (128, 32768, 512) to cuBLAS unless
+    # cuBLAS would re-lay a scale out (then the Gluon kernel, which reads either layout in place)
     assert tuning.groupwise_backend(64, 2112, 7168) == "triton"
     assert tuning.groupwise_backend(4096, 4096, 7168) == "cublas"
     assert tuning.groupwise_backend(128, 24576, 1536) == "triton"
-    assert tuning.GROUPWISE_OVERRIDES["m128,32768,512"]["backend"] == "cublas"
-    assert tuning.groupwise_backend(128, 32768, 512) == "triton"
-    assert tuning.groupwise_backend(256, 32768, 512) == "cublas"
+    assert tuning.groupwise_backend(128, 32768, 512) == "cublas"
+    assert tuning.groupwise_backend(128, 32768, 512, scales_in_place=False) == "triton"
+    for m, n, k in ((256, 32768, 512), (4096, 4096, 7168), (128, 4096, 7168)):
+        assert tuning.groupwise_backend(m, n, k, scales_in_place=False) == tuning.groupwise_backend(m, n, k)
+
+
+def test_groupwise_scales_in_place():
+    """cuBLAS reads the activation scale M-major and the weight scale as the transpose of a
+    K-major [nb, kb]; any other layout would be copied first."""
+    from mate.ops.gemm.cublas import groupwise_scales_in_place
+
+    m, kb, nb = 128, 4, 256
+    a_m_major = torch.rand(kb, m).t()  # [m, kb] view, stride (1, m)
+    b_k_major = torch.rand(nb, kb)  # the checkpoint layout; cuBLAS takes its transpose
+    assert groupwise_scales_in_place(a_m_major, b_k_major.t())
+    assert not groupwise_scales_in_place(torch.rand(m, kb), b_k_major.t())  # K-major activation scale
+    assert not groupwise_scales_in_place(a_m_major, torch.rand(kb, nb))  # MN-major weight scale
 
 
 def test_split_k_only_when_tiles_do_not_fill_the_gpu():

@@ -15,6 +15,7 @@ __all__ = [
     "bmm_fp8_cublas_reason",
     "groupwise_cublas",
     "groupwise_cublas_reason",
+    "groupwise_scales_in_place",
 ]
 
 
@@ -79,6 +80,15 @@ def groupwise_cublas_reason(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor)
     return None
 
 
+def _weight_scale_in_place(b_scale_kn: torch.Tensor) -> bool:
+    return b_scale_kn.stride() == (1, b_scale_kn.shape[0])
+
+
+def groupwise_scales_in_place(a_scale_mk: torch.Tensor, b_scale_kn: torch.Tensor) -> bool:
+    """Whether ``groupwise_cublas`` reads both scales as given (no re-layout launch)."""
+    return a_scale_mk.stride() == (1, a_scale_mk.shape[0]) and _weight_scale_in_place(b_scale_kn)
+
+
 def groupwise_cublas(a: torch.Tensor, b: torch.Tensor, a_scale_mk: torch.Tensor, b_scale_kn: torch.Tensor,
                      out: torch.Tensor) -> None:
     """``torch._scaled_mm`` blockwise: a_scale_mk is [m, k/128] and b_scale_kn [k/128, n/128]
@@ -89,6 +99,6 @@ def groupwise_cublas(a: torch.Tensor, b: torch.Tensor, a_scale_mk: torch.Tensor,
     m, kb = a_scale_mk.shape
     if a_scale_mk.stride() != (1, m):
         a_scale_mk = a_scale_mk.t().contiguous().t()
-    if b_scale_kn.stride() != (1, kb):
+    if not _weight_scale_in_place(b_scale_kn):
         b_scale_kn = b_scale_kn.t().contiguous().t()
     torch._scaled_mm(a, b.t(), scale_a=a_scale_mk, scale_b=b_scale_kn, out_dtype=out.dtype, out=out)

@@ -204,7 +204,8 @@ GROUPWISE_OVERRIDES: dict[str, dict] = {
 # DeepGEMM): (1, 7168, 2048) 7.5 / 7.0 / 7.4, (16, 7168, 2048) 7.7 / 7.3 / 7.3 (4 x 2), (32, 7168,
 # 2048) 7.8 / 7.3 / 7.4, (64, 7168, 2048) 7.9 / 7.6 / 7.1 (3 x 4), (128, 7168, 2048) 8.7 / 8.4 /
 # 8.7 (3 x 2), (16, 24576, 1536) 12.5 / 12.3 / 14.8 (2 x 2; 64 rows: 13.2 either way), (128,
-# 32768, 512) 13.0 (cuBLAS) / 11.9 / 10.7 (64x128, 2 x 2: taken over cuBLAS). At K = 7168 the
+# 32768, 512) 13.0 (cuBLAS with a weight-scale copy) / 11.9 / 10.7 (64x128, 2 x 2; auto runs it
+# when cuBLAS would re-lay a scale out: CUBLAS_NEEDS_IN_PLACE_SCALES). At K = 7168 the
 # eager FLAT kernel still lost to the K-interleaved one ((64, 4096, 7168) 13.4 against 12.8,
 # (128, 2112, 7168) 12.6 against 11.8).
 # Stream-K in the single-partition kernel (tried and removed, H200 2026-11-30): at N = 7168, K =
@@ -254,13 +255,22 @@ def _entry(m: int, n: int, k: int) -> dict:
     return GROUPWISE_OVERRIDES.get(f"{key},{n},{k}", GROUPWISE_TABLE[key])
 
 
-def groupwise_backend(m: int, n: int, k: int) -> str:
-    """``"cublas"`` or ``"triton"``: the faster measured path for this shape class (a shape of
-    ``GROUPWISE_GLUON`` was measured against auto's path and runs Triton: its Gluon kernel on
-    Hopper)."""
-    if f"{m_bucket(m)},{n},{k}" in GROUPWISE_GLUON:
+CUBLAS_NEEDS_IN_PLACE_SCALES = frozenset({"m128,32768,512"})
+"""(bucket, n, k) where cuBLAS wins only when it reads both scales in place: re-laying a scale
+out for it is one more launch (~2.5 us), and the Gluon kernel, which reads either layout in
+place, is faster than that (H200 2026-11-30: 11.8 us against cuBLAS 10.5 with in-place scales,
+13.0 with MN-major weight scales)."""
+
+
+def groupwise_backend(m: int, n: int, k: int, scales_in_place: bool = True) -> str:
+    """``"cublas"`` or ``"triton"``: the faster measured path for this shape class;
+    ``scales_in_place``: whether cuBLAS would read both scales as given
+    (``cublas.groupwise_scales_in_place``)."""
+    key = f"{m_bucket(m)},{n},{k}"
+    backend = _entry(m, n, k)["backend"]
+    if backend == "cublas" and not scales_in_place and key in CUBLAS_NEEDS_IN_PLACE_SCALES:
         return "triton"
-    return _entry(m, n, k)["backend"]
+    return backend
 
 
 def _split_k(tiles: int, k: int) -> int:
