@@ -9,6 +9,7 @@ kernel, is not counted; gaps between the kernels of one replay still are.
 
 from __future__ import annotations
 
+import math
 import statistics
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -78,6 +79,20 @@ def time_fn(
     return statistics.median(times)
 
 
+def interleave_order(names: Sequence[T], r: int) -> list[T]:
+    """Order of the cases in round ``r`` of ``time_interleaved``: starting at case r mod n and
+    stepping by a stride coprime to n that changes every round, so a case follows a different
+    case from round to round. (A plain rotation keeps each case behind the same one, and under
+    power-limited clocks the case behind a low-power one ran up to 8% faster than the same
+    cuBLAS call behind a high-power one.)"""
+    n = len(names)
+    if n == 0:
+        return []
+    strides = [s for s in range(1, n) if math.gcd(s, n) == 1] or [1]
+    stride = strides[r % len(strides)]
+    return [names[(r + i * stride) % n] for i in range(n)]
+
+
 def time_interleaved(
     cases: Mapping[str, Sequence[Callable[[], Any]] | Callable[[], Any]],
     *,
@@ -87,7 +102,7 @@ def time_interleaved(
 ) -> dict[str, float | Exception]:
     """Median time in microseconds of one call of each case, the cases' CUDA-graph replays
     interleaved: ``rounds`` rounds, each replaying every case ``iters / rounds`` times (at least twice) in
-    an order rotated by one case per round.
+    the order of ``interleave_order`` (a different start and predecessor per round).
 
     A case timed alone right after another (or first, from idle clocks) is measured in a
     different clock and L2 state than its peer; interleaving gives each case the same
@@ -110,8 +125,7 @@ def time_interleaved(
     times: dict[str, list[float]] = {name: [] for name in names}
     per_round = max(1, iters // max(1, rounds))
     for r in range(rounds):
-        order = names[r % len(names):] + names[:r % len(names)] if names else []
-        for name in order:
+        for name in interleave_order(names, r):
             graph, calls = graphs[name]
             graph.replay()  # one untimed replay after switching cases
             for _ in range(max(2, per_round // calls)):

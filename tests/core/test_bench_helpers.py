@@ -8,7 +8,15 @@ import math
 import pytest
 import torch
 
-from mate.testing.bench import L2_BYTES, progress, record, rotation_count, time_fn, time_interleaved
+from mate.testing.bench import (
+    L2_BYTES,
+    interleave_order,
+    progress,
+    record,
+    rotation_count,
+    time_fn,
+    time_interleaved,
+)
 
 CEILINGS = {"copy_GBps": 4000.0, "cublas_bf16_TFLOPs": 800.0}
 
@@ -60,6 +68,24 @@ def test_rotation_count():
     assert rotation_count(total // 3 - 1) == 4  # rounded up: the sets together reach 4 L2 sizes
     assert rotation_count(1) == 64  # capped
     assert rotation_count(0) == 1 and rotation_count(10 * total) == 1
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 4, 7])
+def test_interleave_order_varies_the_predecessor(n):
+    """Every round replays each case once; over the rounds each case starts a round and, from 3
+    cases on, follows more than one other case (a plain rotation keeps one predecessor)."""
+    names = [f"c{i}" for i in range(n)]
+    orders = [interleave_order(names, r) for r in range(10)]
+    for order in orders:
+        assert sorted(order) == sorted(names)
+    if n == 0:
+        return
+    assert {order[0] for order in orders} == set(names)
+    for name in names:
+        before = {order[order.index(name) - 1] for order in orders if order.index(name) > 0}
+        assert name not in before
+        if n >= 3:
+            assert len(before) >= 2, (name, before)
 
 
 @pytest.mark.gpu
