@@ -16,7 +16,13 @@ import math
 import pytest
 import torch
 
-from mate.ops.sparse_mla.metadata import GLUON_SMALL_H_STAGES, GLUON_STAGES, GLUON_WG_STAGES, plan_decode
+from mate.ops.sparse_mla.metadata import (
+    GLUON_MIN_SPLIT_BLOCKS,
+    GLUON_SMALL_H_STAGES,
+    GLUON_STAGES,
+    GLUON_WG_STAGES,
+    plan_decode,
+)
 from mate.testing import assert_equal, poisoned
 from tests._markers import interpreter_only
 from tests.sparse_mla.test_decode import _call, _check, _make, check_graph_replay, count_unequal_repeats
@@ -27,6 +33,22 @@ def test_gluon_module_imports():
 
     assert callable(decode_gluon.sparse_mla_decode_gluon)
     assert decode_gluon.GLUON_BLOCK_H == 64 and decode_gluon.GLUON_NUM_WARPS == 8
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 4, 8, 16])
+def test_split_plans_pick_the_kernel_by_split_length(monkeypatch, num_splits):
+    """H > 32 on Hopper (faked here): the Gluon kernel without a split or with splits of at
+    least GLUON_MIN_SPLIT_BLOCKS 64-key blocks, the plain kernel with prefetched indices on
+    shorter splits."""
+    from mate.ops.sparse_mla import metadata
+
+    monkeypatch.setattr(metadata, "_is_hopper", lambda device: True)
+    monkeypatch.setattr(metadata, "_check_gluon", lambda *args, **kw: True)
+    md = plan_decode(8, 1, 128, 2048, "cpu", num_sms=132, num_splits=num_splits)
+    assert md.num_splits == num_splits and md.split_blocks == 32 // num_splits
+    gluon = num_splits == 1 or md.split_blocks >= GLUON_MIN_SPLIT_BLOCKS
+    assert md.gluon == gluon and md.prefetch_idx == (not gluon)
+    assert md.num_stages == (GLUON_STAGES if gluon else 4)
 
 
 @interpreter_only
@@ -212,18 +234,22 @@ def test_gpu_gluon_repeated_decodes_bit_identical(gluon_ok):
 @pytest.mark.parametrize("B,q_len,H,want", [(64, 1, 128, "gluon"), (128, 2, 128, "gluon"),
                                             (128, 1, 16, "small_h split"), (128, 1, 32, "small_h"),
                                             (64, 1, 16, "small_h split"),
-                                            (8, 1, 128, "plain"), (32, 2, 16, "small_h split")])
+                                            (8, 1, 128, "plain"), (32, 2, 16, "small_h split"),
+                                            (32, 1, 128, "gluon split"), (8, 2, 128, "gluon split"),
+                                            (32, 2, 64, "gluon split")])
 def test_gpu_default_plans(gluon_ok, B, q_len, H, want):
-    """Hopper defaults: H > 32 runs the 64-head Gluon kernel without a split and the plain
-    kernels with prefetched indices with one; H <= 32 the small-H Gluon kernel (H <= 16: its
-    one-warpgroup variant, 2 programs per SM)."""
+    """Hopper defaults: H > 32 runs the 64-head Gluon kernel without a split or with splits of
+    at least GLUON_MIN_SPLIT_BLOCKS blocks, and the plain kernels with prefetched indices on
+    shorter splits; H <= 32 the small-H Gluon kernel (H <= 16: its one-warpgroup variant, 2
+    programs per SM)."""
     md = plan_decode(B, q_len, H, 2048, "cuda")
-    if want == "gluon":
-        assert md.gluon and md.block_h == 64 and md.num_splits == 1
-        assert md.num_stages == GLUON_STAGES
+    if want.startswith("gluon"):
+        assert md.gluon and md.block_h == 64 and (md.num_splits > 1) == want.endswith("split")
+        assert md.num_stages == GLUON_STAGES and not md.prefetch_idx
+        assert md.num_splits == 1 or md.split_blocks >= GLUON_MIN_SPLIT_BLOCKS
     elif want.startswith("small_h"):
         assert md.gluon and md.transposed and md.block_h == max(16, H)
         assert (md.num_warps, md.num_stages) == ((4, GLUON_WG_STAGES) if H <= 16 else (8, GLUON_SMALL_H_STAGES))
         assert (md.num_splits > 1) == want.endswith("split")
     else:
-        assert not md.gluon and md.prefetch_idx and md.num_splits > 1
+        assert not md.gluon and md.prefetch_idx and md.num_splits > 1 and md.split_blocks < GLUON_MIN_SPLIT_BLOCKS

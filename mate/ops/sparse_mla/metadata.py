@@ -41,6 +41,12 @@ GLUON_SMALL_H_STAGES = 5
 # kernel; B=64 q1 4 splits 40.4 against 43.2; B=64 q2 2 splits 58.4 against 66.0; B=32 q2
 # 38.9 against 42.7). At 32 heads it spills (91.4 against 80.6).
 GLUON_WG_STAGES = 2
+# Split plans of H > 32 run the 64-head Gluon kernel from this many 64-key blocks per split,
+# the plain kernel with prefetched indices below (H200 2026-11-30, top-k 2048, interleaved,
+# plain / Gluon / FlashMLA in us: 16 blocks per split: B=32 q1 H=128 77.6 / 57.7 / 62.5, B=32 q2
+# H=64 79.3 / 57.6 / 74.3; 8 blocks: B=8 q2 H=128 43.9 / 38.6 / 38.6, B=32 q1 H=64 45.3 / 39.6 /
+# 46.4; 4 blocks: B=8 q1 H=128 28.7 / 31.4 / 26.3, B=8 q1 H=64 28.2 / 28.2, B=1 H=128 27.3 / 26.9).
+GLUON_MIN_SPLIT_BLOCKS = 8
 
 # SM count assumed when planning for a device that is not a GPU (the interpreter): small,
 # so that CPU tests exercise the split + combine path with a handful of programs.
@@ -216,8 +222,9 @@ def plan_decode(
     plans without a split run the Gluon kernel at 3 stages on 64-head tiles,
     H > 32 padded to 64-head tiles (B=64 q1 H=128: 89.7 us against 139.6 for the plain
     kernel; B=128 q2 H=128: 348.1; B=128 H=64: 92.3; FlashMLA in the same run 94.9 /
-    378.1 / 117.1); split plans of H > 32 run the plain kernels with prefetched
-    indices (B=8 H=128 split 8: 28.9 us, where the Gluon kernels took 32.2-32.6). H <= 32
+    378.1 / 117.1); split plans of H > 32 with fewer than ``GLUON_MIN_SPLIT_BLOCKS`` blocks
+    per split run the plain kernels with prefetched indices (B=8 H=128 split 8: 28.9 us, where
+    the Gluon kernels took 32.2-32.6), longer splits the Gluon kernel. H <= 32
     runs the small-H Gluon kernel, split or not (B=128 q1 H=16: 67.9 us against 87.1 for
     the 64-head kernel on padded heads and 102.4 for the plain transposed kernel; H=32:
     79.2 against 87.9; B=64 q1 H=16, 2 splits: 43.2 against 57.8; B=64 q2 H=16: 65.8
@@ -300,9 +307,9 @@ def plan_decode(
     num_splits = max(1, min(int(num_splits), n_blocks))
     split_blocks = -(-n_blocks // num_splits)
     num_splits = -(-n_blocks // split_blocks)  # no empty split
-    if auto_gluon and gluon and num_splits > 1:
-        # split schedules measured faster on the plain kernel with prefetched indices
-        # (the split count does not depend on the kernel: both run one program per SM)
+    if auto_gluon and gluon and num_splits > 1 and split_blocks < GLUON_MIN_SPLIT_BLOCKS:
+        # short splits measured faster on the plain kernel with prefetched indices (the
+        # split count does not depend on the kernel: both run one program per SM)
         gluon, prefetch_idx = False, True
         num_stages = 4 if user_stages is None else int(user_stages)
     if num_splits > 1:
