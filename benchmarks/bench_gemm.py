@@ -16,6 +16,7 @@ import torch
 
 from mate import gemm
 from mate.testing.bench import record, rotation_count, time_interleaved
+from mate.testing.inputs import moe_contiguous_operands
 
 FAMILY = "gemm"
 CEIL = "cublas_fp8_TFLOPs"
@@ -117,11 +118,7 @@ def _groupwise_rows(ceilings, m, n, k, dg, dg_note):
 
 def _grouped_rows(ceilings, G, rows_per_group, n, k, dg, dg_note):
     m = G * rows_per_group
-    a = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
-    sa = torch.rand(m, k // 128, device="cuda") * 0.01 + 0.001
-    b = torch.randn(G, n, k, device="cuda").to(torch.float8_e4m3fn)
-    sb = torch.rand(G, n // 128, k // 128, device="cuda") * 0.01 + 0.001
-    idx = torch.arange(G, device="cuda", dtype=torch.int32).repeat_interleave(rows_per_group)
+    a, sa, b, sb, idx = moe_contiguous_operands(G, rows_per_group, n, k)
     out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
     op = "group_deepgemm (contiguous)"
     cases = [_case("mate", lambda: gemm.group_deepgemm_fp8_nt_groupwise(a, b, sa, sb, idx, out=out), op=op)]

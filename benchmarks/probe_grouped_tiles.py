@@ -18,6 +18,7 @@ import torch
 from mate import gemm
 from mate.ops.gemm import tuning
 from mate.testing.bench import time_interleaved
+from mate.testing.inputs import moe_contiguous_operands
 from mate.testing.numeric import rel_error
 
 SHAPES = ((8, 1024, 4096, 7168), (32, 256, 7168, 2048), (16, 512, 4096, 7168), (64, 128, 7168, 2048),
@@ -37,11 +38,7 @@ def _forced_gluon(call):
 
 def _shape(G: int, rows: int, n: int, k: int, dg) -> str:
     m = G * rows
-    a = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
-    sa = torch.rand(m, k // 128, device="cuda") * 0.01 + 0.001
-    b = torch.randn(G, n, k, device="cuda").to(torch.float8_e4m3fn)
-    sb = torch.rand(G, n // 128, k // 128, device="cuda") * 0.01 + 0.001
-    idx = torch.arange(G, device="cuda", dtype=torch.int32).repeat_interleave(rows)
+    a, sa, b, sb, idx = moe_contiguous_operands(G, rows, n, k)
     outs = {name: torch.empty(m, n, dtype=torch.bfloat16, device="cuda") for name in ("auto", "gluon", "dg")}
 
     def call(o):

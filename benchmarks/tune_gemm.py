@@ -150,13 +150,10 @@ def sweep_grouped(G: int = 4, rows: int = 8192, n: int = 4096, k: int = 7168) ->
     from mate import gemm
     from mate.ops.gemm import tuning
     from mate.testing.bench import time_fn
+    from mate.testing.inputs import moe_contiguous_operands
 
     m = G * rows
-    a = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
-    sa = torch.rand(m, k // 128, device="cuda") * 0.01 + 0.001
-    b = torch.randn(G, n, k, device="cuda").to(torch.float8_e4m3fn)
-    sb = torch.rand(G, n // 128, k // 128, device="cuda") * 0.01 + 0.001
-    idx = torch.arange(G, device="cuda", dtype=torch.int32).repeat_interleave(rows)
+    a, sa, b, sb, idx = moe_contiguous_operands(G, rows, n, k)
     out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
     real = tuning.grouped_config
     res = {}

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["randn", "rand_fp8", "poisoned"]
+__all__ = ["randn", "rand_fp8", "poisoned", "moe_contiguous_operands"]
 
 
 def randn(shape: Sequence[int], dtype: torch.dtype = torch.bfloat16, device="cpu", scale: float = 1.0,
@@ -37,3 +37,18 @@ def poisoned(shape: Sequence[int], dtype: torch.dtype, device="cpu") -> torch.Te
     else:
         t.fill_(torch.iinfo(dtype).max)
     return t
+
+
+def moe_contiguous_operands(groups: int, rows_per_group: int, n: int, k: int, device="cuda"
+                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Benchmark inputs of the contiguous MoE GEMM: ``rows_per_group`` rows of each of
+    ``groups`` experts in order. Returns a [m, k] e4m3, a_scale [m, k/128], b [groups, n, k]
+    e4m3, b_scale [groups, n/128, k/128] (scales in [0.001, 0.011)) and the int32 expert of
+    each row, m = groups * rows_per_group."""
+    m = groups * rows_per_group
+    a = torch.randn(m, k, device=device).to(torch.float8_e4m3fn)
+    sa = torch.rand(m, k // 128, device=device) * 0.01 + 0.001
+    b = torch.randn(groups, n, k, device=device).to(torch.float8_e4m3fn)
+    sb = torch.rand(groups, -(-n // 128), k // 128, device=device) * 0.01 + 0.001
+    idx = torch.arange(groups, device=device, dtype=torch.int32).repeat_interleave(rows_per_group)
+    return a, sa, b, sb, idx

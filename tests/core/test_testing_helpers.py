@@ -153,3 +153,13 @@ def test_randn_and_rand_fp8():
     assert f.dtype == torch.float8_e4m3fn
     ff = f.float()
     assert torch.isfinite(ff).all() and ff.abs().max().item() == 448.0  # saturated, never NaN
+
+
+def test_moe_contiguous_operands():
+    from mate.testing.inputs import moe_contiguous_operands
+
+    a, sa, b, sb, idx = moe_contiguous_operands(3, 5, 200, 256, "cpu")
+    assert a.shape == (15, 256) and a.dtype == torch.float8_e4m3fn and sa.shape == (15, 2)
+    assert b.shape == (3, 200, 256) and b.dtype == torch.float8_e4m3fn and sb.shape == (3, 2, 2)
+    assert idx.dtype == torch.int32 and idx.tolist() == [0] * 5 + [1] * 5 + [2] * 5
+    assert bool(((sa >= 0.001) & (sa < 0.011)).all()) and bool(((sb >= 0.001) & (sb < 0.011)).all())
