@@ -341,6 +341,11 @@ def _scale_mode(scale_major_mode: str | None, a_scale: torch.Tensor, b_scale: to
     return scale_major_mode
 
 
+def _cublas_reads_scales_in_place(a_scale: torch.Tensor, b_scale: torch.Tensor, mode: str) -> bool:
+    a_mk, b_nk = (a_scale, b_scale) if mode == "K" else (a_scale.t(), b_scale.t())
+    return cublas.groupwise_scales_in_place(a_mk, b_nk.t())
+
+
 def _groupwise_impl(a, b, a_scale, b_scale, k_major, out, output_scale, backend):
     """Shared body of the groupwise op; scales read in place in either major mode."""
     m, k = a.shape
@@ -483,9 +488,8 @@ def gemm_fp8_nt_groupwise(
         dtype = _out_dtype(out_dtype, (torch.bfloat16, torch.float16), torch.bfloat16, out)
     out = _alloc_out(out, (m, n), dtype, device)
     reason = cublas.groupwise_cublas_reason(a, b, out)
-    a_mk, b_nk = (a_scale, b_scale) if mode == "K" else (a_scale.t(), b_scale.t())
     impl = _resolve_backend(backend, device, reason, lambda: tuning.groupwise_backend(
-        m, n, k, cublas.groupwise_scales_in_place(a_mk, b_nk.t())))
+        m, n, k, _cublas_reads_scales_in_place(a_scale, b_scale, mode)))
     if out.numel() == 0:
         return out
     _gemm_fp8_nt_groupwise_op(a, b, a_scale, b_scale, mode == "K", out, output_scale, impl)

@@ -81,3 +81,17 @@ def test_bmm_fp8_backend_and_cublas_rules():
     assert cublas.bmm_fp8_cublas_reason(A, B_col, o, per_tensor=True) is None
     assert "column-major" in cublas.bmm_fp8_cublas_reason(A, B_col.contiguous(), o, per_tensor=True)
     assert "channelwise" in cublas.bmm_fp8_cublas_reason(A, B_col, o, per_tensor=False)
+
+
+def test_scale_modes_map_to_cublas_layouts():
+    """gemm_fp8_nt_groupwise's view of the scales cuBLAS would get, in both major modes:
+    in place when the activation scale is M-major and the weight scale K-major."""
+    from mate.gemm import _cublas_reads_scales_in_place
+
+    m, kb, nb = 64, 4, 8
+    sa_m_major = torch.rand(kb, m)  # [kb, m]: "MN" mode as given, or its .t() view in "K" mode
+    sb_k_major = torch.rand(nb, kb)  # [nb, kb]: "K" mode as given, or its .t() view in "MN" mode
+    assert _cublas_reads_scales_in_place(sa_m_major.t(), sb_k_major, "K")
+    assert _cublas_reads_scales_in_place(sa_m_major, sb_k_major.t(), "MN")
+    assert not _cublas_reads_scales_in_place(torch.rand(m, kb), sb_k_major, "K")
+    assert not _cublas_reads_scales_in_place(sa_m_major, torch.rand(kb, nb), "MN")
