@@ -92,6 +92,12 @@ def test_reference_matches_float64_loop(causal, window, random_seed):
     ],
 )
 def test_varlen_dense_matches_reference(device, triton_backend, dtype, hq, hkv, d, causal, window, seqused):
+    check_varlen_dense(device, dtype, hq, hkv, d, causal, window, seqused)
+
+
+def check_varlen_dense(device, dtype, hq, hkv, d, causal, window, seqused):
+    """Three ragged requests (one empty, one with more queries than a 64-key tile) against the
+    reference, output and LSE."""
     g = torch.Generator().manual_seed(torch.seed() % 2**31)
     q_lens, k_lens = [5, 0, 70], [40, 9, 130]
     used = [33, 0, 127] if seqused else k_lens
@@ -109,6 +115,23 @@ def test_varlen_dense_matches_reference(device, triton_backend, dtype, hq, hkv, 
     atol, rtol = TOL[dtype]
     assert_close(o, ro, atol=atol, rtol=rtol)
     assert_close(lse, rl, name="lse", **LSE_TOL)
+
+
+@pytest.mark.parametrize("variant", [{"rows": 64, "split_loop": True}, {"rows": 128, "split_loop": True},
+                                     {"rows": 128, "split_loop": False}])
+def test_prefill_variants_match_reference(device, triton_backend, monkeypatch, variant):
+    """The prefill tilings of ``PREFILL_VARIANT``: 128-row programs, and key tiles every row
+    sees whole run without masks (causal, full, right and left windows, seqused_k, GQA; the
+    batched cache of flash_attn_with_kvcache)."""
+    from mate.ops.mha import attention
+
+    for key, value in variant.items():
+        monkeypatch.setitem(attention.PREFILL_VARIANT, key, value)
+    check_varlen_dense(device, torch.bfloat16, 8, 2, 64, True, (-1, -1), False)
+    check_varlen_dense(device, torch.float16, 4, 4, 128, False, (-1, -1), True)
+    check_varlen_dense(device, torch.float16, 2, 1, 64, False, (5, 3), True)
+    check_varlen_dense(device, torch.bfloat16, 6, 2, 32, True, (20, -1), False)
+    check_kvcache(device, paged=False, sq=70)
 
 
 @pytest.mark.parametrize("page_size", [16, 64, 128])
@@ -129,6 +152,11 @@ def test_varlen_paged_matches_reference(device, triton_backend, page_size):
 
 @pytest.mark.parametrize("paged,sq", [(False, 1), (True, 1), (True, 3)])
 def test_kvcache_matches_reference(device, triton_backend, paged, sq):
+    check_kvcache(device, paged, sq)
+
+
+def check_kvcache(device, paged, sq):
+    """Three requests of ``sq`` queries over a paged or batched cache, against the reference."""
     g = torch.Generator().manual_seed(torch.seed() % 2**31)
     b, hq, hkv, d, s_cache = 3, 16, 2, 64, 160
     lens = [160, 7, 65]
@@ -243,8 +271,15 @@ def test_kvcache_ragged_q(device, triton_backend):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("variant", [None, {"rows": 128, "split_loop": True}, {"rows": 64, "split_loop": True}])
 @pytest.mark.parametrize("causal,window", [(True, (-1, -1)), (False, (-1, -1)), (True, (300, -1))])
-def test_varlen_gpu_random_lengths(causal, window):
+def test_varlen_gpu_random_lengths(causal, window, variant, monkeypatch):
+    """Random ragged lengths with seqused_k at the M3 head shape, with the default prefill
+    tiling and the ``PREFILL_VARIANT`` ones (128-row programs, the unmasked key loop)."""
+    from mate.ops.mha import attention
+
+    for key, value in (variant or {}).items():
+        monkeypatch.setitem(attention.PREFILL_VARIANT, key, value)
     g = torch.Generator().manual_seed(torch.seed() % 2**31)
     q_lens = torch.randint(0, 700, (5,), generator=g).tolist()
     k_lens = [ql + int(torch.randint(0, 900, (1,), generator=g)) for ql in q_lens]

@@ -15,9 +15,56 @@ import triton.language as tl
 
 from mate._core.triton_helpers import INTERPRET, dot_operand, to_out_dtype
 
-__all__ = ["mha_tiling", "attention_triton", "mha_fwd_op"]
+__all__ = ["mha_tiling", "attention_triton", "mha_fwd_op", "PREFILL_VARIANT"]
 
 LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _attend_tile(
+    q, k_ptr, v_ptr, kb, vb, k_start, n0, hi, pos, rvalid, m_i, l_i, acc, qk_scale,
+    page_table_ptr, req, stride_pt, n_cols, num_pages, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt,
+    stride_vh, kvh, window_left, window_right, offs_d, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    PAGED: tl.constexpr, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+    KEY_MASK: tl.constexpr,
+):
+    """One BLOCK_N tile of keys into the online softmax (m_i, l_i, acc). Unmasked (MASKED
+    False): every key of the tile is inside the request and visible to every row."""
+    n = n0 + tl.arange(0, BLOCK_N)
+    nvalid = n < hi
+    if PAGED:
+        # keys past the table or in pages outside the cache are skipped, never read
+        nvalid = nvalid & (n // PAGE_SIZE < n_cols)
+        page = tl.load(page_table_ptr + req.to(tl.int64) * stride_pt + n // PAGE_SIZE, mask=nvalid, other=0)
+        nvalid = nvalid & (page >= 0) & (page < num_pages)
+        krow = page.to(tl.int64) * stride_kb + (n % PAGE_SIZE) * stride_kt + kvh * stride_kh
+        vrow = page.to(tl.int64) * stride_vb + (n % PAGE_SIZE) * stride_vt + kvh * stride_vh
+    else:
+        krow = kb + (k_start + n).to(tl.int64) * stride_kt
+        vrow = vb + (k_start + n).to(tl.int64) * stride_vt
+    if KEY_MASK:
+        kt = tl.load(k_ptr + krow[:, None] + offs_d[None, :], mask=nvalid[:, None], other=0.0)
+    else:
+        kt = tl.load(k_ptr + krow[:, None] + offs_d[None, :])
+    s = tl.dot(q, tl.trans(dot_operand(kt))) * qk_scale
+    if MASKED:
+        vis = nvalid[None, :] & rvalid[:, None]
+        if HAS_RIGHT:
+            vis = vis & (n[None, :] <= pos[:, None] + window_right)
+        if HAS_LEFT:
+            vis = vis & (n[None, :] >= pos[:, None] - window_left)
+        s = tl.where(vis, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(s - m_use[:, None])
+    alpha = tl.exp2(m_i - m_use)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    if KEY_MASK:
+        vt = tl.load(v_ptr + vrow[:, None] + offs_d[None, :], mask=nvalid[:, None], other=0.0)
+    else:
+        vt = tl.load(v_ptr + vrow[:, None] + offs_d[None, :])
+    acc = acc * alpha[:, None] + tl.dot(dot_operand(p.to(vt.dtype)), dot_operand(vt))
+    return m_new, l_i, acc
 
 
 @triton.jit
@@ -30,6 +77,7 @@ def _mha_fwd_kernel(
     TM: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
     PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, HAS_CU_K: tl.constexpr, HAS_SEQUSED: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SKIP_WHOLE: tl.constexpr = False,
+    SPLIT_LOOP: tl.constexpr = False,
 ):
     mblk = tl.program_id(0)
     req = tl.program_id(1)
@@ -73,38 +121,29 @@ def _mha_fwd_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    offs_n = tl.arange(0, BLOCK_N)
     kb = req.to(tl.int64) * stride_kb + kvh * stride_kh
     vb = req.to(tl.int64) * stride_vb + kvh * stride_vh
-    for n0 in range(lo, hi, BLOCK_N):
-        n = n0 + offs_n
-        nvalid = n < hi
-        if PAGED:
-            # keys past the table or in pages outside the cache are skipped, never read
-            nvalid = nvalid & (n // PAGE_SIZE < n_cols)
-            page = tl.load(page_table_ptr + req.to(tl.int64) * stride_pt + n // PAGE_SIZE, mask=nvalid, other=0)
-            nvalid = nvalid & (page >= 0) & (page < num_pages)
-            krow = page.to(tl.int64) * stride_kb + (n % PAGE_SIZE) * stride_kt + kvh * stride_kh
-            vrow = page.to(tl.int64) * stride_vb + (n % PAGE_SIZE) * stride_vt + kvh * stride_vh
-        else:
-            krow = kb + (k_start + n).to(tl.int64) * stride_kt
-            vrow = vb + (k_start + n).to(tl.int64) * stride_vt
-        kt = tl.load(k_ptr + krow[:, None] + offs_d[None, :], mask=nvalid[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(dot_operand(kt))) * qk_scale
-        vis = nvalid[None, :] & rvalid[:, None]
+    full_hi = lo
+    if SPLIT_LOOP and not PAGED and not HAS_LEFT:
+        # tiles that every valid row sees whole (below the earliest row's last visible key, all
+        # inside the request) run without masks; the rest take the masked loop below
         if HAS_RIGHT:
-            vis = vis & (n[None, :] <= pos[:, None] + window_right)
-        if HAS_LEFT:
-            vis = vis & (n[None, :] >= pos[:, None] - window_left)
-        s = tl.where(vis, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(s - m_use[:, None])
-        alpha = tl.exp2(m_i - m_use)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        vt = tl.load(v_ptr + vrow[:, None] + offs_d[None, :], mask=nvalid[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(dot_operand(p.to(vt.dtype)), dot_operand(vt))
-        m_i = m_new
+            end_row = tl.where(rvalid, pos + window_right + 1, k_len)
+        else:
+            end_row = tl.full([BLOCK_M], 0, dtype=tl.int32) + k_len
+        full_hi = tl.maximum(lo, (tl.minimum(tl.min(end_row, axis=0), k_len) // BLOCK_N) * BLOCK_N)
+        for n0 in range(lo, full_hi, BLOCK_N):
+            m_i, l_i, acc = _attend_tile(
+                q, k_ptr, v_ptr, kb, vb, k_start, n0, hi, pos, rvalid, m_i, l_i, acc, qk_scale,
+                page_table_ptr, req, stride_pt, n_cols, num_pages, stride_kb, stride_kt, stride_kh, stride_vb,
+                stride_vt, stride_vh, kvh, window_left, window_right, offs_d, BLOCK_N, PAGE_SIZE, PAGED, False,
+                False, False, False)
+    for n0 in range(full_hi, hi, BLOCK_N):
+        m_i, l_i, acc = _attend_tile(
+            q, k_ptr, v_ptr, kb, vb, k_start, n0, hi, pos, rvalid, m_i, l_i, acc, qk_scale,
+            page_table_ptr, req, stride_pt, n_cols, num_pages, stride_kb, stride_kt, stride_kh, stride_vb,
+            stride_vt, stride_vh, kvh, window_left, window_right, offs_d, BLOCK_N, PAGE_SIZE, PAGED, True,
+            HAS_LEFT, HAS_RIGHT, True)
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
     o = acc / l_safe[:, None]
@@ -114,19 +153,26 @@ def _mha_fwd_kernel(
     tl.store(lse_ptr + h.to(tl.int64) * stride_lh + t * stride_lt, lse, mask=rvalid)
 
 
-def mha_tiling(ratio: int, max_seqlen_q: int) -> tuple[int, int, int]:
+PREFILL_VARIANT = {"rows": 64, "split_loop": False}
+"""Prefill tiling of ``attention_triton`` (the benchmark times the others): ``rows`` query rows
+per program at most (64 or 128; 128 runs 8 warps, so two warpgroups share each key tile) and
+``split_loop`` (the key tiles every row of a program sees whole run without masks; ragged or
+batched K/V without a left window only). Not yet measured against the defaults on the GPU."""
+
+
+def mha_tiling(ratio: int, max_seqlen_q: int, max_rows: int = 64) -> tuple[int, int, int]:
     """(TM tokens per program, GP padded group, BLOCK_M rows)."""
     gp = triton.next_power_of_2(ratio)
-    tm = max(1, min(64 // gp if gp <= 64 else 1, triton.next_power_of_2(max(1, max_seqlen_q))))
+    tm = max(1, min(max_rows // gp if gp <= max_rows else 1, triton.next_power_of_2(max(1, max_seqlen_q))))
     return tm, gp, max(16, tm * gp)
 
 
 def mha_num_warps(block_m: int, head_dim: int) -> int:
-    """Warps of a program with ``block_m`` query rows. At d = 128 the 4-warp, 64-row build
-    spills 120 instructions for sm_90 and the 8-warp one none, yet 8 warps ran twice as long
-    on the H200 (``benchmarks/probe_mha_warps.py``, 2026-11-30, interleaved: 8 x 2048 causal
-    989.9 against 2045.9 us, one 16K sequence with the LSE 6495.4 against 13593.8; the 16-row
-    paged decode, at 4 warps in both, 888.9 / 887.7)."""
+    """Warps of a program with ``block_m`` query rows: 4 up to 64 rows (one warpgroup), else 8.
+    8 warps on 64 rows ran twice as long on the H200 (2026-11-30, interleaved, a probe that is
+    now ``benchmarks/probe_mha_prefill.py``: 8 x 2048 causal 989.9 against 2045.9 us, one 16K
+    sequence with the LSE 6495.4 against 13593.8; the 16-row paged decode 888.9 / 887.7). The
+    sm_90 builds are in ``benchmarks/compile_mha.py``."""
     return 4 if block_m <= 64 else 8
 
 
@@ -163,7 +209,7 @@ def attention_triton(
     batch = cu_seqlens_q.shape[0] - 1
     if total_q == 0 or batch == 0 or max_seqlen_q <= 0:
         return
-    tm, gp, block_m = mha_tiling(ratio, max_seqlen_q)
+    tm, gp, block_m = mha_tiling(ratio, max_seqlen_q, PREFILL_VARIANT["rows"])
     paged = page_table is not None
     if paged:
         skb, skt, skh = k.stride(0), k.stride(1), k.stride(2)
@@ -194,6 +240,7 @@ def attention_triton(
         HAS_CU_K=cu_seqlens_k is not None, HAS_SEQUSED=seqused_k is not None,
         HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0,
         SKIP_WHOLE=skip_whole and cu_seqlens_k is not None and seqused_k is None and not paged and not batched,
+        SPLIT_LOOP=bool(PREFILL_VARIANT["split_loop"]) and not paged and window_left < 0,
         num_warps=num_warps, num_stages=1 if INTERPRET else 2,
     )
 

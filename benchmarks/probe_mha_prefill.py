@@ -1,14 +1,16 @@
-"""Probe: warps per program of the mha Triton kernel (``mate.ops.mha.attention.mha_num_warps``).
+"""Probe: prefill tilings of the mha Triton kernel (``mate.ops.mha.attention.PREFILL_VARIANT``).
 
-At d = 128 the 64-row program with 4 warps compiles for sm_90 to 255 registers and 120 spill
-instructions; with 8 warps to 254 and none (two programs per SM against one). This times both
-on the H200, interleaved, for the Triton paths that run it: a ragged causal prefill (8 x 2048,
-32 heads) and one 16K sequence with the LSE (the SDPA path does not return one), plus the paged
-decode (16-row programs, left at 4 warps) as a control. H200, 2026-11-30 (us, 4 / 8 warps):
-8 x 2048 causal 989.9 / 2045.9, 16K causal + LSE 6495.4 / 13593.8, paged decode 888.9 / 887.7;
-4 warps stay.
+The Triton prefill ran 0.52x of cuDNN SDPA at 16K causal with the LSE (6530 against 3419 us,
+session 12) with 64-row, 4-warp programs that mask every key tile. This times, interleaved and
+checked against the default's output, 128-row programs (8 warps: two warpgroups share each key
+tile) and the split key loop (tiles every row of a program sees whole run without masks) on a
+ragged causal prefill (8 x 2048, 32 heads), one 16K sequence with the LSE (the path that does
+not go to SDPA) and the paged decode as a control (16-row programs: unchanged). Compiled for
+sm_90 (benchmarks/compile_mha.py): 64 rows 198 registers, split 221; 128 rows 254, split 234;
+no spills. (The same probe settled the warps of a 64-row program, session 12: 8 warps ran 2x
+slower than 4; see ``mha_num_warps``.)
 
-    python benchmarks/probe_mha_warps.py
+    python benchmarks/probe_mha_prefill.py
 """
 
 from __future__ import annotations
@@ -36,20 +38,25 @@ def main() -> None:
         "8 x 2048 causal": lambda: flash_attn_varlen_func(q, k, v, cu8, cu8, T // 8, T // 8, causal=True, out=out),
         "16K causal + LSE": lambda: flash_attn_varlen_func(q, k, v, cu1, cu1, T, T, causal=True, out=out,
                                                            return_softmax_lse=True),
+        "8 x 2048 full": lambda: flash_attn_varlen_func(q, k, v, cu8, cu8, T // 8, T // 8, out=out),
         "paged decode B=128 8K": lambda: flash_attn_with_kvcache(qd, kc, kc, cache_seqlens=lens, page_table=table),
     }
-    real = attention.mha_num_warps
-    variants = {"4 warps (default)": real, "8 warps at 64 rows": lambda bm, d: 8 if bm >= 64 else real(bm, d)}
-    ref = {name: fn() for name, fn in cases.items()}
+    default = dict(attention.PREFILL_VARIANT)
+    variants = {"64 rows (default)": default, "64 rows split": {**default, "split_loop": True},
+                "128 rows": {**default, "rows": 128}, "128 rows split": {"rows": 128, "split_loop": True}}
+    def snapshot(res):  # the calls write into one `out`: keep a copy of the default's result
+        return tuple(t.clone() for t in res) if isinstance(res, tuple) else res.clone()
+
+    ref = {name: snapshot(fn()) for name, fn in cases.items()}
     for name, fn in cases.items():
         fns = {}
-        for label, rule in variants.items():
-            def run(rule=rule, fn=fn):
-                attention.mha_num_warps = rule
+        for label, variant in variants.items():
+            def run(variant=variant, fn=fn):
+                attention.PREFILL_VARIANT.update(variant)
                 try:
                     return fn()
                 finally:
-                    attention.mha_num_warps = real
+                    attention.PREFILL_VARIANT.update(default)
             got = run()
             a, b = (got[0], ref[name][0]) if isinstance(got, tuple) else (got, ref[name])
             assert torch.allclose(a.float(), b.float(), atol=2e-2, rtol=2e-2), (name, label)
