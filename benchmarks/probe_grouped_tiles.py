@@ -51,6 +51,7 @@ def _shape(G: int, rows: int, n: int, k: int, dg) -> str:
     for f in cases.values():
         f()
     err = rel_error(outs["gluon"], outs["auto"])
+    assert err < 1e-2, f"forced Gluon against auto: rel error {err:.1e}"
     times = time_interleaved(cases, rounds=10, iters=100)
     tiles = -(-m // 128) * -(-n // 128)
     flops = 2.0 * m * n * k

@@ -31,19 +31,27 @@ def _shape(B: int, H: int) -> str:
     sets = bm._sets(B, 1, H, tokens)
     scale = 1 / math.sqrt(576)
     md = plan_decode(B, 1, H, bm.TOP_K, "cuda")
-    md1 = plan_decode(B, 1, H, bm.TOP_K, "cuda", num_splits=1)
+    # one split on the default's kernel (the plain kernel at these shapes) and on Gluon
+    md1 = plan_decode(B, 1, H, bm.TOP_K, "cuda", num_splits=1, gluon=md.gluon or None,
+                      prefetch_idx=None if md.gluon else True)
+    md1g = plan_decode(B, 1, H, bm.TOP_K, "cuda", num_splits=1)
     empty = [{**s, "idx": torch.full_like(s["idx"], -1)} for s in sets]
     cases = {
         f"default ({md.num_splits} splits, gluon={md.gluon})": [bm._mate_fn(s, kv, scale, md) for s in sets],
         "all ids -1": [bm._mate_fn(s, kv, scale, md) for s in empty],
-        "1 split": [bm._mate_fn(s, kv, scale, md1) for s in sets],
-        "1 split, all ids -1": [bm._mate_fn(s, kv, scale, md1) for s in empty],
+        f"1 split (gluon={md1.gluon})": [bm._mate_fn(s, kv, scale, md1) for s in sets],
+        f"1 split, all ids -1 (gluon={md1.gluon})": [bm._mate_fn(s, kv, scale, md1) for s in empty],
+        f"1 split (gluon={md1g.gluon})": [bm._mate_fn(s, kv, scale, md1g) for s in sets],
     }
     if md.num_splits > 1:
         lse = torch.empty(B, 1, H, device="cuda")
         cases["combine alone"] = [lambda s=s: launch_combine(md.partial_o, md.partial_lse, s["out"], lse, 1.0, H,
                                                              md.num_splits, B) for s in sets]
-    fm, note = bm._flashmla_case(sets, kv, {}, max(B, 8), H, scale)
+    cases[next(iter(cases))][0]()  # mate's output in sets[0]["out"], which FlashMLA's note compares against
+    try:
+        fm, note = bm._flashmla_case(sets, kv, {}, max(B, 8), H, scale)
+    except Exception as exc:  # flash_mla not importable
+        fm, note = [], f"FlashMLA: {type(exc).__name__}: {exc}"[:200]
     if fm:
         cases["FlashMLA"] = fm
     times = time_interleaved(cases, rounds=10, iters=100)

@@ -9,7 +9,6 @@ kernel, is not counted; gaps between the kernels of one replay still are.
 
 from __future__ import annotations
 
-import math
 import statistics
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -80,17 +79,26 @@ def time_fn(
 
 
 def interleave_order(names: Sequence[T], r: int) -> list[T]:
-    """Order of the cases in round ``r`` of ``time_interleaved``: starting at case r mod n and
-    stepping by a stride coprime to n that changes every round, so a case follows a different
-    case from round to round. (A plain rotation keeps each case behind the same one, and under
-    power-limited clocks the case behind a low-power one ran up to 8% faster than the same
-    cuBLAS call behind a high-power one.)"""
+    """Order of the cases in round ``r`` of ``time_interleaved``: row r of a Williams design
+    (a Latin square in which, over its n rows, each case directly follows every other case
+    once; for odd n the square and its mirror, 2n rows, twice). A plain rotation keeps each
+    case behind the same one, and under power-limited clocks the case behind a low-power
+    one ran up to 8% faster than the same cuBLAS call behind a high-power one."""
     n = len(names)
     if n == 0:
         return []
-    strides = [s for s in range(1, n) if math.gcd(s, n) == 1] or [1]
-    stride = strides[r % len(strides)]
-    return [names[(r + i * stride) % n] for i in range(n)]
+    base, lo, hi = [0], 1, n - 1
+    for j in range(1, n):
+        if j % 2:
+            base.append(lo)
+            lo += 1
+        else:
+            base.append(hi)
+            hi -= 1
+    rows = [[(b + i) % n for b in base] for i in range(n)]
+    if n % 2:
+        rows += [row[::-1] for row in rows]
+    return [names[i] for i in rows[r % len(rows)]]
 
 
 def time_interleaved(

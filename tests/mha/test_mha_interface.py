@@ -121,15 +121,16 @@ def check_varlen_dense(device, dtype, hq, hkv, d, causal, window, seqused):
                                      {"rows": 128, "split_loop": False}])
 def test_prefill_variants_match_reference(device, triton_backend, monkeypatch, variant):
     """The prefill tilings of ``PREFILL_VARIANT``: 128-row programs, and key tiles every row
-    sees whole run without masks (causal, full, right and left windows, seqused_k, GQA; the
-    batched cache of flash_attn_with_kvcache)."""
+    sees whole run without masks (causal, full and right-window attention, seqused_k, GQA, the
+    batched cache of flash_attn_with_kvcache; left windows keep the masked loop)."""
     from mate.ops.mha import attention
 
     for key, value in variant.items():
         monkeypatch.setitem(attention.PREFILL_VARIANT, key, value)
     check_varlen_dense(device, torch.bfloat16, 8, 2, 64, True, (-1, -1), False)
     check_varlen_dense(device, torch.float16, 4, 4, 128, False, (-1, -1), True)
-    check_varlen_dense(device, torch.float16, 2, 1, 64, False, (5, 3), True)
+    check_varlen_dense(device, torch.bfloat16, 4, 2, 64, False, (-1, 5), True)  # right window: split loop
+    check_varlen_dense(device, torch.float16, 2, 1, 64, False, (5, 3), True)  # left windows: masked loop only
     check_varlen_dense(device, torch.bfloat16, 6, 2, 32, True, (20, -1), False)
     check_kvcache(device, paged=False, sq=70)
 

@@ -190,8 +190,9 @@ GROUPWISE_OVERRIDES: dict[str, dict] = {
 # (128, 7168, 2048) 8.92 / 8.76 / 8.69 (64x64, 3 x 2: two programs per SM), (16, 24576, 1536)
 # 13.03 / 12.31 / 14.85 and (64, 24576, 1536) 13.85 / 13.24 / 14.36 (64x64, 2 x 2: three
 # programs per SM; M 17-32 takes the same, between the two), (16, 32768, 512) 7.91 / 7.62 / 8.05
-# (64x128, 2 x 2). Not adopted: (128, 32768, 512) 12.61 (cuBLAS) / 11.89 / 10.50 (auto runs
-# cuBLAS there, and 0.88x misses the bar too). (64, 7168, 2048) took it later, from three runs
+# (64x128, 2 x 2). Not adopted then: (128, 32768, 512) 12.61 (cuBLAS with a scale copy) / 11.89 /
+# 10.50 (since session 12 auto runs it there when cuBLAS would copy a scale, see
+# CUBLAS_NEEDS_IN_PLACE_SCALES). (64, 7168, 2048) took it later, from three runs
 # (7.88 / 7.87 / 7.12, 8.0 / 7.8 / 7.2 and 8.0 / 7.9 / 7.2; 64x64, 4 x 2). At K = 7168 it lost to the K-interleaved kernel ((64, 4096,
 # 7168) 14.65 against 12.63, (128, 2112, 7168) 13.84 against 11.71): one warpgroup's chain per K
 # block (wait, wgmma, wait, scale) is not hidden there.

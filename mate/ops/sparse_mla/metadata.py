@@ -93,8 +93,9 @@ class DecodeMetadata:
     gluon : bool
         Run the Gluon kernel (``decode_gluon.py``; 64 heads per program on Hopper, Q·Kᵀ
         split across the two warpgroups and issued ahead of P·V, cp.async gather ring)
-        instead of the plain-Triton one: the Hopper default for plans without a split,
-        forced with ``plan_decode(..., gluon=True)``. It needs
+        instead of the plain-Triton one: the Hopper default for H > 32 without a split or
+        with splits of at least ``GLUON_MIN_SPLIT_BLOCKS`` blocks, forced with
+        ``plan_decode(..., gluon=True)``. It needs
         ``block_h`` 64 (``ValueError`` otherwise) and a compute capability 9.x GPU
         (``NotImplementedError`` on another GPU); on a device that is not a GPU the
         interpreter cannot run Gluon and the plan falls back to the plain kernel (False).
