@@ -60,6 +60,10 @@ CONFIGS = {
     "plain 64x32 st4 kps4 MN": (0, 64, 32, 4, False, True, 4),
     "contig 128x192 st2 kps2 tma": (1, 128, 192, 2, True, False, 2),
     "contig 128x128 st2 kps2 tma": (1, 128, 128, 2, True, False, 2),
+    # the MASKED layout as G * max_m rows (opt-in, benchmarks/probe_masked_gluon.py)
+    "masked 128x192 st4 tma": (2, 128, 192, 4, True),
+    "masked 128x128 st5 tma": (2, 128, 128, 5, True),
+    "masked 64x128 st6": (2, 64, 128, 6),
 }
 # the K-interleaved kernel (groupwise_gluon_kint.py), MN-major scales, beside every candidate of
 # benchmarks/bench_gemm_smallm.py --kint (compiled twice: as launched there, and with M = 1, which
@@ -95,7 +99,7 @@ def compile_one(name, layout, bm, bn, stages, epi_tma=False, mn=False, kps=1, ou
            "c2_desc": c2_type, "as_ptr": "*fp32", "bs_ptr": "*fp32",
            "c_ptr": "*bf16", "idx_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "G": "i32",
            "stride_asm": "i32", "stride_ask": "i32", "stride_bsg": "i32", "stride_bsn": "i32", "stride_bsk": "i32",
-           "stride_cm": "i32"}
+           "stride_cm": "i32", "rows_per_group": "i32"}
     constexprs = {"LAYOUT": layout, "BLOCK_M": bm, "BLOCK_N": bn, "GROUP_M": 8, "STAGES": stages, "EPI_TMA": epi_tma,
                   "KPS": kps}
     # the launcher's pointers are 16-byte aligned; N, K and the strides of the benchmark shapes

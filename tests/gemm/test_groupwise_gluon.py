@@ -522,3 +522,72 @@ def test_kint_plain(name, m, n, k):
     out = poisoned((m, n), torch.bfloat16, "cuda")
     _kint(a, b, sa, sb, out, cfg, num_sms=3)
     assert_close(out, ref, max_rel_error=1e-2, name=f"{name} 3 programs")
+
+
+# the MASKED layout on the persistent kernel, as G * max_m rows (opt-in: no auto config yet)
+MASKED_CONFIGS = {
+    "masked 128x192 st4 tma": {"BLOCK_M": 128, "BLOCK_N": 192, "num_stages": 4, "EPI_TMA": True},
+    "masked 128x128 st5 tma": {"BLOCK_M": 128, "BLOCK_N": 128, "num_stages": 5, "EPI_TMA": True},
+    "masked 64x128 st6": {"BLOCK_M": 64, "BLOCK_N": 128, "num_stages": 6},
+}
+
+
+def _masked_operands(G, max_m, n, k, device):
+    a = rand_fp8((G, max_m, k), device=device, scale=2.0)
+    a_scale = torch.rand(G, max_m, k // 128, device=device) * 0.02 + 0.005
+    b = rand_fp8((G, n, k), device=device, scale=2.0)
+    b_scale = torch.rand(G, -(-n // 128), k // 128, device=device) * 0.02 + 0.005
+    return a, a_scale, b, b_scale
+
+
+def test_gluon_masked_supported():
+    """The persistent kernel takes a MASKED call when each group is whole row tiles and the
+    activation scales and output run group after group (no Hopper GPU needed)."""
+    from mate.ops.gemm.groupwise_gluon import gluon_masked_supported
+
+    a, a_scale, _, _ = _masked_operands(3, 256, 128, 256, "cpu")
+    out = torch.empty(3, 256, 128, dtype=torch.bfloat16)
+    k_major = tuple(a_scale.stride())
+    cfg = {"BLOCK_M": 128, "BLOCK_N": 128}
+    assert gluon_masked_supported(a, k_major, out, cfg)
+    assert gluon_masked_supported(a, k_major, out, {**cfg, "BLOCK_M": 64})
+    assert not gluon_masked_supported(a[:, :192], k_major, out[:, :192], cfg)  # 192 rows: not whole 128-row tiles
+    mn = torch.rand(3, 2, 256).transpose(1, 2)  # MN-major scales [G, max_m, kb] as a view
+    assert not gluon_masked_supported(a, tuple(mn.stride()), out, cfg)
+    assert not gluon_masked_supported(a, k_major, out.transpose(1, 2).contiguous().transpose(1, 2), cfg)
+    assert not gluon_masked_supported(a, k_major, out, {**cfg, "FLAT": True})
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="the Gluon kernel needs a Hopper GPU")
+@pytest.mark.parametrize("name", list(MASKED_CONFIGS))
+def test_gluon_masked(name):
+    """Each group's first masked_m rows against the reference, every row past it left as it
+    was (poisoned), and a CUDA graph replayed with new masked_m values."""
+    from mate.ops.gemm.groupwise import MASKED
+    from mate.ops.gemm.groupwise_gluon import groupwise_gemm_gluon
+    from mate.testing.graphs import capture_graph
+
+    G, max_m, n, k = 4, 256, 320, 384  # a partial 128-column block of weight scales
+    a, a_scale, b, b_scale = _masked_operands(G, max_m, n, k, "cuda")
+    cfg = {"GROUP_M": 8, **MASKED_CONFIGS[name]}
+    masked_m = torch.tensor([0, max_m, 37, 200], dtype=torch.int32, device="cuda")  # empty, full, partial tiles
+    out = poisoned((G, max_m, n), torch.bfloat16, "cuda")
+
+    def run():
+        groupwise_gemm_gluon(a, b, a_scale, tuple(a_scale.stride()), b_scale, tuple(b_scale.stride()), out,
+                             layout=MASKED, config=cfg, masked_m=masked_m)
+
+    def check():
+        ref = R.masked_ref(a, b, a_scale, b_scale, masked_m, torch.float32)
+        for g, cnt in enumerate(masked_m.tolist()):
+            assert_close(out[g, :cnt], ref[g, :cnt], name=f"{name} group {g}")
+            assert bool(torch.isnan(out[g, cnt:].float()).all()), f"{name}: group {g} rows past masked_m written"
+
+    run()
+    check()
+    graph = capture_graph(run)
+    masked_m.copy_(torch.tensor([max_m, 1, 128, 0], dtype=torch.int32))
+    out.copy_(poisoned((G, max_m, n), torch.bfloat16, "cuda"))
+    graph.replay()
+    check()

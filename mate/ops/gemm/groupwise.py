@@ -373,7 +373,7 @@ def groupwise_gemm_triton(
     ``"launch"``: a second kernel reduces), MMA_LAG (TMA kernel: scale each step's
     product during the next step, so a wgmma overlaps the scaling; default False), A_PTR
     (TMA kernel: A tiles by masked pointer loads, B by TMA; default False) and
-    GLUON (PLAIN/CONTIGUOUS layouts, bf16/fp16 output, on a Hopper GPU: the persistent
+    GLUON (bf16/fp16 output, on a Hopper GPU; MASKED when ``gluon_masked_supported``: the persistent
     warp-specialized kernel of ``groupwise_gluon.py`` with BLOCK_M, BLOCK_N, num_stages,
     GROUP_M, EPI_TMA and KPS (K blocks per ring stage); SPLIT_K is ignored; KINT: the
     K-interleaved small-M kernel of ``groupwise_gluon_kint.py``, which reads SPLIT_K and EAGER
@@ -387,13 +387,14 @@ def groupwise_gemm_triton(
     if M == 0 or N == 0 or out.numel() == 0:
         return
     out_fp8 = out.dtype == torch.float8_e4m3fn
-    if config.get("GLUON") and layout != MASKED and not out_fp8 and not interpreter_active():
-        from mate.ops.gemm.groupwise_gluon import gluon_supported, groupwise_gemm_gluon
+    if config.get("GLUON") and not out_fp8 and not interpreter_active():
+        from mate.ops.gemm.groupwise_gluon import gluon_masked_supported, gluon_supported, groupwise_gemm_gluon
 
-        if gluon_supported(a, b, out):
-            gluon_cfg = {**config, **config["GLUON"]} if isinstance(config["GLUON"], dict) else config
+        gluon_cfg = {**config, **config["GLUON"]} if isinstance(config["GLUON"], dict) else config
+        if gluon_supported(a, b, out) and (layout != MASKED or gluon_masked_supported(a, a_scale_strides, out,
+                                                                                        gluon_cfg)):
             groupwise_gemm_gluon(a, b, a_scale, a_scale_strides, b_scale, b_scale_strides, out, layout=layout,
-                                 config=gluon_cfg, m_indices=m_indices)
+                                 config=gluon_cfg, m_indices=m_indices, masked_m=masked_m)
             return
     use_tma = config.get("TMA", True) and _tma_ok(a) and _tma_ok(b)
     bm, bn = config["BLOCK_M"], config["BLOCK_N"]

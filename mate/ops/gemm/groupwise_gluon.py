@@ -1,8 +1,10 @@
 """Experimental Gluon kernel of the block-scaled FP8 GEMM for Hopper (sm_90), warp-specialized.
 
 Same problem as ``groupwise.py`` (1x128 activation scales, 128x128 weight scales, fp32
-accumulation, bf16/fp16 output) for the ``PLAIN`` and ``CONTIGUOUS`` (MoE) layouts, with
-the schedule DeepGEMM uses, which plain Triton cannot express on sm_90:
+accumulation, bf16/fp16 output) for the ``PLAIN`` and ``CONTIGUOUS`` (MoE) layouts and the
+``MASKED`` one run as G * max_m rows (``gluon_masked_supported``; opt-in through a config's
+``GLUON`` key, not yet measured), with the schedule DeepGEMM uses, which plain Triton cannot
+express on sm_90:
 
 * persistent programs (one per SM) walk the output tiles in grouped order;
 * a 1-warp producer partition issues the TMA loads of A [BLOCK_M, 128] and B [BLOCK_N, 128]
@@ -67,7 +69,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from mate.ops.gemm.groupwise import tile_coords
 
 __all__ = ["fp8_groupwise_gluon_kernel", "groupwise_gemm_gluon", "gluon_supported", "check_kps", "issue_stage",
-           "operand_desc", "plain_mnk", "scaled_stage", "GLUON_MAX_REGS"]
+           "operand_desc", "plain_mnk", "scaled_stage", "GLUON_MAX_REGS", "gluon_masked_supported"]
 
 BLOCK_K = gl.constexpr(128)
 GLUON_MAX_REGS = 168  # launch registers per thread: 3 warpgroups (4 + 4 + 1 warps) fit an SM
@@ -76,11 +78,15 @@ PRODUCER_REGS = gl.constexpr(40)
 
 
 @gluon.jit
-def _tile_expert(idx_ptr, pid_m, M, G, LAYOUT: gl.constexpr, BLOCK_M: gl.constexpr, IDX_L: gl.constexpr,
-                 FULL: gl.constexpr = False):
-    """The tile's expert (CONTIGUOUS: the largest m_indices < G of its rows), -1 for a tile to
-    skip (only padding rows and indices >= G); 0 for PLAIN. With ``FULL`` also whether
-    every row < M of the tile belongs to that expert (no padding row to leave unwritten)."""
+def _tile_expert(idx_ptr, pid_m, M, G, rows_per_group, LAYOUT: gl.constexpr, BLOCK_M: gl.constexpr,
+                 IDX_L: gl.constexpr, FULL: gl.constexpr = False):
+    """(expert, full, m_end) of a row tile. expert: the tile's expert (CONTIGUOUS: the largest
+    m_indices < G of its rows; MASKED: its group when its first row is below ``masked_m``),
+    -1 for a tile to skip; 0 for PLAIN. With ``FULL``, full: whether every row < M of the tile
+    belongs to that expert (no row to leave unwritten). m_end: the rows at or past it are not
+    the tile's to store (MASKED: the group's first row + masked_m, ``idx_ptr`` pointing at
+    masked_m and a group holding ``rows_per_group`` rows, a multiple of BLOCK_M; M elsewhere)."""
+    m_end = M
     if LAYOUT == 1:
         offs = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=IDX_L)
         idx = gl.load(idx_ptr + offs, mask=offs < M, other=-1)
@@ -90,10 +96,20 @@ def _tile_expert(idx_ptr, pid_m, M, G, LAYOUT: gl.constexpr, BLOCK_M: gl.constex
             full = gl.min(gl.where(offs < M, idx, expert), axis=0) == expert
         else:
             full = expert < 0
+    elif LAYOUT == 2:
+        row0 = pid_m * BLOCK_M
+        group = row0 // rows_per_group
+        # masked_m[group] in every lane (one address), capped at the group's rows
+        cnt = gl.load(idx_ptr + group + gl.zeros([BLOCK_M], gl.int32, IDX_L))
+        cnt = gl.minimum(gl.max(cnt, axis=0), rows_per_group)
+        start = row0 - group * rows_per_group
+        expert = gl.where(start < cnt, group, -1)
+        full = start + BLOCK_M <= cnt
+        m_end = group * rows_per_group + gl.maximum(cnt, 0)
     else:
         expert = pid_m * 0
         full = expert == 0
-    return expert, full
+    return expert, full, m_end
 
 
 def a_box_rows(m: int, block_m: int) -> int:
@@ -129,7 +145,7 @@ def issue_stage(a_desc, b_desc, a_bufs, b_bufs, bar, s, kb_lo, st, nkb, a_row, b
 
 @gluon.jit
 def _producer(a_desc, b_desc, b2_desc, idx_ptr, as_ptr, bs_ptr, a_bufs, b_bufs, b2_bufs, sa_bufs, sb_bufs, ready,
-              empty, M, N, K, G, stride_asm, stride_ask, stride_bsg, stride_bsn, stride_bsk,
+              empty, M, N, K, G, rows_per_group, stride_asm, stride_ask, stride_bsg, stride_bsn, stride_bsk,
               LAYOUT: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr,
               STAGES: gl.constexpr, WIDE: gl.constexpr, KPS: gl.constexpr):
     IDX_L: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
@@ -143,7 +159,7 @@ def _producer(a_desc, b_desc, b2_desc, idx_ptr, as_ptr, bs_ptr, a_bufs, b_bufs, 
     it = 0
     for t in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
         pid_m, pid_n = tile_coords(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-        expert, _ = _tile_expert(idx_ptr, pid_m, M, G, LAYOUT, BLOCK_M, IDX_L)
+        expert, _, _ = _tile_expert(idx_ptr, pid_m, M, G, rows_per_group, LAYOUT, BLOCK_M, IDX_L)
         if expert >= 0:
             a_row = pid_m * BLOCK_M
             b_row = expert * N + pid_n * BLOCK_N
@@ -383,8 +399,8 @@ def _wide_tile(a_bufs, b_bufs, b2_bufs, ready, empty, c_buf, c2_buf, c_desc, c2_
 
 @gluon.jit
 def _consumer(a_bufs, b_bufs, b2_bufs, sa_bufs, sb_bufs, c_bufs, c2_bufs, ready, empty, c_desc, c2_desc, as_ptr,
-              bs_ptr, c_ptr, idx_ptr, M, N, K, G, stride_asm, stride_ask, stride_bsg, stride_bsn, stride_bsk,
-              stride_cm, HALF: gl.constexpr, LAYOUT: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              bs_ptr, c_ptr, idx_ptr, M, N, K, G, rows_per_group, stride_asm, stride_ask, stride_bsg, stride_bsn,
+              stride_bsk, stride_cm, HALF: gl.constexpr, LAYOUT: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               GROUP_M: gl.constexpr, STAGES: gl.constexpr, SPLIT_N: gl.constexpr, WIDE: gl.constexpr,
               EPI_TMA: gl.constexpr, KPS: gl.constexpr):
     IDX_L: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
@@ -395,16 +411,18 @@ def _consumer(a_bufs, b_bufs, b2_bufs, sa_bufs, sb_bufs, c_bufs, c2_bufs, ready,
     it = 0
     for t in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
         pid_m, pid_n = tile_coords(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-        expert, full = _tile_expert(idx_ptr, pid_m, M, G, LAYOUT, BLOCK_M, IDX_L, EPI_TMA)
-        if expert >= 0:
+        expert, full, m_end = _tile_expert(idx_ptr, pid_m, M, G, rows_per_group, LAYOUT, BLOCK_M, IDX_L, EPI_TMA)
+        if LAYOUT != 2:
+            m_end = M
+        if expert >= 0:  # m_end as the tile's M: its rows at or past it are neither scaled nor stored
             if WIDE:
                 it = _wide_tile(a_bufs, b_bufs, b2_bufs, ready, empty, c_buf, c2_buf, c_desc, c2_desc, as_ptr, bs_ptr,
-                                c_ptr, idx_ptr, it, pid_m, pid_n, expert, full, M, N, K, stride_asm, stride_ask,
+                                c_ptr, idx_ptr, it, pid_m, pid_n, expert, full, m_end, N, K, stride_asm, stride_ask,
                                 stride_bsg, stride_bsn, stride_bsk, stride_cm, HALF, LAYOUT, BLOCK_M, BLOCK_N, STAGES,
                                 EPI_TMA, KPS)
             else:
                 it = _narrow_tile(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_buf, c_desc, as_ptr, bs_ptr, c_ptr,
-                                  idx_ptr, it, pid_m, pid_n, expert, full, M, N, K, stride_asm, stride_ask,
+                                  idx_ptr, it, pid_m, pid_n, expert, full, m_end, N, K, stride_asm, stride_ask,
                                   stride_bsg, stride_bsn, stride_bsk, stride_cm, HALF, LAYOUT, BLOCK_M, BLOCK_N,
                                   STAGES, SPLIT_N, EPI_TMA, KPS)
     if EPI_TMA:
@@ -415,7 +433,7 @@ def _consumer(a_bufs, b_bufs, b2_bufs, sa_bufs, sb_bufs, c_bufs, c2_bufs, ready,
 def fp8_groupwise_gluon_kernel(
     a_desc, b_desc, b2_desc, c_desc, c2_desc, as_ptr, bs_ptr, c_ptr, idx_ptr,
     M, N, K, G,
-    stride_asm, stride_ask, stride_bsg, stride_bsn, stride_bsk, stride_cm,
+    stride_asm, stride_ask, stride_bsg, stride_bsn, stride_bsk, stride_cm, rows_per_group,
     LAYOUT: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr,
     STAGES: gl.constexpr, EPI_TMA: gl.constexpr = False, KPS: gl.constexpr = 1,
 ):
@@ -462,15 +480,16 @@ def fp8_groupwise_gluon_kernel(
 
     gl.warp_specialize([
         (_consumer, (a_bufs, b_bufs, b2_bufs, sa_bufs, sb_bufs, c_bufs, c2_bufs, ready, empty, c_desc, c2_desc,
-                     as_ptr, bs_ptr, c_ptr, idx_ptr, M, N, K, G, stride_asm, stride_ask, stride_bsg, stride_bsn,
-                     stride_bsk, stride_cm, 0, LAYOUT, BLOCK_M, BLOCK_N, GROUP_M, STAGES, SPLIT_N, WIDE, EPI_TMA,
+                     as_ptr, bs_ptr, c_ptr, idx_ptr, M, N, K, G, rows_per_group, stride_asm, stride_ask,
+                     stride_bsg, stride_bsn, stride_bsk, stride_cm, 0, LAYOUT, BLOCK_M, BLOCK_N, GROUP_M, STAGES, SPLIT_N, WIDE, EPI_TMA,
                      KPS)),
         (_consumer, (a_bufs, b_bufs, b2_bufs, sa_bufs, sb_bufs, c_bufs, c2_bufs, ready, empty, c_desc, c2_desc,
-                     as_ptr, bs_ptr, c_ptr, idx_ptr, M, N, K, G, stride_asm, stride_ask, stride_bsg, stride_bsn,
-                     stride_bsk, stride_cm, 1, LAYOUT, BLOCK_M, BLOCK_N, GROUP_M, STAGES, SPLIT_N, WIDE, EPI_TMA,
+                     as_ptr, bs_ptr, c_ptr, idx_ptr, M, N, K, G, rows_per_group, stride_asm, stride_ask,
+                     stride_bsg, stride_bsn, stride_bsk, stride_cm, 1, LAYOUT, BLOCK_M, BLOCK_N, GROUP_M, STAGES, SPLIT_N, WIDE, EPI_TMA,
                      KPS)),
         (_producer, (a_desc, b_desc, b2_desc, idx_ptr, as_ptr, bs_ptr, a_bufs, b_bufs, b2_bufs, sa_bufs, sb_bufs,
-                     ready, empty, M, N, K, G, stride_asm, stride_ask, stride_bsg, stride_bsn, stride_bsk, LAYOUT,
+                     ready, empty, M, N, K, G, rows_per_group, stride_asm, stride_ask, stride_bsg, stride_bsn,
+                     stride_bsk, LAYOUT,
                      BLOCK_M, BLOCK_N, GROUP_M, STAGES, WIDE, KPS)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
@@ -525,9 +544,23 @@ def _out_desc(out: torch.Tensor, cols: int):
     return TensorDescriptor(out, list(out.shape), [out.stride(0), 1], [64, cols], layout)
 
 
+def gluon_masked_supported(a: torch.Tensor, a_scale_strides, out: torch.Tensor, config: dict) -> bool:
+    """Whether the persistent kernel takes a MASKED call as rows [G * max_m, K]: its config is
+    the warp-specialized one (not FLAT / KINT), each group's rows a whole number of row tiles,
+    and the activation scales and the output laid out group after group."""
+    G, max_m, _ = a.shape
+    bm = config.get("BLOCK_M", 0)
+    return (not config.get("FLAT") and not config.get("KINT") and bm in (64, 128) and max_m % bm == 0
+            and a_scale_strides[0] == max_m * a_scale_strides[1] and out.is_contiguous())
+
+
 def groupwise_gemm_gluon(a, b, a_scale, a_scale_strides, b_scale, b_scale_strides, out, *, layout: int,
-                         config: dict, m_indices: torch.Tensor | None = None, num_sms: int | None = None) -> None:
-    """Launches the Gluon kernel (``gluon_supported`` must hold; layout PLAIN or CONTIGUOUS).
+                         config: dict, m_indices: torch.Tensor | None = None, masked_m: torch.Tensor | None = None,
+                         num_sms: int | None = None) -> None:
+    """Launches the Gluon kernel (``gluon_supported`` must hold; layout PLAIN, CONTIGUOUS or
+    MASKED, the last with ``gluon_masked_supported``: a [G, max_m, K] and out [G, max_m, N]
+    run as G * max_m rows, the tiles past ``masked_m[g]`` of each group skipped and the rows
+    past it not written).
 
     ``config``: BLOCK_M (64: the two warpgroups split the columns, BLOCK_N 32, 64 or 128;
     128: they split the rows, BLOCK_N 16, 32, 64, 128 or 192), BLOCK_N, GROUP_M, num_stages
@@ -555,6 +588,13 @@ def groupwise_gemm_gluon(a, b, a_scale, a_scale_strides, b_scale, b_scale_stride
         groupwise_gemm_kint(a, b, a_scale, a_scale_strides, b_scale, b_scale_strides, out, config=config,
                             num_sms=num_sms)
         return
+    rows_per_group = 0
+    if layout == 2:  # MASKED: the groups' rows one after the other
+        if not gluon_masked_supported(a, a_scale_strides, out, config):
+            raise ValueError("this MASKED call does not fit the Gluon kernel (see gluon_masked_supported)")
+        rows_per_group = a.shape[1]
+        a = a.reshape(-1, a.shape[-1])
+        out = out.view(-1, out.shape[-1])
     M, K = a.shape
     N = b.shape[-2]
     G = b.shape[0] if b.dim() == 3 else 1
@@ -570,7 +610,7 @@ def groupwise_gemm_gluon(a, b, a_scale, a_scale_strides, b_scale, b_scale_stride
     if num_sms is None:
         num_sms = torch.cuda.get_device_properties(a.device).multi_processor_count
     grid = (max(1, min(num_sms, tiles)), )
-    idx = m_indices if m_indices is not None else out
+    idx = masked_m if layout == 2 else m_indices if m_indices is not None else out
     wide = bn > 128
     a_desc = operand_desc(a, a_box_rows(M, bm), M)
     b_desc = operand_desc(b, 128 if wide else bn, G * N)
@@ -580,7 +620,7 @@ def groupwise_gemm_gluon(a, b, a_scale, a_scale_strides, b_scale, b_scale_stride
     fp8_groupwise_gluon_kernel[grid](
         a_desc, b_desc, b2_desc, c_desc, c2_desc, a_scale, b_scale, out, idx,
         M, N, K, G,
-        a_scale_strides[1], a_scale_strides[2], *b_scale_strides, out.stride(-2),
+        a_scale_strides[1], a_scale_strides[2], *b_scale_strides, out.stride(-2), rows_per_group,
         LAYOUT=layout, BLOCK_M=bm, BLOCK_N=bn, GROUP_M=config.get("GROUP_M", 8),
         STAGES=config.get("num_stages", 4), EPI_TMA=epi_tma, KPS=kps, num_warps=4, maxnreg=GLUON_MAX_REGS,
     )
