@@ -16,7 +16,7 @@ import torch
 
 from mate import gemm
 from mate.testing.bench import record, rotation_count, time_interleaved
-from mate.testing.inputs import moe_contiguous_operands
+from mate.testing.inputs import moe_contiguous_operands, moe_masked_operands
 
 FAMILY = "gemm"
 CEIL = "cublas_fp8_TFLOPs"
@@ -135,15 +135,9 @@ def _grouped_rows(ceilings, G, rows_per_group, n, k, dg, dg_note):
 
 
 def _masked_rows(ceilings, G, max_m, expected_m, n, k, dg, dg_note):
-    a = torch.randn(G, max_m, k, device="cuda").to(torch.float8_e4m3fn)
-    sa = torch.rand(G, max_m, k // 128, device="cuda") * 0.01 + 0.001
-    b = torch.randn(G, n, k, device="cuda").to(torch.float8_e4m3fn)
-    sb = torch.rand(G, n // 128, k // 128, device="cuda") * 0.01 + 0.001
-    gen = torch.Generator(device="cpu").manual_seed(0)
-    counts = torch.randint(max(1, expected_m // 2), min(max_m, expected_m * 3 // 2) + 1, (G,), generator=gen)
-    masked_m = counts.to(torch.int32).cuda()
+    a, sa, b, sb, masked_m = moe_masked_operands(G, max_m, expected_m, n, k)
     out = torch.empty(G, max_m, n, dtype=torch.bfloat16, device="cuda")
-    flops = 2.0 * int(counts.sum()) * n * k  # valid rows only
+    flops = 2.0 * int(masked_m.sum()) * n * k  # valid rows only
     op = "batch_deepgemm (masked)"
     cases = [_case("mate", lambda: gemm.batch_deepgemm_fp8_nt_groupwise(a, b, sa, sb, masked_m, expected_m, out=out),
                    op=op)]

@@ -17,6 +17,7 @@ import torch
 from mate import gemm
 from mate.ops.gemm import tuning
 from mate.testing.bench import time_interleaved
+from mate.testing.inputs import moe_masked_operands
 from mate.testing.numeric import rel_error
 
 SHAPES = ((32, 256, 128, 4096, 7168), (64, 128, 64, 4096, 7168), (256, 64, 32, 4096, 7168))  # G, max_m, expected_m
@@ -42,13 +43,7 @@ def _with_gluon(call, overrides):
 
 
 def _shape(G, max_m, expected_m, n, k, dg) -> str:
-    a = torch.randn(G, max_m, k, device="cuda").to(torch.float8_e4m3fn)
-    sa = torch.rand(G, max_m, k // 128, device="cuda") * 0.01 + 0.001
-    b = torch.randn(G, n, k, device="cuda").to(torch.float8_e4m3fn)
-    sb = torch.rand(G, n // 128, k // 128, device="cuda") * 0.01 + 0.001
-    gen = torch.Generator(device="cpu").manual_seed(0)
-    counts = torch.randint(max(1, expected_m // 2), min(max_m, expected_m * 3 // 2) + 1, (G,), generator=gen)
-    masked_m = counts.to(torch.int32).cuda()
+    a, sa, b, sb, masked_m = moe_masked_operands(G, max_m, expected_m, n, k)
     outs = {name: torch.zeros(G, max_m, n, dtype=torch.bfloat16, device="cuda") for name in ["auto", *CONFIGS, "dg"]}
 
     def call(o):
@@ -68,18 +63,18 @@ def _shape(G, max_m, expected_m, n, k, dg) -> str:
     for name, err in errs.items():
         assert err < 1e-2, f"{name} against auto: rel error {err:.1e}"
     times = time_interleaved(cases, rounds=10, iters=100)
-    flops = 2.0 * int(counts.sum()) * n * k
+    flops = 2.0 * int(masked_m.sum()) * n * k
     line = "  ".join(f"{name} {t:7.1f} us {flops / t / 1e6:5.0f} TF" if isinstance(t, float) else f"{name} {t}"
                      for name, t in times.items())
     return f"G={G} max_m={max_m} expected_m={expected_m} N={n} K={k}: {line}"
 
 
 def main() -> None:
-    try:
-        import deep_gemm as dg
-    except Exception as exc:  # the peer is optional
-        dg = None
-        print(f"deep_gemm not importable: {type(exc).__name__}: {exc}"[:200])
+    from bench_gemm import _deep_gemm  # benchmarks/ is on the path when this runs as a script
+
+    dg, note = _deep_gemm()
+    if dg is None:
+        print(note)
     for shape in SHAPES:
         print(_shape(*shape, dg), flush=True)
 

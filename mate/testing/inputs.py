@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["randn", "rand_fp8", "poisoned", "moe_contiguous_operands"]
+__all__ = ["randn", "rand_fp8", "poisoned", "moe_contiguous_operands", "moe_masked_operands"]
 
 
 def randn(shape: Sequence[int], dtype: torch.dtype = torch.bfloat16, device="cpu", scale: float = 1.0,
@@ -52,3 +52,17 @@ def moe_contiguous_operands(groups: int, rows_per_group: int, n: int, k: int, de
     sb = torch.rand(groups, -(-n // 128), k // 128, device=device) * 0.01 + 0.001
     idx = torch.arange(groups, device=device, dtype=torch.int32).repeat_interleave(rows_per_group)
     return a, sa, b, sb, idx
+
+
+def moe_masked_operands(groups: int, max_m: int, expected_m: int, n: int, k: int, device="cuda"
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Benchmark inputs of the masked MoE GEMM: a [groups, max_m, k] e4m3, a_scale [groups,
+    max_m, k/128], b [groups, n, k] e4m3, b_scale [groups, n/128, k/128] and int32 masked_m,
+    each group's count drawn (seeded) from [expected_m / 2, 3 * expected_m / 2] within max_m."""
+    a = torch.randn(groups, max_m, k, device=device).to(torch.float8_e4m3fn)
+    sa = torch.rand(groups, max_m, k // 128, device=device) * 0.01 + 0.001
+    b = torch.randn(groups, n, k, device=device).to(torch.float8_e4m3fn)
+    sb = torch.rand(groups, -(-n // 128), k // 128, device=device) * 0.01 + 0.001
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    counts = torch.randint(max(1, expected_m // 2), min(max_m, expected_m * 3 // 2) + 1, (groups,), generator=gen)
+    return a, sa, b, sb, counts.to(torch.int32).to(device)

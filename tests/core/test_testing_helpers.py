@@ -163,3 +163,13 @@ def test_moe_contiguous_operands():
     assert b.shape == (3, 200, 256) and b.dtype == torch.float8_e4m3fn and sb.shape == (3, 2, 2)
     assert idx.dtype == torch.int32 and idx.tolist() == [0] * 5 + [1] * 5 + [2] * 5
     assert bool(((sa >= 0.001) & (sa < 0.011)).all()) and bool(((sb >= 0.001) & (sb < 0.011)).all())
+
+
+def test_moe_masked_operands():
+    from mate.testing.inputs import moe_masked_operands
+
+    a, sa, b, sb, masked_m = moe_masked_operands(3, 64, 32, 200, 256, "cpu")
+    assert a.shape == (3, 64, 256) and a.dtype == torch.float8_e4m3fn and sa.shape == (3, 64, 2)
+    assert b.shape == (3, 200, 256) and sb.shape == (3, 2, 2) and masked_m.dtype == torch.int32
+    assert bool(((masked_m >= 16) & (masked_m <= 48)).all())
+    assert torch.equal(masked_m, moe_masked_operands(3, 64, 32, 200, 256, "cpu")[4])  # seeded
