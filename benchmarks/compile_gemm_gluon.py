@@ -60,7 +60,7 @@ CONFIGS = {
     "plain 64x32 st4 kps4 MN": (0, 64, 32, 4, False, True, 4),
     "contig 128x192 st2 kps2 tma": (1, 128, 192, 2, True, False, 2),
     "contig 128x128 st2 kps2 tma": (1, 128, 128, 2, True, False, 2),
-    # the MASKED layout as G * max_m rows (opt-in, benchmarks/probe_masked_gluon.py)
+    # the MASKED layout as G * max_m rows (opt-in, benchmarks/probe_moe_gluon.py)
     "masked 128x192 st4 tma": (2, 128, 192, 4, True),
     "masked 128x128 st5 tma": (2, 128, 128, 5, True),
     "masked 64x128 st6": (2, 64, 128, 6),

@@ -20,7 +20,7 @@ from mate.testing.graphs import capture_graph
 
 T = TypeVar("T")
 
-__all__ = ["time_fn", "time_interleaved", "measure_ceilings", "rotation_count", "record", "progress"]
+__all__ = ["time_fn", "time_interleaved", "measure_ceilings", "rotation_count", "record", "progress", "times_line"]
 
 L2_BYTES = 60 * (1 << 20)
 SPIN_CYCLES = 100_000  # ~50 us at the H200's clock: longer than a graph launch from the host
@@ -141,6 +141,13 @@ def time_interleaved(
     for name in names:
         result[name] = statistics.median(times[name])
     return {name: result[name] for name in cases}
+
+
+def times_line(times: Mapping[str, float | Exception], flops: float) -> str:
+    """One line of ``time_interleaved``'s results for a probe: each case's time (us) and
+    TFLOP/s, or its error."""
+    return "  ".join(f"{name} {t:.1f} us {flops / t / 1e6:.0f} TF" if isinstance(t, float) else f"{name} {t}"
+                     for name, t in times.items())
 
 
 def measure_ceilings() -> dict[str, float]:

@@ -141,3 +141,10 @@ def test_logging_under_cuda_graph_capture(run_py, tmp_path):
     assert "logging failed" not in log
     dirs = [p.name for p in (tmp_path / "d").iterdir() if p.is_dir()]
     assert len(dirs) == 1 and dirs[0].endswith("_scale_rows_call0001")
+
+
+def test_times_line():
+    from mate.testing.bench import times_line
+
+    line = times_line({"a": 10.0, "b": RuntimeError("no peer")}, flops=2e7)
+    assert line == "a 10.0 us 2 TF  b no peer"

@@ -1,0 +1,129 @@
+"""Probe: the persistent Gluon GEMM on the MoE layouts off the bar shapes.
+
+Contiguous layout: from how many output tiles it should run the Gluon kernel
+(``tuning.GLUON_GROUPED_MIN_TILES``, 4096 128x128 tiles, set from the 4 x 8192 shape and a
+plain GEMM of 528 tiles where Gluon lost). The session-12 benchmark ran the shapes under the
+threshold on the Triton kernel at 0.61-0.63x DeepGEMM (8 x 1024 rows, N=4096, K=7168: 594.7
+against 363.3 us; 32 x 256 rows, N=7168, K=2048: 355.4 against 222.3). Timed: auto, the Gluon
+kernel forced (threshold 0), DeepGEMM; the forced kernel checked against auto's output.
+
+Masked layout: the Gluon kernel on the G x max_m rows (``gluon_masked_supported``, opt-in)
+against auto's Triton kernel (0.64x DeepGEMM with 32 experts x max_m 256 at expected_m 128,
+517.1 against 330.8 us; 0.98x on the 64 x 128 bar shape) and DeepGEMM, each Gluon config
+checked against auto on the valid rows.
+
+    python benchmarks/probe_moe_gluon.py
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mate import gemm
+from mate.ops.gemm import tuning
+from mate.testing.bench import time_interleaved, times_line
+from mate.testing.inputs import moe_contiguous_operands, moe_masked_operands
+from mate.testing.numeric import rel_error
+
+GROUPED_SHAPES = ((8, 1024, 4096, 7168), (32, 256, 7168, 2048), (16, 512, 4096, 7168), (64, 128, 7168, 2048),
+                  (4, 1024, 4096, 7168), (4, 8192, 4096, 7168))
+
+
+def _forced_gluon(call):
+    def run():
+        before = tuning.GLUON_GROUPED_MIN_TILES
+        tuning.GLUON_GROUPED_MIN_TILES = 0
+        try:
+            call()
+        finally:
+            tuning.GLUON_GROUPED_MIN_TILES = before
+    return run
+
+
+def _grouped_shape(G: int, rows: int, n: int, k: int, dg) -> str:
+    m = G * rows
+    a, sa, b, sb, idx = moe_contiguous_operands(G, rows, n, k)
+    outs = {name: torch.empty(m, n, dtype=torch.bfloat16, device="cuda") for name in ("auto", "gluon", "dg")}
+
+    def call(o):
+        return lambda: gemm.group_deepgemm_fp8_nt_groupwise(a, b, sa, sb, idx, out=o)
+
+    cases = {"auto": call(outs["auto"]), "gluon forced": _forced_gluon(call(outs["gluon"]))}
+    if dg is not None:
+        sa_dg = dg.get_mn_major_tma_aligned_tensor(sa)
+        cases["deepgemm"] = lambda: dg.m_grouped_fp8_gemm_nt_contiguous((a, sa_dg), (b, sb), outs["dg"], idx)
+    for f in cases.values():
+        f()
+    err = rel_error(outs["gluon"], outs["auto"])
+    assert err < 1e-2, f"forced Gluon against auto: rel error {err:.1e}"
+    times = time_interleaved(cases, rounds=10, iters=100)
+    tiles = -(-m // 128) * -(-n // 128)
+    flops = 2.0 * m * n * k
+    line = times_line(times, flops)
+    return f"G={G:3d} x {rows:5d} rows N={n} K={k} ({tiles:5d} tiles)  {line}  gluon vs auto rel {err:.1e}"
+
+
+# (G, max_m, expected_m, N, K)
+MASKED_SHAPES = ((32, 256, 128, 4096, 7168), (64, 128, 64, 4096, 7168), (256, 64, 32, 4096, 7168))
+MASKED_CONFIGS = {
+    "gluon 128x192 st4 tma": {"BLOCK_M": 128, "BLOCK_N": 192, "num_stages": 4, "EPI_TMA": True},
+    "gluon 128x128 st5 tma": {"BLOCK_M": 128, "BLOCK_N": 128, "num_stages": 5, "EPI_TMA": True},
+    "gluon 64x128 st6": {"BLOCK_M": 64, "BLOCK_N": 128, "num_stages": 6},
+}
+
+
+def _with_gluon(call, overrides):
+    def run():
+        real = tuning.masked_config
+
+        def config(expected_m, n, k):
+            return {**real(expected_m, n, k), "GLUON": overrides}
+        tuning.masked_config = config
+        try:
+            call()
+        finally:
+            tuning.masked_config = real
+    return run
+
+
+def _masked_shape(G, max_m, expected_m, n, k, dg) -> str:
+    a, sa, b, sb, masked_m = moe_masked_operands(G, max_m, expected_m, n, k)
+    outs = {name: torch.zeros(G, max_m, n, dtype=torch.bfloat16, device="cuda")
+            for name in ["auto", *MASKED_CONFIGS, "dg"]}
+
+    def call(o):
+        return lambda: gemm.batch_deepgemm_fp8_nt_groupwise(a, b, sa, sb, masked_m, expected_m, out=o)
+
+    cases = {"auto": call(outs["auto"])}
+    for name, cfg in MASKED_CONFIGS.items():
+        cases[name] = _with_gluon(call(outs[name]), cfg)
+    if dg is not None:
+        sa_dg = dg.get_mn_major_tma_aligned_tensor(sa)
+        cases["deepgemm"] = lambda: dg.m_grouped_fp8_gemm_nt_masked((a, sa_dg), (b, sb), outs["dg"], masked_m,
+                                                                     expected_m)
+    for f in cases.values():
+        f()
+    valid = torch.arange(max_m, device="cuda")[None, :] < masked_m[:, None]
+    errs = {name: rel_error(outs[name][valid], outs["auto"][valid]) for name in MASKED_CONFIGS}
+    for name, err in errs.items():
+        assert err < 1e-2, f"{name} against auto: rel error {err:.1e}"
+    times = time_interleaved(cases, rounds=10, iters=100)
+    flops = 2.0 * int(masked_m.sum()) * n * k
+    line = times_line(times, flops)
+    return f"G={G} max_m={max_m} expected_m={expected_m} N={n} K={k}: {line}"
+
+
+def main() -> None:
+    from bench_gemm import _deep_gemm  # benchmarks/ is on the path when this runs as a script
+
+    dg, note = _deep_gemm()
+    if dg is None:
+        print(note)
+    for shape in GROUPED_SHAPES:
+        print(_grouped_shape(*shape, dg), flush=True)
+    for shape in MASKED_SHAPES:
+        print(_masked_shape(*shape, dg), flush=True)
+
+
+if __name__ == "__main__":
+    main()
