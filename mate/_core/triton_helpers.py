@@ -24,6 +24,7 @@ __all__ = [
     "to_bf16",
     "to_out_dtype",
     "dot_operand",
+    "finish_softmax",
     "cdiv",
     "next_power_of_2",
 ]
@@ -108,3 +109,13 @@ def dot_operand(x):
             return x
     else:
         return x
+
+
+@triton.jit
+def finish_softmax(m_i, l_i):
+    """(denominator safe to divide by, natural-log LSE; -inf for rows that saw no key) of an
+    exp2-domain online softmax with running max ``m_i`` and sum ``l_i``."""
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(l_safe)) * 0.6931471805599453)
+    return l_safe, lse

@@ -1,13 +1,13 @@
 """Pieces shared by the MSA attention kernels (prefill/heads-on-M and transposed decode):
-the visible key range of a query, a program's slice of the selected-block list, and the
-final log-sum-exp of the exp2-domain online softmax. Inlined by Triton."""
+the visible key range of a query and a program's slice of the selected-block list (the
+softmax's finish is ``mate._core.triton_helpers.finish_softmax``). Inlined by Triton."""
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-__all__ = ["finish_softmax", "split_entries", "visible_limit"]
+__all__ = ["split_entries", "visible_limit"]
 
 
 @triton.jit
@@ -30,13 +30,3 @@ def split_entries(cnt, split, NUM_SPLITS: tl.constexpr):
         e0 = split * chunk
         e1 = tl.minimum(cnt, e0 + chunk)
     return e0, e1
-
-
-@triton.jit
-def finish_softmax(m_i, l_i):
-    """(denominator safe to divide by, natural-log LSE; -inf for rows that saw no key) of an
-    exp2-domain online softmax with running max ``m_i`` and sum ``l_i``."""
-    empty = l_i == 0.0
-    l_safe = tl.where(empty, 1.0, l_i)
-    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(l_safe)) * 0.6931471805599453)
-    return l_safe, lse

@@ -25,9 +25,9 @@ import torch
 import triton
 import triton.language as tl
 
-from mate._core.triton_helpers import INTERPRET, dot_operand, to_out_dtype
+from mate._core.triton_helpers import INTERPRET, dot_operand, finish_softmax, to_out_dtype
 from mate.ops.msa import sparse_decode as _sd
-from mate.ops.msa.softmax_helpers import finish_softmax, split_entries, visible_limit
+from mate.ops.msa.softmax_helpers import split_entries, visible_limit
 
 __all__ = ["SparseTiling", "sparse_attention", "sparse_attention_triton", "sparse_tiling", "workspace_numel",
            "resolve_num_splits"]

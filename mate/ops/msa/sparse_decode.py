@@ -22,8 +22,8 @@ import triton
 import triton.language as tl
 
 from mate._core.hopper import REGS_PER_SM, SMEM_PER_SM, SMEM_RESERVED_PER_PROGRAM
-from mate._core.triton_helpers import INTERPRET, dot_operand, to_out_dtype
-from mate.ops.msa.softmax_helpers import finish_softmax, split_entries, visible_limit
+from mate._core.triton_helpers import INTERPRET, dot_operand, finish_softmax, to_out_dtype
+from mate.ops.msa.softmax_helpers import split_entries, visible_limit
 
 __all__ = ["DECODE_VARIANT", "msa_decode_t_kernel", "decode_t_heads", "t_config", "t_constexprs",
            "t_programs_per_sm", "token_block_list"]
