@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from mate._core.triton_helpers import INTERPRET, dot_operand, finish_softmax, to_out_dtype
+from mate._core.triton_helpers import INTERPRET, dot_operand, to_out_dtype
 
 __all__ = ["mha_tiling", "attention_triton", "mha_fwd_op", "PREFILL_VARIANT"]
 
@@ -144,10 +144,12 @@ def _mha_fwd_kernel(
             page_table_ptr, req, stride_pt, n_cols, num_pages, stride_kb, stride_kt, stride_kh, stride_vb,
             stride_vt, stride_vh, kvh, window_left, window_right, offs_d, BLOCK_N, PAGE_SIZE, PAGED, True,
             HAS_LEFT, HAS_RIGHT, True)
-    l_safe, lse = finish_softmax(m_i, l_i)
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
     o = acc / l_safe[:, None]
     tl.store(o_ptr + t[:, None] * stride_ot + h[:, None] * stride_oh + offs_d[None, :],
              to_out_dtype(o, o_ptr.dtype.element_ty), mask=rvalid[:, None])
+    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(l_safe)) * 0.6931471805599453)
     tl.store(lse_ptr + h.to(tl.int64) * stride_lh + t * stride_lt, lse, mask=rvalid)
 
 
