@@ -111,12 +111,25 @@ def _sdpa_device(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
-def _sdpa_single_sequence(q, k, v, out, softmax_scale, causal) -> None:
-    """One dense sequence through torch's fused attention ([T, H, D] views, GQA native)."""
+SDPA_WITH_LSE = False
+"""Opt-in, not yet measured: a single dense sequence that returns the LSE (same heads for q
+and k/v) runs aten's cuDNN attention, which returns it, instead of the Triton kernel (0.52x
+of cuDNN at 16K causal, session 12); ``benchmarks/probe_sdpa_lse.py`` checks its LSE."""
+
+
+def _sdpa_single_sequence(q, k, v, out, softmax_scale, causal, lse=None) -> None:
+    """One dense sequence through torch's fused attention ([T, H, D] views, GQA native);
+    with ``lse`` ([H, T] fp32) aten's cuDNN attention, which also returns the natural-log LSE."""
     import torch.nn.functional as F
 
-    o = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
-                                       v.transpose(0, 1).unsqueeze(0), is_causal=causal, scale=softmax_scale,
+    qh, kh, vh = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))
+    if lse is not None:
+        res = torch.ops.aten._scaled_dot_product_cudnn_attention(qh, kh, vh, None, True, 0.0, causal, False,
+                                                                 scale=softmax_scale)
+        out.copy_(res[0][0].transpose(0, 1))
+        lse.copy_(res[1].reshape(lse.shape))
+        return
+    o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=causal, scale=softmax_scale,
                                        enable_gqa=k.shape[1] != q.shape[1])
     out.copy_(o[0].transpose(0, 1))
 
@@ -294,14 +307,15 @@ def flash_attn_varlen_func(
                                 contiguous=False, last_dim_contiguous=True)
     scale = d ** -0.5 if softmax_scale is None else checks.check_python_float("softmax_scale", softmax_scale)
     backend_used = select_backend(device, backend)
+    with_lse = bool(return_softmax_lse) and SDPA_WITH_LSE and k.shape[1] == hq
     single = (backend_used == "triton" and _sdpa_device(device) and not paged and seqused_k is None
-              and cu_seqlens_k is not None and batch == 1 and not return_softmax_lse and left < 0
+              and cu_seqlens_k is not None and batch == 1 and (not return_softmax_lse or with_lse) and left < 0
               and (right < 0 or causal) and max_seqlen_q == total_q and (not causal or k.shape[0] == total_q))
+    lse = torch.empty(hq, total_q, dtype=torch.float32, device=device)
     if single:
         # one dense sequence spanning the tensors: torch's fused (cuDNN / flash) attention; the
         # kernel below then recomputes the request only if cu_seqlens say it spans less
-        _sdpa_single_sequence(q, k, v, out, scale, causal)
-    lse = torch.empty(hq, total_q, dtype=torch.float32, device=device)
+        _sdpa_single_sequence(q, k, v, out, scale, causal, lse if with_lse else None)
     _run(q, k, v, out, lse, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, cu_seqlens_k=cu_seqlens_k,
          seqused_k=seqused_k, page_table=page_table, batched=False, softmax_scale=scale, window=(left, right),
          backend=backend, skip_whole=single)

@@ -330,6 +330,38 @@ def test_single_sequence_sdpa_path_gpu():
     assert_close(o, ro, atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [True, False])
+def test_single_sequence_sdpa_lse_gpu(causal, monkeypatch):
+    """``SDPA_WITH_LSE`` (opt-in): one dense sequence asking for the LSE goes to aten's cuDNN
+    attention, output and LSE equal to the reference; with cu_seqlens_k covering less than k
+    the kernel after it recomputes both."""
+    from mate import mha_interface
+
+    monkeypatch.setattr(mha_interface, "SDPA_WITH_LSE", True)
+    calls = []
+    real = mha_interface._sdpa_single_sequence
+    monkeypatch.setattr(mha_interface, "_sdpa_single_sequence",
+                        lambda *args: calls.append(args[-1] is not None) or real(*args))
+    g = torch.Generator().manual_seed(torch.seed() % 2**31)
+    T, h, d = 1000, 16, 128
+    q = torch.randn(T, h, d, generator=g).to(torch.bfloat16).cuda()
+    k = torch.randn(T + 24, h, d, generator=g).to(torch.bfloat16).cuda()
+    v = torch.randn_like(k)
+    parts = [(0, T)] if causal else [(0, T + 24), (10, T)]  # causal: the path needs k as long as q
+    for k0, k1 in parts:
+        cu_k = torch.tensor([k0, k1], dtype=torch.int32, device="cuda")
+        out = poisoned((T, h, d), torch.bfloat16, "cuda")
+        kk, vv = (k[:T], v[:T]) if causal else (k, v)
+        o, lse = flash_attn_varlen_func(q, kk, vv, cu([T], "cuda"), cu_k, T, k1 - k0, causal=causal, out=out,
+                                        return_softmax_lse=True)
+        ro, rl = attention_varlen_reference(q.cpu(), k[k0:k1].cpu(), v[k0:k1].cpu(), cu([T], "cpu"), [k1 - k0],
+                                            causal=causal)
+        assert_close(o, ro, atol=2e-2, rtol=2e-2, name=f"out, keys [{k0}, {k1})")
+        assert_close(lse, rl, name=f"lse, keys [{k0}, {k1})", **LSE_TOL)
+    assert calls and all(calls)
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_single_sequence_path_follows_cu_seqlens(causal, triton_backend, monkeypatch):
     """One request handed to torch's fused attention: the kernel after it leaves the result
