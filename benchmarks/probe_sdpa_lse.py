@@ -4,7 +4,8 @@
 cuDNN SDPA at 16K causal (6530 against 3419 us, session 12), because the public SDPA call
 returns no LSE. ``torch.ops.aten._scaled_dot_product_cudnn_attention`` returns one
 (``compute_log_sumexp=True``). This checks its output and LSE against mate's Triton path
-(shape, layout, natural log, GQA) and times both, interleaved.
+(shape, layout, natural log, GQA) and times both, interleaved; ``mha_interface.SDPA_WITH_LSE``
+(opt-in) routes the call there once this confirms it.
 
     python benchmarks/probe_sdpa_lse.py
 """
