@@ -400,8 +400,8 @@ def _wide_tile(a_bufs, b_bufs, b2_bufs, ready, empty, c_buf, c2_buf, c_desc, c2_
 @gluon.jit
 def _consumer(a_bufs, b_bufs, b2_bufs, sa_bufs, sb_bufs, c_bufs, c2_bufs, ready, empty, c_desc, c2_desc, as_ptr,
               bs_ptr, c_ptr, idx_ptr, M, N, K, G, rows_per_group, stride_asm, stride_ask, stride_bsg, stride_bsn,
-              stride_bsk, stride_cm, HALF: gl.constexpr, LAYOUT: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              GROUP_M: gl.constexpr, STAGES: gl.constexpr, SPLIT_N: gl.constexpr, WIDE: gl.constexpr,
+              stride_bsk, stride_cm, HALF: gl.constexpr, LAYOUT: gl.constexpr, BLOCK_M: gl.constexpr,
+              BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, SPLIT_N: gl.constexpr, WIDE: gl.constexpr,
               EPI_TMA: gl.constexpr, KPS: gl.constexpr):
     IDX_L: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     num_pid_m = gl.cdiv(M, BLOCK_M)
@@ -412,8 +412,6 @@ def _consumer(a_bufs, b_bufs, b2_bufs, sa_bufs, sb_bufs, c_bufs, c2_bufs, ready,
     for t in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
         pid_m, pid_n = tile_coords(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         expert, full, m_end = _tile_expert(idx_ptr, pid_m, M, G, rows_per_group, LAYOUT, BLOCK_M, IDX_L, EPI_TMA)
-        if LAYOUT != 2:
-            m_end = M
         if expert >= 0:  # m_end as the tile's M: its rows at or past it are neither scaled nor stored
             if WIDE:
                 it = _wide_tile(a_bufs, b_bufs, b2_bufs, ready, empty, c_buf, c2_buf, c_desc, c2_desc, as_ptr, bs_ptr,
@@ -481,16 +479,15 @@ def fp8_groupwise_gluon_kernel(
     gl.warp_specialize([
         (_consumer, (a_bufs, b_bufs, b2_bufs, sa_bufs, sb_bufs, c_bufs, c2_bufs, ready, empty, c_desc, c2_desc,
                      as_ptr, bs_ptr, c_ptr, idx_ptr, M, N, K, G, rows_per_group, stride_asm, stride_ask,
-                     stride_bsg, stride_bsn, stride_bsk, stride_cm, 0, LAYOUT, BLOCK_M, BLOCK_N, GROUP_M, STAGES, SPLIT_N, WIDE, EPI_TMA,
-                     KPS)),
+                     stride_bsg, stride_bsn, stride_bsk, stride_cm, 0, LAYOUT, BLOCK_M, BLOCK_N, GROUP_M, STAGES,
+                     SPLIT_N, WIDE, EPI_TMA, KPS)),
         (_consumer, (a_bufs, b_bufs, b2_bufs, sa_bufs, sb_bufs, c_bufs, c2_bufs, ready, empty, c_desc, c2_desc,
                      as_ptr, bs_ptr, c_ptr, idx_ptr, M, N, K, G, rows_per_group, stride_asm, stride_ask,
-                     stride_bsg, stride_bsn, stride_bsk, stride_cm, 1, LAYOUT, BLOCK_M, BLOCK_N, GROUP_M, STAGES, SPLIT_N, WIDE, EPI_TMA,
-                     KPS)),
+                     stride_bsg, stride_bsn, stride_bsk, stride_cm, 1, LAYOUT, BLOCK_M, BLOCK_N, GROUP_M, STAGES,
+                     SPLIT_N, WIDE, EPI_TMA, KPS)),
         (_producer, (a_desc, b_desc, b2_desc, idx_ptr, as_ptr, bs_ptr, a_bufs, b_bufs, b2_bufs, sa_bufs, sb_bufs,
                      ready, empty, M, N, K, G, rows_per_group, stride_asm, stride_ask, stride_bsg, stride_bsn,
-                     stride_bsk, LAYOUT,
-                     BLOCK_M, BLOCK_N, GROUP_M, STAGES, WIDE, KPS)),
+                     stride_bsk, LAYOUT, BLOCK_M, BLOCK_N, GROUP_M, STAGES, WIDE, KPS)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
