@@ -341,8 +341,13 @@ def _scale_mode(scale_major_mode: str | None, a_scale: torch.Tensor, b_scale: to
     return scale_major_mode
 
 
+def _scale_views(a_scale: torch.Tensor, b_scale: torch.Tensor, k_major: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The scales as [m, kb] and [nb, kb] views, in either major mode."""
+    return (a_scale, b_scale) if k_major else (a_scale.t(), b_scale.t())
+
+
 def _cublas_reads_scales_in_place(a_scale: torch.Tensor, b_scale: torch.Tensor, mode: str) -> bool:
-    a_mk, b_nk = (a_scale, b_scale) if mode == "K" else (a_scale.t(), b_scale.t())
+    a_mk, b_nk = _scale_views(a_scale, b_scale, mode == "K")
     return cublas.groupwise_scales_in_place(a_mk, b_nk.t())
 
 
@@ -350,8 +355,7 @@ def _groupwise_impl(a, b, a_scale, b_scale, k_major, out, output_scale, backend)
     """Shared body of the groupwise op; scales read in place in either major mode."""
     m, k = a.shape
     n = b.shape[0]
-    a_mk = a_scale if k_major else a_scale.t()  # [m, kb] views
-    b_nk = b_scale if k_major else b_scale.t()  # [nb, kb]
+    a_mk, b_nk = _scale_views(a_scale, b_scale, k_major)
     if backend == "reference":
         res, scale = reference.gemm_fp8_groupwise_ref(a, b, a_mk, b_nk, out.dtype)
         out.copy_(res)

@@ -80,13 +80,14 @@ def groupwise_cublas_reason(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor)
     return None
 
 
-def _weight_scale_in_place(b_scale_kn: torch.Tensor) -> bool:
-    return b_scale_kn.stride() == (1, b_scale_kn.shape[0])
+def _column_major(scale: torch.Tensor) -> bool:
+    """Whether a 2-D scale has the layout cuBLAS blockwise reads: stride (1, rows)."""
+    return scale.stride() == (1, scale.shape[0])
 
 
 def groupwise_scales_in_place(a_scale_mk: torch.Tensor, b_scale_kn: torch.Tensor) -> bool:
     """Whether ``groupwise_cublas`` reads both scales as given (no re-layout launch)."""
-    return a_scale_mk.stride() == (1, a_scale_mk.shape[0]) and _weight_scale_in_place(b_scale_kn)
+    return _column_major(a_scale_mk) and _column_major(b_scale_kn)
 
 
 def groupwise_cublas(a: torch.Tensor, b: torch.Tensor, a_scale_mk: torch.Tensor, b_scale_kn: torch.Tensor,
@@ -96,9 +97,8 @@ def groupwise_cublas(a: torch.Tensor, b: torch.Tensor, a_scale_mk: torch.Tensor,
     scale as the transpose of a K-major [n/128, k/128]; a scale in the other layout is
     re-laid out here (scales only, at most m * k / 128 floats; operands are never copied).
     """
-    m, kb = a_scale_mk.shape
-    if a_scale_mk.stride() != (1, m):
+    if not _column_major(a_scale_mk):
         a_scale_mk = a_scale_mk.t().contiguous().t()
-    if not _weight_scale_in_place(b_scale_kn):
+    if not _column_major(b_scale_kn):
         b_scale_kn = b_scale_kn.t().contiguous().t()
     torch._scaled_mm(a, b.t(), scale_a=a_scale_mk, scale_b=b_scale_kn, out_dtype=out.dtype, out=out)
