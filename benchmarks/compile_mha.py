@@ -32,7 +32,7 @@ def build(ratio: int, max_q: int, rows: int, split: bool, paged: bool = False) -
           "SKIP_WHOLE": False, "SPLIT_LOOP": split and not paged}
     sig.update({k: "constexpr" for k in cx})
     src = ASTSource(fn=att._mha_fwd_kernel, signature=sig, constexprs=cx, attrs=divisibility_attrs(sig, ALIGNED))
-    rep = compile_sm90(src, {"num_warps": att.mha_num_warps(block_m, 128), "num_stages": 2})
+    rep = compile_sm90(src, {"num_warps": att.mha_num_warps(block_m), "num_stages": 2})
     ops = opcode_counts(rep.sass)
     mma = sum(v for k, v in ops.items() if "MMA" in k)
     bars = sum(v for k, v in ops.items() if k.startswith("BAR"))

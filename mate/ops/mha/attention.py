@@ -26,10 +26,10 @@ def _attend_tile(
     page_table_ptr, req, stride_pt, n_cols, num_pages, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt,
     stride_vh, kvh, window_left, window_right, offs_d, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
     PAGED: tl.constexpr, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-    KEY_MASK: tl.constexpr,
 ):
     """One BLOCK_N tile of keys into the online softmax (m_i, l_i, acc). Unmasked (MASKED
-    False): every key of the tile is inside the request and visible to every row."""
+    False): every key of the tile is inside the request and visible to every row, so the
+    loads and logits take no mask."""
     n = n0 + tl.arange(0, BLOCK_N)
     nvalid = n < hi
     if PAGED:
@@ -42,7 +42,7 @@ def _attend_tile(
     else:
         krow = kb + (k_start + n).to(tl.int64) * stride_kt
         vrow = vb + (k_start + n).to(tl.int64) * stride_vt
-    if KEY_MASK:
+    if MASKED:
         kt = tl.load(k_ptr + krow[:, None] + offs_d[None, :], mask=nvalid[:, None], other=0.0)
     else:
         kt = tl.load(k_ptr + krow[:, None] + offs_d[None, :])
@@ -59,7 +59,7 @@ def _attend_tile(
     p = tl.exp2(s - m_use[:, None])
     alpha = tl.exp2(m_i - m_use)
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    if KEY_MASK:
+    if MASKED:
         vt = tl.load(v_ptr + vrow[:, None] + offs_d[None, :], mask=nvalid[:, None], other=0.0)
     else:
         vt = tl.load(v_ptr + vrow[:, None] + offs_d[None, :])
@@ -137,13 +137,13 @@ def _mha_fwd_kernel(
                 q, k_ptr, v_ptr, kb, vb, k_start, n0, hi, pos, rvalid, m_i, l_i, acc, qk_scale,
                 page_table_ptr, req, stride_pt, n_cols, num_pages, stride_kb, stride_kt, stride_kh, stride_vb,
                 stride_vt, stride_vh, kvh, window_left, window_right, offs_d, BLOCK_N, PAGE_SIZE, PAGED, False,
-                False, False, False)
+                HAS_LEFT, HAS_RIGHT)
     for n0 in range(full_hi, hi, BLOCK_N):
         m_i, l_i, acc = _attend_tile(
             q, k_ptr, v_ptr, kb, vb, k_start, n0, hi, pos, rvalid, m_i, l_i, acc, qk_scale,
             page_table_ptr, req, stride_pt, n_cols, num_pages, stride_kb, stride_kt, stride_kh, stride_vb,
             stride_vt, stride_vh, kvh, window_left, window_right, offs_d, BLOCK_N, PAGE_SIZE, PAGED, True,
-            HAS_LEFT, HAS_RIGHT, True)
+            HAS_LEFT, HAS_RIGHT)
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
     o = acc / l_safe[:, None]
@@ -167,7 +167,7 @@ def mha_tiling(ratio: int, max_seqlen_q: int, max_rows: int = 64) -> tuple[int, 
     return tm, gp, max(16, tm * gp)
 
 
-def mha_num_warps(block_m: int, head_dim: int) -> int:
+def mha_num_warps(block_m: int) -> int:
     """Warps of a program with ``block_m`` query rows: 4 up to 64 rows (one warpgroup), else 8.
     8 warps on 64 rows ran twice as long on the H200 (2026-11-30, interleaved, a probe that is
     now ``benchmarks/probe_mha_prefill.py``: 8 x 2048 causal 989.9 against 2045.9 us, one 16K
@@ -225,7 +225,7 @@ def attention_triton(
         page_size = 1
     dummy = cu_seqlens_q
     block_n = 64
-    num_warps = mha_num_warps(block_m, d)
+    num_warps = mha_num_warps(block_m)
     grid = (triton.cdiv(max_seqlen_q, tm), batch, hkv)
     _mha_fwd_kernel[grid](
         q, q.stride(0), q.stride(1),
