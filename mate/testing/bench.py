@@ -87,18 +87,10 @@ def interleave_order(names: Sequence[T], r: int) -> list[T]:
     n = len(names)
     if n == 0:
         return []
-    base, lo, hi = [0], 1, n - 1
-    for j in range(1, n):
-        if j % 2:
-            base.append(lo)
-            lo += 1
-        else:
-            base.append(hi)
-            hi -= 1
-    rows = [[(b + i) % n for b in base] for i in range(n)]
-    if n % 2:
-        rows += [row[::-1] for row in rows]
-    return [names[i] for i in rows[r % len(rows)]]
+    base = [0] + [(j + 1) // 2 if j % 2 else n - j // 2 for j in range(1, n)]  # 0, 1, n-1, 2, n-2, ...
+    row = r % (2 * n if n % 2 else n)
+    order = [names[(b + row) % n] for b in base]
+    return order[::-1] if row >= n else order
 
 
 def time_interleaved(
