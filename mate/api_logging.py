@@ -202,15 +202,7 @@ def snapshot_tensors(value: Any) -> Any:
     >>> snap["x"].stride(), torch.equal(snap["x"], x), snap["n"]
     ((4, 1), True, 7)
     """
-    def copy(t: torch.Tensor) -> torch.Tensor:
-        t = t.detach()
-        if t.numel() == 0:
-            return t.cpu().clone()
-        span = 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride()))
-        flat = t.as_strided((span,), (1,), t.storage_offset()).cpu().clone()
-        return flat.as_strided(t.shape, t.stride(), 0)
-
-    return _map_structure(value, copy, scratch=_Scratch.of)
+    return _map_structure(value, lambda t: _copy_keep_strides(t, torch.device("cpu")), scratch=_Scratch.of)
 
 
 def restore_tensors(value: Any, device: torch.device) -> Any:
@@ -244,14 +236,19 @@ def restore_tensors(value: Any, device: torch.device) -> Any:
     >>> back[0].stride() == x.stride(), torch.equal(back[0], x)
     (True, True)
     """
-    def move(t: torch.Tensor) -> torch.Tensor:
-        if t.numel() == 0:
-            return t.to(device)
-        span = 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride()))
-        flat = t.as_strided((span,), (1,), t.storage_offset()).to(device).clone()
-        return flat.as_strided(t.shape, t.stride(), 0)
+    return _map_structure(value, lambda t: _copy_keep_strides(t, device), scratch=lambda spec: spec.allocate(device),
+                          device=device)
 
-    return _map_structure(value, move, scratch=lambda spec: spec.allocate(device), device=device)
+
+def _copy_keep_strides(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A detached copy of ``t`` on ``device`` in fresh storage with the same shape, strides and
+    dtype (the elements its strides reach, from its storage offset on)."""
+    t = t.detach()
+    if t.numel() == 0:
+        return t.to(device).clone()
+    span = 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride()))
+    flat = t.as_strided((span,), (1,), t.storage_offset()).to(device).clone()
+    return flat.as_strided(t.shape, t.stride(), 0)
 
 
 @dataclasses.dataclass(frozen=True)
