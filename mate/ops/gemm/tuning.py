@@ -315,14 +315,20 @@ def groupwise_config(m: int, n: int, k: int, fp8_out: bool) -> dict:
     return e
 
 
-GLUON_GROUPED_MIN_TILES = 4096
-"""128x128 output tiles from which the contiguous layout runs the persistent Gluon kernel."""
+GLUON_GROUPED_MIN_TILES = 1024
+"""128x128 output tiles from which the contiguous layout runs the persistent Gluon kernel.
+Measured on the H200 (``benchmarks/probe_moe_gluon.py``, session 13; Triton -> Gluon, us,
+DeepGEMM in brackets): 4 x 1024 rows, N=4096, K=7168 (1024 tiles) 275.7 -> 236.4 (198.2);
+8 x 1024, same N, K (2048) 603.2 -> 443.5 (371.0); 16 x 512 (2048) 629.7 -> 461.8 (390.3);
+32 x 256, N=7168, K=2048 (3584) 342.4 -> 254.3 (222.9); 64 x 128, same (3584) 360.9 ->
+309.4 (295.8); outputs bit-identical to the Triton kernel's. Under 1024 tiles it is not
+measured on this layout (on a plain GEMM of 528 tiles it lost)."""
 
 
 def grouped_config(m: int, n: int, k: int) -> dict:
     """Contiguous MoE layout: groups are 128-row aligned, so BLOCK_M divides 128.
 
-    From ``GLUON_GROUPED_MIN_TILES`` 128x128 tiles (the measured class: many waves of a
+    From ``GLUON_GROUPED_MIN_TILES`` 128x128 tiles (the measured class: several waves of a
     persistent grid) the persistent warp-specialized Gluon kernel (``groupwise_gluon.py``;
     Hopper only, elsewhere the option is ignored) with 128x192 tiles, 4 stages, the scales
     loaded one K block ahead and the TMA-store epilogue. Measured on the H200 (4 experts x
