@@ -153,11 +153,14 @@ def _mha_fwd_kernel(
     tl.store(lse_ptr + h.to(tl.int64) * stride_lh + t * stride_lt, lse, mask=rvalid)
 
 
-PREFILL_VARIANT = {"rows": 64, "split_loop": False}
-"""Prefill tiling of ``attention_triton`` (the benchmark times the others): ``rows`` query rows
-per program at most (64 or 128; 128 runs 8 warps, so two warpgroups share each key tile) and
-``split_loop`` (the key tiles every row of a program sees whole run without masks; ragged or
-batched K/V without a left window only). Not yet measured against the defaults on the GPU."""
+PREFILL_VARIANT = {"rows": 64, "split_loop": True}
+"""Prefill tiling of ``attention_triton``: ``rows`` query rows per program at most (64 or 128;
+128 runs 8 warps, so two warpgroups share each key tile) and ``split_loop`` (the key tiles
+every row of a program sees whole run without masks; ragged or batched K/V without a left
+window only). Measured on the H200 (``benchmarks/probe_mha_prefill.py``, session 13, us;
+64 rows masked / 64 split / 128 masked / 128 split): 8 x 2048 causal 994.4 / 867.0 / 1176.3
+/ 972.9; one 16K causal sequence with the LSE 6545.7 / 5607.1 / 7224.2 / 5354.6; 8 x 2048
+full 1665.2 / 1519.0 / 1849.0 / 1642.3; paged decode unaffected (887-889)."""
 
 
 def mha_tiling(ratio: int, max_seqlen_q: int, max_rows: int = 64) -> tuple[int, int, int]:
