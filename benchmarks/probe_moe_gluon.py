@@ -13,10 +13,12 @@ valid rows. Session 13: Gluon slower than the Triton kernel at 32 x 256 / expect
 (548.3 against 524.0 us) and 64 x 128 / 64 (611.2 against 554.3), even at 256 x 64 / 32
 (1865.7 against 1867.5), so the masked layout keeps the Triton kernel.
 
-    python benchmarks/probe_moe_gluon.py
+    python benchmarks/probe_moe_gluon.py [grouped] [masked]
 """
 
 from __future__ import annotations
+
+import sys
 
 import torch
 
@@ -120,10 +122,13 @@ def main() -> None:
     dg, note = _deep_gemm()
     if dg is None:
         print(note)
-    for shape in GROUPED_SHAPES:
-        print(_grouped_shape(*shape, dg), flush=True)
-    for shape in MASKED_SHAPES:
-        print(_masked_shape(*shape, dg), flush=True)
+    parts = sys.argv[1:] or ["grouped", "masked"]
+    if "grouped" in parts:
+        for shape in GROUPED_SHAPES:
+            print(_grouped_shape(*shape, dg), flush=True)
+    if "masked" in parts:
+        for shape in MASKED_SHAPES:
+            print(_masked_shape(*shape, dg), flush=True)
 
 
 if __name__ == "__main__":

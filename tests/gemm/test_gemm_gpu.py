@@ -133,14 +133,15 @@ def test_bmm_fp8_gpu(backend):
         assert_close(out, ref, atol=1e-3 * float(ref.abs().max()), max_rel_error=1e-2)
 
 
-@pytest.mark.parametrize("n,k,rows", [(4096, 7168, [300, 0, 128, 517]),
-                                      (4096, 1024, [4196, 0, 4096, 8000])])  # >= 4096 tiles: the Gluon kernel
-def test_grouped_contiguous_gpu(n, k, rows):
+@pytest.mark.parametrize("n,k,rows,gluon", [(4096, 7168, [300, 0, 128, 517], False),  # 288 tiles
+                                            (4096, 7168, [1000, 0, 1100, 2000], True),  # 1056 tiles
+                                            (4096, 1024, [4196, 0, 4096, 8000], True)])  # 4096 tiles
+def test_grouped_contiguous_gpu(n, k, rows, gluon):
+    """The contiguous layout on both kernels (Gluon from ``GLUON_GROUPED_MIN_TILES`` tiles)."""
     from mate.ops.gemm import tuning
 
     m_total = sum(-(-r // 128) * 128 for r in rows)
-    gluon = bool(tuning.grouped_config(m_total, n, k).get("GLUON"))  # True or a dict of Gluon overrides
-    assert gluon == (rows[-1] == 8000)
+    assert bool(tuning.grouped_config(m_total, n, k).get("GLUON")) == gluon
     idx, a, sa, b, sb = grouped_contiguous_operands(rows, n, k, device="cuda")
     m = idx.numel()
     out = poisoned((m, n), torch.bfloat16, "cuda")
