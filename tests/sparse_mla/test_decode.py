@@ -190,6 +190,41 @@ def test_decode_seq_lens_none_and_allocated_outputs(triton_backend, device):
     assert_equal(out2, out)
 
 
+@pytest.mark.parametrize("num_splits,H,dtype", [(2, 16, torch.float16), (3, 20, torch.float32),
+                                                 (8, 128, torch.float16), (32, 16, torch.float16)])
+def test_combine_matches_reference(triton_backend, device, num_splits, H, dtype):
+    """The split combine against the LSE-weighted merge in float64: split counts that are and
+    are not powers of two (the tiling narrows the value columns as they grow), empty splits
+    (lse -inf) whose partial outputs are NaN and must not be read into the result, and a
+    row whose splits are all empty (out 0, lse +inf)."""
+    from mate.ops.sparse_mla.decode import launch_combine
+
+    rows = 3
+    g = torch.Generator().manual_seed(torch.seed() % 2**31)
+    po = torch.randn(rows, num_splits, H, 512, generator=g).to(dtype)
+    plse = torch.randn(rows, num_splits, H, generator=g) * 4
+    empty = torch.rand(rows, num_splits, H, generator=g) < 0.3
+    empty[2] = True
+    plse[empty] = float("-inf")
+    po[empty] = float("nan")
+    po, plse = po.to(device), plse.to(device)
+    out = poisoned((rows, H, 512), torch.bfloat16, device)
+    lse = poisoned((rows, H), torch.float32, device)
+    launch_combine(po, plse, out, lse, 0.75, H, num_splits, rows)
+
+    lse64 = plse.double().cpu()
+    m = lse64.amax(dim=1, keepdim=True)
+    w = torch.exp(lse64 - torch.where(torch.isinf(m), 0.0, m))
+    total = w.sum(dim=1)
+    merged = (w[..., None] * torch.nan_to_num(po.double().cpu())).sum(dim=1)
+    all_empty = total == 0
+    want = torch.where(all_empty[..., None], 0.0, merged / total.clamp_min(1e-300)[..., None] * 0.75)
+    want_lse = torch.where(all_empty, float("inf"), torch.log(total) + m[:, 0])
+    assert_close(out, want, atol=1e-2, rtol=1e-2)  # bf16 output
+    assert_close(lse, want_lse.float(), atol=1e-5, rtol=1e-5, name="lse")
+    assert bool(all_empty[2].all())
+
+
 def test_decode_empty_rows(triton_backend, device):
     """All slots invalid (-1, out of range, or seq_lens 0): out 0, lse +inf."""
     B, q_len, H, top_k = 3, 1, 16, 64

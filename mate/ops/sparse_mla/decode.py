@@ -296,54 +296,70 @@ def sparse_mla_decode_combine_kernel(
     lse_ptr,
     out_scale,
     H,
-    num_splits,
+    NUM_SPLITS: tl.constexpr,
+    SPLITS_P2: tl.constexpr,
     BLOCK_HC: tl.constexpr,
+    BLOCK_D: tl.constexpr,
     D_V: tl.constexpr,
 ):
-    """Merges the splits of ``BLOCK_HC`` heads of one query position (LSE-weighted)."""
+    """Merges the splits of ``BLOCK_HC`` heads x ``BLOCK_D`` value columns of one query
+    position (LSE-weighted). The split count is a constexpr, so the loop unrolls and no load
+    waits on another: one memory latency for the LSEs, one for the partial outputs."""
     pid_h = tl.program_id(0)
-    bt = tl.program_id(1).to(tl.int64)
+    pid_d = tl.program_id(1)
+    bt = tl.program_id(2).to(tl.int64)
     offs_h = pid_h * BLOCK_HC + tl.arange(0, BLOCK_HC)
     h_mask = offs_h < H
-    offs_v = tl.arange(0, D_V)
-
-    m = tl.full([BLOCK_HC], float("-inf"), tl.float32)
-    for s in range(num_splits):
-        m = tl.maximum(m, tl.load(plse_ptr + (bt * num_splits + s) * H + offs_h, mask=h_mask, other=float("-inf")))
+    offs_v = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    offs_s = tl.arange(0, SPLITS_P2)
+    lse_rows = (bt * NUM_SPLITS + offs_s[:, None]) * H + offs_h[None, :]
+    lse_all = tl.load(plse_ptr + lse_rows, mask=(offs_s < NUM_SPLITS)[:, None] & h_mask[None, :],
+                      other=float("-inf"))  # [SPLITS_P2, BLOCK_HC]
+    m = tl.max(lse_all, axis=0)
     m_use = tl.where(m == float("-inf"), 0.0, m)
-    total = tl.zeros([BLOCK_HC], tl.float32)
-    acc = tl.zeros([BLOCK_HC, D_V], tl.float32)
-    for s in range(num_splits):
-        rows = (bt * num_splits + s) * H + offs_h.to(tl.int64)
-        lse_s = tl.load(plse_ptr + rows, mask=h_mask, other=float("-inf"))
-        w = tl.exp(lse_s - m_use)  # 0 for an empty split
-        o_s = tl.load(po_ptr + rows[:, None] * D_V + offs_v[None, :], mask=h_mask[:, None] & (w > 0.0)[:, None],
-                      other=0.0).to(tl.float32)
-        total += w
-        acc += w[:, None] * o_s
+    w_all = tl.exp(lse_all - m_use[None, :])  # 0 for an empty split and the padding
+    total = tl.sum(w_all, axis=0)
+    acc = tl.zeros([BLOCK_HC, BLOCK_D], tl.float32)
+    for s in tl.static_range(NUM_SPLITS):
+        rows = (bt * NUM_SPLITS + s) * H + offs_h.to(tl.int64)
+        o_s = tl.load(po_ptr + rows[:, None] * D_V + offs_v[None, :], mask=h_mask[:, None], other=0.0)
+        w = tl.sum(tl.where(offs_s[:, None] == s, w_all, 0.0), axis=0)
+        # an empty split's partial output is never used (where, not a product: it may be NaN)
+        acc += tl.where(w[:, None] > 0.0, w[:, None] * o_s.to(tl.float32), 0.0)
     empty = total == 0.0
     t_safe = tl.where(empty, 1.0, total)
     o = acc / t_safe[:, None] * out_scale
-    lse = tl.where(empty, float("inf"), m_use + tl.log(t_safe))
     o_rows = (bt * H + offs_h.to(tl.int64))[:, None] * D_V
     tl.store(out_ptr + o_rows + offs_v[None, :], to_bf16(o), mask=h_mask[:, None])
-    tl.store(lse_ptr + bt * H + offs_h, lse, mask=h_mask)
+    if pid_d == 0:
+        lse = tl.where(empty, float("inf"), m_use + tl.log(t_safe))
+        tl.store(lse_ptr + bt * H + offs_h, lse, mask=h_mask)
+
+
+def combine_tiling(H: int, num_splits: int) -> tuple[int, int]:
+    """(heads, value columns) per combine program: the unrolled loads of all splits stay
+    within ~64 fp32 registers a thread (4 warps)."""
+    block_hc = min(16, triton.next_power_of_2(H))
+    block_d = max(16, min(HEAD_DIM_V, 8192 // (block_hc * triton.next_power_of_2(num_splits))))
+    return block_hc, block_d
 
 
 def launch_combine(partial_o: torch.Tensor, partial_lse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
                    bmm2_scale: float, H: int, num_splits: int, rows: int) -> None:
     """Merges a split plan's partial outputs into ``out`` / ``lse`` (the combine step shared
     by the plain and Gluon decode launchers)."""
-    block_hc = min(16, triton.next_power_of_2(H))
-    sparse_mla_decode_combine_kernel[(triton.cdiv(H, block_hc), rows)](
+    block_hc, block_d = combine_tiling(H, num_splits)
+    sparse_mla_decode_combine_kernel[(triton.cdiv(H, block_hc), HEAD_DIM_V // block_d, rows)](
         partial_o,
         partial_lse,
         out,
         lse,
         bmm2_scale,
         H,
-        num_splits,
+        NUM_SPLITS=num_splits,
+        SPLITS_P2=triton.next_power_of_2(num_splits),
         BLOCK_HC=block_hc,
+        BLOCK_D=block_d,
         D_V=HEAD_DIM_V,
         num_warps=4,
     )
