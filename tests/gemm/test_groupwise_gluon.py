@@ -225,8 +225,8 @@ def test_plain_only_kernels_check_shapes():
 def test_grouped_default_config():
     cfg = tuning.grouped_config(4 * 8192, 4096, 7168)
     assert {**cfg, **cfg["GLUON"]}["BLOCK_N"] == 192 and cfg["GLUON"]["EPI_TMA"]
-    assert "GLUON" in tuning.grouped_config(4 * 1024, 4096, 7168)  # 1024 tiles: GLUON_GROUPED_MIN_TILES
-    assert "GLUON" not in tuning.grouped_config(4 * 1024 - 128, 4096, 7168)
+    assert "GLUON" in tuning.grouped_config(8 * 128, 7168, 2048)  # 448 tiles: GLUON_GROUPED_MIN_TILES
+    assert "GLUON" not in tuning.grouped_config(7 * 128, 7168, 2048)
     assert "GLUON" not in tuning.grouped_config(256, 4096, 7168)
 
 

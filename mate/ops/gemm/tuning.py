@@ -315,14 +315,14 @@ def groupwise_config(m: int, n: int, k: int, fp8_out: bool) -> dict:
     return e
 
 
-GLUON_GROUPED_MIN_TILES = 1024
+GLUON_GROUPED_MIN_TILES = 448
 """128x128 output tiles from which the contiguous layout runs the persistent Gluon kernel.
 Measured on the H200 (``benchmarks/probe_moe_gluon.py``, session 13; Triton -> Gluon, us,
-DeepGEMM in brackets): 4 x 1024 rows, N=4096, K=7168 (1024 tiles) 275.7 -> 236.4 (198.2);
-8 x 1024, same N, K (2048) 603.2 -> 443.5 (371.0); 16 x 512 (2048) 629.7 -> 461.8 (390.3);
-32 x 256, N=7168, K=2048 (3584) 342.4 -> 254.3 (222.9); 64 x 128, same (3584) 360.9 ->
-309.4 (295.8); outputs bit-identical to the Triton kernel's. Under 1024 tiles it is not
-measured on this layout (on a plain GEMM of 528 tiles it lost)."""
+DeepGEMM in brackets; outputs bit-identical): 4 x 256 rows, N=4096, K=7168 (256 tiles)
+74.8 -> 86.4 (62.4), the one loss; 8 x 128, N=7168, K=2048 (448) 54.3 -> 49.5 (41.8);
+8 x 256 (512) 147.7 -> 132.4 (110.0); 4 x 512 (512) 144.0 -> 126.1 (102.1); 16 x 128,
+N=7168 (896) 97.3 -> 86.4 (82.5); 4 x 1024 (1024) 275.5 -> 235.6 (193.7); 8 x 1024 (2048)
+603.2 -> 443.5 (371.0); 32 x 256, N=7168, K=2048 (3584) 342.4 -> 254.3 (222.9)."""
 
 
 def grouped_config(m: int, n: int, k: int) -> dict:
