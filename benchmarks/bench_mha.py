@@ -3,8 +3,9 @@
 - Dense causal prefill, one sequence of 16K tokens, 32 heads, d 128, bf16, through
   ``flash_attn_varlen_func`` (which hands one dense sequence to torch's fused attention)
   against torch SDPA's best backend (cuDNN, flash, memory-efficient; the fastest counts);
-  plus the Triton kernel on the same problem (forced by ``return_softmax_lse=True``) and
-  a ragged batch of 8 x 2K sequences (Triton).
+  plus the same call returning the LSE (aten's cuDNN attention op, ``SDPA_WITH_LSE``), the
+  Triton kernel on that problem (``SDPA_WITH_LSE`` off) and a ragged batch of 8 x 2K
+  sequences (Triton).
 - Paged decode, B = 128, q_len 1, 8K context, 32 q heads / 8 KV heads, page 128 and 16,
   bf16, through ``flash_attn_with_kvcache``: GB/s of the K/V bytes read, against the
   measured copy bandwidth.
@@ -61,11 +62,24 @@ def _prefill_rows(ceilings: dict) -> list[dict]:
         rows.append(record(ceilings, family=FAMILY, op="varlen_prefill", shape=shape, impl=label,
                            time_us=t_us, flops=flops, dtype="bf16", ceiling="cublas_bf16_TFLOPs",
                            note=f"{best / t_us:.2f}x of SDPA's best" if best and t_us else str(times[name])[:150]))
-    t_us = time_fn(lambda: flash_attn_varlen_func(q, k, v, cu, cu, T, T, causal=True, out=out,
-                                                  return_softmax_lse=True), iters=10)
-    rows.append(record(ceilings, family=FAMILY, op="varlen_prefill", shape=shape, impl="mate Triton (with LSE)",
-                       time_us=t_us, flops=flops, dtype="bf16", ceiling="cublas_bf16_TFLOPs",
-                       note=f"{best / t_us:.2f}x of SDPA's best" if best else ""))
+    from mate import mha_interface
+
+    def with_lse():
+        return flash_attn_varlen_func(q, k, v, cu, cu, T, T, causal=True, out=out, return_softmax_lse=True)
+
+    def kernel_with_lse():
+        before = mha_interface.SDPA_WITH_LSE
+        mha_interface.SDPA_WITH_LSE = False
+        try:
+            with_lse()
+        finally:
+            mha_interface.SDPA_WITH_LSE = before
+
+    for label, fn in (("mate (with LSE: cuDNN op)", with_lse), ("mate Triton kernel (with LSE)", kernel_with_lse)):
+        t_us = time_fn(fn, iters=10)
+        rows.append(record(ceilings, family=FAMILY, op="varlen_prefill", shape=shape, impl=label,
+                           time_us=t_us, flops=flops, dtype="bf16", ceiling="cublas_bf16_TFLOPs",
+                           note=f"{best / t_us:.2f}x of SDPA's best" if best else ""))
     cu8 = torch.arange(0, T + 1, T // 8, dtype=torch.int32, device="cuda")
     t_us = time_fn(lambda: flash_attn_varlen_func(q, k, v, cu8, cu8, T // 8, T // 8, causal=True, out=out), iters=20)
     rows.append(record(ceilings, family=FAMILY, op="varlen_prefill", shape=f"8 x {T // 8} H={H} d={D} causal",
