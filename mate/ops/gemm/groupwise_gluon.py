@@ -3,7 +3,8 @@
 Same problem as ``groupwise.py`` (1x128 activation scales, 128x128 weight scales, fp32
 accumulation, bf16/fp16 output) for the ``PLAIN`` and ``CONTIGUOUS`` (MoE) layouts and the
 ``MASKED`` one run as G * max_m rows (``gluon_masked_supported``; opt-in through a config's
-``GLUON`` key, not yet measured), with the schedule DeepGEMM uses, which plain Triton cannot
+``GLUON`` key: on the H200 it was slower than the Triton kernel at the three benchmark
+shapes, ``benchmarks/probe_moe_gluon.py``), with the schedule DeepGEMM uses, which plain Triton cannot
 express on sm_90:
 
 * persistent programs (one per SM) walk the output tiles in grouped order;

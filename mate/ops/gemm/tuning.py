@@ -328,8 +328,8 @@ N=7168 (896) 97.3 -> 86.4 (82.5); 4 x 1024 (1024) 275.5 -> 235.6 (193.7); 8 x 10
 def grouped_config(m: int, n: int, k: int) -> dict:
     """Contiguous MoE layout: groups are 128-row aligned, so BLOCK_M divides 128.
 
-    From ``GLUON_GROUPED_MIN_TILES`` 128x128 tiles (the measured class: several waves of a
-    persistent grid) the persistent warp-specialized Gluon kernel (``groupwise_gluon.py``;
+    From ``GLUON_GROUPED_MIN_TILES`` 128x128 tiles (more than three waves of a persistent
+    grid) the persistent warp-specialized Gluon kernel (``groupwise_gluon.py``;
     Hopper only, elsewhere the option is ignored) with 128x192 tiles, 4 stages, the scales
     loaded one K block ahead and the TMA-store epilogue. Measured on the H200 (4 experts x
     8192 rows, N=4096, K=7168, interleaved in one run with DeepGEMM 1502 us = 1281 TFLOP/s;
