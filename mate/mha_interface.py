@@ -312,7 +312,8 @@ def flash_attn_varlen_func(
     with_lse = bool(return_softmax_lse) and SDPA_WITH_LSE and d <= 128  # cuDNN measured at d 64 and 128
     single = (backend_used == "triton" and _sdpa_device(device) and not paged and seqused_k is None
               and cu_seqlens_k is not None and batch == 1 and (not return_softmax_lse or with_lse) and left < 0
-              and (right < 0 or causal) and max_seqlen_q == total_q and (not causal or k.shape[0] == total_q))
+              and (right < 0 or causal) and max_seqlen_q == total_q and (not causal or k.shape[0] == total_q)
+              and total_q > 0 and k.shape[0] > 0)
     lse = torch.empty(hq, total_q, dtype=torch.float32, device=device)
     if single:
         # one dense sequence spanning the tensors: torch's fused (cuDNN / flash) attention; the

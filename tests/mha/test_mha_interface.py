@@ -10,7 +10,7 @@ import torch
 
 from mate.mha_interface import flash_attn_varlen_func, flash_attn_with_kvcache, get_scheduler_metadata
 from mate.ops.mha.reference import attention_varlen_reference
-from mate.testing import assert_close, poisoned
+from mate.testing import assert_close, assert_equal, poisoned
 
 # bf16 output: 2^-8 relative resolution, plus P rounded to bf16 before PV: ~2-3 ulps.
 # fp16: 2^-11. LSE: fp32 math on the same logits, differences of accumulation order only.
@@ -388,6 +388,23 @@ def test_single_sequence_path_follows_cu_seqlens(causal, triton_backend, monkeyp
         k0, k1 = int(cu_k[0]), int(cu_k[1])
         ro, _ = attention_varlen_reference(q, k[k0:k1], v[k0:k1], cu([T], "cpu"), [k1 - k0], causal=causal)
         assert_close(o, ro, atol=2e-2, rtol=2e-2, name=f"cu_seqlens_k={cu_k.tolist()}")
+
+
+def test_single_sequence_without_keys(triton_backend, monkeypatch):
+    """One request with no keys (k of 0 rows) does not go to torch's fused attention, which
+    has no defined result for it: out 0, lse -inf, as for any query that sees no key."""
+    from mate import mha_interface
+
+    monkeypatch.setattr(mha_interface, "_sdpa_device", lambda device: True)
+    calls = []
+    monkeypatch.setattr(mha_interface, "_sdpa_single_sequence", lambda *args: calls.append(args))
+    q = torch.randn(3, 4, 64).to(torch.bfloat16)
+    k = torch.empty(0, 2, 64, dtype=torch.bfloat16)
+    cu_k = torch.zeros(2, dtype=torch.int32)
+    out = poisoned((3, 4, 64), torch.bfloat16, "cpu")
+    o = flash_attn_varlen_func(q, k, k, cu([3], "cpu"), cu_k, 3, 0, out=out)
+    assert_equal(o, torch.zeros_like(o))
+    assert not calls
 
 
 def test_paged_bad_pages_are_skipped(device, triton_backend):
