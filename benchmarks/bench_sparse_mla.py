@@ -229,6 +229,20 @@ def run(ceilings: dict, quick: bool = False) -> list[dict]:
     return rows
 
 
+def probe_line(label: str, cases: dict, sets, kv, B: int, H: int, scale: float) -> str:
+    """The probes' one-line result: ``cases`` and FlashMLA (when it loads) timed interleaved,
+    with FlashMLA's difference from mate's output (which ``sets[0]["out"]`` must hold)."""
+    try:
+        fm, note = _flashmla_case(sets, kv, {}, max(B, 8), H, scale)
+    except Exception as exc:  # flash_mla not importable
+        fm, note = [], f"FlashMLA: {type(exc).__name__}: {exc}"[:200]
+    if fm:
+        cases = {**cases, "FlashMLA": fm}
+    times = time_interleaved(cases, rounds=10, iters=100)
+    return f"{label}: " + "  ".join(
+        f"{name} {t:.1f}" if isinstance(t, float) else f"{name} {t}" for name, t in times.items()) + f" ({note})"
+
+
 def _flashmla_case(sets, kv, fm_caches, key, H, scale) -> tuple[list, str]:
     """FlashMLA's calls for the timing sets (in its own cache format, heads padded to 64)
     and a note with its difference from mate's output; no calls and the error on failure."""

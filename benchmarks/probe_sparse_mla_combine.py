@@ -27,7 +27,6 @@ import bench_sparse_mla as bm  # noqa: E402
 from mate._core.triton_helpers import to_bf16  # noqa: E402
 from mate.ops.sparse_mla import decode  # noqa: E402
 from mate.ops.sparse_mla.metadata import HEAD_DIM_V, plan_decode  # noqa: E402
-from mate.testing.bench import time_interleaved  # noqa: E402
 
 
 @triton.jit
@@ -128,15 +127,7 @@ def _shape(B: int, q_len: int, H: int) -> str:
         "old combine alone": [lambda: _launch_before(md.partial_o, md.partial_lse, outs[1], lse, 1.0, H,
                                                      md.num_splits, rows)],
     }
-    try:
-        fm, note = bm._flashmla_case(sets, kv, {}, max(B, 8), H, scale)
-    except Exception as exc:  # flash_mla not importable
-        fm, note = [], f"FlashMLA: {type(exc).__name__}: {exc}"[:200]
-    if fm:
-        cases["FlashMLA"] = fm
-    times = time_interleaved(cases, rounds=10, iters=100)
-    return f"B={B} q{q_len} H={H}: " + "  ".join(
-        f"{name} {t:.1f}" if isinstance(t, float) else f"{name} {t}" for name, t in times.items()) + f" ({note})"
+    return bm.probe_line(f"B={B} q{q_len} H={H}", cases, sets, kv, B, H, scale)
 
 
 def main() -> None:

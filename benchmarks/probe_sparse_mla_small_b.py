@@ -22,7 +22,6 @@ import bench_sparse_mla as bm  # noqa: E402
 
 from mate.ops.sparse_mla.decode import launch_combine  # noqa: E402
 from mate.ops.sparse_mla.metadata import plan_decode  # noqa: E402
-from mate.testing.bench import time_interleaved  # noqa: E402
 
 
 def _shape(B: int, H: int) -> str:
@@ -48,15 +47,7 @@ def _shape(B: int, H: int) -> str:
         cases["combine alone"] = [lambda s=s: launch_combine(md.partial_o, md.partial_lse, s["out"], lse, 1.0, H,
                                                              md.num_splits, B) for s in sets]
     cases[next(iter(cases))][0]()  # mate's output in sets[0]["out"], which FlashMLA's note compares against
-    try:
-        fm, note = bm._flashmla_case(sets, kv, {}, max(B, 8), H, scale)
-    except Exception as exc:  # flash_mla not importable
-        fm, note = [], f"FlashMLA: {type(exc).__name__}: {exc}"[:200]
-    if fm:
-        cases["FlashMLA"] = fm
-    times = time_interleaved(cases, rounds=10, iters=100)
-    return f"B={B} H={H}: " + "  ".join(
-        f"{name} {t:.1f}" if isinstance(t, float) else f"{name} {t}" for name, t in times.items()) + f" ({note})"
+    return bm.probe_line(f"B={B} H={H}", cases, sets, kv, B, H, scale)
 
 
 def main() -> None:
