@@ -4,8 +4,8 @@
   ``flash_attn_varlen_func`` (which hands one dense sequence to torch's fused attention)
   against torch SDPA's best backend (cuDNN, flash, memory-efficient; the fastest counts);
   plus the same call returning the LSE (aten's cuDNN attention op, ``SDPA_WITH_LSE``), the
-  Triton kernel on that problem (``SDPA_WITH_LSE`` off) and a ragged batch of 8 x 2K
-  sequences (Triton).
+  Triton kernel on that problem (``SDPA_WITH_LSE`` off), all interleaved; and a ragged batch
+  of 8 x 2K sequences (Triton) against one cuDNN SDPA call per sequence.
 - Paged decode, B = 128, q_len 1, 8K context, 32 q heads / 8 KV heads, page 128 and 16,
   bf16, through ``flash_attn_with_kvcache``: GB/s of the K/V bytes read, against the
   measured copy bandwidth.
@@ -41,27 +41,6 @@ def _prefill_rows(ceilings: dict) -> list[dict]:
                 return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=True)
         return fn
 
-    # interleaved (the same clocks for mate and each backend: timed one after another, a 3.3 ms
-    # call read 0.98x and 0.87x of cuDNN in two runs)
-    backends = (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION)
-    cases = {be.name: sdpa(be) for be in backends}
-    cases["mate"] = lambda: flash_attn_varlen_func(q, k, v, cu, cu, T, T, causal=True, out=out)
-    cases["mate (no out)"] = lambda: flash_attn_varlen_func(q, k, v, cu, cu, T, T, causal=True)
-    times = time_interleaved(cases, rounds=4, iters=16)
-    best = None
-    for be in backends:
-        t_us, note = times[be.name], ""
-        if isinstance(t_us, Exception):
-            t_us, note = None, f"failed: {times[be.name]}"[:150]
-        if t_us and (best is None or t_us < best):
-            best = t_us
-        rows.append(record(ceilings, family=FAMILY, op="varlen_prefill", shape=shape, impl=f"torch SDPA {be.name}",
-                           time_us=t_us, flops=flops, dtype="bf16", ceiling="cublas_bf16_TFLOPs", note=note))
-    for name, label in (("mate", "mate (fused SDPA path)"), ("mate (no out)", "mate (fused SDPA path, no out=)")):
-        t_us = times[name] if isinstance(times[name], float) else None
-        rows.append(record(ceilings, family=FAMILY, op="varlen_prefill", shape=shape, impl=label,
-                           time_us=t_us, flops=flops, dtype="bf16", ceiling="cublas_bf16_TFLOPs",
-                           note=f"{best / t_us:.2f}x of SDPA's best" if best and t_us else str(times[name])[:150]))
     from mate import mha_interface
 
     def with_lse():
@@ -75,15 +54,51 @@ def _prefill_rows(ceilings: dict) -> list[dict]:
         finally:
             mha_interface.SDPA_WITH_LSE = before
 
-    for label, fn in (("mate (with LSE: cuDNN op)", with_lse), ("mate Triton kernel (with LSE)", kernel_with_lse)):
-        t_us = time_fn(fn, iters=10)
+    # interleaved (the same clocks for mate and each backend: timed one after another, a 3.3 ms
+    # call read 0.98x and 0.87x of cuDNN in two runs)
+    backends = (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION)
+    cases = {be.name: sdpa(be) for be in backends}
+    mate_cases = {
+        "mate (fused SDPA path)": lambda: flash_attn_varlen_func(q, k, v, cu, cu, T, T, causal=True, out=out),
+        "mate (fused SDPA path, no out=)": lambda: flash_attn_varlen_func(q, k, v, cu, cu, T, T, causal=True),
+        "mate (with LSE: cuDNN op)": with_lse,
+        "mate Triton kernel (with LSE)": kernel_with_lse,
+    }
+    times = time_interleaved({**cases, **mate_cases}, rounds=4, iters=16)
+    best = None
+    for be in backends:
+        t_us, note = times[be.name], ""
+        if isinstance(t_us, Exception):
+            t_us, note = None, f"failed: {times[be.name]}"[:150]
+        if t_us and (best is None or t_us < best):
+            best = t_us
+        rows.append(record(ceilings, family=FAMILY, op="varlen_prefill", shape=shape, impl=f"torch SDPA {be.name}",
+                           time_us=t_us, flops=flops, dtype="bf16", ceiling="cublas_bf16_TFLOPs", note=note))
+    for label in mate_cases:
+        t_us = times[label] if isinstance(times[label], float) else None
         rows.append(record(ceilings, family=FAMILY, op="varlen_prefill", shape=shape, impl=label,
                            time_us=t_us, flops=flops, dtype="bf16", ceiling="cublas_bf16_TFLOPs",
-                           note=f"{best / t_us:.2f}x of SDPA's best" if best else ""))
-    cu8 = torch.arange(0, T + 1, T // 8, dtype=torch.int32, device="cuda")
-    t_us = time_fn(lambda: flash_attn_varlen_func(q, k, v, cu8, cu8, T // 8, T // 8, causal=True, out=out), iters=20)
-    rows.append(record(ceilings, family=FAMILY, op="varlen_prefill", shape=f"8 x {T // 8} H={H} d={D} causal",
-                       impl="mate Triton", time_us=t_us, flops=flops / 8, dtype="bf16", ceiling="cublas_bf16_TFLOPs"))
+                           note=f"{best / t_us:.2f}x of SDPA's best" if best and t_us else str(times[label])[:150]))
+    # a ragged batch (Triton kernel) against its sequences one SDPA (cuDNN) call each
+    S = T // 8
+    cu8 = torch.arange(0, T + 1, S, dtype=torch.int32, device="cuda")
+
+    def sdpa_per_sequence():
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            for i in range(8):
+                sl = slice(i * S, (i + 1) * S)
+                torch.nn.functional.scaled_dot_product_attention(qt[:, :, sl], kt[:, :, sl], vt[:, :, sl],
+                                                                 is_causal=True)
+
+    times = time_interleaved({
+        "mate Triton": lambda: flash_attn_varlen_func(q, k, v, cu8, cu8, S, S, causal=True, out=out),
+        "torch SDPA CUDNN_ATTENTION, one call per sequence": sdpa_per_sequence,
+    }, rounds=6, iters=20)
+    for label, t_us in times.items():
+        rows.append(record(ceilings, family=FAMILY, op="varlen_prefill", shape=f"8 x {S} H={H} d={D} causal",
+                           impl=label, time_us=t_us if isinstance(t_us, float) else None, flops=flops / 8,
+                           dtype="bf16", ceiling="cublas_bf16_TFLOPs",
+                           note="" if isinstance(t_us, float) else str(t_us)[:150]))
     return rows
 
 
