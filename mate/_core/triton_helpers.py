@@ -24,6 +24,7 @@ __all__ = [
     "to_bf16",
     "to_out_dtype",
     "dot_operand",
+    "online_softmax_step",
     "finish_softmax",
     "cdiv",
     "next_power_of_2",
@@ -109,6 +110,19 @@ def dot_operand(x):
             return x
     else:
         return x
+
+
+@triton.jit
+def online_softmax_step(s, m_i, l_i):
+    """One key tile of an exp2-domain online softmax over the rows of ``s`` [rows, keys]:
+    (new running max, probabilities, rescale factor of the old sum and accumulator, new sum).
+    A row that has seen no visible key keeps max -inf with p = 0 and no NaN."""
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(s - m_use[:, None])
+    alpha = tl.exp2(m_i - m_use)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    return m_new, p, alpha, l_i
 
 
 @triton.jit

@@ -16,7 +16,9 @@ tl = pytest.importorskip("triton.language")
 from mate._core.triton_helpers import (  # noqa: E402
     cdiv,
     dot_operand,
+    finish_softmax,
     next_power_of_2,
+    online_softmax_step,
     to_bf16,
     to_fp8_e4m3,
     to_out_dtype,
@@ -156,6 +158,43 @@ def test_dot_operand_bf16_dot_equals_fp32(device):
     assert_close(c, ref.float(), atol=1e-4, rtol=1e-5)
 
 
+@triton.jit
+def _softmax_kernel(s_ptr, w_ptr, lse_ptr, ROWS: tl.constexpr, KEYS: tl.constexpr, TILE: tl.constexpr):
+    """Row softmax of s [ROWS, KEYS] (log2 units) tile by tile: w = softmax, lse in natural log."""
+    rows = tl.arange(0, ROWS)
+    cols = tl.arange(0, TILE)
+    m_i = tl.full([ROWS], float("-inf"), tl.float32)
+    l_i = tl.zeros([ROWS], tl.float32)
+    for k0 in range(0, KEYS, TILE):
+        s = tl.load(s_ptr + rows[:, None] * KEYS + k0 + cols[None, :])
+        m_i, p, alpha, l_i = online_softmax_step(s, m_i, l_i)
+    l_safe, lse = finish_softmax(m_i, l_i)
+    tl.store(lse_ptr + rows, lse)
+    for k0 in range(0, KEYS, TILE):
+        s = tl.load(s_ptr + rows[:, None] * KEYS + k0 + cols[None, :])
+        w = tl.exp2(s - tl.where(m_i == float("-inf"), 0.0, m_i)[:, None]) / l_safe[:, None]
+        tl.store(w_ptr + rows[:, None] * KEYS + k0 + cols[None, :], w)
+
+
+def test_online_softmax_step_and_finish(device):
+    """Tile-by-tile softmax against float64: rows whose first tiles are all -inf (the rescale
+    from a -inf max must give no NaN), and a row with no visible key (lse -inf, w 0)."""
+    rows, keys, tile = 16, 64, 16
+    s = torch.randn(rows, keys) * 8
+    s[1, :40] = float("-inf")  # the max appears in the third tile
+    s[2, 3::5] = float("-inf")
+    s[3] = float("-inf")  # sees no key
+    w = poisoned((rows, keys), torch.float32, device=device)
+    lse = poisoned((rows,), torch.float32, device=device)
+    _softmax_kernel[(1,)](s.to(device), w, lse, ROWS=rows, KEYS=keys, TILE=tile)
+    nat = s.double() * torch.log(torch.tensor(2.0, dtype=torch.float64))
+    want_lse = torch.logsumexp(nat, dim=1)
+    want_w = torch.nan_to_num(torch.softmax(nat, dim=1), nan=0.0)
+    assert_close(lse, want_lse.float(), atol=1e-5, rtol=1e-5, name="lse")
+    assert_close(w, want_w.float(), atol=1e-6, rtol=1e-5)
+    assert bool(torch.isneginf(lse[3].cpu())) and bool((w[3].cpu() == 0).all())
+
+
 def test_cdiv_and_next_power_of_2():
     assert [cdiv(a, 4) for a in (0, 1, 4, 5, 8)] == [0, 1, 1, 2, 2]
     assert [next_power_of_2(n) for n in (1, 3, 64, 65, 576)] == [1, 4, 64, 128, 1024]
@@ -170,6 +209,7 @@ def test_cdiv_and_next_power_of_2():
         test_to_bf16_bit_exact,
         test_to_bf16_nan_payloads_stay_nan,
         test_dot_operand_bf16_dot_equals_fp32,
+        test_online_softmax_step_and_finish,
         *[lambda device, d=d: test_to_out_dtype(device, d) for d in _TL_DTYPE],
     ],
 )

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from mate._core.triton_helpers import INTERPRET, dot_operand, to_out_dtype
+from mate._core.triton_helpers import INTERPRET, dot_operand, online_softmax_step, to_out_dtype
 
 __all__ = ["mha_tiling", "attention_triton", "mha_fwd_op", "PREFILL_VARIANT"]
 
@@ -54,11 +54,7 @@ def _attend_tile(
         if HAS_LEFT:
             vis = vis & (n[None, :] >= pos[:, None] - window_left)
         s = tl.where(vis, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.exp2(s - m_use[:, None])
-    alpha = tl.exp2(m_i - m_use)
-    l_i = l_i * alpha + tl.sum(p, axis=1)
+    m_new, p, alpha, l_i = online_softmax_step(s, m_i, l_i)
     if MASKED:
         vt = tl.load(v_ptr + vrow[:, None] + offs_d[None, :], mask=nvalid[:, None], other=0.0)
     else:

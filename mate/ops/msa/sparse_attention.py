@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from mate._core.triton_helpers import INTERPRET, dot_operand, finish_softmax, to_out_dtype
+from mate._core.triton_helpers import INTERPRET, dot_operand, finish_softmax, online_softmax_step, to_out_dtype
 from mate.ops.msa import sparse_decode as _sd
 from mate.ops.msa.softmax_helpers import split_entries, visible_limit
 
@@ -179,11 +179,7 @@ def _msa_sparse_fwd_kernel(
         row_sel = ((sel >> tok_l) & 1) != 0
         vis = row_sel[:, None] & (kpos[None, :] <= limit[:, None])
         s = tl.where(vis, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(s - m_use[:, None])
-        alpha = tl.exp2(m_i - m_use)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        m_new, p, alpha, l_i = online_softmax_step(s, m_i, l_i)
         if HEAD_MAJOR:
             vt = tl.reshape(v_desc.load([page, kvh, k0, 0]), [KEYS, HEAD_DIM])
         else:
