@@ -8,15 +8,20 @@ ragged causal prefill (8 x 2048, 32 heads), one 16K sequence with the LSE (the p
 not go to SDPA) and the paged decode as a control (16-row programs: unchanged). Compiled for
 sm_90 (benchmarks/compile_mha.py): 64 rows 198 registers, split 221; 128 rows 254, split 234;
 no spills. (The same probe settled the warps of a 64-row program, session 12: 8 warps ran 2x
-slower than 4; see ``mha_num_warps``.)
+slower than 4; see ``mha_num_warps``.) Session 13 made the 64-row split loop the default and
+sent the single-sequence LSE case to cuDNN (``mha_interface.SDPA_WITH_LSE``); the probe turns
+that off for its 16K case, so the kernel is what it times.
 
     python benchmarks/probe_mha_prefill.py
 """
 
 from __future__ import annotations
 
+from unittest import mock
+
 import torch
 
+from mate import mha_interface
 from mate.mha_interface import flash_attn_varlen_func, flash_attn_with_kvcache
 from mate.ops.mha import attention
 from mate.testing.bench import time_interleaved
@@ -36,15 +41,14 @@ def main() -> None:
     lens = torch.full((B,), ctx, dtype=torch.int32, device="cuda")
     cases = {
         "8 x 2048 causal": lambda: flash_attn_varlen_func(q, k, v, cu8, cu8, T // 8, T // 8, causal=True, out=out),
-        "16K causal + LSE": lambda: flash_attn_varlen_func(q, k, v, cu1, cu1, T, T, causal=True, out=out,
-                                                           return_softmax_lse=True),
+        "16K causal + LSE": mock.patch.object(mha_interface, "SDPA_WITH_LSE", False)(
+            lambda: flash_attn_varlen_func(q, k, v, cu1, cu1, T, T, causal=True, out=out, return_softmax_lse=True)),
         "8 x 2048 full": lambda: flash_attn_varlen_func(q, k, v, cu8, cu8, T // 8, T // 8, out=out),
         "paged decode B=128 8K": lambda: flash_attn_with_kvcache(qd, kc, kc, cache_seqlens=lens, page_table=table),
     }
-    default = dict(attention.PREFILL_VARIANT)
-    variants = {"64 rows (default)": default, "64 rows split": {**default, "split_loop": True},
-                "128 rows": {**default, "rows": 128}, "128 rows split": {"rows": 128, "split_loop": True}}
-    def snapshot(res):  # the calls write into one `out`: keep a copy of the default's result
+    variants = {f"{rows} rows {'split' if split else 'masked'}": {"rows": rows, "split_loop": split}
+                for rows in (64, 128) for split in (False, True)}
+    def snapshot(res):  # the calls write into one `out`: keep a copy of the default tiling's result
         return tuple(t.clone() for t in res) if isinstance(res, tuple) else res.clone()
 
     ref = {name: snapshot(fn()) for name, fn in cases.items()}
@@ -52,11 +56,8 @@ def main() -> None:
         fns = {}
         for label, variant in variants.items():
             def run(variant=variant, fn=fn):
-                attention.PREFILL_VARIANT.update(variant)
-                try:
+                with mock.patch.dict(attention.PREFILL_VARIANT, variant):
                     return fn()
-                finally:
-                    attention.PREFILL_VARIANT.update(default)
             got = run()
             a, b = (got[0], ref[name][0]) if isinstance(got, tuple) else (got, ref[name])
             assert torch.allclose(a.float(), b.float(), atol=2e-2, rtol=2e-2), (name, label)
