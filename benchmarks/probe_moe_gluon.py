@@ -19,6 +19,7 @@ valid rows. Session 13: Gluon slower than the Triton kernel at 32 x 256 / expect
 from __future__ import annotations
 
 import sys
+from unittest import mock
 
 import torch
 
@@ -33,14 +34,7 @@ GROUPED_SHAPES = ((4, 256, 4096, 7168), (8, 256, 4096, 7168), (4, 512, 4096, 716
 
 
 def _with_threshold(call, tiles: int):
-    def run():
-        before = tuning.GLUON_GROUPED_MIN_TILES
-        tuning.GLUON_GROUPED_MIN_TILES = tiles
-        try:
-            call()
-        finally:
-            tuning.GLUON_GROUPED_MIN_TILES = before
-    return run
+    return mock.patch.object(tuning, "GLUON_GROUPED_MIN_TILES", tiles)(call)
 
 
 def _grouped_shape(G: int, rows: int, n: int, k: int, dg) -> str:
@@ -76,17 +70,11 @@ MASKED_CONFIGS = {
 
 
 def _with_gluon(call, overrides):
-    def run():
-        real = tuning.masked_config
+    real = tuning.masked_config
 
-        def config(expected_m, n, k):
-            return {**real(expected_m, n, k), "GLUON": overrides}
-        tuning.masked_config = config
-        try:
-            call()
-        finally:
-            tuning.masked_config = real
-    return run
+    def config(expected_m, n, k):
+        return {**real(expected_m, n, k), "GLUON": overrides}
+    return mock.patch.object(tuning, "masked_config", config)(call)
 
 
 def _masked_shape(G, max_m, expected_m, n, k, dg) -> str:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import sys
 from pathlib import Path
+from unittest import mock
 
 import torch
 import triton
@@ -90,14 +91,7 @@ def _launch_before(partial_o: torch.Tensor, partial_lse: torch.Tensor, out: torc
 
 
 def _with_combine(call, launcher):
-    def run():
-        real = decode.launch_combine
-        decode.launch_combine = launcher
-        try:
-            call()
-        finally:
-            decode.launch_combine = real
-    return run
+    return mock.patch.object(decode, "launch_combine", launcher)(call)
 
 
 def _shape(B: int, q_len: int, H: int) -> str:
