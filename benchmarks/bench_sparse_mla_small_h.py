@@ -3,11 +3,12 @@
     python benchmarks/bench_sparse_mla_small_h.py [--budget SECONDS] [--no-probe] [--variants]
 
 Shapes (top-k 2048, page 64): B=128 q1 H=16, B=64 q1 H=16, B=64 q2 H=16, B=32 q2 H=16,
-B=128 q1 H=32. Candidates per shape: ``default`` (the public op with the default plan:
-H <= 16 the one-warpgroup kernel, ``decode_gluon_small_h2.py``), ``8warp`` (the public op on
-the plan of the 8-warp small-H kernel, ``decode_gluon_small_h.py``: the default before the
-one-warpgroup kernel; at H=32 both run it). Each row: median time (CUDA-graph replays, all
-candidates of a shape interleaved), GB/s of the gathered rows (B * q_len * top-k * 576 bytes),
+B=1 q1 H=16, B=128 q1 H=32. Candidates per shape: ``default`` (the public op with the default
+plan: H <= 16 the one-warpgroup kernel, ``decode_gluon_small_h2.py``, as its dual kernel where
+the plan pairs chains), ``1 chain/program`` (H <= 16: the plan with ``chains=1``, the default
+before the dual kernel), ``8warp`` (the public op on the plan of the 8-warp small-H kernel,
+``decode_gluon_small_h.py``; at H=32 it is the default). Each row: median time (CUDA-graph
+replays, all candidates of a shape interleaved), GB/s of the gathered rows (B * q_len * top-k * 576 bytes),
 that rate as a fraction of the measured copy bandwidth (read + write of 1 GiB), the max abs
 error of out / lse against ``sparse_mla_decode_reference`` (bf16 out is ~1, lse ~10), ``ok``
 when every element is within the GPU tolerances of the tests, and ``adv``: the same check on a
@@ -39,7 +40,7 @@ TOP_K = 2048
 PAGE = 64
 SCALE = 1 / math.sqrt(576)
 
-SHAPES = ((128, 1, 16), (64, 1, 16), (64, 2, 16), (32, 2, 16), (128, 1, 32))  # (B, q_len, H)
+SHAPES = ((128, 1, 16), (64, 1, 16), (64, 2, 16), (32, 2, 16), (1, 1, 16), (128, 1, 32))  # (B, q_len, H)
 
 
 def _inputs(B: int, q_len: int, H: int):
@@ -206,7 +207,9 @@ def main() -> int:
         s0 = sets[0]
         md = plan_decode(B, q_len, H, TOP_K, "cuda")
         md8 = plan_decode(B, q_len, H, TOP_K, "cuda", gluon=True, transposed=True, num_warps=8)
-        cands = {"default": md, "8warp (old default)": md8}  # label -> plan
+        cands = {"default": md, "8warp": md8}  # label -> plan
+        if H <= 16:
+            cands["1 chain/program"] = plan_decode(B, q_len, H, TOP_K, "cuda", chains=1)
         fns, errs = {}, {}
         for label, mdc in cands.items():
             fns[label] = [_api_fn(s, kv, mdc) for s in sets]
@@ -218,7 +221,7 @@ def main() -> int:
         nbytes = B * q_len * TOP_K * 576
         for label, mdc in cands.items():
             plan = (f"block_h={mdc.block_h} splits={mdc.num_splits} warps={mdc.num_warps} stages={mdc.num_stages} "
-                    f"gluon={mdc.gluon}")
+                    f"gluon={mdc.gluon} chains={mdc.chains}")
             e = errs[label]
             t = times.get(label, e)
             if isinstance(t, Exception):

@@ -3,7 +3,7 @@
     python benchmarks/compile_sparse_mla_gluon_small_h.py [--out DIR] [--quick] [--wg-only]
 
 For each specialization (8-warp kernel: 16 / 32 heads, split or not, Vᵀ loaded early or not;
-one-warpgroup kernel of decode_gluon_small_h2.py: 16 heads, split or not) it prints
+one-warpgroup kernel of decode_gluon_small_h2.py and its dual form: 16 heads, split or not) it prints
 registers, stack, local memory, dynamic shared memory and counts of the SASS instructions that
 matter (QGMMA / HGMMA, cp.async LDGSTS, barriers, shuffles, shared loads and stores). Exits
 non-zero when a specialization spills, needs more than the 227 KB of shared memory an SM
@@ -79,16 +79,19 @@ def compile_one(block_h: int, split: bool, stages: int, out_dir: str, v_early: b
     return rep.shared <= SMEM_LIMIT and has_mma and rep.spills == 0
 
 
-def compile_wg(block_h: int, split: bool, out_dir: str) -> bool:
-    """The one-warpgroup kernel; fails above ``dw.WG_SMEM_LIMIT`` (2 programs per SM)."""
+def compile_wg(block_h: int, split: bool, out_dir: str, dual: bool = False) -> bool:
+    """The one-warpgroup kernel, or (``dual``) its two-chain form; fails above
+    ``dw.WG_SMEM_LIMIT`` (2 programs per SM; the dual kernel: the SM's 227 KB) or with spills
+    in a main loop."""
     constexprs = {"SPLIT": split, "HAS_SEQ_LENS": True, "STAGES": GLUON_WG_STAGES, "BLOCK_H": block_h,
                   "BLOCK_N": dw.WG_BLOCK_N}
-    tag = f"wg{block_h}_split{int(split)}_stages{GLUON_WG_STAGES}"
-    rep = compile_decode(dw.sparse_mla_decode_small_h_wg_kernel, split, constexprs, dw.WG_NUM_WARPS, out_dir, tag,
-                         PATTERN, keep_text=True)
+    tag = f"{'dual' if dual else 'wg'}{block_h}_split{int(split)}_stages{GLUON_WG_STAGES}"
+    kernel = dw.sparse_mla_decode_small_h_dual_kernel if dual else dw.sparse_mla_decode_small_h_wg_kernel
+    rep = compile_decode(kernel, split, constexprs, dw.WG_NUM_WARPS, out_dir, tag, PATTERN, keep_text=True)
     has_mma = report(tag, rep)
     loop_spills = sum(1 for t in loop_body(rep.sass) or () if re.search(r"\b(STL|LDL)", t))
-    return rep.shared <= dw.WG_SMEM_LIMIT and has_mma and loop_spills == 0  # spills outside the loop: prologue
+    limit = SMEM_LIMIT if dual else dw.WG_SMEM_LIMIT
+    return rep.shared <= limit and has_mma and loop_spills == 0  # spills outside the loop: prologue
 
 
 def main() -> int:
@@ -102,6 +105,7 @@ def main() -> int:
     ok = True
     for split in (True,) if args.quick else (True, False):
         ok &= compile_wg(16, split, out_dir)
+        ok &= compile_wg(16, split, out_dir, dual=True)
     for v_early in () if args.wg_only else (True, False):
         for block_h in (16, 32):
             for split in (False, True):

@@ -6,7 +6,7 @@ Small caches sized exactly (so any read past a row would leave the allocation), 
 at every boundary (-1, INT32_MIN, INT32_MAX, tokens, tokens - 1), seq_lens below 0 and
 above top-k, an empty cache, every kernel variant (small-H transposed, H >= 64, with and
 without the split + combine step, seq_lens None; on a Hopper GPU the Gluon kernels too:
-64 heads for H >= 64, small-H for H <= 32). Each result is checked against the
+64 heads for H >= 64, small-H for H <= 32, its dual form for H <= 16). Each result is checked against the
 reference; the script exits non-zero on a mismatch.
 """
 
@@ -61,13 +61,16 @@ def main() -> int:
         variants = [dict(gluon=False)]
         if hopper:
             variants.append(dict(gluon=True) if H >= 64 else dict(gluon=True, transposed=True))
+            if H <= 16:  # the one-warpgroup kernel's dual form (two chains per program)
+                variants.append(dict(gluon=True, transposed=True, chains=2))
         for kw in variants:
             gluon = kw["gluon"]
             md = plan_decode(B, q_len, H, top_k, "cuda", num_splits=splits, **kw)
             out, lse = sparse_mla_fp8_decode(qc, kvc, None, 128, 512, 64, idxc, slc, 0, top_k, bmm1_scale=0.05,
                                              return_lse=True, metadata=md)
             torch.cuda.synchronize()
-            what = f"B={B} q_len={q_len} H={H} top_k={top_k} tokens={tokens} splits={md.num_splits} gluon={gluon}"
+            what = (f"B={B} q_len={q_len} H={H} top_k={top_k} tokens={tokens} splits={md.num_splits} gluon={gluon} "
+                    f"chains={md.chains}")
             try:
                 assert_close(out, ref_o, atol=3e-3, rtol=3e-2, name="out")
                 assert_close(lse, ref_l, atol=1.5e-2, rtol=2e-3, name="lse")

@@ -257,6 +257,7 @@ def _sparse_mla_fp8_decode_op(
     max_regs: int,
     prefetch_idx: bool,
     gluon: bool = False,
+    chains: int = 1,
 ) -> None:
     backend = select_backend(query.device)
     if backend == "triton" and gluon and query.is_cuda and transposed:
@@ -264,7 +265,7 @@ def _sparse_mla_fp8_decode_op(
 
         sparse_mla_decode_gluon_small_h(query, kv_rows, block_tables, seq_lens, out, lse, partial_o, partial_lse,
                                         bmm1_scale, bmm2_scale, block_h, num_splits, split_blocks, num_stages,
-                                        num_warps=num_warps)
+                                        num_warps=num_warps, chains=chains)
     elif backend == "triton" and gluon and query.is_cuda:
         from mate.ops.sparse_mla.decode_gluon import sparse_mla_decode_gluon
 
@@ -551,5 +552,5 @@ def sparse_mla_fp8_decode(
                               metadata.partial_o, metadata.partial_lse, bmm1_scale, bmm2_scale, metadata.block_h,
                               metadata.num_splits, metadata.split_blocks, metadata.num_warps, metadata.num_stages,
                               metadata.block_n, metadata.transposed, metadata.max_regs, metadata.prefetch_idx,
-                              metadata.gluon)
+                              metadata.gluon, metadata.chains)
     return (out, lse) if return_lse else out

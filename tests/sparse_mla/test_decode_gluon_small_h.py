@@ -62,10 +62,27 @@ def test_small_h_plan_falls_back_on_cpu(triton_backend, H, q_len):
     (dict(block_n=16), "block_n"),
     (dict(num_warps=2), "num_warps"),
     (dict(prefetch_idx=True), "prefetch_idx"),
+    (dict(chains=3), "chains"),
+    (dict(chains=2, num_warps=8), "chains=2"),
 ])
 def test_small_h_plan_rejects_other_configurations(kw, match):
     with pytest.raises(ValueError, match=match):
         plan_decode(2, 1, 16, 2048, "cpu", gluon=True, transposed=True, **kw)
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(gluon=True, block_h=64), dict(gluon=True, transposed=True, block_h=32)])
+def test_small_h_dual_plan_needs_the_one_warpgroup_kernel(kw):
+    """``chains=2`` is the one-warpgroup kernel's option: any other kernel raises (on the
+    CPU too, before the device check)."""
+    with pytest.raises(ValueError, match="chains=2"):
+        plan_decode(2, 1, 16, 2048, "cpu", chains=2, **kw)
+
+
+@interpreter_only
+def test_small_h_dual_plan_falls_back_on_cpu(triton_backend):
+    """Off the GPU ``chains=2`` plans the plain kernel with ``num_splits`` programs."""
+    md = plan_decode(3, 2, 16, 128, "cpu", gluon=True, transposed=True, chains=2, num_splits=2)
+    assert md.gluon is False and md.chains == 1 and md.num_splits == 2 and md.split_blocks == 1
 
 
 def test_small_h_plan_only_when_asked():
@@ -90,7 +107,13 @@ def _plan(B, q_len, H, top_k, **kw):
     md = plan_decode(B, q_len, H, top_k, "cuda", gluon=True, transposed=True, **kw)
     assert md.gluon and md.transposed and md.block_h in (16, 32)
     assert md.num_warps == kw.get("num_warps", 4 if md.block_h == 16 else 8)
+    if "chains" in kw or "num_splits" in kw or md.num_warps == 8:
+        assert md.chains == kw.get("chains", 1)
     return md
+
+
+def _dual_plan(B, q_len, H, top_k, **kw):
+    return _plan(B, q_len, H, top_k, chains=2, **kw)
 
 
 @gpu
@@ -156,46 +179,79 @@ def test_gpu_small_h_repeated_decodes_bit_identical(small_h_ok, H):
 
 
 @gpu
+@pytest.mark.parametrize("chains", [1, 2])
 @pytest.mark.parametrize("H,B,q_len,splits,stages", [(16, 3, 2, 2, 2), (16, 128, 1, 2, 2), (32, 3, 2, 3, 2),
-                                                     (20, 2, 1, 1, 2), (16, 4, 1, 4, 3), (16, 2, 1, 8, 2)])
-def test_gpu_small_h_one_warpgroup_kernel(small_h_ok, H, B, q_len, splits, stages):
-    """The one-warpgroup kernel (``decode_gluon_small_h2.py``) against the reference: invalid
-    slots, partial seq_lens, an empty batch element (B > 2), split and unsplit plans, splits of
-    4 blocks."""
+                                                     (20, 2, 1, 1, 2), (16, 4, 1, 4, 3), (16, 2, 1, 8, 2),
+                                                     (16, 2, 1, 16, 2)])
+def test_gpu_small_h_one_warpgroup_kernel(small_h_ok, H, B, q_len, splits, stages, chains):
+    """The one-warpgroup kernel (``decode_gluon_small_h2.py``) and its dual kernel (two chains
+    per program) against the reference: invalid slots, partial seq_lens, an empty batch
+    element (B > 2), split and unsplit plans, splits of 4 and 2 (dual: 1) blocks."""
     from mate.ops.sparse_mla.decode_gluon_small_h2 import sparse_mla_decode_gluon_small_h_wg
 
     top_k = 2048
+    if chains == 2 and (H > 16 or stages != 2):
+        pytest.skip("the dual kernel is the 16-head one-warpgroup kernel's option, at 2 stages")
     q, kv, idx, sl = _make(B, q_len, H, top_k, pages=64, page_size=64, device="cuda")
-    md = _plan(B, q_len, H, top_k, num_splits=splits)
+    md = _plan(B, q_len, H, top_k, num_splits=splits, **({"chains": 2} if chains == 2 else {}))
+    assert md.num_splits == splits and md.chains == chains
     out = poisoned((B, q_len, H, 512), torch.bfloat16, "cuda")
     lse = poisoned((B, q_len, H), torch.float32, "cuda")
     sparse_mla_decode_gluon_small_h_wg(q, kv.view(-1, 576), idx, sl, out, lse, md.partial_o, md.partial_lse, S1, 1.25,
-                                       md.block_h, md.num_splits, md.split_blocks, stages)
+                                       md.block_h, md.num_splits, md.split_blocks, stages, chains=md.chains)
     _check(out, lse, q, kv, idx, sl, S1, 1.25)
 
 
 @gpu
+@pytest.mark.parametrize("chains", [1, 2])
 @pytest.mark.parametrize("H,splits,stages", [(16, 1, 2), (16, 2, 2), (16, 3, 2), (12, 3, 3), (16, 2, 3), (12, 3, 2)])
-def test_gpu_small_h_one_warpgroup_short_and_empty_rows(small_h_ok, H, splits, stages):
+def test_gpu_small_h_one_warpgroup_short_and_empty_rows(small_h_ok, H, splits, stages, chains):
     """The one-warpgroup kernel (ring slot refilled before the wait for the next block) on 1-3
     splits with -1 / out-of-range / INT_MIN slots and seq_lens 0, 1, 2, 65 (one block and one
     slot past it), 700 (inside the 11-block split 0 of 3), 704 and 705 (at a split boundary and
-    one past), full: splits with no valid slot, single-slot blocks and partial last blocks."""
+    one past), full: splits with no valid slot, single-slot blocks and partial last blocks.
+    ``chains`` 2: the dual kernel (each program's second chain starts where its first ends;
+    with 3 programs the last one's second chain is past top-k)."""
     from mate.ops.sparse_mla.decode_gluon_small_h2 import sparse_mla_decode_gluon_small_h_wg
 
+    if chains == 2 and stages != 2:
+        pytest.skip("the dual kernel runs 2 stages")
     top_k = 2048
     seq_lens = [0, 1, 2, 65, 700, 704, 705, top_k]
     B, q_len = len(seq_lens), 2
     q, kv, idx, sl = _make(B, q_len, H, top_k, pages=64, page_size=64, device="cuda", seq_lens=seq_lens)
-    md = _plan(B, q_len, H, top_k, num_splits=splits)
+    md = _plan(B, q_len, H, top_k, num_splits=splits, **({"chains": 2} if chains == 2 else {}))
     assert md.num_warps == 4 and md.num_splits == splits
     out = poisoned((B, q_len, H, 512), torch.bfloat16, "cuda")
     lse = poisoned((B, q_len, H), torch.float32, "cuda")
     sparse_mla_decode_gluon_small_h_wg(q, kv.view(-1, 576), idx, sl, out, lse, md.partial_o, md.partial_lse, S1, 1.25,
-                                       md.block_h, md.num_splits, md.split_blocks, stages)
+                                       md.block_h, md.num_splits, md.split_blocks, stages, chains=md.chains)
     _check(out, lse, q, kv, idx, sl, S1, 1.25)
     assert_equal(out[0], torch.zeros_like(out[0]))
     assert_equal(lse[0], torch.full_like(lse[0], float("inf")))
+
+
+@gpu
+@pytest.mark.parametrize("B,q_len", [(128, 1), (4, 2), (1, 1)])
+def test_gpu_small_h_dual_plans(small_h_ok, B, q_len):
+    """The dual kernel through the public op on its plans: B=128 q1 needs no combine (one
+    program of two chains), smaller batches combine fewer programs than chains."""
+    check_decode(_dual_plan, B, q_len, 16, 2048)
+    md = _dual_plan(B, q_len, 16, 2048)
+    assert md.num_splits == (1 if B == 128 else md.num_splits) and md.split_blocks * md.num_splits * 2 >= 32
+
+
+@gpu
+def test_gpu_small_h_dual_empty_rows_unaligned_graph_and_repeats(small_h_ok):
+    """Empty rows and all-invalid chains, the plain fallback for an unaligned cache (each
+    program's slots = both chains'), CUDA-graph replay without allocation, 50 repeats
+    bit-identical."""
+    check_empty_rows_and_all_invalid(_dual_plan, 16, 2)
+    check_unaligned_cache(_dual_plan, 16)
+    md = _dual_plan(4, 2, 16, 2048)
+    assert md.num_splits > 1
+    check_graph_replay(4, 2, 16, 2048, md)
+    assert count_unequal_repeats(128, 1, 16, 2048, _dual_plan(128, 1, 16, 2048), 50) == 0
 
 
 def test_small_h_one_warpgroup_launch_validated():
@@ -204,6 +260,8 @@ def test_small_h_one_warpgroup_launch_validated():
 
     q = torch.zeros(1, 1, 16, 576, dtype=torch.float8_e4m3fn)
     e = torch.empty(0)
+    with pytest.raises(ValueError, match="dual kernel needs num_stages 2"):
+        sparse_mla_decode_gluon_small_h_wg(q, e, e, None, e, e, e, e, 1.0, 1.0, 16, 2, 16, 3, chains=2)
     with pytest.raises(ValueError, match="num_stages"):
         sparse_mla_decode_gluon_small_h_wg(q, e, e, None, e, e, e, e, 1.0, 1.0, 16, 2, 16, 4)
     with pytest.raises(ValueError, match="block_h"):

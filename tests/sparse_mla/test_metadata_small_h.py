@@ -18,14 +18,31 @@ def hopper(monkeypatch):
     monkeypatch.setattr(metadata, "_cuda_capability", lambda device: (9, 0))
 
 
-@pytest.mark.parametrize("B,q_len,H,splits", [(128, 1, 16, 2), (64, 1, 16, 4), (64, 2, 16, 2), (32, 2, 16, 4),
-                                              (128, 1, 8, 2), (132, 1, 16, 2), (264, 1, 16, 1)])
-def test_one_warpgroup_default_fills_two_programs_per_sm(hopper, B, q_len, H, splits):
-    """H <= 16: the one-warpgroup kernel (4 warps, 2 programs per SM), split to fill 2 x 132."""
+@pytest.mark.parametrize("B,q_len,H,chains,programs", [
+    (128, 1, 16, 2, 1), (64, 1, 16, 2, 2), (64, 2, 16, 2, 1), (32, 2, 16, 2, 2), (128, 1, 8, 2, 1), (132, 1, 16, 2, 1),
+    (264, 1, 16, 1, 1), (8, 1, 16, 2, 16), (1, 1, 16, 1, 32)])
+def test_one_warpgroup_default_fills_two_chains_per_sm(hopper, B, q_len, H, chains, programs):
+    """H <= 16: the one-warpgroup kernel (4 warps), split to fill 2 x 132 chains; where the
+    chains are at least as many as the SMs, two per program (the dual kernel: 8 warps). On a
+    "cpu" device a split may be 1 block (on the GPU at least 4): B=8 has 256 chains, B=1 32."""
     md = plan_decode(B, q_len, H, 2048, "cpu", num_sms=132)
     assert md.gluon and md.transposed and md.block_h == 16
-    assert (md.num_warps, md.num_stages, md.num_splits) == (4, GLUON_WG_STAGES, splits)
-    assert md.num_splits * md.split_blocks * 64 >= 2048
+    assert (md.num_warps, md.num_stages, md.chains, md.num_splits) == (4, GLUON_WG_STAGES, chains, programs)
+    assert md.num_splits * md.chains * md.split_blocks * 64 >= 2048
+    assert (md.num_splits * md.chains - 1) * md.split_blocks * 64 < 2048  # at most one chain past top-k
+
+
+def test_dual_plan_options(hopper):
+    """``chains=1`` keeps one chain per program; ``chains=2`` with ``num_splits`` counts
+    programs; 3 stages (two rings would not fit) keep one chain or raise when forced."""
+    md = plan_decode(128, 1, 16, 2048, "cpu", num_sms=132, chains=1)
+    assert (md.chains, md.num_splits, md.split_blocks) == (1, 2, 16)
+    md = plan_decode(8, 1, 16, 2048, "cpu", num_sms=132, chains=2, num_splits=3)
+    assert (md.chains, md.num_splits, md.split_blocks) == (2, 3, 6)
+    md = plan_decode(128, 1, 16, 2048, "cpu", num_sms=132, gluon=True, transposed=True, num_stages=3)
+    assert (md.num_warps, md.num_stages, md.chains, md.num_splits) == (4, 3, 1, 2)
+    with pytest.raises(ValueError, match="num_stages 2"):
+        plan_decode(128, 1, 16, 2048, "cpu", num_sms=132, gluon=True, transposed=True, num_stages=3, chains=2)
 
 
 @pytest.mark.parametrize("B,q_len,H,splits", [(128, 1, 32, 1), (128, 1, 17, 1), (64, 1, 32, 2), (64, 2, 20, 1)])
@@ -39,8 +56,6 @@ def test_eight_warp_default_above_16_heads(hopper, B, q_len, H, splits):
 def test_eight_warp_kernel_selectable_at_16_heads(hopper):
     md = plan_decode(128, 1, 16, 2048, "cpu", num_sms=132, gluon=True, transposed=True, num_warps=8)
     assert (md.num_warps, md.num_stages, md.num_splits) == (8, GLUON_SMALL_H_STAGES, 1)
-    md = plan_decode(128, 1, 16, 2048, "cpu", num_sms=132, gluon=True, transposed=True, num_stages=3)
-    assert (md.num_warps, md.num_stages, md.num_splits) == (4, 3, 2)
 
 
 def test_cpu_plans_unchanged():

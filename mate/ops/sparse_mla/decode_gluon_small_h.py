@@ -282,25 +282,31 @@ def sparse_mla_decode_gluon_small_h(
     num_stages: int,
     v_early: bool = SMALL_H_V_EARLY,
     num_warps: int = SMALL_H_NUM_WARPS,
+    chains: int = 1,
 ) -> None:
     """Launches the small-H Gluon decode on validated CUDA tensors (contract of
     ``sparse_mla_decode_gluon``; ``block_h`` 16 or 32, >= H). A cache view that is not
     16-byte aligned (cp.async) takes the plain kernels with the same plan (which read such a
     view with the heads-on-M kernel, see ``sparse_mla_decode_triton``).
     ``num_warps``: 8 for this kernel, 4 for the one-warpgroup kernel of
-    ``decode_gluon_small_h2.py`` (the plan's choice for H <= 16). ``v_early`` (8 warps): Vᵀ
-    of the next block is loaded while the current P·V runs. No allocation, no host sync."""
+    ``decode_gluon_small_h2.py`` (the plan's choice for H <= 16), which with ``chains`` 2 runs
+    as its dual kernel (two chains of ``split_blocks`` blocks per program). ``v_early`` (8
+    warps): Vᵀ of the next block is loaded while the current P·V runs. No allocation, no host
+    sync."""
     H = query.shape[2]
     if block_h < H or block_h not in (16, 32):
         raise ValueError(f"the small-H Gluon kernel needs block_h 16 or 32 and H <= block_h, got H={H}, "
                          f"block_h={block_h}")
     if num_warps not in (4, SMALL_H_NUM_WARPS):
         raise ValueError(f"num_warps must be 4 or {SMALL_H_NUM_WARPS} for the small-H Gluon kernel, got {num_warps}")
+    if chains not in (1, 2) or (chains == 2 and num_warps != 4):
+        raise ValueError(f"chains must be 1, or 2 with num_warps 4, got chains={chains}, num_warps={num_warps}")
     if num_warps == 4:
         from mate.ops.sparse_mla.decode_gluon_small_h2 import sparse_mla_decode_gluon_small_h_wg
 
         sparse_mla_decode_gluon_small_h_wg(query, kv_rows, block_tables, seq_lens, out, lse, partial_o, partial_lse,
-                                           bmm1_scale, bmm2_scale, block_h, num_splits, split_blocks, num_stages)
+                                           bmm1_scale, bmm2_scale, block_h, num_splits, split_blocks, num_stages,
+                                           chains=chains)
         return
     launch_decode(sparse_mla_decode_small_h_kernel, (), query, kv_rows, block_tables, seq_lens, out, lse, partial_o,
                   partial_lse, bmm1_scale, bmm2_scale, num_splits, split_blocks, (block_h, 8, 6, 64, True),
@@ -309,26 +315,29 @@ def sparse_mla_decode_gluon_small_h(
 
 def _self_check() -> None:
     """Decodes small random problems (16 / 32 / 20 heads, split and unsplit plans, the 8-warp
-    kernel with Vᵀ loaded early or after P·V and the one-warpgroup kernel, invalid slots, an
-    empty row) with the small-H Gluon kernels on the current GPU against the reference; raises
+    kernel with Vᵀ loaded early or after P·V, the one-warpgroup kernel and its dual kernel,
+    invalid slots, an empty row) with the small-H Gluon kernels on the current GPU against the reference; raises
     on a mismatch. Run in a child process by :func:`probe_in_subprocess`."""
     from mate.ops.sparse_mla.metadata import plan_decode
 
     scale = 576**-0.5
-    for B, q_len, H, top_k, splits, early, warps in ((3, 2, 16, 2112, None, False, 8), (2, 1, 32, 2048, 1, False, 8),
-                                                     (2, 1, 20, 2048, 3, False, 8), (3, 1, 16, 2048, 1, True, 8),
-                                                     (2, 2, 32, 2048, 3, True, 8), (3, 2, 16, 2112, None, True, None),
-                                                     (2, 1, 12, 2048, 1, True, None)):
+    for B, q_len, H, top_k, splits, early, warps, chains in (
+            (3, 2, 16, 2112, None, False, 8, 1), (2, 1, 32, 2048, 1, False, 8, 1), (2, 1, 20, 2048, 3, False, 8, 1),
+            (3, 1, 16, 2048, 1, True, 8, 1), (2, 2, 32, 2048, 3, True, 8, 1), (3, 2, 16, 2112, None, True, None, 1),
+            (2, 1, 12, 2048, 1, True, None, 1), (3, 2, 16, 2112, None, True, None, 2), (2, 1, 12, 2048, 1, True, None, 2)):
         q, kv, idx, sl = self_check_problem(B, q_len, H, top_k)
-        md = plan_decode(B, q_len, H, top_k, "cuda", gluon=True, transposed=True, num_splits=splits, num_warps=warps)
-        assert md.gluon and md.transposed and md.num_warps == (warps or 4)
+        md = plan_decode(B, q_len, H, top_k, "cuda", gluon=True, transposed=True, num_splits=splits, num_warps=warps,
+                         chains=chains)
+        assert md.gluon and md.transposed and md.num_warps == (warps or 4) and md.chains == chains
         out = torch.full((B, q_len, H, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
         lse = torch.full((B * q_len * H,), float("nan"), device="cuda")
         sparse_mla_decode_gluon_small_h(q.cuda(), kv.cuda().view(-1, 576), idx.cuda(), sl.cuda(), out, lse,
                                         md.partial_o, md.partial_lse, scale, 1.25, md.block_h, md.num_splits,
-                                        md.split_blocks, md.num_stages, v_early=early, num_warps=md.num_warps)
+                                        md.split_blocks, md.num_stages, v_early=early, num_warps=md.num_warps,
+                                        chains=md.chains)
         torch.cuda.synchronize()
-        assert_matches_reference(out, lse, q, kv, idx, sl, scale, 1.25, f" (H={H}, {md.num_warps} warps, early {early})")
+        assert_matches_reference(out, lse, q, kv, idx, sl, scale, 1.25,
+                                 f" (H={H}, {md.num_warps} warps, early {early}, {chains} chains)")
 
 
 def probe_in_subprocess(timeout_s: float = 240.0) -> str | None:

@@ -29,6 +29,19 @@ late refill (after the Sᵀ / P·V half 0 wait) 59.8. Earlier run (copy 4188 GB/
 against the 8-warp kernel: B=128 q1 61.5 vs 68.8, B=64 q1 4 splits 40.4 vs 43.2, B=64 q2 58.4
 vs 66.0, B=32 q2 38.9 vs 42.7.
 
+Dual kernel (``sparse_mla_decode_small_h_dual_kernel``, plans with ``chains=2``): the same chain
+twice in one program, the second warpgroup as a ``gl.warp_specialize`` worker (each partition's
+CTA barriers are named 128-thread barriers; both run at 256 registers), each with its own ring,
+over consecutive halves of the program's slots; the worker hands its unnormalised Oᵀ halves, row
+max and sums to the default warpgroup through 32 KB of shared memory (one mbarrier), which
+merges them and stores. Same two chains per SM as two one-warpgroup programs (203 KB, one
+program per SM), but a plan that wanted two chains per query position needs no combine launch
+and no partial round trip (sm_90: 255 registers, no spills in the loops). H200 (top-k 2048,
+interleaved, copy 4234 GB/s; us, one chain per program -> dual): B=128 q1 H=16 55.1 -> 50.5
+(64.7% -> 70.6% of copy), B=64 q1 37.7 -> 34.5, B=64 q2 53.3 -> 49.6, B=32 q2 35.6 -> 33.5; B=1
+q1 14.6 -> 18.9 (8 chains: pairing them halves the SMs that gather, so the plan keeps one chain
+per program when the chains are fewer than the SMs).
+
 Tried and removed (the earlier run, us at B=128 q1 / B=64 q1 / B=64 q2 / B=32 q2): a split ring
 (values [0, 256) and the rotary part in 2 slots, values [256, 512) in 3, each part issued
 1-1.5 iterations ahead, 101 KB; sm_90 834 instructions, 6 barriers) 65.8 / 43.8 / 62.1 /
@@ -57,6 +70,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     async_copy,
     fence_async_shared,
+    mbarrier,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
@@ -69,11 +83,13 @@ from mate.ops.sparse_mla.gluon_common import (
     launch_decode,
 )
 
-__all__ = ["sparse_mla_decode_small_h_wg_kernel", "sparse_mla_decode_gluon_small_h_wg", "WG_NUM_WARPS"]
+__all__ = ["sparse_mla_decode_small_h_wg_kernel", "sparse_mla_decode_small_h_dual_kernel",
+           "sparse_mla_decode_gluon_small_h_wg", "WG_NUM_WARPS"]
 
 WG_BLOCK_N = 64
 WG_NUM_WARPS = 4
 WG_SMEM_LIMIT = smem_for_programs(2)  # 113 KB: two programs share an SM
+DUAL_WORKER_REGS = gl.constexpr(256)
 
 
 @gluon.jit
@@ -104,33 +120,12 @@ def _widen_vt_half(v, A_L: gl.constexpr, BLOCK_N: gl.constexpr):
 
 
 @gluon.jit
-def sparse_mla_decode_small_h_wg_kernel(
-    q_ptr,
-    kv_ptr,
-    idx_ptr,
-    seq_lens_ptr,
-    out_ptr,
-    lse_ptr,
-    po_ptr,
-    plse_ptr,
-    num_tokens,
-    qk_scale_log2,
-    out_scale,
-    H,
-    q_len,
-    top_k,
-    split_blocks,
-    num_splits,
-    SPLIT: gl.constexpr,
-    HAS_SEQ_LENS: gl.constexpr,
-    STAGES: gl.constexpr,
-    BLOCK_H: gl.constexpr,
-    BLOCK_N: gl.constexpr,
-    D_V: gl.constexpr,
-    D_R: gl.constexpr,
-):
-    """One program (one warpgroup): ``BLOCK_H`` (16 or 32, >= H) heads of one query position
-    over ``split_blocks`` blocks of 64 top-k slots; grid (splits, B * q_len)."""
+def _wg_chain(q_ptr, kv_ptr, idx_ptr, seq_lens_ptr, bt, pid_s, num_tokens, qk_scale_log2, H, q_len, top_k, split_blocks,
+              HAS_SEQ_LENS: gl.constexpr, STAGES: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
+              D_V: gl.constexpr, D_R: gl.constexpr):
+    """One warpgroup's chain over split ``pid_s`` (``split_blocks`` blocks of 64 top-k slots)
+    of query position ``bt``: returns the two unnormalised Oᵀ halves [256, BLOCK_H] (value
+    rows permuted, see ``_perm_half``), the running max (log2 domain) and the row sums."""
     gl.static_assert(BLOCK_N == 64)
     gl.static_assert(D_V == 512)
     gl.static_assert((BLOCK_H == 16) or (BLOCK_H == 32))
@@ -154,9 +149,6 @@ def sparse_mla_decode_small_h_wg_kernel(
     K_SL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
     R_SL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2)
     F16_SL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-
-    pid_s = gl.program_id(0)
-    bt = gl.program_id(1).to(gl.int64)
 
     (q_smem, qr_smem, k_ring, r_ring, p_smem, lo, hi, n_iter, idx_row, tok_g, tok_r, tok_s, m_i, l_acc, s_zero,
      offs_ns) = _first_block(q_ptr, kv_ptr, idx_ptr, seq_lens_ptr, bt, pid_s, num_tokens, qk_scale_log2, H, q_len,
@@ -194,14 +186,147 @@ def sparse_mla_decode_small_h_wg_kernel(
 
     async_copy.wait_group(0)
     gl.thread_barrier()
+    return acc0, acc1, m_i, gl.sum(l_acc, 0)
+
+
+@gluon.jit
+def _store_halves(acc0, acc1, m_i, l_i, out_ptr, lse_ptr, po_ptr, plse_ptr, out_scale, H, bt, pid_s, num_splits,
+                  SPLIT: gl.constexpr, BLOCK_H: gl.constexpr, D_V: gl.constexpr):
+    """``_store_result`` of both Oᵀ halves of ``_wg_chain`` (value rows un-permuted)."""
+    O_L: gl.constexpr = acc0.type.layout
     m_o = gl.arange(0, 256, layout=gl.SliceLayout(1, O_L))
     offs_h = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, O_L))
-    offs_hl = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, S_L))
-    l_i = gl.sum(l_acc, 0)
+    offs_hl = gl.arange(0, BLOCK_H, layout=m_i.type.layout)
     _store_result(acc0, m_i, l_i, offs_h[None, :], _perm_half(m_o)[:, None], offs_hl, out_ptr, lse_ptr, po_ptr,
                   plse_ptr, out_scale, H, bt, pid_s, num_splits, 1, SPLIT, D_V)
     _store_result(acc1, m_i, l_i, offs_h[None, :], 256 + _perm_half(m_o)[:, None], offs_hl, out_ptr, lse_ptr,
                   po_ptr, plse_ptr, out_scale, H, bt, pid_s, num_splits, 1, SPLIT, D_V)
+
+
+@gluon.jit
+def sparse_mla_decode_small_h_wg_kernel(
+    q_ptr,
+    kv_ptr,
+    idx_ptr,
+    seq_lens_ptr,
+    out_ptr,
+    lse_ptr,
+    po_ptr,
+    plse_ptr,
+    num_tokens,
+    qk_scale_log2,
+    out_scale,
+    H,
+    q_len,
+    top_k,
+    split_blocks,
+    num_splits,
+    SPLIT: gl.constexpr,
+    HAS_SEQ_LENS: gl.constexpr,
+    STAGES: gl.constexpr,
+    BLOCK_H: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    D_V: gl.constexpr,
+    D_R: gl.constexpr,
+):
+    """One program (one warpgroup): ``BLOCK_H`` (16 or 32, >= H) heads of one query position
+    over ``split_blocks`` blocks of 64 top-k slots; grid (splits, B * q_len)."""
+    pid_s = gl.program_id(0)
+    bt = gl.program_id(1).to(gl.int64)
+    acc0, acc1, m_i, l_i = _wg_chain(q_ptr, kv_ptr, idx_ptr, seq_lens_ptr, bt, pid_s, num_tokens, qk_scale_log2, H,
+                                     q_len, top_k, split_blocks, HAS_SEQ_LENS, STAGES, BLOCK_H, BLOCK_N, D_V, D_R)
+    _store_halves(acc0, acc1, m_i, l_i, out_ptr, lse_ptr, po_ptr, plse_ptr, out_scale, H, bt, pid_s, num_splits,
+                  SPLIT, BLOCK_H, D_V)
+
+
+@gluon.jit
+def _dual_second(q_ptr, kv_ptr, idx_ptr, seq_lens_ptr, bt, pid_s, num_tokens, qk_scale_log2, H, q_len, top_k,
+                 split_blocks, x0, x1, xm, xl, done, HAS_SEQ_LENS: gl.constexpr, STAGES: gl.constexpr,
+                 BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_R: gl.constexpr):
+    """Worker warpgroup of the dual kernel: chain 2 * pid_s + 1, its state handed over
+    through shared memory (``done`` counts one arrival)."""
+    acc0, acc1, m_i, l_i = _wg_chain(q_ptr, kv_ptr, idx_ptr, seq_lens_ptr, bt, 2 * pid_s + 1, num_tokens,
+                                     qk_scale_log2, H, q_len, top_k, split_blocks, HAS_SEQ_LENS, STAGES, BLOCK_H,
+                                     BLOCK_N, D_V, D_R)
+    x0.store(acc0)
+    x1.store(acc1)
+    xm.store(m_i)
+    xl.store(l_i)
+    mbarrier.arrive(done, count=1)
+
+
+@gluon.jit
+def _dual_first(q_ptr, kv_ptr, idx_ptr, seq_lens_ptr, out_ptr, lse_ptr, po_ptr, plse_ptr, bt, pid_s, num_tokens,
+                qk_scale_log2, out_scale, H, q_len, top_k, split_blocks, num_splits, x0, x1, xm, xl, done,
+                SPLIT: gl.constexpr, HAS_SEQ_LENS: gl.constexpr, STAGES: gl.constexpr, BLOCK_H: gl.constexpr,
+                BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_R: gl.constexpr):
+    """Default warpgroup of the dual kernel: chain 2 * pid_s, then the merge of both chains
+    (log2 domain) and the store."""
+    acc0, acc1, m_i, l_i = _wg_chain(q_ptr, kv_ptr, idx_ptr, seq_lens_ptr, bt, 2 * pid_s, num_tokens, qk_scale_log2,
+                                     H, q_len, top_k, split_blocks, HAS_SEQ_LENS, STAGES, BLOCK_H, BLOCK_N, D_V, D_R)
+    mbarrier.wait(done, 0)
+    m_b = xm.load(m_i.type.layout)
+    l_b = xl.load(m_i.type.layout)
+    m_new = gl.maximum(m_i, m_b)
+    m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # both chains empty: weights 0, no NaN
+    w_a = gl.exp2(m_i - m_use)
+    w_b = gl.exp2(m_b - m_use)
+    O_L: gl.constexpr = acc0.type.layout
+    wa_o = gl.convert_layout(w_a, gl.SliceLayout(0, O_L))[None, :]
+    wb_o = gl.convert_layout(w_b, gl.SliceLayout(0, O_L))[None, :]
+    acc0 = acc0 * wa_o + x0.load(O_L) * wb_o
+    acc1 = acc1 * wa_o + x1.load(O_L) * wb_o
+    _store_halves(acc0, acc1, m_new, l_i * w_a + l_b * w_b, out_ptr, lse_ptr, po_ptr, plse_ptr, out_scale, H, bt,
+                  pid_s, num_splits, SPLIT, BLOCK_H, D_V)
+
+
+@gluon.jit
+def sparse_mla_decode_small_h_dual_kernel(
+    q_ptr,
+    kv_ptr,
+    idx_ptr,
+    seq_lens_ptr,
+    out_ptr,
+    lse_ptr,
+    po_ptr,
+    plse_ptr,
+    num_tokens,
+    qk_scale_log2,
+    out_scale,
+    H,
+    q_len,
+    top_k,
+    split_blocks,
+    num_splits,
+    SPLIT: gl.constexpr,
+    HAS_SEQ_LENS: gl.constexpr,
+    STAGES: gl.constexpr,
+    BLOCK_H: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    D_V: gl.constexpr,
+    D_R: gl.constexpr,
+):
+    """Two one-warpgroup chains in one program (8 warps): split ``pid_s`` of the plan covers
+    chains 2 * pid_s and 2 * pid_s + 1 of ``split_blocks`` blocks each, merged in shared
+    memory, so a plan that needs two chains per query position runs no combine kernel;
+    grid (splits, B * q_len)."""
+    pid_s = gl.program_id(0)
+    bt = gl.program_id(1).to(gl.int64)
+    X_SL: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+    V_SL: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
+    x0 = gl.allocate_shared_memory(gl.float32, [256, BLOCK_H], X_SL)
+    x1 = gl.allocate_shared_memory(gl.float32, [256, BLOCK_H], X_SL)
+    xm = gl.allocate_shared_memory(gl.float32, [BLOCK_H], V_SL)
+    xl = gl.allocate_shared_memory(gl.float32, [BLOCK_H], V_SL)
+    done = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(done, count=1)
+    gl.warp_specialize([
+        (_dual_first, (q_ptr, kv_ptr, idx_ptr, seq_lens_ptr, out_ptr, lse_ptr, po_ptr, plse_ptr, bt, pid_s, num_tokens,
+                       qk_scale_log2, out_scale, H, q_len, top_k, split_blocks, num_splits, x0, x1, xm, xl, done,
+                       SPLIT, HAS_SEQ_LENS, STAGES, BLOCK_H, BLOCK_N, D_V, D_R)),
+        (_dual_second, (q_ptr, kv_ptr, idx_ptr, seq_lens_ptr, bt, pid_s, num_tokens, qk_scale_log2, H, q_len, top_k,
+                        split_blocks, x0, x1, xm, xl, done, HAS_SEQ_LENS, STAGES, BLOCK_H, BLOCK_N, D_V, D_R)),
+    ], [4], [DUAL_WORKER_REGS])
 
 
 def sparse_mla_decode_gluon_small_h_wg(
@@ -219,15 +344,21 @@ def sparse_mla_decode_gluon_small_h_wg(
     num_splits: int,
     split_blocks: int,
     num_stages: int = 2,
+    chains: int = 1,
 ) -> None:
     """Launches the one-warpgroup small-H decode (contract of
-    ``sparse_mla_decode_gluon_small_h``; ``num_stages`` 2 or 3). No allocation, no host sync."""
+    ``sparse_mla_decode_gluon_small_h``; ``num_stages`` 2 or 3), or with ``chains`` 2 the dual
+    kernel: ``num_splits`` programs per query position, each over two chains of
+    ``split_blocks`` blocks. No allocation, no host sync."""
     H = query.shape[2]
     if block_h < H or block_h not in (16, 32):
         raise ValueError(f"the small-H Gluon kernel needs block_h 16 or 32 and H <= block_h, got H={H}, "
                          f"block_h={block_h}")
     if num_stages not in (2, 3):
         raise ValueError(f"num_stages must be 2 or 3 for the one-warpgroup kernel, got {num_stages}")
-    launch_decode(sparse_mla_decode_small_h_wg_kernel, (), query, kv_rows, block_tables, seq_lens, out, lse, partial_o,
-                  partial_lse, bmm1_scale, bmm2_scale, num_splits, split_blocks, (block_h, 8, 6, 64, True),
-                  WG_NUM_WARPS, STAGES=num_stages, BLOCK_H=block_h, BLOCK_N=WG_BLOCK_N)
+    if chains == 2 and num_stages != 2:
+        raise ValueError(f"the dual kernel needs num_stages 2 (two rings of 3 do not fit), got {num_stages}")
+    kernel = sparse_mla_decode_small_h_dual_kernel if chains == 2 else sparse_mla_decode_small_h_wg_kernel
+    launch_decode(kernel, (), query, kv_rows, block_tables, seq_lens, out, lse, partial_o, partial_lse, bmm1_scale,
+                  bmm2_scale, num_splits, split_blocks, (block_h, 8, 6, 64, True), WG_NUM_WARPS,
+                  plain_split_blocks=chains * split_blocks, STAGES=num_stages, BLOCK_H=block_h, BLOCK_N=WG_BLOCK_N)

@@ -133,13 +133,15 @@ def _store_result(acc, m_i, l_i, h_o, d_o, h_l, out_ptr, lse_ptr, po_ptr, plse_p
 def launch_decode(kernel, head_tiles: tuple, query: torch.Tensor, kv_rows: torch.Tensor, block_tables: torch.Tensor,
                   seq_lens: torch.Tensor | None, out: torch.Tensor, lse: torch.Tensor, partial_o: torch.Tensor,
                   partial_lse: torch.Tensor, bmm1_scale: float, bmm2_scale: float, num_splits: int,
-                  split_blocks: int, plain_config: tuple, num_warps: int, **constexprs) -> None:
+                  split_blocks: int, plain_config: tuple, num_warps: int, plain_split_blocks: int | None = None,
+                  **constexprs) -> None:
     """Launches a Gluon decode ``kernel`` (the argument list both kernels share) on grid
     ``(*head_tiles, num_splits, B * q_len)``, then the combine kernel of a split plan;
     nothing for an empty batch.
     cp.async moves 16-byte pieces: a cache view that is not 16-byte aligned (rows are 576
     bytes, so only the base matters) takes ``sparse_mla_decode_triton`` with the same plan
-    and ``plain_config`` = (block_h, num_warps, num_stages, block_n, transposed)."""
+    and ``plain_config`` = (block_h, num_warps, num_stages, block_n, transposed), each of its
+    ``num_splits`` programs over ``plain_split_blocks`` (default ``split_blocks``) blocks."""
     from mate.ops.sparse_mla.decode import decode_kernel_args, kv_kernel_arg, launch_combine, sparse_mla_decode_triton
 
     B, q_len, H, _ = query.shape
@@ -149,8 +151,8 @@ def launch_decode(kernel, head_tiles: tuple, query: torch.Tensor, kv_rows: torch
     if kv_kernel_arg(kv_rows, query).data_ptr() % 16:
         block_h, warps, stages, block_n, transposed = plain_config
         sparse_mla_decode_triton(query, kv_rows, block_tables, seq_lens, out, lse, partial_o, partial_lse,
-                                 bmm1_scale, bmm2_scale, block_h, num_splits, split_blocks, warps, stages, block_n,
-                                 transposed, 0, False)
+                                 bmm1_scale, bmm2_scale, block_h, num_splits, plain_split_blocks or split_blocks, warps,
+                                 stages, block_n, transposed, 0, False)
         return
     split = num_splits > 1
     kernel[(*head_tiles, num_splits, rows)](

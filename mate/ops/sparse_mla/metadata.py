@@ -90,6 +90,17 @@ class DecodeMetadata:
         compiles: transposed small-H kernel at 6 stages, 5 buffers, 200 KB of shared memory,
         255 registers; 64 heads at 4 stages, 3 buffers, 217 KB). Off by default until
         measured faster.
+    chains : int
+        Independent one-warpgroup chains per program: 1, or 2 for the dual kernel of
+        ``decode_gluon_small_h2.py`` (the one-warpgroup small-H kernel twice in one 8-warp
+        program, ``gl.warp_specialize``, merged in shared memory): each program then covers
+        ``2 * split_blocks`` blocks, so a plan that wants two chains per query position needs no
+        combine step. The default for the one-warpgroup kernel when its split plan has two or
+        more chains per query position and at least as many chains as SMs (H200, top-k 2048,
+        interleaved, us, one chain per program -> dual: B=128 q1 H=16 55.1 -> 50.5, B=64 q1
+        37.7 -> 34.5, B=64 q2 53.3 -> 49.6, B=32 q2 35.6 -> 33.5; B=1 q1, 8 chains, 14.6 ->
+        18.9: there pairing chains halves the SMs that gather). ``plan_decode(...,
+        chains=2)`` forces it (the one-warpgroup kernel only), ``chains=1`` keeps one chain.
     gluon : bool
         Run the Gluon kernel (``decode_gluon.py``; 64 heads per program on Hopper, Q·Kᵀ
         split across the two warpgroups and issued ahead of P·V, cp.async gather ring)
@@ -134,6 +145,7 @@ class DecodeMetadata:
     max_regs: int
     prefetch_idx: bool
     gluon: bool
+    chains: int
     # scratch space, not part of the plan's value (dumps record only its shape)
     partial_o: torch.Tensor = dataclasses.field(compare=False)
     partial_lse: torch.Tensor = dataclasses.field(compare=False)
@@ -210,13 +222,15 @@ def plan_decode(
     transposed: bool | None = None,
     prefetch_idx: bool | None = None,
     gluon: bool | None = None,
+    chains: int | None = None,
 ) -> DecodeMetadata:
     """Builds the plan; ``num_sms`` / ``num_splits`` / ``block_h`` / ``num_stages`` /
     ``partial_dtype`` (fp16 or fp32 split outputs) / ``block_n`` / ``num_warps`` /
     ``max_regs`` (the compiler's ``maxnreg``, 0 for none) / ``transposed`` (the
     Sᵀ = K·Qᵀ small-H kernel, default for ``block_h`` <= 32; False: mma.sync) /
     ``prefetch_idx`` (indices loaded one step ahead, more gather buffers) / ``gluon``
-    (the Gluon kernel, see :class:`DecodeMetadata`) override the device-derived choices
+    (the Gluon kernel, see :class:`DecodeMetadata`) / ``chains`` (2: two one-warpgroup
+    chains per program; ``num_splits`` then counts programs) override the device-derived choices
     (tests and benchmarks: ``block_h=64`` pads a small H).
 
     Defaults measured on the H200 (2026-11-29, top-k 2048, CUDA-graph replay): on Hopper,
@@ -236,7 +250,7 @@ def plan_decode(
     if (gluon is None and block_h is None and transposed is None and prefetch_idx is None
             and num_stages is None and not explicit_launch and num_heads <= 32 and _is_hopper(device)):
         # small H: the transposed small-H Gluon kernel, split or not
-        common = dict(num_sms=num_sms, num_splits=num_splits, partial_dtype=partial_dtype)
+        common = dict(num_sms=num_sms, num_splits=num_splits, partial_dtype=partial_dtype, chains=chains)
         return plan_decode(batch_size, q_len, num_heads, top_k, device, gluon=True, transposed=True, **common)
     auto_gluon = gluon is None
     if auto_gluon:
@@ -260,9 +274,21 @@ def plan_decode(
     if transposed and block_h == 64:
         raise ValueError(f"transposed needs block_h 16 or 32, got block_h {block_h}")
     num_head_tiles = -(-num_heads // block_h)
+    auto_chains = chains is None and num_splits is None
+    chains = 1 if chains is None else chains
+    checks.check_choice("chains", chains, (1, 2))
+    if chains == 2 and not (small_h_gluon and _gluon_warps(block_h, small_h_gluon, num_warps) == 4):
+        raise ValueError("chains=2 needs the one-warpgroup small-H Gluon kernel (gluon=True, transposed=True, "
+                         f"block_h 16, num_warps 4), got gluon={gluon}, transposed={transposed}, block_h={block_h}, "
+                         f"num_warps={num_warps}")
     if gluon:
         gluon = _check_gluon(device, block_h, block_n, num_warps, max_regs, prefetch_idx, num_stages,
                              small_h_gluon)
+    if chains == 2 and num_stages is not None and int(num_stages) != 2:
+        raise ValueError(f"chains=2 needs num_stages 2 (two rings of 3 stages do not fit in shared memory), "
+                         f"got num_stages={num_stages}")
+    if not gluon:
+        chains = 1  # not a GPU: the plain kernel (as gluon=True does)
     if gluon:  # fixed launch configuration (H200 compile)
         num_warps = _gluon_warps(block_h, small_h_gluon, num_warps)
         block_n, max_regs, prefetch_idx = 64, 0, False
@@ -270,7 +296,7 @@ def plan_decode(
             num_stages = (GLUON_WG_STAGES if num_warps == 4 else GLUON_SMALL_H_STAGES) if transposed else GLUON_STAGES
     default_n, default_warps, default_stages, default_regs, per_sm = _launch_config(block_h, transposed)
     if gluon:
-        per_sm = 2 if num_warps == 4 else 1  # the one-warpgroup kernel: 2 programs per SM
+        per_sm = 2 if num_warps == 4 else 1  # the one-warpgroup kernel: 2 chains per SM (either kernel)
     elif block_n is None and num_warps is None and max_regs is None:
         block_n, num_warps, max_regs = default_n, default_warps, default_regs
     else:
@@ -305,9 +331,17 @@ def plan_decode(
             if cost < 0.9 * best_cost:
                 best, best_cost = s, cost
         num_splits = best
-    num_splits = max(1, min(int(num_splits), n_blocks))
+        if (auto_chains and gluon and small_h_gluon and num_warps == 4 and num_stages == 2 and best > 1
+                and base * best >= sms):
+            chains = 2  # as many chains as programs would run, in half the programs, fewer to combine
+    else:
+        num_splits = int(num_splits) * chains  # the caller counts programs
+    num_splits = max(1, min(num_splits, n_blocks))
     split_blocks = -(-n_blocks // num_splits)
     num_splits = -(-n_blocks // split_blocks)  # no empty split
+    # num_splits counted chains so far (the dual kernel's second chain of the last program
+    # may be empty); from here on it counts programs, each over chains * split_blocks blocks
+    num_splits = -(-num_splits // chains)
     if auto_gluon and gluon and num_splits > 1 and split_blocks < GLUON_MIN_SPLIT_BLOCKS:
         # short splits measured faster on the plain kernel with prefetched indices (the
         # split count does not depend on the kernel: both run one program per SM)
@@ -337,6 +371,7 @@ def plan_decode(
         max_regs=max_regs,
         prefetch_idx=bool(prefetch_idx),
         gluon=bool(gluon),
+        chains=chains,
         partial_o=partial_o,
         partial_lse=partial_lse,
         lse_scratch=lse_scratch,
