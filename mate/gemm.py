@@ -361,6 +361,12 @@ def _groupwise_impl(a, b, a_scale, b_scale, k_major, out, output_scale, backend)
         out.copy_(res)
         if output_scale is not None:
             output_scale.copy_(scale)
+    elif backend.endswith("+quant"):  # FP8 output in two steps: bf16 result, then quantized
+        res = torch.empty(out.shape, dtype=torch.bfloat16, device=out.device)
+        _groupwise_impl(a, b, a_scale, b_scale, k_major, res, None, backend.removesuffix("+quant"))
+        from mate.ops.gemm.quantize import quantize_fp8_row_groups
+
+        quantize_fp8_row_groups(res, out, output_scale)
     elif backend == "cublas":
         cublas.groupwise_cublas(a, b, a_mk, b_nk.t(), out)
     else:
@@ -425,7 +431,11 @@ def gemm_fp8_nt_groupwise(
     output_scale : torch.Tensor, optional
         fp32 [m, nb], contiguous, filled in place (MATE extension): the result is quantized
         per row and 128-column group, ``output_scale[i, g] = amax / 448`` (1 for a zero
-        group) and ``out = e4m3(result / output_scale)``.
+        group) and ``out = e4m3(result / output_scale)``. ``backend="triton"`` quantizes the
+        fp32 accumulator in the kernel's epilogue; ``"auto"`` does so too except where the
+        bf16 path is measured faster (cuBLAS, and the K-interleaved Gluon kernel:
+        ``tuning.fp8_out_two_step``), which it runs and then quantizes the bf16 result in a
+        second launch (scales within 2^-8 relative, the bf16 unit roundoff, of the fp32 result's).
 
     Returns
     -------
@@ -492,8 +502,13 @@ def gemm_fp8_nt_groupwise(
         dtype = _out_dtype(out_dtype, (torch.bfloat16, torch.float16), torch.bfloat16, out)
     out = _alloc_out(out, (m, n), dtype, device)
     reason = cublas.groupwise_cublas_reason(a, b, out)
-    impl = _resolve_backend(backend, device, reason, lambda: tuning.groupwise_backend(
-        m, n, k, _cublas_reads_scales_in_place(a_scale, b_scale, mode)))
+    pick = lambda: tuning.groupwise_backend(m, n, k, _cublas_reads_scales_in_place(a_scale, b_scale, mode))  # noqa: E731
+    impl = _resolve_backend(backend, device, reason, pick)
+    if output_scale is not None and backend == "auto" and impl == "triton":
+        # the bf16 path and a quantization launch, where measured faster than the fused epilogue
+        bf16 = _resolve_backend(backend, device, cublas.groupwise_cublas_operands_reason(a, b), pick)
+        if tuning.fp8_out_two_step(m, n, k, bf16):
+            impl = bf16 + "+quant"
     if out.numel() == 0:
         return out
     _gemm_fp8_nt_groupwise_op(a, b, a_scale, b_scale, mode == "K", out, output_scale, impl)

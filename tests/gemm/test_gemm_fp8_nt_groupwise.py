@@ -8,7 +8,7 @@ import torch
 
 from mate import gemm
 from mate.ops.gemm import reference as R
-from mate.testing import assert_close, poisoned
+from mate.testing import assert_close, assert_equal, poisoned
 from tests.gemm._inputs import assert_fp8_output_close, fp8_block_operands
 
 # bf16 output: the kernel and the reference both accumulate in fp32 (order differs by
@@ -228,3 +228,33 @@ def test_custom_op_opcheck_and_compile():
                           test_utils=("test_faketensor", "test_autograd_registration", "test_aot_dispatch_dynamic"))
     fn = torch.compile(lambda *x: gemm.gemm_fp8_nt_groupwise(*x, scale_major_mode="K"), fullgraph=False)
     assert_close(fn(a, b, sa, sb), _ref(a, b, sa, sb))
+
+
+@pytest.mark.parametrize("m,n", [(1, 128), (37, 200), (64, 2112)])
+def test_quantize_row_groups_matches_reference(device, triton_backend, m, n):
+    """The two-step FP8 output's second launch equals the reference quantizer bit for bit
+    (same fp32 amax, division and saturating round to nearest even): a zero group (scale 1),
+    a partial last group, values past the e4m3 range, rows past a multiple of 32."""
+    from mate.ops.gemm.quantize import quantize_fp8_row_groups
+
+    x = (torch.randn(m, n, device=device) * 100).to(torch.bfloat16)
+    x[:, :128][::2] = 0
+    nb = -(-n // 128)
+    out = poisoned((m, n), torch.float8_e4m3fn, device)
+    scale = poisoned((m, nb), torch.float32, device)
+    quantize_fp8_row_groups(x, out, scale)
+    want_q, want_s = R.quantize_fp8_row_groups_ref(x.float())
+    assert_equal(scale, want_s)
+    assert_equal(out.view(torch.uint8), want_q.view(torch.uint8))
+
+
+@pytest.mark.parametrize("bf16", ["triton"])
+def test_groupwise_fp8_output_two_step(device, triton_backend, bf16):
+    """The two-step FP8 output (bf16 result, then quantized) against the fp32 reference with
+    the bf16 rounding's 2^-8 added to the tolerances."""
+    m, n, k = 33, 200, 256
+    a, b, sa, sb = fp8_block_operands(m, n, k, device)
+    out = poisoned((m, n), torch.float8_e4m3fn, device)
+    oscale = poisoned((m, 2), torch.float32, device)
+    gemm._gemm_fp8_nt_groupwise_op(a, b, sa, sb, True, out, oscale, bf16 + "+quant")
+    assert_fp8_output_close(out, oscale, _ref(a, b, sa, sb), via_bf16=True)

@@ -43,14 +43,19 @@ def test_groupwise_deepseek_shapes(m, nk, backend):
     assert_close(out, ref, max_rel_error=1e-2, name=f"{backend} MN with a K-major weight-scale view")
 
 
-@pytest.mark.parametrize("m,n,k", [(1, 2112, 7168), (64, 7168, 2048), (300, 4096, 7168)])
-def test_groupwise_fp8_output_gpu(m, n, k):
+@pytest.mark.parametrize("m,n,k", [(1, 2112, 7168), (64, 7168, 2048), (300, 4096, 7168), (512, 4096, 7168),
+                                   (128, 2112, 7168), (64, 4096, 7168)])
+@pytest.mark.parametrize("backend", ["auto", "triton"])
+def test_groupwise_fp8_output_gpu(m, n, k, backend):
+    """``triton``: the fused epilogue (fp32 accumulator quantized); ``auto`` runs the bf16 path
+    and a quantization launch where ``tuning.fp8_out_two_step`` says (cuBLAS at M = 512, the
+    K-interleaved kernel at (64 | 128, *, 7168)), so its check adds the bf16 rounding."""
     a, b, sa, sb = fp8_block_operands(m, n, k, "cuda")
     nb = -(-n // 128)
     out = poisoned((m, n), torch.float8_e4m3fn, "cuda")
     oscale = poisoned((m, nb), torch.float32, "cuda")
-    gemm.gemm_fp8_nt_groupwise(a, b, sa, sb, out=out, output_scale=oscale)
-    assert_fp8_output_close(out, oscale, R.groupwise_fp32_ref(a, b, sa, sb))
+    gemm.gemm_fp8_nt_groupwise(a, b, sa, sb, out=out, output_scale=oscale, backend=backend)
+    assert_fp8_output_close(out, oscale, R.groupwise_fp32_ref(a, b, sa, sb), via_bf16=backend == "auto")
 
 
 @pytest.mark.parametrize("reduce", ["fused", "launch"])

@@ -63,10 +63,17 @@ def bmm_fp8_cublas(A: torch.Tensor, B: torch.Tensor, A_scale: torch.Tensor, B_sc
 
 def groupwise_cublas_reason(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> str | None:
     """None when cuBLAS blockwise takes these shapes (1x128 x 128x128 recipe), else why not."""
-    m, k = a.shape
-    n = b.shape[0]
     if out.dtype not in (torch.bfloat16,):
         return f"cuBLAS blockwise writes bf16 only, got out dtype {out.dtype}"
+    if not out.is_contiguous():
+        return "cuBLAS blockwise needs contiguous a, b and out"
+    return groupwise_cublas_operands_reason(a, b)
+
+
+def groupwise_cublas_operands_reason(a: torch.Tensor, b: torch.Tensor) -> str | None:
+    """:func:`groupwise_cublas_reason` for a contiguous bf16 output (the operands' part)."""
+    m, k = a.shape
+    n = b.shape[0]
     if a.dtype != torch.float8_e4m3fn or b.dtype != torch.float8_e4m3fn:
         return "cuBLAS blockwise needs e4m3 operands"
     if m < 16 or m % 16:
@@ -75,7 +82,7 @@ def groupwise_cublas_reason(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor)
         return f"cuBLAS blockwise is used for m a positive multiple of 16 only, got m={m}"
     if n % 16 or (k // 128) % 4:
         return f"cuBLAS blockwise needs n % 16 == 0 and (k / 128) % 4 == 0, got n={n}, k={k}"
-    if not out.is_contiguous() or a.stride(0) != k or b.stride(0) != k:
+    if a.stride(0) != k or b.stride(0) != k:
         return "cuBLAS blockwise needs contiguous a, b and out"
     return None
 

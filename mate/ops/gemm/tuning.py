@@ -315,6 +315,20 @@ def groupwise_config(m: int, n: int, k: int, fp8_out: bool) -> dict:
     return e
 
 
+def fp8_out_two_step(m: int, n: int, k: int, bf16_backend: str) -> bool:
+    """Whether ``auto`` runs an FP8-output call as the bf16 call (``bf16_backend``) followed by
+    a quantization launch (``quantize.quantize_fp8_row_groups``) instead of the Triton kernel's
+    fused epilogue: where the bf16 path is cuBLAS (M >= 512 on the benchmark shapes) or a
+    K-interleaved Gluon kernel, which have no FP8 epilogue and beat the fused kernel by more
+    than the extra launch and the bf16 round trip cost. H200 (2026-11-30 benchmark, us, fused
+    FP8 output / bf16 output): (4096, 7168, 16384) 1242.0 / 765.5, (16384, 32768, 512) 1287.8 /
+    642.1, (128, 2112, 7168) 22.0 / 11.6, (64, 4096, 7168) 17.6 / 12.2; the single-partition
+    Gluon shapes differ by less than a launch ((128, 7168, 2048) 9.8 / 8.4)."""
+    if bf16_backend == "cublas":
+        return True
+    return "KINT" in GROUPWISE_GLUON.get(f"{m_bucket(m)},{n},{k}", {})
+
+
 GLUON_GROUPED_MIN_TILES = 448
 """128x128 output tiles from which the contiguous layout runs the persistent Gluon kernel.
 Measured on the H200 (``benchmarks/probe_moe_gluon.py``, session 13; Triton -> Gluon, us,

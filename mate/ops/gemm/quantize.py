@@ -1,0 +1,46 @@
+"""Per-row, 128-column-group FP8 quantization of a 16-bit matrix: the second step of an FP8-output
+groupwise GEMM whose first step writes bf16 (cuBLAS blockwise, which has no per-group
+epilogue, or a bf16-output Gluon kernel). Semantics of ``reference.quantize_fp8_row_groups_ref``
+applied to the bf16 result: scale = amax / 448 per row and group (1 for a zero group), q =
+e4m3(x / scale), saturating.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from mate._core.triton_helpers import to_fp8_e4m3
+
+__all__ = ["quantize_fp8_row_groups"]
+
+QUANT_BLOCK_M = 32  # rows per program; each program quantizes one 128-column group of them
+
+
+@triton.jit
+def _quantize_row_groups_kernel(x_ptr, q_ptr, s_ptr, M, N, stride_xm, stride_qm, stride_sm,
+                                BLOCK_M: tl.constexpr):
+    pid_m = tl.program_id(0)
+    g = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = g * 128 + tl.arange(0, 128)
+    row_ok = offs_m < M
+    mask = row_ok[:, None] & (offs_n < N)[None, :]
+    rows = offs_m.to(tl.int64)[:, None]
+    x = tl.load(x_ptr + rows * stride_xm + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
+    amax = tl.max(tl.abs(x), axis=1)
+    scale = tl.where(amax > 0.0, amax / 448.0, 1.0)
+    tl.store(q_ptr + rows * stride_qm + offs_n[None, :], to_fp8_e4m3(x / scale[:, None]), mask=mask)
+    tl.store(s_ptr + offs_m.to(tl.int64) * stride_sm + g, scale, mask=row_ok)
+
+
+def quantize_fp8_row_groups(x: torch.Tensor, out: torch.Tensor, scale: torch.Tensor) -> None:
+    """x [m, n] bf16/fp16 (last dim contiguous) -> out [m, n] e4m3 and scale [m, ceil(n / 128)]
+    fp32 (last dims contiguous), in place. One launch; no allocation, no host sync."""
+    m, n = x.shape
+    if m == 0 or n == 0:
+        return
+    grid = (triton.cdiv(m, QUANT_BLOCK_M), triton.cdiv(n, 128))
+    _quantize_row_groups_kernel[grid](x, out, scale, m, n, x.stride(0), out.stride(0), scale.stride(0),
+                                      BLOCK_M=QUANT_BLOCK_M, num_warps=4)
