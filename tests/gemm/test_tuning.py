@@ -95,3 +95,16 @@ def test_scale_modes_map_to_cublas_layouts():
     assert _cublas_reads_scales_in_place(sa_m_major, sb_k_major.t(), "MN")
     assert not _cublas_reads_scales_in_place(torch.rand(m, kb), sb_k_major, "K")
     assert not _cublas_reads_scales_in_place(sa_m_major, torch.rand(kb, nb), "MN")
+
+
+def test_fp8_out_two_step_rule():
+    """The two-step FP8 output: always behind cuBLAS, at M <= 128 only on the measured shapes,
+    never on an unlisted one."""
+    assert tuning.fp8_out_two_step(4096, 24576, 1536, "cublas")
+    assert tuning.fp8_out_two_step(128, 2112, 7168, "triton") and tuning.fp8_out_two_step(64, 7168, 2048, "triton")
+    assert not tuning.fp8_out_two_step(128, 7168, 16384, "triton")
+    assert not tuning.fp8_out_two_step(64, 24576, 1536, "triton")
+    assert not tuning.fp8_out_two_step(64, 1000, 7168, "triton")
+    for key in tuning.FP8_OUT_TWO_STEP:
+        bucket, n, k = key.split(",")
+        assert bucket in {f"m{b}" for b in tuning.M_BUCKETS} and int(k) % 128 == 0 and int(n) > 0

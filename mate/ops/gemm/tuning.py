@@ -315,18 +315,30 @@ def groupwise_config(m: int, n: int, k: int, fp8_out: bool) -> dict:
     return e
 
 
+FP8_OUT_TWO_STEP = frozenset({
+    "m16,2112,7168", "m32,2112,7168", "m64,2112,7168", "m128,2112,7168",
+    "m32,4096,7168", "m64,4096,7168", "m128,4096,7168",
+    "m16,7168,2048", "m32,7168,2048", "m64,7168,2048", "m64,7168,16384",
+})
+"""(bucket, n, k) at M <= 128 where the FP8-output call runs faster as the bf16 call plus a
+quantization launch than with the fused epilogue (H200, ``benchmarks/probe_gemm_fp8_out.py``,
+interleaved, us, fused / two-step / bf16 output): (16, 2112, 7168) 11.7 / 11.0 / 9.1, (64, 2112,
+7168) 17.3 / 12.5 / 10.4, (128, 2112, 7168) 21.9 / 14.5 / 12.4, (32, 4096, 7168) 15.0 / 14.9 /
+12.8, (128, 4096, 7168) 18.5 / 18.1 / 15.5, (16, 7168, 2048) 10.0 / 9.1 / 7.2, (64, 7168, 2048)
+11.9 / 10.2 / 8.0, (64, 7168, 16384) 38.4 / 37.5 / 35.2. The fused epilogue stays where a
+second launch costs more than it saves: (16, 4096, 7168) 13.3 / 14.4, (128, 7168, 2048) 9.8 /
+11.6, (128, 7168, 16384) 48.5 / 62.5, N = 24576 (0.82-0.94x) and N = 32768 (0.77-0.84x)."""
+
+
 def fp8_out_two_step(m: int, n: int, k: int, bf16_backend: str) -> bool:
     """Whether ``auto`` runs an FP8-output call as the bf16 call (``bf16_backend``) followed by
     a quantization launch (``quantize.quantize_fp8_row_groups``) instead of the Triton kernel's
-    fused epilogue: where the bf16 path is cuBLAS (M >= 512 on the benchmark shapes) or a
-    K-interleaved Gluon kernel, which have no FP8 epilogue and beat the fused kernel by more
-    than the extra launch and the bf16 round trip cost. H200 (2026-11-30 benchmark, us, fused
-    FP8 output / bf16 output): (4096, 7168, 16384) 1242.0 / 765.5, (16384, 32768, 512) 1287.8 /
-    642.1, (128, 2112, 7168) 22.0 / 11.6, (64, 4096, 7168) 17.6 / 12.2; the single-partition
-    Gluon shapes differ by less than a launch ((128, 7168, 2048) 9.8 / 8.4)."""
+    fused epilogue: always where the bf16 path is cuBLAS (M >= 512 on the benchmark shapes:
+    1.03-1.64x, e.g. (4096, 7168, 16384) 1323.3 / 807.6 us, (16384, 32768, 512) 1277.5 / 1069.6),
+    and at the shapes of :data:`FP8_OUT_TWO_STEP`."""
     if bf16_backend == "cublas":
         return True
-    return "KINT" in GROUPWISE_GLUON.get(f"{m_bucket(m)},{n},{k}", {})
+    return f"{m_bucket(m)},{n},{k}" in FP8_OUT_TWO_STEP
 
 
 GLUON_GROUPED_MIN_TILES = 448
