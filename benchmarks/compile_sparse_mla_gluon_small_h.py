@@ -32,12 +32,14 @@ PATTERN = re.compile(r"\b(QGMMA\.\S+|HGMMA\.\S+|LDGSTS\S*|BAR\.SYNC\S*|WARPGROUP
 
 
 def loop_body(sass: str) -> list[str] | None:
-    """Instructions of the longest loop (the main loop: from the target of its backward branch
-    to the branch); None without a loop."""
+    """Instructions of the longest loop (the main loop: from the target of its predicated
+    backward branch to the branch); None without a loop. Unconditional backward branches are
+    not loops of the kernel's code: a ``gl.warp_specialize`` kernel's workers wait in one that
+    spans the default partition's code."""
     ins = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
     best = None
     for i, (addr, text) in enumerate(ins):
-        m = re.search(r"\bBRA (0x[0-9a-f]+)", text)
+        m = re.search(r"@!?U?P\d\s+BRA (0x[0-9a-f]+)", text)
         if m and int(m.group(1), 16) < addr:
             start = next(j for j, (a, _) in enumerate(ins) if a == int(m.group(1), 16))
             if best is None or i - start > best[1] - best[0]:
