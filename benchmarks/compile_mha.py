@@ -14,8 +14,10 @@ from triton.compiler import ASTSource
 from mate.ops.mha import attention as att
 from mate.testing.sass import compile_sm90, divisibility_attrs, opcode_counts
 
-ALIGNED = ("q_ptr", "k_ptr", "v_ptr", "o_ptr", "lse_ptr", "stride_qt", "stride_qh", "stride_kt", "stride_kh",
-           "stride_vt", "stride_vh", "stride_ot", "stride_oh")
+# Triton specializes integer arguments divisible by 16 at launch; these are for every real
+# tensor (the page strides of a paged cache too: page_size * heads * d elements)
+ALIGNED = ("q_ptr", "k_ptr", "v_ptr", "o_ptr", "lse_ptr", "stride_qt", "stride_qh", "stride_kb", "stride_kt",
+           "stride_kh", "stride_vb", "stride_vt", "stride_vh", "stride_ot", "stride_oh")
 
 
 def build(ratio: int, max_q: int, rows: int, split: bool, paged: bool = False) -> str:
