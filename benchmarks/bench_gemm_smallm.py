@@ -179,7 +179,9 @@ FLAT_SHAPES = ((1, 7168, 2048), (16, 7168, 2048), (32, 7168, 2048), (64, 7168, 2
 # 2112, 7168) 12.6 against 11.8), so those shapes left this list
 FLAT_CANDIDATES = {
     **{(m, 7168, 2048): dict([_f(64, 4, 2, True), _f(64, 4, 2), _f(64, 3, 4, True)]) for m in (1, 16)},
-    **{(m, 7168, 2048): dict([_f(64, 3, 4, True), _f(64, 4, 2), _f(64, 4, 2, True)]) for m in (32, 64)},
+    (32, 7168, 2048): dict([_f(64, 3, 4, True), _f(64, 4, 2), _f(64, 4, 2, True)]),
+    # 64x32: 224 tiles, two programs (two chains) per SM within 113 KB (session 14 candidates)
+    (64, 7168, 2048): dict([_f(64, 3, 4, True), _f(32, 4, 2, True), _f(32, 2, 4, True), _f(32, 3, 2, True)]),
     (128, 7168, 2048): dict([_f(64, 3, 2, True), _f(64, 3, 2)]),  # 224 tiles, two programs per SM
     (16, 24576, 1536): dict([_f(64, 2, 2, True), _f(64, 2, 2)]),
     (64, 24576, 1536): dict([_f(64, 2, 2), _f(64, 2, 2, True)]),

@@ -209,6 +209,11 @@ GROUPWISE_OVERRIDES: dict[str, dict] = {
 # when cuBLAS would re-lay a scale out: CUBLAS_NEEDS_IN_PLACE_SCALES). At K = 7168 the
 # eager FLAT kernel still lost to the K-interleaved one ((64, 4096, 7168) 13.4 against 12.8,
 # (128, 2112, 7168) 12.6 against 11.8).
+# (64, 7168, 2048) since session 14: 64x32 tiles, 3 stages of 2 K blocks, eager (224 tiles, two
+# programs and so two chains per SM, 74 KB each; the 64x64 tiles left 20 SMs idle): three
+# interleaved runs of ``bench_gemm_smallm --flat`` (H200), GB/s 2116 / 2122 / 2109 against 2082 /
+# 2085 / 2082 for 64x64 st3 kps4 and DeepGEMM's 2205 / 2205 / 2200 (7.4-7.5 against 7.6 us, DeepGEMM
+# 7.1-7.2: 0.96x against 0.94x); 64x32 with 4 x 2 or 2 x 4 stages ran as 64x64 did.
 # Stream-K in the single-partition kernel (tried and removed, H200 2026-11-30): at N = 7168, K =
 # 2048 the 64x64 tiles leave 20 of 132 SMs idle (112 tiles, 224 at M = 128 on two programs per
 # SM); 132 (264) programs taking equal runs of (tile, ring stage) units, with a split tile's
@@ -225,7 +230,7 @@ _KINT_64X64 = {"KINT": True, "BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 6, "KPS
 GROUPWISE_GLUON: dict[str, dict] = {
     "m16,7168,2048": _FLAT_64X64,
     "m32,7168,2048": {**_FLAT_64X64, "num_stages": 3, "KPS": 4},
-    "m64,7168,2048": {**_FLAT_64X64, "num_stages": 3, "KPS": 4},
+    "m64,7168,2048": {**_FLAT_64X64, "BLOCK_N": 32, "num_stages": 3, "KPS": 2},  # 224 tiles, 2 per SM
     "m128,7168,2048": {**_FLAT_64X64, "num_stages": 3},
     "m16,24576,1536": {**_FLAT_64X64_ST2, "EAGER": True},
     "m32,24576,1536": _FLAT_64X64_ST2,
