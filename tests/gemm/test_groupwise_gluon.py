@@ -104,7 +104,7 @@ def test_auto_gluon_configs():
     flat = {"FLAT": True, "BLOCK_M": 64, "KPS": 2}
     eager = {**flat, "EAGER": True}
     cfg = tuning.groupwise_config(64, 7168, 2048, fp8_out=False)
-    assert cfg["GLUON"] == {**eager, "BLOCK_N": 64, "num_stages": 3, "KPS": 4}
+    assert cfg["GLUON"] == {**eager, "BLOCK_N": 32, "num_stages": 3}  # 64x32 tiles since session 14
     assert (cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["SPLIT_K"], cfg["num_stages"]) == (64, 64, 1, 5)
     assert "GLUON" not in tuning.groupwise_config(64, 7168, 2048, fp8_out=True)
     cfg = tuning.groupwise_config(100, 7168, 2048, fp8_out=False)
