@@ -29,15 +29,16 @@ PATTERN = re.compile(r"\b(QGMMA\.\S+|HGMMA\.\S+|LDGSTS\S*|BAR\.SYNC\S*|WARPGROUP
 
 
 def compile_decode(fn, split: bool, constexprs: dict, num_warps: int, out_dir: str, tag: str,
-                   pattern: re.Pattern, keep_text: bool = False):
+                   pattern: re.Pattern, keep_text: bool = False, after: dict | None = None):
     """Compiles a Gluon decode kernel (the argument list the 64-head and small-H kernels share;
-    ``constexprs`` before D_V / D_R, in the kernel's order) for sm_90. The pointers are
-    16-byte aligned, as the launcher guarantees (it falls back to the plain kernel otherwise)."""
+    ``constexprs`` before D_V / D_R, in the kernel's order; ``after``: constexprs after them) for
+    sm_90. The pointers are 16-byte aligned, as the launcher guarantees (it falls back to the
+    plain kernel otherwise)."""
     sig = {"q_ptr": "*fp8e4nv", "kv_ptr": "*fp8e4nv", "idx_ptr": "*i32", "seq_lens_ptr": "*i32",
            "out_ptr": "*bf16", "lse_ptr": "*fp32", "po_ptr": "*fp16" if split else "*bf16", "plse_ptr": "*fp32",
            "num_tokens": "i32", "qk_scale_log2": "fp32", "out_scale": "fp32", "H": "i32", "q_len": "i32",
            "top_k": "i32", "split_blocks": "i32", "num_splits": "i32"}
-    constexprs = {**constexprs, "D_V": HEAD_DIM_V, "D_R": HEAD_DIM_ROPE}
+    constexprs = {**constexprs, "D_V": HEAD_DIM_V, "D_R": HEAD_DIM_ROPE, **(after or {})}
     sig.update({k: "constexpr" for k in constexprs})
     src = GluonASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=divisibility_attrs(sig, POINTERS))
     return compile_sm90(src, {"num_warps": num_warps}, pattern=pattern, out_dir=out_dir, tag=tag, keep_text=keep_text)

@@ -88,8 +88,8 @@ def compile_wg(block_h: int, split: bool, out_dir: str, dual: bool = False) -> b
     constexprs = {"SPLIT": split, "HAS_SEQ_LENS": True, "STAGES": GLUON_WG_STAGES, "BLOCK_H": block_h,
                   "BLOCK_N": dw.WG_BLOCK_N}
     tag = f"{'dual' if dual else 'wg'}{block_h}_split{int(split)}_stages{GLUON_WG_STAGES}"
-    kernel = dw.sparse_mla_decode_small_h_dual_kernel if dual else dw.sparse_mla_decode_small_h_wg_kernel
-    rep = compile_decode(kernel, split, constexprs, dw.WG_NUM_WARPS, out_dir, tag, PATTERN, keep_text=True)
+    rep = compile_decode(dw.sparse_mla_decode_small_h_wg_kernel, split, constexprs, dw.WG_NUM_WARPS, out_dir, tag,
+                         PATTERN, keep_text=True, after={"CHAINS": 2 if dual else 1})
     has_mma = report(tag, rep)
     loop_spills = sum(1 for t in loop_body(rep.sass) or () if re.search(r"\b(STL|LDL)", t))
     limit = SMEM_LIMIT if dual else dw.WG_SMEM_LIMIT

@@ -29,7 +29,7 @@ late refill (after the Sᵀ / P·V half 0 wait) 59.8. Earlier run (copy 4188 GB/
 against the 8-warp kernel: B=128 q1 61.5 vs 68.8, B=64 q1 4 splits 40.4 vs 43.2, B=64 q2 58.4
 vs 66.0, B=32 q2 38.9 vs 42.7.
 
-Dual kernel (``sparse_mla_decode_small_h_dual_kernel``, plans with ``chains=2``): the same chain
+Dual kernel (``CHAINS=2``, plans with ``chains=2``): the same chain
 twice in one program, the second warpgroup as a ``gl.warp_specialize`` worker (each partition's
 CTA barriers are named 128-thread barriers; both run at 256 registers), each with its own ring,
 over consecutive halves of the program's slots; the worker hands its unnormalised Oᵀ halves, row
@@ -83,8 +83,7 @@ from mate.ops.sparse_mla.gluon_common import (
     launch_decode,
 )
 
-__all__ = ["sparse_mla_decode_small_h_wg_kernel", "sparse_mla_decode_small_h_dual_kernel",
-           "sparse_mla_decode_gluon_small_h_wg", "WG_NUM_WARPS"]
+__all__ = ["sparse_mla_decode_small_h_wg_kernel", "sparse_mla_decode_gluon_small_h_wg", "WG_NUM_WARPS"]
 
 WG_BLOCK_N = 64
 WG_NUM_WARPS = 4
@@ -204,42 +203,6 @@ def _store_halves(acc0, acc1, m_i, l_i, out_ptr, lse_ptr, po_ptr, plse_ptr, out_
 
 
 @gluon.jit
-def sparse_mla_decode_small_h_wg_kernel(
-    q_ptr,
-    kv_ptr,
-    idx_ptr,
-    seq_lens_ptr,
-    out_ptr,
-    lse_ptr,
-    po_ptr,
-    plse_ptr,
-    num_tokens,
-    qk_scale_log2,
-    out_scale,
-    H,
-    q_len,
-    top_k,
-    split_blocks,
-    num_splits,
-    SPLIT: gl.constexpr,
-    HAS_SEQ_LENS: gl.constexpr,
-    STAGES: gl.constexpr,
-    BLOCK_H: gl.constexpr,
-    BLOCK_N: gl.constexpr,
-    D_V: gl.constexpr,
-    D_R: gl.constexpr,
-):
-    """One program (one warpgroup): ``BLOCK_H`` (16 or 32, >= H) heads of one query position
-    over ``split_blocks`` blocks of 64 top-k slots; grid (splits, B * q_len)."""
-    pid_s = gl.program_id(0)
-    bt = gl.program_id(1).to(gl.int64)
-    acc0, acc1, m_i, l_i = _wg_chain(q_ptr, kv_ptr, idx_ptr, seq_lens_ptr, bt, pid_s, num_tokens, qk_scale_log2, H,
-                                     q_len, top_k, split_blocks, HAS_SEQ_LENS, STAGES, BLOCK_H, BLOCK_N, D_V, D_R)
-    _store_halves(acc0, acc1, m_i, l_i, out_ptr, lse_ptr, po_ptr, plse_ptr, out_scale, H, bt, pid_s, num_splits,
-                  SPLIT, BLOCK_H, D_V)
-
-
-@gluon.jit
 def _dual_second(q_ptr, kv_ptr, idx_ptr, seq_lens_ptr, bt, pid_s, num_tokens, qk_scale_log2, H, q_len, top_k,
                  split_blocks, x0, x1, xm, xl, done, HAS_SEQ_LENS: gl.constexpr, STAGES: gl.constexpr,
                  BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_R: gl.constexpr):
@@ -281,7 +244,7 @@ def _dual_first(q_ptr, kv_ptr, idx_ptr, seq_lens_ptr, out_ptr, lse_ptr, po_ptr, 
 
 
 @gluon.jit
-def sparse_mla_decode_small_h_dual_kernel(
+def sparse_mla_decode_small_h_wg_kernel(
     q_ptr,
     kv_ptr,
     idx_ptr,
@@ -305,28 +268,39 @@ def sparse_mla_decode_small_h_dual_kernel(
     BLOCK_N: gl.constexpr,
     D_V: gl.constexpr,
     D_R: gl.constexpr,
+    CHAINS: gl.constexpr = 1,
 ):
-    """Two one-warpgroup chains in one program (8 warps): split ``pid_s`` of the plan covers
-    chains 2 * pid_s and 2 * pid_s + 1 of ``split_blocks`` blocks each, merged in shared
-    memory, so a plan that needs two chains per query position runs no combine kernel;
-    grid (splits, B * q_len)."""
+    """One program (one warpgroup): ``BLOCK_H`` (16 or 32, >= H) heads of one query position
+    over ``split_blocks`` blocks of 64 top-k slots; grid (splits, B * q_len). ``CHAINS`` 2: the
+    dual kernel, two such warpgroups in one program (8 warps): split ``pid_s`` of the plan
+    covers chains 2 * pid_s and 2 * pid_s + 1 of ``split_blocks`` blocks each, merged in shared
+    memory, so a plan that needs two chains per query position runs no combine kernel."""
     pid_s = gl.program_id(0)
     bt = gl.program_id(1).to(gl.int64)
-    X_SL: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
-    V_SL: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
-    x0 = gl.allocate_shared_memory(gl.float32, [256, BLOCK_H], X_SL)
-    x1 = gl.allocate_shared_memory(gl.float32, [256, BLOCK_H], X_SL)
-    xm = gl.allocate_shared_memory(gl.float32, [BLOCK_H], V_SL)
-    xl = gl.allocate_shared_memory(gl.float32, [BLOCK_H], V_SL)
-    done = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    mbarrier.init(done, count=1)
-    gl.warp_specialize([
-        (_dual_first, (q_ptr, kv_ptr, idx_ptr, seq_lens_ptr, out_ptr, lse_ptr, po_ptr, plse_ptr, bt, pid_s, num_tokens,
-                       qk_scale_log2, out_scale, H, q_len, top_k, split_blocks, num_splits, x0, x1, xm, xl, done,
-                       SPLIT, HAS_SEQ_LENS, STAGES, BLOCK_H, BLOCK_N, D_V, D_R)),
-        (_dual_second, (q_ptr, kv_ptr, idx_ptr, seq_lens_ptr, bt, pid_s, num_tokens, qk_scale_log2, H, q_len, top_k,
-                        split_blocks, x0, x1, xm, xl, done, HAS_SEQ_LENS, STAGES, BLOCK_H, BLOCK_N, D_V, D_R)),
-    ], [4], [DUAL_WORKER_REGS])
+    if CHAINS == 1:
+        acc0, acc1, m_i, l_i = _wg_chain(q_ptr, kv_ptr, idx_ptr, seq_lens_ptr, bt, pid_s, num_tokens, qk_scale_log2,
+                                         H, q_len, top_k, split_blocks, HAS_SEQ_LENS, STAGES, BLOCK_H, BLOCK_N, D_V,
+                                         D_R)
+        _store_halves(acc0, acc1, m_i, l_i, out_ptr, lse_ptr, po_ptr, plse_ptr, out_scale, H, bt, pid_s, num_splits,
+                      SPLIT, BLOCK_H, D_V)
+    else:
+        gl.static_assert(CHAINS == 2)
+        X_SL: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+        V_SL: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
+        x0 = gl.allocate_shared_memory(gl.float32, [256, BLOCK_H], X_SL)
+        x1 = gl.allocate_shared_memory(gl.float32, [256, BLOCK_H], X_SL)
+        xm = gl.allocate_shared_memory(gl.float32, [BLOCK_H], V_SL)
+        xl = gl.allocate_shared_memory(gl.float32, [BLOCK_H], V_SL)
+        done = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(done, count=1)
+        gl.warp_specialize([
+            (_dual_first, (q_ptr, kv_ptr, idx_ptr, seq_lens_ptr, out_ptr, lse_ptr, po_ptr, plse_ptr, bt, pid_s,
+                           num_tokens, qk_scale_log2, out_scale, H, q_len, top_k, split_blocks, num_splits, x0, x1, xm,
+                           xl, done, SPLIT, HAS_SEQ_LENS, STAGES, BLOCK_H, BLOCK_N, D_V, D_R)),
+            (_dual_second, (q_ptr, kv_ptr, idx_ptr, seq_lens_ptr, bt, pid_s, num_tokens, qk_scale_log2, H, q_len,
+                            top_k, split_blocks, x0, x1, xm, xl, done, HAS_SEQ_LENS, STAGES, BLOCK_H, BLOCK_N, D_V,
+                            D_R)),
+        ], [4], [DUAL_WORKER_REGS])
 
 
 def sparse_mla_decode_gluon_small_h_wg(
@@ -358,7 +332,7 @@ def sparse_mla_decode_gluon_small_h_wg(
         raise ValueError(f"num_stages must be 2 or 3 for the one-warpgroup kernel, got {num_stages}")
     if chains == 2 and num_stages != 2:
         raise ValueError(f"the dual kernel needs num_stages 2 (two rings of 3 do not fit), got {num_stages}")
-    kernel = sparse_mla_decode_small_h_dual_kernel if chains == 2 else sparse_mla_decode_small_h_wg_kernel
-    launch_decode(kernel, (), query, kv_rows, block_tables, seq_lens, out, lse, partial_o, partial_lse, bmm1_scale,
-                  bmm2_scale, num_splits, split_blocks, (block_h, 8, 6, 64, True), WG_NUM_WARPS,
-                  plain_split_blocks=chains * split_blocks, STAGES=num_stages, BLOCK_H=block_h, BLOCK_N=WG_BLOCK_N)
+    launch_decode(sparse_mla_decode_small_h_wg_kernel, (), query, kv_rows, block_tables, seq_lens, out, lse, partial_o,
+                  partial_lse, bmm1_scale, bmm2_scale, num_splits, split_blocks, (block_h, 8, 6, 64, True),
+                  WG_NUM_WARPS, plain_split_blocks=chains * split_blocks, STAGES=num_stages, BLOCK_H=block_h,
+                  BLOCK_N=WG_BLOCK_N, CHAINS=chains)
