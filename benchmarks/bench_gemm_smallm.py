@@ -172,7 +172,8 @@ def _f(bn, stages, kps=1, eager=False):
 # --flat: the single-partition kernel (no warp-specialize region, whose fixed ~0.4 us was the
 # gap to DeepGEMM at small M and short K); the first of each shape is what auto took from it
 FLAT_SHAPES = ((1, 7168, 2048), (16, 7168, 2048), (32, 7168, 2048), (64, 7168, 2048), (128, 7168, 2048),
-               (16, 24576, 1536), (64, 24576, 1536), (16, 32768, 512), (128, 32768, 512))
+               (16, 24576, 1536), (64, 24576, 1536), (16, 32768, 512), (128, 32768, 512),
+               (128, 2112, 7168), (128, 4096, 7168), (64, 4096, 7168))
 # "e" (EAGER): two wgmmas of a stage in flight. The H200 run of 2026-11-30 (session 12) took the
 # eager configs first below into auto (the others were auto's before, or came next); at K = 7168
 # the eager kernel lost to the K-interleaved one ((64, 4096, 7168) 13.4 against 12.8 us, (128,
@@ -187,6 +188,12 @@ FLAT_CANDIDATES = {
     (64, 24576, 1536): dict([_f(64, 2, 2), _f(64, 2, 2, True)]),
     (16, 32768, 512): dict([_f(128, 2, 2), _f(128, 2, 2, True)]),
     (128, 32768, 512): dict([_f(128, 2, 2, True), _f(128, 2, 2)]),  # auto ran cuBLAS here before
+    # not measured yet (session 14, after the 64x32 result at (64, 7168, 2048)): narrow tiles so that
+    # two programs (two chains) share each SM at K = 7168, where auto runs the K-interleaved kernel;
+    # with all 56 K blocks' scales in shared memory (32 KB) these fit 2 per SM at <= 113 KB
+    (128, 2112, 7168): dict([_f(16, 4, 2, True), _f(16, 3, 2, True)]),  # 264 tiles
+    (128, 4096, 7168): dict([_f(32, 3, 2, True), _f(16, 4, 2, True)]),  # 256 / 512 tiles
+    (64, 4096, 7168): dict([_f(16, 4, 2, True), _f(16, 3, 2, True)]),  # 256 tiles
 }
 
 
