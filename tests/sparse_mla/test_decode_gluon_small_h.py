@@ -234,9 +234,11 @@ def test_gpu_small_h_one_warpgroup_short_and_empty_rows(small_h_ok, H, splits, s
 @gpu
 @pytest.mark.parametrize("B,q_len", [(128, 1), (4, 2), (1, 1)])
 def test_gpu_small_h_dual_plans(small_h_ok, B, q_len):
-    """The dual kernel through the public op on its plans: B=128 q1 needs no combine (one
-    program of two chains), smaller batches combine fewer programs than chains."""
+    """The dual kernel through the public op on its plans, with and without seq_lens: B=128 q1
+    needs no combine (one program of two chains), smaller batches combine fewer programs than
+    chains."""
     check_decode(_dual_plan, B, q_len, 16, 2048)
+    check_decode(_dual_plan, B, q_len, 16, 2048, seq_lens=None)
     md = _dual_plan(B, q_len, 16, 2048)
     assert md.num_splits == (1 if B == 128 else md.num_splits) and md.split_blocks * md.num_splits * 2 >= 32
 
