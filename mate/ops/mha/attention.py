@@ -119,27 +119,23 @@ def _mha_fwd_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     kb = req.to(tl.int64) * stride_kb + kvh * stride_kh
     vb = req.to(tl.int64) * stride_vb + kvh * stride_vh
+    SPLIT: tl.constexpr = SPLIT_LOOP and not PAGED and not HAS_LEFT
     full_hi = lo
-    if SPLIT_LOOP and not PAGED and not HAS_LEFT:
+    if SPLIT:
         # tiles that every valid row sees whole (below the earliest row's last visible key, all
-        # inside the request) run without masks; the rest take the masked loop below
+        # inside the request) run without masks; the rest take the masked loop
         if HAS_RIGHT:
             end_row = tl.where(rvalid, pos + window_right + 1, k_len)
         else:
             end_row = tl.full([BLOCK_M], 0, dtype=tl.int32) + k_len
         full_hi = tl.maximum(lo, (tl.minimum(tl.min(end_row, axis=0), k_len) // BLOCK_N) * BLOCK_N)
-        for n0 in range(lo, full_hi, BLOCK_N):
+    for masked in tl.static_range(0 if SPLIT else 1, 2):  # 0: the unmasked tiles [lo, full_hi)
+        for n0 in range(lo if masked == 0 else full_hi, full_hi if masked == 0 else hi, BLOCK_N):
             m_i, l_i, acc = _attend_tile(
                 q, k_ptr, v_ptr, kb, vb, k_start, n0, hi, pos, rvalid, m_i, l_i, acc, qk_scale,
                 page_table_ptr, req, stride_pt, n_cols, num_pages, stride_kb, stride_kt, stride_kh, stride_vb,
-                stride_vt, stride_vh, kvh, window_left, window_right, offs_d, BLOCK_N, PAGE_SIZE, PAGED, False,
+                stride_vt, stride_vh, kvh, window_left, window_right, offs_d, BLOCK_N, PAGE_SIZE, PAGED, masked == 1,
                 HAS_LEFT, HAS_RIGHT)
-    for n0 in range(full_hi, hi, BLOCK_N):
-        m_i, l_i, acc = _attend_tile(
-            q, k_ptr, v_ptr, kb, vb, k_start, n0, hi, pos, rvalid, m_i, l_i, acc, qk_scale,
-            page_table_ptr, req, stride_pt, n_cols, num_pages, stride_kb, stride_kt, stride_kh, stride_vb,
-            stride_vt, stride_vh, kvh, window_left, window_right, offs_d, BLOCK_N, PAGE_SIZE, PAGED, True,
-            HAS_LEFT, HAS_RIGHT)
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
     o = acc / l_safe[:, None]
