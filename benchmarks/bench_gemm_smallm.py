@@ -53,7 +53,7 @@ if ROOT not in sys.path:  # spawned warm-up workers import mate too
 DEVICE = "cuda"
 SHAPES = ((64, 2112, 7168), (64, 4096, 7168), (128, 2112, 7168), (128, 4096, 7168),
           (64, 7168, 2048), (128, 7168, 2048), (64, 24576, 1536), (128, 24576, 1536),
-          (64, 7168, 16384), (128, 7168, 16384))
+          (64, 7168, 16384), (128, 7168, 16384), (32, 7168, 16384), (16, 7168, 16384))
 
 
 def _g(bm, bn, stages, kps=1):
@@ -149,6 +149,10 @@ KINT_CANDIDATES = {
         _k(64, 128, 2, 3, 2),  # 56 x 2 splits, 3 MB: 41.8
         _k(64, 32, 4, 4, 1, True),  # 224 (two waves): 44.1
     ]),
+    # M 17-32 and 1-16 share M = 64's 112 tiles (H200 session 15: Triton 64x128 s2 36.7 us at M = 32,
+    # this 33.8, DeepGEMM 37.1; the first of each is auto's config since)
+    (32, 7168, 16384): dict([_k(64, 64, 6, 2, 1, True)]),
+    (16, 7168, 16384): dict([_k(64, 64, 6, 2, 1, True)]),
     (128, 7168, 16384): dict([
         _k(128, 64, 6, 1, 1),  # 112, 3 MB, B read once (auto: 46.6 us, 0.98x)
         _k(64, 64, 6, 2, 1, True),  # 224 (two waves): 51.7

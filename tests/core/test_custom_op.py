@@ -132,3 +132,46 @@ def test_torch_compile_writes_into_views_of_a_merged_buffer():
     assert not torch.isnan(buf_comp[:, 8:72]).any()
     assert_equal(amax_comp, amax_eager)
     torch._dynamo.reset()
+
+
+# An op whose implementation reads a value on the host: it fails on fake tensors, so it
+# shows which path a call took.
+def _host_read_fake(x: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape)
+
+
+@mate_custom_op("core_test_host_read", fake=_host_read_fake)
+def _host_read(x: torch.Tensor) -> torch.Tensor:
+    return x * float(x.sum())
+
+
+def test_eager_calls_skip_the_dispatcher_and_tracing_uses_the_op(monkeypatch):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    import mate._core.custom_op as co
+
+    x = torch.randn(3, 5)
+    want = x * float(x.sum())
+    assert isinstance(_host_read, co.MateOp) and _host_read.__name__ == "_host_read"
+    # eager: the implementation itself (no autograd / ADInplaceOrView layers), same result
+    assert_equal(_host_read(x), want)
+    monkeypatch.setattr(co, "EAGER_DIRECT", False)
+    assert_equal(_host_read(x), want)  # through torch.ops.mate.core_test_host_read
+    monkeypatch.setattr(co, "EAGER_DIRECT", True)
+    # under a dispatch mode (fake tensors) the registered op runs its fake implementation;
+    # the implementation would have to read a fake value on the host
+    with FakeTensorMode() as mode:
+        fx = mode.from_tensor(x)
+        got = _host_read(fx)
+        assert got.shape == x.shape
+        try:
+            _host_read.fn(fx)
+        except Exception:
+            pass
+        else:
+            raise AssertionError("the implementation ran on fake tensors: the test op does not tell the paths apart")
+    # traced: torch.compile sees the registered op
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda t: _host_read(t) + 1, backend="aot_eager", fullgraph=True)
+    assert_equal(compiled(x), want + 1)
+    torch._dynamo.reset()

@@ -220,7 +220,7 @@ def test_custom_op_opcheck(device, triton_backend):
     k = torch.randn(5, 1, 16, device=device).to(torch.bfloat16)
     out = torch.empty_like(q)
     lse = torch.empty(2, 3, device=device)
-    torch.library.opcheck(mha_fwd_op, (q, k, k, out, lse, cu([3], device), 3, cu([5], device), None, None, False,
+    torch.library.opcheck(mha_fwd_op.op, (q, k, k, out, lse, cu([3], device), 3, cu([5], device), None, None, False,
                                        0.25, -1, 0), test_utils=("test_schema", "test_faketensor"))
 
 

@@ -338,7 +338,7 @@ def test_custom_op_opcheck(device, triton_backend):
     fws = torch.empty(2 * 2 * 16 * 129, device=device)
     args = (pb["q"], pb["k"], pb["v"], pb["kv_block_indexes"], pb["qo_indptr"], pb["kv_lens"], None,
             pb["page_table"], None, None, out, lse, iws, fws, False, 0.088, 1.0, 1.0, True, True, 2)
-    torch.library.opcheck(msa_sparse_attention_op, args, test_utils=("test_schema", "test_faketensor"))
+    torch.library.opcheck(msa_sparse_attention_op.op, args, test_utils=("test_schema", "test_faketensor"))
 
 
 def test_bad_pages_are_skipped_not_read(device, triton_backend):

@@ -27,6 +27,10 @@ against 11.8 / 14.1 for the default and DeepGEMM's 10.7 / 12.9. One wgmma in fli
 stages (the next stage's first wgmma issued before the current stage's last product is
 scaled): the in-flight product carried around the stage loop is copied between registers (or
 zero-initialised before it), and ptxas then serializes every wgmma (C7514/C7515) at sm_90.
+Two programs per SM (80 launch registers, setmaxnreg 112 / 24, rings within 113 KB: four math
+warpgroups per SM on twice the units): H200 (session 15, same bench; us) (128, 2112, 7168)
+64x32 st4 kps2 s2 14.1, 64x64 st4 s4 16.5 against 11.8; (128, 4096, 7168) 64x32 st4 kps2 20.5,
+64x64 st4 s2 19.1 against 14.3; (64, 4096, 7168) 64x32 st4 kps2 s2 14.6 against 12.7.
 
 Selected with ``config["GLUON"] = {"KINT": True, ...}`` (see ``groupwise_gemm_kint``).
 """

@@ -1,0 +1,127 @@
+"""Probe: host (CPU) time of one eager call of the public ops.
+
+A serving engine runs prefill, and any step it does not capture in a CUDA graph, eagerly:
+each call's Python work (validation, allocation, dispatch, Triton's launcher) is host time
+the GPU waits for whenever the kernel is shorter. This times ``calls`` back-to-back calls of
+each op while the GPU is held busy by a spin kernel (so no launch blocks), with the eager
+calls going straight to the implementation (``mate._core.custom_op.EAGER_DIRECT``, the
+default) and through the ``torch.library`` dispatcher, and prints the functions with the
+most own time (cProfile) of the direct path.
+
+    python benchmarks/probe_host_overhead.py [--profile]
+"""
+
+from __future__ import annotations
+
+import cProfile
+import io
+import math
+import pstats
+import statistics
+import sys
+import time
+
+import torch
+
+import mate._core.custom_op as co
+from mate import gemm
+from mate.mha_interface import flash_attn_varlen_func, flash_attn_with_kvcache
+from mate.sparse_mla_interface import get_batch_decode_metadata_mla, sparse_mla_fp8_decode
+from mate.testing import rand_fp8
+
+
+def _host_us(fn, calls: int = 20, reps: int = 7) -> float:
+    """Median host microseconds per call over ``reps`` batches of ``calls`` calls, each batch
+    enqueued behind a GPU spin long enough that no launch waits for the GPU."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    per = []
+    for _ in range(reps):
+        torch.cuda._sleep(50_000_000)  # ~25 ms of GPU spin
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        per.append((time.perf_counter() - t0) * 1e6 / calls)
+        torch.cuda.synchronize()
+    return statistics.median(per)
+
+
+def _cases() -> dict:
+    dev = "cuda"
+    torch.manual_seed(0)
+    cases = {}
+    # dense ragged prefill, 8 x 2048, 32 query / 8 KV heads
+    T, H, HKV, D = 16384, 32, 8, 128
+    q = torch.randn(T, H, D, device=dev, dtype=torch.bfloat16)
+    k, v = (torch.randn(T, HKV, D, device=dev, dtype=torch.bfloat16) for _ in range(2))
+    cu = torch.arange(0, T + 1, 2048, dtype=torch.int32, device=dev)
+    out = torch.empty_like(q)
+    cases["flash_attn_varlen_func 8x2048 32/8"] = lambda: flash_attn_varlen_func(q, k, v, cu, cu, 2048, 2048,
+                                                                                 causal=True, out=out)
+    # paged decode, B 64, 4K context, page 64
+    B, ctx, ps = 64, 4096, 64
+    qd = torch.randn(B, 1, H, D, device=dev, dtype=torch.bfloat16)
+    kc, vc = (torch.randn(B * ctx // ps, ps, HKV, D, device=dev, dtype=torch.bfloat16) for _ in range(2))
+    pt = torch.arange(B * ctx // ps, dtype=torch.int32, device=dev).view(B, -1)
+    lens = torch.full((B,), ctx, dtype=torch.int32, device=dev)
+    cases["flash_attn_with_kvcache B64 4K"] = lambda: flash_attn_with_kvcache(qd, kc, vc, cache_seqlens=lens,
+                                                                             page_table=pt, causal=True)
+    # groupwise FP8 GEMM at a decode shape
+    m, n, kk = 64, 4096, 7168
+    a, b = rand_fp8((m, kk), dev), rand_fp8((n, kk), dev)
+    sa = torch.rand(kk // 128, m, device=dev) + 0.5
+    sb = torch.rand(kk // 128, n // 128, device=dev) + 0.5
+    gout = torch.empty(m, n, dtype=torch.bfloat16, device=dev)
+    cases["gemm_fp8_nt_groupwise 64x4096x7168"] = lambda: gemm.gemm_fp8_nt_groupwise(
+        a, b, sa, sb, scale_major_mode="MN", out=gout)
+    A, Bm = rand_fp8((4, 64, 512), dev), rand_fp8((4, 1024, 512), dev).transpose(1, 2)
+    one = torch.ones((), device=dev)
+    cases["bmm_fp8 4x64x512x1024"] = lambda: gemm.bmm_fp8(A, Bm, one, one, torch.bfloat16)
+    # sparse MLA decode with prepared metadata, B 64, H 128, top-k 2048
+    B2, Hm, topk, page = 64, 128, 2048, 64
+    query = rand_fp8((B2, 1, Hm, 576), dev)
+    pages = B2 * 4 * topk // page
+    cache = rand_fp8((pages, page, 576), dev)
+    bt = torch.randint(0, pages * page, (B2, 1, topk), dtype=torch.int32, device=dev)
+    sl = torch.full((B2,), topk, dtype=torch.int32, device=dev)
+    meta = get_batch_decode_metadata_mla(query, sl, topk)
+    ws = torch.empty(0, dtype=torch.uint8, device=dev)
+    scale = 1 / math.sqrt(192)
+    cases["sparse_mla_fp8_decode B64 H128"] = lambda: sparse_mla_fp8_decode(
+        query, cache, ws, 128, 512, 64, bt, sl, 4 * topk, sparse_mla_top_k=topk, bmm1_scale=scale,
+        bmm2_scale=1.0, metadata=meta)
+    return cases
+
+
+def main() -> None:
+    profile = "--profile" in sys.argv
+    cases = _cases()
+    print(f"{'op':40s} {'direct (us)':>12s} {'dispatcher (us)':>16s}")
+    for name, fn in cases.items():
+        res = {}
+        for direct in (True, False):
+            co.EAGER_DIRECT = direct
+            try:
+                res[direct] = f"{_host_us(fn):12.1f}"
+            except Exception as exc:
+                res[direct] = f"{type(exc).__name__}: {exc}"[:60]
+        co.EAGER_DIRECT = True
+        print(f"{name:40s} {res[True]:>12s} {res[False]:>16s}", flush=True)
+        if profile:
+            torch.cuda._sleep(100_000_000)
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(20):
+                fn()
+            prof.disable()
+            torch.cuda.synchronize()
+            s = io.StringIO()
+            pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(8)
+            lines = [ln for ln in s.getvalue().splitlines() if ln.strip() and ln.strip()[0].isdigit()]
+            for ln in lines[:8]:
+                print("    " + ln[:150])
+
+
+if __name__ == "__main__":
+    main()
