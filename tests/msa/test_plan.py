@@ -278,7 +278,7 @@ def test_execution_path_has_no_host_syncs():
         if fn.__module__ == mi.__name__ and name not in _PREPARATION:
             sources.append(inspect.getsource(fn))
     for op in (mi._max_score_op, mi._topk_select_op):
-        sources.append(inspect.getsource(op._init_fn))
+        sources.append(inspect.getsource(op.fn))
     hits = [h for src in sources for h in _host_syncs(src)]
     assert not hits, f"host syncs on the execution path: {hits}"
     # the scan itself can fail
