@@ -149,8 +149,8 @@ KINT_CANDIDATES = {
         _k(64, 128, 2, 3, 2),  # 56 x 2 splits, 3 MB: 41.8
         _k(64, 32, 4, 4, 1, True),  # 224 (two waves): 44.1
     ]),
-    # M 17-32 and 1-16 share M = 64's 112 tiles (H200 session 15: Triton 64x128 s2 36.7 us at M = 32,
-    # this 33.8, DeepGEMM 37.1; the first of each is auto's config since)
+    # M 17-32 and 1-16 share M = 64's 112 tiles (H200 session 15, us: Triton 64x128 s2 36.7 / 35.7 at
+    # M = 32 / 16, this 33.8 / 33.0, DeepGEMM 37.1 / 36.3; auto's config since)
     (32, 7168, 16384): dict([_k(64, 64, 6, 2, 1, True)]),
     (16, 7168, 16384): dict([_k(64, 64, 6, 2, 1, True)]),
     (128, 7168, 16384): dict([

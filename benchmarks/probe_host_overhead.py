@@ -14,7 +14,6 @@ most own time (cProfile) of the direct path.
 from __future__ import annotations
 
 import cProfile
-import io
 import math
 import pstats
 import statistics
@@ -22,6 +21,8 @@ import sys
 import time
 
 import torch
+import triton
+import triton.language as tl
 
 import mate._core.custom_op as co
 from mate import gemm
@@ -94,33 +95,57 @@ def _cases() -> dict:
     return cases
 
 
+@triton.jit
+def _touch(x_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
+
+
+def _references() -> dict:
+    """Host floors on the same machine: a bare Triton launch and aten's FA2 varlen op."""
+    x = torch.zeros(64, device="cuda")
+    T, H, HKV, D = 16384, 32, 8, 128
+    q = torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(T, HKV, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    cu = torch.arange(0, T + 1, 2048, dtype=torch.int32, device="cuda")
+    return {"(floor) bare Triton launch, 2 args": lambda: _touch[(1,)](x, 64, BLOCK=64),
+            "(peer) aten FA2 varlen 8x2048 32/8": lambda: torch.ops.aten._flash_attention_forward(
+                q, k, v, cu, cu, 2048, 2048, 0.0, True, False, scale=D ** -0.5)}
+
+
+def _profile(fn, top: int = 10) -> None:
+    torch.cuda._sleep(100_000_000)
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(20):
+        fn()
+    prof.disable()
+    torch.cuda.synchronize()
+    rows = sorted(pstats.Stats(prof).stats.items(), key=lambda kv: -kv[1][2])[:top]
+    for (file, line, func), (_, calls, tt, ct, _) in rows:
+        where = f"{file.split('site-packages/')[-1].split('/work/main/')[-1]}:{line}({func})"
+        print(f"    own {tt * 1e6 / 20:7.1f} us/call  cum {ct * 1e6 / 20:7.1f}  x{calls // 20:<3d} {where}"[:150])
+
+
 def main() -> None:
     profile = "--profile" in sys.argv
-    cases = _cases()
-    print(f"{'op':40s} {'direct (us)':>12s} {'dispatcher (us)':>16s}")
+    cases = {**_references(), **_cases()}
+    print(f"{'op':42s} {'direct (us)':>12s} {'dispatcher (us)':>16s}  (median of 5 alternating runs)")
     for name, fn in cases.items():
-        res = {}
-        for direct in (True, False):
-            co.EAGER_DIRECT = direct
-            try:
-                res[direct] = f"{_host_us(fn):12.1f}"
-            except Exception as exc:
-                res[direct] = f"{type(exc).__name__}: {exc}"[:60]
+        res = {True: [], False: []}
+        for _ in range(5):
+            for direct in (True, False):
+                co.EAGER_DIRECT = direct
+                try:
+                    res[direct].append(_host_us(fn, reps=3))
+                except Exception as exc:
+                    res[direct] = f"{type(exc).__name__}: {exc}"[:60]
+                    break
         co.EAGER_DIRECT = True
-        print(f"{name:40s} {res[True]:>12s} {res[False]:>16s}", flush=True)
-        if profile:
-            torch.cuda._sleep(100_000_000)
-            prof = cProfile.Profile()
-            prof.enable()
-            for _ in range(20):
-                fn()
-            prof.disable()
-            torch.cuda.synchronize()
-            s = io.StringIO()
-            pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(8)
-            lines = [ln for ln in s.getvalue().splitlines() if ln.strip() and ln.strip()[0].isdigit()]
-            for ln in lines[:8]:
-                print("    " + ln[:150])
+        cells = [f"{statistics.median(r):.1f}" if isinstance(r, list) and r else str(r) for r in res.values()]
+        print(f"{name:42s} {cells[0]:>12s} {cells[1]:>16s}", flush=True)
+        if profile and not name.startswith("("):
+            _profile(fn)
 
 
 if __name__ == "__main__":

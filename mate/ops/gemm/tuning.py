@@ -244,7 +244,10 @@ GROUPWISE_GLUON: dict[str, dict] = {
     "m64,4096,7168": _KINT_64X32,
     "m128,2112,7168": {**_KINT_64X64, "SPLIT_K": 2},
     "m128,4096,7168": _KINT_64X64,
-    "m32,7168,16384": _KINT_64X64,  # M = 64's 112 tiles: 33.8 us against Triton 36.7 (session 15)
+    # M <= 32 on M = 64's 112 tiles (session 15, us): M 16 33.0 / M 32 33.8 against Triton 35.7 / 36.7,
+    # DeepGEMM 36.3 / 37.1
+    "m16,7168,16384": _KINT_64X64,
+    "m32,7168,16384": _KINT_64X64,
     "m64,7168,16384": _KINT_64X64,
     "m128,7168,16384": {"KINT": True, "BLOCK_M": 128, "BLOCK_N": 64, "num_stages": 6, "KPS": 1, "SPLIT_K": 1},
 }
