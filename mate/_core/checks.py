@@ -97,6 +97,8 @@ def check_last_dim_contiguous(name: str, t: torch.Tensor) -> None:
 def device_matches(given: torch.device, wanted: torch.device | str) -> bool:
     """True when ``given`` is ``wanted``; a ``wanted`` without an index (``"cuda"``)
     matches every device of its type (``cuda:0`` included)."""
+    if given == wanted:
+        return True
     wanted = torch.device(wanted)
     return given.type == wanted.type and (wanted.index is None or given.index == wanted.index)
 
@@ -130,17 +132,24 @@ def check_tensor(
     last_dim_contiguous: bool = False,
     device: torch.device | None = None,
 ) -> torch.Tensor:
-    """One call for the usual checks of a tensor argument, in the conventional order."""
-    check_is_tensor(name, t)
-    if dtype is not None:
+    """One call for the usual checks of a tensor argument, in the conventional order. Each
+    test is inlined and the message built by the single check only when it fails: this runs
+    several times per call of every op, on the host's critical path."""
+    if not isinstance(t, torch.Tensor):
+        check_is_tensor(name, t)
+    if dtype is not None and t.dtype is not dtype and (isinstance(dtype, torch.dtype) or t.dtype not in dtype):
         check_dtype(name, t, dtype)
     if ndim is not None:
-        check_ndim(name, t, ndim)
+        n = t.dim()
+        if n != ndim and (isinstance(ndim, int) or n not in ndim):
+            check_ndim(name, t, ndim)
     if shape is not None:
-        check_shape(name, t, shape)
+        ts = t.shape
+        if len(ts) != len(shape) or any(s is not None and s != d for s, d in zip(shape, ts)):
+            check_shape(name, t, shape)
     if device is not None and not device_matches(t.device, device):
         raise ValueError(f"{name} must be on {device}, got {t.device}")
-    if contiguous:
+    if contiguous and not t.is_contiguous():
         check_contiguous(name, t)
     if last_dim_contiguous:
         check_last_dim_contiguous(name, t)

@@ -160,7 +160,8 @@ def test_auto_kint_configs():
             if mb >= 64:
                 assert (cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["SPLIT_K"]) == (64, 64, 4 if n == 2112 else 2), (m, n)
     k16_64 = {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 6, "KPS": 2, "SPLIT_K": 1, "EAGER": True}
-    k16 = {16: k16_64, 32: k16_64, 64: k16_64, 128: {"BLOCK_M": 128, "BLOCK_N": 64, "num_stages": 6, "KPS": 1, "SPLIT_K": 1}}
+    k16_128 = {"BLOCK_M": 128, "BLOCK_N": 64, "num_stages": 6, "KPS": 1, "SPLIT_K": 1}
+    k16 = {16: k16_64, 32: k16_64, 64: k16_64, 128: k16_128}
     for mb, want in k16.items():  # K = 16384, N = 7168
         for m in (1 if mb == 16 else mb // 2 + 1, mb):
             assert tuning.groupwise_config(m, 7168, 16384, fp8_out=False)["GLUON"] == {"KINT": True, **want}, m
