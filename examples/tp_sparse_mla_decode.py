@@ -2,7 +2,7 @@
 
 The attention heads are split over the ``world_size`` ranks of ``torch.distributed``
 (``gloo`` on CPU, ``nccl`` on GPUs), as DeepSeek-V3.2 is served with its 128 heads over
-8 GPUs. Launch with torchrun::
+8 GPUs. Launch with torchrun (started with plain ``python``, it runs as one rank)::
 
     torchrun --nproc-per-node 2 examples/tp_sparse_mla_decode.py            # CPU, gloo
     NCCL_NVLS_ENABLE=0 torchrun --nproc-per-node 8 examples/tp_sparse_mla_decode.py --deepseek \
@@ -231,6 +231,14 @@ def _time_step_graph(fn, iters: int = 50) -> float:
     return start.elapsed_time(end) / iters * 1e3
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--deepseek", action="store_true", help="DeepSeek-V3.2 sizes: 128 heads, hidden 7168, top-k 2048")
@@ -241,6 +249,8 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
 
     cuda = torch.cuda.is_available()
+    if "RANK" not in os.environ:  # started without torchrun: one rank holding every head
+        os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
     dist.init_process_group("nccl" if cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     local = int(os.environ.get("LOCAL_RANK", rank))

@@ -38,3 +38,19 @@ def test_tp_example_two_gloo_ranks():
     assert "relative difference to one process" in proc.stdout
     assert "relative difference to the unquantized fp32 layer" in proc.stdout
     assert proc.stdout.strip().endswith("ok"), log[-4000:]
+
+
+@interpreter_only
+@pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs torch.distributed gloo")
+@pytest.mark.timeout(120)
+def test_tp_example_without_torchrun_runs_one_rank():
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                                                            "MASTER_PORT")}
+    env.update({"MATE_BACKEND": "triton", "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "",
+                "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)})
+    proc = subprocess.run([sys.executable, str(EXAMPLE), "--batch", "2", "--heads", "2"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=110)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-4000:]
+    assert "world_size=1, 2 heads per rank" in proc.stdout, log[-4000:]
+    assert proc.stdout.strip().endswith("ok"), log[-4000:]
