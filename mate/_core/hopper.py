@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-__all__ = ["SMEM_PER_PROGRAM", "SMEM_PER_SM", "SMEM_RESERVED_PER_PROGRAM", "REGS_PER_SM", "smem_for_programs"]
+import functools
+
+import torch
+
+__all__ = ["SMEM_PER_PROGRAM", "SMEM_PER_SM", "SMEM_RESERVED_PER_PROGRAM", "REGS_PER_SM", "smem_for_programs",
+           "cuda_sm_count", "cuda_capability"]
 
 SMEM_PER_SM = 228 * 1024
 """Shared memory of one SM (bytes), shared by its resident programs."""
@@ -20,3 +25,24 @@ REGS_PER_SM = 65536
 def smem_for_programs(programs: int) -> int:
     """Dynamic shared memory per program that lets ``programs`` programs share one SM."""
     return SMEM_PER_SM // programs - SMEM_RESERVED_PER_PROGRAM
+
+
+@functools.cache
+def _cuda_properties(index: int):
+    return torch.cuda.get_device_properties(index)
+
+
+def _index(device: torch.device) -> int:
+    return torch.cuda.current_device() if device.index is None else device.index
+
+
+def cuda_sm_count(device: torch.device) -> int:
+    """SMs of a CUDA device (cached: ``torch.cuda.get_device_properties`` costs host time on
+    every launch that sizes a persistent grid)."""
+    return _cuda_properties(_index(device)).multi_processor_count
+
+
+def cuda_capability(device: torch.device) -> tuple[int, int]:
+    """(major, minor) compute capability of a CUDA device (cached)."""
+    props = _cuda_properties(_index(device))
+    return props.major, props.minor

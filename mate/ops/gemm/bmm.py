@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from mate._core.triton_helpers import dot_operand, to_out_dtype
+from mate._core.triton_helpers import cdiv, dot_operand, to_out_dtype
 from mate.ops.gemm.groupwise import tile_coords
 
 __all__ = ["bmm_triton", "SCALE_NONE", "SCALE_TENSOR", "SCALE_CHANNEL"]
@@ -82,7 +82,7 @@ def bmm_triton(
     if out.numel() == 0:
         return
     bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
-    grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn), nb)
+    grid = (cdiv(M, bm) * cdiv(N, bn), nb)
     sa = A_scale if A_scale is not None else out
     sb = B_scale if B_scale is not None else out
     bmm_kernel[grid](

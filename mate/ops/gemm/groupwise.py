@@ -23,7 +23,7 @@ import triton.language as tl
 
 from mate._core.dispatch import interpreter_active
 from mate._core.env import ENV_VARS
-from mate._core.triton_helpers import to_fp8_e4m3, to_out_dtype
+from mate._core.triton_helpers import cdiv, to_fp8_e4m3, to_out_dtype
 
 __all__ = ["groupwise_gemm_triton", "PLAIN", "CONTIGUOUS", "MASKED"]
 
@@ -404,7 +404,7 @@ def groupwise_gemm_triton(
     split_k = max(1, min(split_k, K // 128))
     if out_fp8:
         assert bn == 128, "FP8 output needs BLOCK_N == 128 (one scale group per tile)"
-    tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
+    tiles = cdiv(M, bm) * cdiv(N, bn)
     grid = (tiles, split_k, G if layout == MASKED else 1)
     ws = torch.empty((split_k, M, N), dtype=torch.float32, device=a.device) if split_k > 1 else out
     cs = output_scale if output_scale is not None else out
@@ -443,7 +443,7 @@ def groupwise_gemm_triton(
         )
     if reduce_launch:
         rbm = 32
-        splitk_reduce_kernel[(triton.cdiv(M, rbm), triton.cdiv(N, 128))](
+        splitk_reduce_kernel[(cdiv(M, rbm), cdiv(N, 128))](
             ws, out, cs, M, N, out.stride(0), stride_csm,
             SPLIT_K=split_k, OUT_FP8=out_fp8, OUT_DTYPE=_TL_DTYPE[out.dtype],
             BLOCK_M=rbm, BLOCK_N=128, num_warps=4,

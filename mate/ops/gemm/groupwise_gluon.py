@@ -57,7 +57,6 @@ from __future__ import annotations
 import functools
 
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
@@ -69,6 +68,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from mate._core.hopper import cuda_capability, cuda_sm_count
+from mate._core.triton_helpers import cdiv, next_power_of_2
 from mate.ops.gemm.groupwise import tile_coords
 
 __all__ = ["fp8_groupwise_gluon_kernel", "groupwise_gemm_gluon", "gluon_supported", "check_kps", "issue_stage",
@@ -120,7 +121,7 @@ def a_box_rows(m: int, block_m: int) -> int:
     128-byte swizzle period). A box whose rows are mostly past M costs ~2 us per tile stream on
     the H200 (DeepGEMM takes 16/32-row tiles there for the same reason); the rows of the ring
     slot past the box are never loaded, and the output rows they feed (>= M) are never stored."""
-    return block_m if m >= block_m else max(8, triton.next_power_of_2(m))
+    return block_m if m >= block_m else max(8, next_power_of_2(m))
 
 
 @gluon.jit
@@ -496,7 +497,7 @@ def fp8_groupwise_gluon_kernel(
 
 def gluon_supported(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> bool:
     """A Hopper GPU, e4m3 operands that TMA can read, bf16/fp16 output."""
-    if a.device.type != "cuda" or torch.cuda.get_device_capability(a.device)[0] != 9:
+    if a.device.type != "cuda" or cuda_capability(a.device)[0] != 9:
         return False
     if a.dtype != torch.float8_e4m3fn or b.dtype != torch.float8_e4m3fn:
         return False
@@ -613,9 +614,9 @@ def groupwise_gemm_gluon(a, b, a_scale, a_scale_strides, b_scale, b_scale_stride
     check_kps(kps)
     epi_tma = (bool(config.get("EPI_TMA", False)) and bm == 128 and bn >= 128
                and out.dim() == 2 and out.data_ptr() % 16 == 0 and (out.stride(0) * out.element_size()) % 16 == 0)
-    tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
+    tiles = cdiv(M, bm) * cdiv(N, bn)
     if num_sms is None:
-        num_sms = torch.cuda.get_device_properties(a.device).multi_processor_count
+        num_sms = cuda_sm_count(a.device)
     grid = (max(1, min(num_sms, tiles)), )
     idx = masked_m if layout == 2 else m_indices if m_indices is not None else out
     wide = bn > 128

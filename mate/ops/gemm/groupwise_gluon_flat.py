@@ -28,7 +28,6 @@ Selected with ``config["GLUON"] = {"FLAT": True, ...}`` (see ``groupwise_gemm_fl
 
 from __future__ import annotations
 
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -37,6 +36,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from mate._core.hopper import SMEM_PER_PROGRAM
+from mate._core.triton_helpers import cdiv, next_power_of_2
 from mate.ops.gemm.groupwise import tile_coords
 from mate.ops.gemm.groupwise_gluon import (
     _store_tile,
@@ -129,7 +129,7 @@ def _stage_count(k: int, kps: int) -> int:
 
 def _kb_rows(k: int, kps: int) -> int:
     """Rows of the scale buffers: a power of two >= the K blocks of every stage."""
-    return triton.next_power_of_2(_stage_count(k, kps) * kps)
+    return next_power_of_2(_stage_count(k, kps) * kps)
 
 
 def check_flat_config(bn: int, stages, k: int, kps=1) -> None:
@@ -157,7 +157,7 @@ def groupwise_gemm_flat(a, b, a_scale, a_scale_strides, b_scale, b_scale_strides
     if M == 0 or N == 0:
         return
     stages = min(stages, _stage_count(K, kps))
-    fp8_groupwise_flat_kernel[(triton.cdiv(M, 64) * triton.cdiv(N, bn), )](
+    fp8_groupwise_flat_kernel[(cdiv(M, 64) * cdiv(N, bn), )](
         operand_desc(a, a_box_rows(M, 64)), operand_desc(b, bn), a_scale, b_scale, out,
         M, N, K,
         a_scale_strides[1], a_scale_strides[2], b_scale_strides[1], b_scale_strides[2], out.stride(0),

@@ -38,13 +38,13 @@ Selected with ``config["GLUON"] = {"KINT": True, ...}`` (see ``groupwise_gemm_ki
 from __future__ import annotations
 
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
-from mate._core.hopper import SMEM_PER_PROGRAM
+from mate._core.hopper import SMEM_PER_PROGRAM, cuda_sm_count
+from mate._core.triton_helpers import cdiv
 from mate.ops.gemm.groupwise import tile_coords
 from mate.ops.gemm.groupwise_gluon import (
     GLUON_MAX_REGS,
@@ -279,9 +279,9 @@ def groupwise_gemm_kint(a, b, a_scale, a_scale_strides, b_scale, b_scale_strides
     if M == 0 or N == 0:
         return
     split = min(split, max(1, K // 128))
-    tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
+    tiles = cdiv(M, bm) * cdiv(N, bn)
     if num_sms is None:
-        num_sms = torch.cuda.get_device_properties(a.device).multi_processor_count
+        num_sms = cuda_sm_count(a.device)
     cnt = None
     if split > 1 and reduce == "fused":
         cnt = _tile_counters(a.device, tiles)
@@ -295,7 +295,7 @@ def groupwise_gemm_kint(a, b, a_scale, a_scale_strides, b_scale, b_scale_strides
         maxnreg=GLUON_MAX_REGS,
     )
     if split > 1 and cnt is None:
-        splitk_reduce_kernel[(triton.cdiv(M, 32), triton.cdiv(N, 128))](
+        splitk_reduce_kernel[(cdiv(M, 32), cdiv(N, 128))](
             ws, out, out, M, N, out.stride(0), 0,
             SPLIT_K=split, OUT_FP8=False, OUT_DTYPE=_TL_DTYPE[out.dtype],
             BLOCK_M=32, BLOCK_N=128, num_warps=4,

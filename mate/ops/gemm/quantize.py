@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from mate._core.triton_helpers import to_fp8_e4m3
+from mate._core.triton_helpers import cdiv, to_fp8_e4m3
 
 __all__ = ["quantize_fp8_row_groups"]
 
@@ -41,6 +41,6 @@ def quantize_fp8_row_groups(x: torch.Tensor, out: torch.Tensor, scale: torch.Ten
     m, n = x.shape
     if m == 0 or n == 0:
         return
-    grid = (triton.cdiv(m, QUANT_BLOCK_M), triton.cdiv(n, 128))
+    grid = (cdiv(m, QUANT_BLOCK_M), cdiv(n, 128))
     _quantize_row_groups_kernel[grid](x, out, scale, m, n, x.stride(0), out.stride(0), scale.stride(0),
                                       BLOCK_M=QUANT_BLOCK_M, num_warps=4)

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from mate._core.triton_helpers import INTERPRET, dot_operand, online_softmax_step, to_out_dtype
+from mate._core.triton_helpers import INTERPRET, cdiv, dot_operand, next_power_of_2, online_softmax_step, to_out_dtype
 
 __all__ = ["mha_tiling", "attention_triton", "mha_fwd_op", "PREFILL_VARIANT"]
 
@@ -157,8 +157,8 @@ full 1665.2 / 1519.0 / 1849.0 / 1642.3; paged decode unaffected (887-889)."""
 
 def mha_tiling(ratio: int, max_seqlen_q: int, max_rows: int = 64) -> tuple[int, int, int]:
     """(TM tokens per program, GP padded group, BLOCK_M rows)."""
-    gp = triton.next_power_of_2(ratio)
-    tm = max(1, min(max_rows // gp if gp <= max_rows else 1, triton.next_power_of_2(max(1, max_seqlen_q))))
+    gp = next_power_of_2(ratio)
+    tm = max(1, min(max_rows // gp if gp <= max_rows else 1, next_power_of_2(max(1, max_seqlen_q))))
     return tm, gp, max(16, tm * gp)
 
 
@@ -221,7 +221,7 @@ def attention_triton(
     dummy = cu_seqlens_q
     block_n = 64
     num_warps = mha_num_warps(block_m)
-    grid = (triton.cdiv(max_seqlen_q, tm), batch, hkv)
+    grid = (cdiv(max_seqlen_q, tm), batch, hkv)
     _mha_fwd_kernel[grid](
         q, q.stride(0), q.stride(1),
         k, v, skb, skt, skh, svb, svt, svh,

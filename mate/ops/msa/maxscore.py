@@ -22,7 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
-from mate._core.triton_helpers import INTERPRET
+from mate._core.hopper import cuda_sm_count
+from mate._core.triton_helpers import INTERPRET, cdiv, next_power_of_2
 
 __all__ = ["max_score_triton", "max_score_config", "_max_score_fwd_kernel"]
 
@@ -180,7 +181,7 @@ def _max_score_fwd_kernel(
 
 def _num_sms(device: torch.device) -> int:
     if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
+        return cuda_sm_count(device)
     return 1  # the interpreter runs programs one at a time: fewer is faster
 
 
@@ -199,14 +200,14 @@ def max_score_config(max_rows: int, batch_size: int, num_kv_heads: int, num_tile
     block_m = (prefill_block_m or (PREFILL_BLOCK_M if max_rows > 128 else 128)) if prefill else 64
     if block_m not in (64, 128, 256):
         raise ValueError(f"prefill_block_m must be 128 or 256, got {block_m}")
-    out_w = 16 if num_tiles >= 16 else triton.next_power_of_2(max(num_tiles, 1))
-    row_tiles = triton.cdiv(max(max_rows, 1), block_m)
+    out_w = 16 if num_tiles >= 16 else next_power_of_2(max(num_tiles, 1))
+    row_tiles = cdiv(max(max_rows, 1), block_m)
     programs = batch_size * num_kv_heads * row_tiles
     target = 4 * _num_sms(device)
-    groups = triton.cdiv(num_tiles, out_w)
-    chunks = max(1, min(groups, triton.cdiv(target, max(programs, 1))))
-    tiles_per_chunk = triton.cdiv(groups, chunks) * out_w
-    chunks = triton.cdiv(num_tiles, tiles_per_chunk)
+    groups = cdiv(num_tiles, out_w)
+    chunks = max(1, min(groups, cdiv(target, max(programs, 1))))
+    tiles_per_chunk = cdiv(groups, chunks) * out_w
+    chunks = cdiv(num_tiles, tiles_per_chunk)
     warps = {64: 4, 128: 8, 256: 16}[block_m]
     return dict(BLOCK_M=block_m, OUT_W=out_w, row_tiles=row_tiles, chunks=chunks, tiles_per_chunk=tiles_per_chunk,
                 num_warps=warps, num_stages=3 if prefill else 4)

@@ -25,7 +25,15 @@ import torch
 import triton
 import triton.language as tl
 
-from mate._core.triton_helpers import INTERPRET, dot_operand, finish_softmax, online_softmax_step, to_out_dtype
+from mate._core.hopper import cuda_sm_count
+from mate._core.triton_helpers import (
+    INTERPRET,
+    dot_operand,
+    finish_softmax,
+    next_power_of_2,
+    online_softmax_step,
+    to_out_dtype,
+)
 from mate.ops.msa import sparse_decode as _sd
 from mate.ops.msa.softmax_helpers import split_entries, visible_limit
 
@@ -248,8 +256,8 @@ class SparseTiling:
     """Tile geometry of one call: tokens per tile, padded group, rows, union capacity."""
 
     def __init__(self, ratio: int, width: int, decode: bool):
-        self.gp = triton.next_power_of_2(ratio)
-        self.block_w = max(4, triton.next_power_of_2(width))
+        self.gp = next_power_of_2(ratio)
+        self.block_w = max(4, next_power_of_2(width))
         if decode:
             self.tt = 1
         else:
@@ -283,7 +291,7 @@ row. Prefill (64-row tiles) uses ``f16`` only: 943 instead of 1,128 instructions
 
 def _num_sms(device: torch.device) -> int:
     if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
+        return cuda_sm_count(device)
     return NUM_SMS_DEFAULT
 
 
@@ -508,7 +516,7 @@ def sparse_attention_triton(
 
 def _combine(o_part, l_part, out, lse, total_q, hq, d, v_scale, splits) -> None:
     if splits > 1:
-        block_h = min(16, triton.next_power_of_2(hq))
+        block_h = min(16, next_power_of_2(hq))
         _msa_combine_kernel[(total_q, -(-hq // block_h))](
             o_part, l_part, out, out.stride(0), out.stride(1), lse, lse.stride(0),
             total_q, hq, v_scale,

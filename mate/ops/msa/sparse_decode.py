@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from mate._core.hopper import REGS_PER_SM, SMEM_PER_SM, SMEM_RESERVED_PER_PROGRAM
-from mate._core.triton_helpers import INTERPRET, dot_operand, finish_softmax, to_out_dtype
+from mate._core.triton_helpers import INTERPRET, dot_operand, finish_softmax, next_power_of_2, to_out_dtype
 from mate.ops.msa.softmax_helpers import split_entries, visible_limit
 
 __all__ = ["DECODE_VARIANT", "msa_decode_t_kernel", "decode_t_heads", "t_config", "t_constexprs",
@@ -114,7 +114,7 @@ QGMMA (fp8 Sᵀ) and HGMMA in the SASS, no ptxas warning."""
 def decode_t_heads(ratio: int) -> int:
     """Head columns of a program: the group padded to a power of two, at least 16 (wgmma N
     and ``tl.dot`` need 16)."""
-    return max(16, triton.next_power_of_2(ratio))
+    return max(16, next_power_of_2(ratio))
 
 
 def t_config(is_fp8: bool) -> tuple[int, int, int | None]:

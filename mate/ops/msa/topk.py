@@ -109,7 +109,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from mate._core.env import ENV_VARS
-from mate._core.triton_helpers import INTERPRET
+from mate._core.triton_helpers import INTERPRET, cdiv, next_power_of_2
 
 __all__ = ["sparse_topk_select_triton", "topk_config", "_topk_select_kernel", "_topk_interval_kernel"]
 
@@ -816,7 +816,7 @@ def topk_config(num_tiles: int, k: int, max_chunk: int = 4096, method: str = "bi
     ``max_chunk`` take the chunked (tournament) path. ``rows_per_program`` overrides the
     radix path's rows per program (1 on the GPU; the interpreter, which pays per program,
     defaults to the bitonic path's count)."""
-    chunk = max(triton.next_power_of_2(max(num_tiles, 1)), k, 16)
+    chunk = max(next_power_of_2(max(num_tiles, 1)), k, 16)
     single = chunk <= max_chunk
     if not single:
         chunk = max_chunk
@@ -890,15 +890,15 @@ def sparse_topk_select_triton(
     cfg = topk_config(T, topk, max_chunk, method, rows_per_program)
     if num_warps is not None:
         cfg["num_warps"] = num_warps
-    grid = (triton.cdiv(n_rows, cfg["ROWS"]),)
+    grid = (cdiv(n_rows, cfg["ROWS"]),)
     if method == "lanes":
-        chunk = max(triton.next_power_of_2(max(T, 1)), 32)
+        chunk = max(next_power_of_2(max(T, 1)), 32)
         if chunk <= min(LANES_MAX_CHUNK, max_chunk) and W <= 32 and total_q and \
                 (LANES_KERNEL if lanes_kernel is None else lanes_kernel) == "fast":
             if nw > 1 and not INTERPRET:
                 nreg = LANES_MAXNREG if lanes_maxnreg is None else lanes_maxnreg
                 from mate.ops.msa.topk_warps import _topk_lanes_warps_kernel
-                _topk_lanes_warps_kernel[(triton.cdiv(n_rows, nw),)](
+                _topk_lanes_warps_kernel[(cdiv(n_rows, nw),)](
                     max_score, output,
                     query_positions if query_positions is not None else _dummy_positions(max_score.device),
                     n_rows, T, num_valid_pages, H, force_begin_blocks, force_end_blocks, W,
@@ -911,7 +911,7 @@ def sparse_topk_select_triton(
                 max_score, output,
                 query_positions if query_positions is not None else _dummy_positions(max_score.device),
                 T, num_valid_pages, H, force_begin_blocks, force_end_blocks, W,
-                R=chunk // 32, W_P2=64, G1=max(16, triton.next_power_of_2(topk)), SLACK=lanes_slack,
+                R=chunk // 32, W_P2=64, G1=max(16, next_power_of_2(topk)), SLACK=lanes_slack,
                 VOTE=lanes_vote, HAS_QPOS=query_positions is not None, FULL=chunk == T, num_warps=1,
             )
             return
@@ -920,7 +920,7 @@ def sparse_topk_select_triton(
                 max_score, output,
                 query_positions if query_positions is not None else _dummy_positions(max_score.device),
                 T, num_valid_pages, H, force_begin_blocks, force_end_blocks, W, int(query_positions is not None),
-                R=chunk // 32, W_P2=64, G1=max(16, triton.next_power_of_2(topk)), SLACK=lanes_slack,
+                R=chunk // 32, W_P2=64, G1=max(16, next_power_of_2(topk)), SLACK=lanes_slack,
                 VOTE=lanes_vote, num_warps=1,
             )
             return
@@ -934,8 +934,8 @@ def sparse_topk_select_triton(
             n_rows, T, num_valid_pages, H, force_begin_blocks, force_end_blocks, int(force_blocks_count_in_topk), W,
             int(query_positions is not None),
             K=topk, W_P2=64, ROWS=cfg["ROWS"], CHUNK=cfg["CHUNK"],
-            G=min(cfg["CHUNK"], max(32, triton.next_power_of_2(W))),
-            G1=min(cfg["CHUNK"], max(16, triton.next_power_of_2(topk))), num_warps=cfg["num_warps"],
+            G=min(cfg["CHUNK"], max(32, next_power_of_2(W))),
+            G1=min(cfg["CHUNK"], max(16, next_power_of_2(topk))), num_warps=cfg["num_warps"],
         )
         return
     _topk_select_kernel[grid](

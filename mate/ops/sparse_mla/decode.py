@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from mate._core.checks import launch_fits
-from mate._core.triton_helpers import INTERPRET, to_bf16
+from mate._core.triton_helpers import INTERPRET, cdiv, next_power_of_2, to_bf16
 from mate.ops.sparse_mla.metadata import HEAD_DIM_ROPE, HEAD_DIM_V
 
 __all__ = [
@@ -339,8 +339,8 @@ def sparse_mla_decode_combine_kernel(
 def combine_tiling(H: int, num_splits: int) -> tuple[int, int]:
     """(heads, value columns) per combine program: the unrolled loads of all splits stay
     within ~64 fp32 registers a thread (4 warps)."""
-    block_hc = min(16, triton.next_power_of_2(H))
-    block_d = max(16, min(HEAD_DIM_V, 8192 // (block_hc * triton.next_power_of_2(num_splits))))
+    block_hc = min(16, next_power_of_2(H))
+    block_d = max(16, min(HEAD_DIM_V, 8192 // (block_hc * next_power_of_2(num_splits))))
     return block_hc, block_d
 
 
@@ -349,7 +349,7 @@ def launch_combine(partial_o: torch.Tensor, partial_lse: torch.Tensor, out: torc
     """Merges a split plan's partial outputs into ``out`` / ``lse`` (the combine step shared
     by the plain and Gluon decode launchers)."""
     block_hc, block_d = combine_tiling(H, num_splits)
-    sparse_mla_decode_combine_kernel[(triton.cdiv(H, block_hc), HEAD_DIM_V // block_d, rows)](
+    sparse_mla_decode_combine_kernel[(cdiv(H, block_hc), HEAD_DIM_V // block_d, rows)](
         partial_o,
         partial_lse,
         out,
@@ -357,7 +357,7 @@ def launch_combine(partial_o: torch.Tensor, partial_lse: torch.Tensor, out: torc
         bmm2_scale,
         H,
         NUM_SPLITS=num_splits,
-        SPLITS_P2=triton.next_power_of_2(num_splits),
+        SPLITS_P2=next_power_of_2(num_splits),
         BLOCK_HC=block_hc,
         BLOCK_D=block_d,
         D_V=HEAD_DIM_V,
@@ -425,7 +425,7 @@ def sparse_mla_decode_triton(
         # masked) reads such a view correctly. Same plan, same split scratch.
         block_h, num_warps, num_stages, block_n, transposed, max_regs = 64, 8, 5, 64, False, 0
     split = num_splits > 1
-    grid = (triton.cdiv(H, block_h), num_splits, rows)
+    grid = (cdiv(H, block_h), num_splits, rows)
     kernel = sparse_mla_decode_split_kernel_t if transposed else sparse_mla_decode_split_kernel
     with launch_fits("the sparse MLA decode kernel", block_h=block_h, block_n=block_n, num_stages=num_stages,
                      num_warps=num_warps, transposed=transposed):

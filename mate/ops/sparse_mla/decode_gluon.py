@@ -43,7 +43,6 @@ layouts and data movement:
 from __future__ import annotations
 
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -53,6 +52,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from mate._core.triton_helpers import cdiv
 from mate.ops.sparse_mla.gluon_common import (
     _gather_next,
     _gather_prologue,
@@ -289,7 +289,7 @@ def sparse_mla_decode_gluon(
     contiguous; ``partial_o`` / ``partial_lse`` the plan's split scratch (used when
     ``num_splits > 1``, merged by the plain-Triton combine kernel). No allocation, no host
     sync."""
-    launch_decode(sparse_mla_decode_gluon_kernel, (triton.cdiv(query.shape[2], GLUON_BLOCK_H),), query, kv_rows,
+    launch_decode(sparse_mla_decode_gluon_kernel, (cdiv(query.shape[2], GLUON_BLOCK_H),), query, kv_rows,
                   block_tables, seq_lens, out, lse, partial_o, partial_lse, bmm1_scale, bmm2_scale, num_splits,
                   split_blocks, (GLUON_BLOCK_H, GLUON_NUM_WARPS, 5, GLUON_BLOCK_N, False), GLUON_NUM_WARPS,
                   STAGES=num_stages, BLOCK_H=GLUON_BLOCK_H, BLOCK_N=GLUON_BLOCK_N)

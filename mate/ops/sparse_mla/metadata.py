@@ -15,7 +15,7 @@ import dataclasses
 import torch
 
 from mate._core import checks
-from mate._core.hopper import REGS_PER_SM
+from mate._core.hopper import REGS_PER_SM, cuda_capability, cuda_sm_count
 
 __all__ = ["DecodeMetadata", "plan_decode", "BLOCK_N", "HEAD_DIM_V", "HEAD_DIM_ROPE", "GLUON_STAGES",
            "GLUON_SMALL_H_STAGES", "GLUON_WG_STAGES"]
@@ -170,7 +170,7 @@ class DecodeMetadata:
 
 def _num_sms(device: torch.device) -> int:
     if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
+        return cuda_sm_count(device)
     return _CPU_VIRTUAL_SMS
 
 
@@ -381,7 +381,7 @@ def plan_decode(
 def _cuda_capability(device: torch.device | str) -> tuple[int, int] | None:
     """Compute capability of a CUDA device; None for another device."""
     device = torch.device(device)
-    return torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    return cuda_capability(device) if device.type == "cuda" else None
 
 
 def _is_hopper(device: torch.device | str) -> bool:

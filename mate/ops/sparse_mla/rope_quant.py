@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from mate._core.triton_helpers import to_fp8_e4m3
+from mate._core.triton_helpers import cdiv, next_power_of_2, to_fp8_e4m3
 
 __all__ = ["mla_rope_quantize_fp8_kernel", "mla_rope_quantize_fp8_triton", "rope_quant_config"]
 
@@ -120,7 +120,7 @@ def rope_quant_config(num_heads: int) -> tuple[int, int]:
     """
     if num_heads >= 64:
         return 16, 8
-    return min(8, triton.next_power_of_2(num_heads)), 4
+    return min(8, next_power_of_2(num_heads)), 4
 
 
 def mla_rope_quantize_fp8_triton(
@@ -148,7 +148,7 @@ def mla_rope_quantize_fp8_triton(
     if nnz == 0:
         return
     block_h, num_warps = config if config is not None else rope_quant_config(H)
-    grid = (nnz, triton.cdiv(H, block_h) + 1)
+    grid = (nnz, cdiv(H, block_h) + 1)
     mla_rope_quantize_fp8_kernel[grid](
         q_rope, k_rope, q_nope, k_nope, cos_sin_cache, pos_ids,
         q_rope_out, k_rope_out, q_nope_out, k_nope_out,
