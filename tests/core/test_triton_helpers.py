@@ -198,6 +198,15 @@ def test_online_softmax_step_and_finish(device):
 def test_cdiv_and_next_power_of_2():
     assert [cdiv(a, 4) for a in (0, 1, 4, 5, 8)] == [0, 1, 1, 2, 2]
     assert [next_power_of_2(n) for n in (1, 3, 64, 65, 576)] == [1, 4, 64, 128, 1024]
+    # the host launch code's plain-Python versions agree with Triton's on every size it sees
+    import triton
+
+    for n in range(0, 5000):
+        assert next_power_of_2(n) == triton.next_power_of_2(n), n
+        for b in (1, 3, 16, 64, 128):
+            assert cdiv(n, b) == triton.cdiv(n, b), (n, b)
+    for n in (2**31 - 1, 2**31, 2**40 + 3):
+        assert next_power_of_2(n) == triton.next_power_of_2(n), n
 
 
 @pytest.mark.gpu
