@@ -175,7 +175,7 @@ def _consumer(a_bufs, b_bufs, sa_bufs, sb_bufs, red_buf, ready, empty, red_full,
         # a multiple of MATH each slot has one reader, which waits for phase q // STAGES only after
         # consuming the slot's previous phase itself (a slot shared by two warpgroups lets one wait
         # while the other's phase has not landed, and a parity wait cannot tell the two apart)
-        for ks in range((HALF + MATH - it % MATH) % MATH, num_ks, MATH):
+        for ks in range((it * (MATH - 1) + HALF) % MATH, num_ks, MATH):  # q = it + ks = HALF (mod MATH)
             q = it + ks
             s = q % STAGES
             mbarrier.wait(ready.index(s), (q // STAGES) & 1)
