@@ -70,7 +70,8 @@ CONSUMER_REGS = gl.constexpr(232)
 PRODUCER_REGS = gl.constexpr(40)
 # three math warpgroups: 16 warps (the 1-warp producer padded to a warpgroup) at 128 launch
 # registers fill the register file; the producer drops to 40 and the two math workers take 160,
-# which leaves the default partition (math warpgroup 0) (65536 - 2 * 128 * 160 - 128 * 40) / 128 = 152
+# which leaves the default partition (math warpgroup 0) (65536 - 2 * 128 * 160 - 128 * 40) / 128
+# = 152
 MATH3_CONSUMER_REGS = gl.constexpr(160)
 MATH_LAUNCH_REGS = {2: GLUON_MAX_REGS, 3: 128}
 KINT_TILES = {(64, 16), (64, 32), (64, 64), (64, 128), (128, 16), (128, 32), (128, 64)}
@@ -235,34 +236,43 @@ def fp8_groupwise_kint_kernel(
         mbarrier.init(red_full.index(j), count=1)
         mbarrier.init(red_empty.index(j), count=1)
 
-    # constexpr arguments stay constexpr only inside tuple literals (a concatenated tuple turns them into tensors)
+    # one list per warpgroup count: constexpr arguments stay constexpr only inside tuple
+    # literals (a tuple built by concatenation turns them into tensors)
     if MATH == 2:
         gl.warp_specialize([
-            (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, red_buf, ready, empty, red_full, red_empty, c_ptr, ws_ptr, cnt_ptr, M, N, K,
-                         stride_cm, 0, BLOCK_M, BLOCK_N, GROUP_M, STAGES, KPS, SPLIT_K, FUSED, EAGER, MATH)),
-            (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, red_buf, ready, empty, red_full, red_empty, c_ptr, ws_ptr, cnt_ptr, M, N, K,
-                         stride_cm, 1, BLOCK_M, BLOCK_N, GROUP_M, STAGES, KPS, SPLIT_K, FUSED, EAGER, MATH)),
+            (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, red_buf, ready, empty, red_full, red_empty, c_ptr,
+                         ws_ptr, cnt_ptr, M, N, K, stride_cm, 0, BLOCK_M, BLOCK_N, GROUP_M, STAGES, KPS,
+                         SPLIT_K, FUSED, EAGER, MATH)),
+            (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, red_buf, ready, empty, red_full, red_empty, c_ptr,
+                         ws_ptr, cnt_ptr, M, N, K, stride_cm, 1, BLOCK_M, BLOCK_N, GROUP_M, STAGES, KPS,
+                         SPLIT_K, FUSED, EAGER, MATH)),
             (_producer, (a_desc, b_desc, as_ptr, bs_ptr, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, M, N, K,
-                         stride_asm, stride_ask, stride_bsn, stride_bsk, BLOCK_M, BLOCK_N, GROUP_M, STAGES, KPS, SPLIT_K)),
+                         stride_asm, stride_ask, stride_bsn, stride_bsk, BLOCK_M, BLOCK_N, GROUP_M, STAGES, KPS,
+                         SPLIT_K)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
-            (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, red_buf, ready, empty, red_full, red_empty, c_ptr, ws_ptr, cnt_ptr, M, N, K,
-                         stride_cm, 0, BLOCK_M, BLOCK_N, GROUP_M, STAGES, KPS, SPLIT_K, FUSED, EAGER, MATH)),
-            (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, red_buf, ready, empty, red_full, red_empty, c_ptr, ws_ptr, cnt_ptr, M, N, K,
-                         stride_cm, 1, BLOCK_M, BLOCK_N, GROUP_M, STAGES, KPS, SPLIT_K, FUSED, EAGER, MATH)),
-            (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, red_buf, ready, empty, red_full, red_empty, c_ptr, ws_ptr, cnt_ptr, M, N, K,
-                         stride_cm, 2, BLOCK_M, BLOCK_N, GROUP_M, STAGES, KPS, SPLIT_K, FUSED, EAGER, MATH)),
+            (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, red_buf, ready, empty, red_full, red_empty, c_ptr,
+                         ws_ptr, cnt_ptr, M, N, K, stride_cm, 0, BLOCK_M, BLOCK_N, GROUP_M, STAGES, KPS,
+                         SPLIT_K, FUSED, EAGER, MATH)),
+            (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, red_buf, ready, empty, red_full, red_empty, c_ptr,
+                         ws_ptr, cnt_ptr, M, N, K, stride_cm, 1, BLOCK_M, BLOCK_N, GROUP_M, STAGES, KPS,
+                         SPLIT_K, FUSED, EAGER, MATH)),
+            (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, red_buf, ready, empty, red_full, red_empty, c_ptr,
+                         ws_ptr, cnt_ptr, M, N, K, stride_cm, 2, BLOCK_M, BLOCK_N, GROUP_M, STAGES, KPS,
+                         SPLIT_K, FUSED, EAGER, MATH)),
             (_producer, (a_desc, b_desc, as_ptr, bs_ptr, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, M, N, K,
-                         stride_asm, stride_ask, stride_bsn, stride_bsk, BLOCK_M, BLOCK_N, GROUP_M, STAGES, KPS, SPLIT_K)),
+                         stride_asm, stride_ask, stride_bsn, stride_bsk, BLOCK_M, BLOCK_N, GROUP_M, STAGES, KPS,
+                         SPLIT_K)),
         ], [4, 4, 1], [MATH3_CONSUMER_REGS, MATH3_CONSUMER_REGS, PRODUCER_REGS])
 
 
 def kint_shared_bytes(bm: int, bn: int, stages: int, kps: int, split: int, math: int = 2) -> int:
     """Upper bound of the kernel's shared memory: the ring (operands and scales), the
-    reduction buffers (one per math warpgroup but the first), the barriers and the epilogue's layout conversion (bf16 tile without
-    split-K; the split-K store needs only a few bytes for the counter's value), plus 1 KB of
-    alignment. Checked against the sm_90 builds by ``benchmarks/compile_gemm_gluon.py``."""
+    reduction buffers (one per math warpgroup but the first), the barriers and the epilogue's
+    layout conversion (bf16 tile without split-K; the split-K store needs only a few bytes for
+    the counter's value), plus 1 KB of alignment. Checked against the sm_90 builds by
+    ``benchmarks/compile_gemm_gluon.py``."""
     slots = stages * kps
     ring = slots * (bm + bn) * 128 + 2 * slots * bm * 4
     epilogue = bm * bn * 2 if split == 1 else 256
@@ -294,10 +304,10 @@ def groupwise_gemm_kint(a, b, a_scale, a_scale_strides, b_scale, b_scale_strides
                         num_sms: int | None = None) -> None:
     """Launches the kernel on a [M, K] x b [N, K]ᵀ (PLAIN; ``groupwise_gluon.gluon_supported``
     must hold). ``config``: BLOCK_M (64 or 128), BLOCK_N (16, 32, 64, 128 for BLOCK_M 64;
-    16, 32, 64 for 128), num_stages (ring stages, even), KPS (K blocks per stage, 1-4), SPLIT_K
-    (K splits over programs, capped by K / 128), MATH (math warpgroups taking alternate ring
-    stages: 2, the default, or 3; num_stages a multiple of it), GROUP_M, REDUCE (``"fused"``, the default,
-    or ``"launch"``: a second kernel sums the split-K partials), EAGER (KPS > 1: each K block's
+    16, 32, 64 for 128), num_stages (ring stages, a multiple of MATH), KPS (K blocks per stage,
+    1-4), SPLIT_K (K splits over programs, capped by K / 128), MATH (math warpgroups taking
+    turns over the ring stages: 2, the default, or 3), GROUP_M, REDUCE (``"fused"``, the
+    default, or ``"launch"``: a second kernel sums the split-K partials), EAGER (KPS > 1: each K block's
     wgmma issued before the previous one is waited for and scaled; default False)."""
     from mate.ops.gemm.groupwise import _TL_DTYPE, _tile_counters, splitk_reduce_kernel
 
