@@ -153,11 +153,18 @@ def test_eager_calls_skip_the_dispatcher_and_tracing_uses_the_op(monkeypatch):
     x = torch.randn(3, 5)
     want = x * float(x.sum())
     assert isinstance(_host_read, co.MateOp) and _host_read.__name__ == "_host_read"
-    # eager: the implementation itself (no autograd / ADInplaceOrView layers), same result
+    # eager: the implementation itself (no autograd / ADInplaceOrView layers), same result;
+    # with EAGER_DIRECT off the call goes through the registered op
+    registered = _host_read.op
+    through_op = []
+    monkeypatch.setattr(_host_read, "op", lambda *a: through_op.append(1) or registered(*a))
     assert_equal(_host_read(x), want)
+    assert through_op == []
     monkeypatch.setattr(co, "EAGER_DIRECT", False)
     assert_equal(_host_read(x), want)  # through torch.ops.mate.core_test_host_read
+    assert through_op == [1]
     monkeypatch.setattr(co, "EAGER_DIRECT", True)
+    monkeypatch.setattr(_host_read, "op", registered)
     # under a dispatch mode (fake tensors) the registered op runs its fake implementation;
     # the implementation would have to read a fake value on the host
     with FakeTensorMode() as mode:
