@@ -63,13 +63,12 @@ def _g(bm, bn, stages, kps=1):
     return f"{bm}x{bn} st{stages}" + (f" kps{kps}" if kps > 1 else ""), cfg
 
 
-def _k(bm, bn, stages, kps=1, split=1, eager=False, math=2):
+def _k(bm, bn, stages, kps=1, split=1, eager=False):
     """A config of the K-interleaved kernel (groupwise_gluon_kint.py), split-K over programs;
-    ``eager``: a stage's next K block's wgmma issued before the previous one is scaled;
-    ``math``: math warpgroups (``w3``: three)."""
+    ``eager``: a stage's next K block's wgmma issued before the previous one is scaled."""
     name, cfg = _g(bm, bn, stages, kps)
-    name = "kint " + name + (f" s{split}" if split > 1 else "") + (" e" if eager else "") + (" w3" if math == 3 else "")
-    return name, {**cfg, "KINT": True, "SPLIT_K": split, "EAGER": eager, **({"MATH": 3} if math == 3 else {})}
+    name = "kint " + name + (f" s{split}" if split > 1 else "") + (" e" if eager else "")
+    return name, {**cfg, "KINT": True, "SPLIT_K": split, "EAGER": eager}
 
 
 # tiles in the comments (132 SMs: one wave up to 132)
@@ -127,29 +126,23 @@ KPS_CANDIDATES = {
 # 64x16, 128x32, 128x64 and 64x128 tiles, are in tuning.py's docstring)
 KINT_CANDIDATES = {
     (64, 2112, 7168): dict([
-        _k(64, 32, 4, 4, 2, True),  # 132, 344 KB (auto: 10.0 us, 0.98x DeepGEMM)
-        _k(64, 32, 8, 2, 2, True),  # 10.1
+        _k(64, 32, 4, 4, 2, True),  # 132, 344 KB (auto: 9.9-10.0 us, 0.98-0.99x DeepGEMM)
+        _k(64, 32, 8, 2, 2, True),  # 9.9-10.1
     ]),
+    # three math warpgroups and a ring prologue before the warp-specialized region: measured
+    # in session 16 and removed (groupwise_gluon_kint.py's docstring)
     (64, 4096, 7168): dict([
-        _k(64, 32, 4, 4, 1, True),  # 128, 688 KB (auto: 12.5 us, 0.93x)
+        _k(64, 32, 4, 4, 1, True),  # 128, 688 KB (auto: 12.5 us, 0.93-0.94x)
         _k(64, 32, 8, 2, 1, True),  # 12.5
-        # w3: three math warpgroups (three K chains per SM; not yet measured, session 15)
-        _k(64, 32, 6, 2, 1, True, 3),
-        _k(64, 32, 3, 4, 1, True, 3),
     ]),
     (128, 2112, 7168): dict([
-        _k(64, 64, 6, 2, 2, True),  # 132, 458 KB (auto: 11.7 us, 0.91x)
-        _k(64, 32, 4, 4, 1, True),  # 132, 688 KB: 11.8
-        _k(64, 32, 6, 2, 1, True, 3),  # 132, DeepGEMM's tile and unit count
-        _k(64, 32, 3, 4, 1, True, 3),
-        _k(64, 64, 3, 2, 2, True, 3),
+        _k(64, 64, 6, 2, 2, True),  # 132, 458 KB (auto: 11.4-11.5 us, 0.93-0.94x)
+        _k(64, 32, 4, 4, 1, True),  # 132, 688 KB: 11.7-11.8
     ]),
     (128, 4096, 7168): dict([
-        _k(64, 64, 6, 2, 1, True),  # 128, 918 KB, DeepGEMM's tile (auto: 14.1 us, 0.91x)
-        _k(64, 64, 6, 2),  # 14.3
-        _k(64, 64, 4, 3, 1, True),  # 14.5
-        _k(64, 64, 3, 2, 1, True, 3),  # 128
-        _k(64, 64, 6, 1, 1, False, 3),
+        _k(64, 64, 6, 2, 1, True),  # 128, 918 KB, DeepGEMM's tile (auto: 13.7 us, 0.94x)
+        _k(64, 64, 6, 2),  # 13.8
+        _k(64, 64, 4, 3, 1, True),  # 14.5 (session 15)
     ]),
     # K = 16384 (128 K blocks; H200 2026-11-30, after the GPU tests: Triton 64x128 ran 37.5 us at
     # M = 64 against DeepGEMM's 36.4, 48.3 against 45.8 at M = 128)

@@ -133,7 +133,7 @@ def _kint_candidates() -> dict:
     for cands in KINT_CANDIDATES.values():
         for name, c in cands.items():
             out[name] = (c["BLOCK_M"], c["BLOCK_N"], c["num_stages"], c.get("KPS", 1), c.get("SPLIT_K", 1),
-                         bool(c.get("EAGER", False)) and c.get("KPS", 1) > 1, True, c.get("MATH", 2))
+                         bool(c.get("EAGER", False)) and c.get("KPS", 1) > 1)
     return out
 
 
@@ -153,19 +153,19 @@ def _auto_kint() -> dict:
     return out
 
 
-def compile_kint(name, bm, bn, stages, kps, split, eager=False, mn=True, math=2, out_dir=None, keep=False,
+def compile_kint(name, bm, bn, stages, kps, split, eager=False, mn=True, out_dir=None, keep=False,
                  m1=False, a_rows=None) -> bool:
     """``mn``: MN-major scales (else K-major, K = 7168: 56 K blocks, a row stride Triton does
     not specialize); ``m1``: M = 1 (a constexpr at launch: every use of M must accept a Python int);
     ``a_rows``: rows of A's TMA box (default ``groupwise_gluon.a_box_rows`` of M: BLOCK_M, 8 at M = 1)."""
-    gk.check_kint_config(bm, bn, stages, kps, split, math)  # what the launcher would reject
+    gk.check_kint_config(bm, bn, stages, kps, split)  # what the launcher would reject
     if a_rows is None:  # what the launcher builds: at M = 1 an 8-row box
         a_rows = gk.a_box_rows(1, bm) if m1 else bm
     sig = {"a_desc": _desc_type(a_rows), "b_desc": _desc_type(bn), "as_ptr": "*fp32", "bs_ptr": "*fp32",
            "c_ptr": "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32",
            "stride_asm": "i32", "stride_ask": "i32", "stride_bsn": "i32", "stride_bsk": "i32", "stride_cm": "i32"}
     constexprs = {"BLOCK_M": bm, "BLOCK_N": bn, "GROUP_M": 8, "STAGES": stages, "KPS": kps, "SPLIT_K": split,
-                  "FUSED": split > 1, "EAGER": eager, "MATH": math}
+                  "FUSED": split > 1, "EAGER": eager}
     constexprs.update({"stride_asm": 1, "stride_bsn": 1} if mn else {"stride_ask": 1, "stride_bsk": 1})
     if m1:
         constexprs["M"] = 1
@@ -175,9 +175,9 @@ def compile_kint(name, bm, bn, stages, kps, split, eager=False, mn=True, math=2,
         aligned.append("M")  # the benchmark's M (64, 128)
     src = GluonASTSource(fn=gk.fp8_groupwise_kint_kernel, signature=sig, constexprs=constexprs,
                          attrs=divisibility_attrs(sig, aligned))
-    rep = compile_sm90(src, {"num_warps": 4, "maxnreg": gk.MATH_LAUNCH_REGS[math]}, pattern=PATTERN, out_dir=out_dir,
+    rep = compile_sm90(src, {"num_warps": 4, "maxnreg": gg.GLUON_MAX_REGS}, pattern=PATTERN, out_dir=out_dir,
                        tag=re.sub(r"\W+", "_", name) + ("_m1" if m1 else ""), ptxas=True, keep_text=keep)
-    est = gk.kint_shared_bytes(bm, bn, stages, kps, split, math)
+    est = gk.kint_shared_bytes(bm, bn, stages, kps, split)
     print(f"{name}{' (M 1)' if m1 else ''}: {rep.registers} registers (launch), stack {rep.stack} B, "
           f"local {rep.local} B, {rep.spills} spill instructions, shared {rep.shared} B "
           f"({rep.shared / 1024:.0f} KB, launcher's bound {est} B)")

@@ -414,10 +414,6 @@ KINT_CONFIGS = {
     # the next K block's wgmma issued before the last is scaled; 3 K blocks per stage
     "kint 64x64 st4 kps3 e": {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 4, "KPS": 3, "EAGER": True},
     "kint 128x64 st6 s4": {"BLOCK_M": 128, "BLOCK_N": 64, "num_stages": 6, "SPLIT_K": 4},
-    # three math warpgroups (stage q to warpgroup q % 3, two partial accumulators handed over)
-    "kint 64x32 st6 kps2 e w3": {"BLOCK_M": 64, "BLOCK_N": 32, "num_stages": 6, "KPS": 2, "EAGER": True, "MATH": 3},
-    "kint 64x64 st3 kps2 s2 e w3": {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 3, "KPS": 2, "SPLIT_K": 2,
-                                    "EAGER": True, "MATH": 3},
     # the configs backend="auto" picks at K = 7168 (tuning.GROUPWISE_GLUON)
     **auto_configs("kint"),
 }
@@ -448,9 +444,7 @@ def test_kint_rejects_bad_configs():
     bad = [({"BLOCK_M": 128, "BLOCK_N": 128}, "no 128x128 tile"), ({"BLOCK_M": 64, "BLOCK_N": 16, "KPS": 5}, "KPS"),
            ({"BLOCK_M": 64, "BLOCK_N": 16, "SPLIT_K": 0}, "SPLIT_K"),
            ({"BLOCK_M": 64, "BLOCK_N": 16, "num_stages": 3}, "even"),  # both warpgroups would read a slot
-           ({"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 8, "KPS": 2}, "shared memory"),
-           ({"BLOCK_M": 64, "BLOCK_N": 16, "MATH": 4}, "MATH"),
-           ({"BLOCK_M": 64, "BLOCK_N": 16, "num_stages": 4, "MATH": 3}, "multiple of MATH=3")]
+           ({"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 8, "KPS": 2}, "shared memory")]
     for cfg, msg in bad:
         with pytest.raises(ValueError, match=msg):
             _kint(a, b, sa, sb, out, cfg)
@@ -463,6 +457,7 @@ _KINT_SM90_BUILD = """
 import json, sys
 from triton.experimental.gluon._runtime import GluonASTSource
 from mate.ops.gemm import groupwise_gluon_kint as gk
+from mate.ops.gemm.groupwise_gluon import GLUON_MAX_REGS
 from mate.testing.sass import compile_sm90, divisibility_attrs
 from triton.experimental.gluon import language as gl
 
@@ -479,12 +474,12 @@ for cfg in json.loads(sys.argv[1]):
     # M = 1 is a constexpr at launch (the GPU tests' M = 1 case)
     cx = {"BLOCK_M": bm, "BLOCK_N": bn, "GROUP_M": 8, "STAGES": cfg["num_stages"], "KPS": cfg.get("KPS", 1),
           "SPLIT_K": split, "FUSED": split > 1 and cfg.get("REDUCE", "fused") == "fused",
-          "EAGER": cfg.get("EAGER", False), "MATH": cfg.get("MATH", 2), "M": 1}
+          "EAGER": cfg.get("EAGER", False), "M": 1}
     sig.update({c: "constexpr" for c in cx})
     rep = compile_sm90(GluonASTSource(fn=gk.fp8_groupwise_kint_kernel, signature=sig, constexprs=cx,
                                       attrs=divisibility_attrs(sig, ["as_ptr", "bs_ptr", "c_ptr", "ws_ptr", "K"])),
-                       {"num_warps": 4, "maxnreg": gk.MATH_LAUNCH_REGS[cfg.get("MATH", 2)]})
-    est = gk.kint_shared_bytes(bm, bn, cfg["num_stages"], cfg.get("KPS", 1), split, cfg.get("MATH", 2))
+                       {"num_warps": 4, "maxnreg": GLUON_MAX_REGS})
+    est = gk.kint_shared_bytes(bm, bn, cfg["num_stages"], cfg.get("KPS", 1), split)
     print(json.dumps(dict(cfg=cfg, shared=rep.shared, est=est, spills=rep.spills, mma=rep.sass.count("QGMMA"))))
 """
 

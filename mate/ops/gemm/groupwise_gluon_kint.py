@@ -15,12 +15,6 @@ ring as in ``groupwise_gluon.py`` (the K blocks' activation scales and weight sc
 into the slot by cp.async, tracked by the slot's ``ready`` barrier); each slot is released
 by the one warpgroup that read it.
 
-``MATH`` = 3: three math warpgroups (stage q to warpgroup q % 3, ``STAGES`` a multiple of 3,
-warpgroups 1 and 2 handing their sums over in order), 16 warps at 128 launch registers (math
-warpgroups 152-160 after setmaxnreg; sm_90 builds of 64x32 and 64x64 tiles without spills).
-Three K chains per SM where DeepGEMM runs one and the default two: a candidate for (128,
-2112 | 4096, 7168) written in session 15 without a GPU, not yet measured or selected by auto.
-
 ``SPLIT_K`` > 1: work units are (tile, K split) pairs, programs persistent over them; each
 unit's fp32 partial goes to a workspace [SPLIT_K, M, N] and the last unit of a tile to
 arrive (an atomic counter per tile, reset by it) sums the partials in split order and
@@ -37,6 +31,19 @@ Two programs per SM (80 launch registers, setmaxnreg 112 / 24, rings within 113 
 warpgroups per SM on twice the units): H200 (session 15, same bench; us) (128, 2112, 7168)
 64x32 st4 kps2 s2 14.1, 64x64 st4 s4 16.5 against 11.8; (128, 4096, 7168) 64x32 st4 kps2 20.5,
 64x64 st4 s2 19.1 against 14.3; (64, 4096, 7168) 64x32 st4 kps2 s2 14.6 against 12.7.
+Three math warpgroups (stage q to warpgroup q % 3, 16 warps at 128 launch registers, 152-160
+after setmaxnreg; session 16, us): (64, 4096) 64x32 st6 kps2 12.7 against 12.6; (128, 2112)
+64x32 st6 kps2 11.9 against 11.8; (128, 4096) 64x64 st3 kps2 18.5 against 14.0. A third K
+chain gains nothing because per K block the kernel already keeps pace with DeepGEMM: fitted
+over K = 128..7168 (``benchmarks/probe_gemm_fixed_cost.py``) it takes 0.16-0.18 us per K block
+against DeepGEMM's 0.17-0.18 plus a fixed 3.6 us against 2.5-2.8; the whole gap is that fixed
+cost. Of it, the epilogue (hand-over and store) is ~0.2 us (a variant that stores nothing ran
+13.48 against 13.70 us at (128, 4096)) and the warp-specialized region's set-up ~0.4 us
+(``benchmarks/probe_gluon_ws_overhead.py``). Loading the first 1, 2 or all ring stages from the
+launch warpgroup before the warp-specialized region (to overlap its set-up) was slower: 13.8-14.4
+against 13.7 us (Triton puts a CTA barrier between the launch warpgroup's TMA issues). Letting the
+warpgroup that ran the last stage store the tile (the other handing over while it runs) puts the
+epilogue's layout-conversion scratch in both partitions: +8 KB, over the limit at 64x64 st6.
 
 Selected with ``config["GLUON"] = {"KINT": True, ...}`` (see ``groupwise_gemm_kint``).
 """
@@ -68,12 +75,6 @@ __all__ = ["fp8_groupwise_kint_kernel", "groupwise_gemm_kint", "check_kint_confi
 BLOCK_K = gl.constexpr(128)
 CONSUMER_REGS = gl.constexpr(232)
 PRODUCER_REGS = gl.constexpr(40)
-# three math warpgroups: 16 warps (the 1-warp producer padded to a warpgroup) at 128 launch
-# registers fill the register file; the producer drops to 40 and the two math workers take 160,
-# which leaves the default partition (math warpgroup 0) (65536 - 2 * 128 * 160 - 128 * 40) / 128
-# = 152
-MATH3_CONSUMER_REGS = gl.constexpr(160)
-MATH_LAUNCH_REGS = {2: GLUON_MAX_REGS, 3: 128}
 KINT_TILES = {(64, 16), (64, 32), (64, 64), (64, 128), (128, 16), (128, 32), (128, 64)}
 
 
@@ -157,10 +158,7 @@ def _store_partial(c_ptr, ws_ptr, cnt_ptr, acc, t, pid_k, m0, n0, M, N, stride_c
 def _consumer(a_bufs, b_bufs, sa_bufs, sb_bufs, red_buf, ready, empty, red_full, red_empty, c_ptr, ws_ptr,
               cnt_ptr, M, N, K, stride_cm, HALF: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               GROUP_M: gl.constexpr, STAGES: gl.constexpr, KPS: gl.constexpr, SPLIT_K: gl.constexpr,
-              FUSED: gl.constexpr, EAGER: gl.constexpr, MATH: gl.constexpr = 2):
-    """Math warpgroup ``HALF`` of ``MATH``: ring stages q with q % MATH == HALF into its own
-    accumulator; warpgroups 1.. hand theirs to warpgroup 0 (through ``red_buf[HALF - 1]``), which
-    adds them in order and stores the tile."""
+              FUSED: gl.constexpr, EAGER: gl.constexpr):
     MMA_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                     instr_shape=[16, BLOCK_N, 32])
     ROW_L: gl.constexpr = gl.SliceLayout(1, MMA_L)
@@ -172,26 +170,25 @@ def _consumer(a_bufs, b_bufs, sa_bufs, sb_bufs, red_buf, ready, empty, red_full,
         t, pid_k, pid_m, pid_n, kb_lo, nkb = _unit(u, M, N, K, BLOCK_M, BLOCK_N, GROUP_M, SPLIT_K)
         num_ks = gl.cdiv(nkb, KPS)
         acc = zero
-        # ring stage q (counted over the program's units) goes to warpgroup q % MATH: with STAGES
-        # a multiple of MATH each slot has one reader, which waits for phase q // STAGES only after
-        # consuming the slot's previous phase itself (a slot shared by two warpgroups lets one wait
-        # while the other's phase has not landed, and a parity wait cannot tell the two apart)
-        for ks in range((it * (MATH - 1) + HALF) % MATH, num_ks, MATH):  # q = it + ks = HALF (mod MATH)
+        # ring stage q (counted over the program's units) goes to warpgroup q % 2: with STAGES
+        # even each slot has one reader, which waits for phase q // STAGES only after consuming
+        # the slot's previous phase itself (a slot shared by both warpgroups lets one wait while
+        # the other's phase has not landed, and a parity wait cannot tell the two phases apart)
+        for ks in range((it + HALF) % 2, num_ks, 2):
             q = it + ks
             s = q % STAGES
             mbarrier.wait(ready.index(s), (q // STAGES) & 1)
             acc = scaled_stage(a_bufs, b_bufs, sa_bufs, sb_bufs, s * KPS, s * KPS, acc, zero, empty, s, KPS, ROW_L,
                                EAGER)
         it += num_ks
-        if HALF > 0:
-            mbarrier.wait(red_empty.index(HALF - 1), (n & 1) ^ 1)
-            red_buf.index(HALF - 1).store(acc)
-            mbarrier.arrive(red_full.index(HALF - 1), count=1)
+        if HALF == 1:
+            mbarrier.wait(red_empty.index(0), (n & 1) ^ 1)
+            red_buf.store(acc)
+            mbarrier.arrive(red_full.index(0), count=1)
         else:
-            for j in gl.static_range(MATH - 1):  # in warpgroup order: the sum is deterministic
-                mbarrier.wait(red_full.index(j), n & 1)
-                acc += red_buf.index(j).load(MMA_L)
-                mbarrier.arrive(red_empty.index(j), count=1)
+            mbarrier.wait(red_full.index(0), n & 1)
+            acc += red_buf.load(MMA_L)
+            mbarrier.arrive(red_empty.index(0), count=1)
             if SPLIT_K == 1:
                 _store_tile(c_ptr, c_ptr, acc, pid_m * BLOCK_M, pid_n * BLOCK_N, M, N, 0, stride_cm, 0, BLOCK_M,
                             BLOCK_N)
@@ -207,94 +204,72 @@ def fp8_groupwise_kint_kernel(
     stride_asm, stride_ask, stride_bsn, stride_bsk, stride_cm,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
     KPS: gl.constexpr = 1, SPLIT_K: gl.constexpr = 1, FUSED: gl.constexpr = False, EAGER: gl.constexpr = False,
-    MATH: gl.constexpr = 2,
 ):
     """Persistent grid over (tile, K split) units; ``a_desc`` covers a [M, K] with blocks
     [BLOCK_M, 128], ``b_desc`` b [N, K] with blocks [BLOCK_N, 128]. ``ws_ptr``/``cnt_ptr``:
-    the split-K workspace and per-tile counters (``FUSED``), unused when SPLIT_K is 1. ``MATH``:
-    math warpgroups (2, or 3 with ``MATH_LAUNCH_REGS[3]`` launch registers)."""
+    the split-K workspace and per-tile counters (``FUSED``), unused when SPLIT_K is 1."""
     gl.static_assert(BLOCK_M == 64 or BLOCK_M == 128)
     gl.static_assert(BLOCK_N <= 128 and 128 % BLOCK_N == 0)
-    gl.static_assert(MATH == 2 or MATH == 3)
-    gl.static_assert(STAGES % MATH == 0, "each ring slot must have one reader: STAGES a multiple of MATH")
+    gl.static_assert(STAGES % 2 == 0, "each ring slot must have one reader: STAGES even")
     SLOTS: gl.constexpr = STAGES * KPS  # slot s * KPS + j: K block j of stage s
     a_bufs = gl.allocate_shared_memory(gl.float8e4nv, [SLOTS, BLOCK_M, BLOCK_K], a_desc.layout)
     b_bufs = gl.allocate_shared_memory(gl.float8e4nv, [SLOTS, BLOCK_N, BLOCK_K], b_desc.layout)
     SC_SL: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
     sa_bufs = gl.allocate_shared_memory(gl.float32, [SLOTS, BLOCK_M], SC_SL)
     sb_bufs = gl.allocate_shared_memory(gl.float32, [SLOTS, BLOCK_M], SC_SL)
-    RED_SL: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
-    red_buf = gl.allocate_shared_memory(gl.float32, [MATH - 1, BLOCK_M, BLOCK_N], RED_SL)
+    # 8-float vectors (4 at 16 columns) XORed with row % 4: a warp's 8-byte wgmma-layout stores
+    # and loads of 8 rows then take 2 wavefronts per instruction (unswizzled, the rows share banks: 8;
+    # H200 session 16: (128, 2112 | 4096, 7168) 11.8 / 14.0 -> 11.4 / 13.7 us)
+    RED_SL: gl.constexpr = gl.SwizzledSharedLayout(4 if BLOCK_N == 16 else 8, 1, 4, order=[1, 0])
+    red_buf = gl.allocate_shared_memory(gl.float32, [BLOCK_M, BLOCK_N], RED_SL)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    red_full = gl.allocate_shared_memory(gl.int64, [MATH - 1, 1], mbarrier.MBarrierLayout())
-    red_empty = gl.allocate_shared_memory(gl.int64, [MATH - 1, 1], mbarrier.MBarrierLayout())
+    red_full = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    red_empty = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)  # released by the one warpgroup that read it
-    for j in gl.static_range(MATH - 1):
-        mbarrier.init(red_full.index(j), count=1)
-        mbarrier.init(red_empty.index(j), count=1)
+    mbarrier.init(red_full.index(0), count=1)
+    mbarrier.init(red_empty.index(0), count=1)
 
-    # one list per warpgroup count: constexpr arguments stay constexpr only inside tuple
-    # literals (a tuple built by concatenation turns them into tensors)
-    if MATH == 2:
-        gl.warp_specialize([
-            (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, red_buf, ready, empty, red_full, red_empty, c_ptr,
-                         ws_ptr, cnt_ptr, M, N, K, stride_cm, 0, BLOCK_M, BLOCK_N, GROUP_M, STAGES, KPS,
-                         SPLIT_K, FUSED, EAGER, MATH)),
-            (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, red_buf, ready, empty, red_full, red_empty, c_ptr,
-                         ws_ptr, cnt_ptr, M, N, K, stride_cm, 1, BLOCK_M, BLOCK_N, GROUP_M, STAGES, KPS,
-                         SPLIT_K, FUSED, EAGER, MATH)),
-            (_producer, (a_desc, b_desc, as_ptr, bs_ptr, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, M, N, K,
-                         stride_asm, stride_ask, stride_bsn, stride_bsk, BLOCK_M, BLOCK_N, GROUP_M, STAGES, KPS,
-                         SPLIT_K)),
-        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
-    else:
-        gl.warp_specialize([
-            (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, red_buf, ready, empty, red_full, red_empty, c_ptr,
-                         ws_ptr, cnt_ptr, M, N, K, stride_cm, 0, BLOCK_M, BLOCK_N, GROUP_M, STAGES, KPS,
-                         SPLIT_K, FUSED, EAGER, MATH)),
-            (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, red_buf, ready, empty, red_full, red_empty, c_ptr,
-                         ws_ptr, cnt_ptr, M, N, K, stride_cm, 1, BLOCK_M, BLOCK_N, GROUP_M, STAGES, KPS,
-                         SPLIT_K, FUSED, EAGER, MATH)),
-            (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, red_buf, ready, empty, red_full, red_empty, c_ptr,
-                         ws_ptr, cnt_ptr, M, N, K, stride_cm, 2, BLOCK_M, BLOCK_N, GROUP_M, STAGES, KPS,
-                         SPLIT_K, FUSED, EAGER, MATH)),
-            (_producer, (a_desc, b_desc, as_ptr, bs_ptr, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, M, N, K,
-                         stride_asm, stride_ask, stride_bsn, stride_bsk, BLOCK_M, BLOCK_N, GROUP_M, STAGES, KPS,
-                         SPLIT_K)),
-        ], [4, 4, 1], [MATH3_CONSUMER_REGS, MATH3_CONSUMER_REGS, PRODUCER_REGS])
+    gl.warp_specialize([
+        (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, red_buf, ready, empty, red_full, red_empty, c_ptr, ws_ptr,
+                     cnt_ptr, M, N, K, stride_cm, 0, BLOCK_M, BLOCK_N, GROUP_M, STAGES, KPS, SPLIT_K, FUSED,
+                     EAGER)),
+        (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, red_buf, ready, empty, red_full, red_empty, c_ptr, ws_ptr,
+                     cnt_ptr, M, N, K, stride_cm, 1, BLOCK_M, BLOCK_N, GROUP_M, STAGES, KPS, SPLIT_K, FUSED,
+                     EAGER)),
+        (_producer, (a_desc, b_desc, as_ptr, bs_ptr, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, M, N, K,
+                     stride_asm, stride_ask, stride_bsn, stride_bsk, BLOCK_M, BLOCK_N, GROUP_M, STAGES, KPS,
+                     SPLIT_K)),
+    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
-def kint_shared_bytes(bm: int, bn: int, stages: int, kps: int, split: int, math: int = 2) -> int:
+def kint_shared_bytes(bm: int, bn: int, stages: int, kps: int, split: int) -> int:
     """Upper bound of the kernel's shared memory: the ring (operands and scales), the
-    reduction buffers (one per math warpgroup but the first), the barriers and the epilogue's
-    layout conversion (bf16 tile without split-K; the split-K store needs only a few bytes for
-    the counter's value), plus 1 KB of alignment. Checked against the sm_90 builds by
-    ``benchmarks/compile_gemm_gluon.py``."""
+    reduction buffer, the barriers and the epilogue's layout conversion (bf16 tile without
+    split-K; the split-K store needs only a few bytes for the counter's value), plus 1 KB of
+    alignment. Checked against the sm_90 builds by ``benchmarks/compile_gemm_gluon.py``."""
     slots = stages * kps
     ring = slots * (bm + bn) * 128 + 2 * slots * bm * 4
     epilogue = bm * bn * 2 if split == 1 else 256
-    return ring + (math - 1) * bm * bn * 4 + (2 * stages + 2 * (math - 1)) * 8 + epilogue + 1024
+    return ring + bm * bn * 4 + (2 * stages + 2) * 8 + epilogue + 1024
 
 
-def check_kint_config(bm: int, bn: int, stages, kps, split, math=2) -> None:
-    """Raises ValueError for a configuration the kernel cannot run (``math``: math warpgroups)."""
+def check_kint_config(bm: int, bn: int, stages, kps, split) -> None:
+    """Raises ValueError for a configuration the kernel cannot run."""
     if (bm, bn) not in KINT_TILES:
         raise ValueError(f"the K-interleaved Gluon GEMM has no {bm}x{bn} tile (BLOCK_M 64: BLOCK_N 16, 32, 64, "
                          "128; BLOCK_M 128: 16, 32, 64)")
     check_kps(kps)
     if not isinstance(split, int) or split < 1:
         raise ValueError(f"SPLIT_K must be a positive int, got {split!r}")
-    if math not in MATH_LAUNCH_REGS:
-        raise ValueError(f"MATH (math warpgroups) of the K-interleaved Gluon GEMM must be 2 or 3, got {math!r}")
-    if not isinstance(stages, int) or stages < math or stages % math:
-        # stage q goes to warpgroup q % MATH: any other ring lets two read one slot, and a parity
+    if not isinstance(stages, int) or stages < 2 or stages % 2:
+        # stage q goes to warpgroup q % 2: an odd ring lets both read one slot, and a parity
         # wait of one can pass on the other's phase before it lands
-        raise ValueError(f"num_stages (ring stages) of the K-interleaved Gluon GEMM must be a positive multiple of "
-                         f"MATH={math} ({'even' if math == 2 else 'math warpgroups'}), got {stages!r}")
-    need = kint_shared_bytes(bm, bn, stages, kps, split, math)
+        raise ValueError(f"num_stages (ring stages) of the K-interleaved Gluon GEMM must be even and >= 2, "
+                         f"got {stages!r}")
+    need = kint_shared_bytes(bm, bn, stages, kps, split)
     if need > SMEM_PER_PROGRAM:
         raise ValueError(f"the K-interleaved Gluon GEMM {bm}x{bn} with {stages} stages of {kps} K blocks needs "
                          f"~{need // 1024} KB of shared memory (at most {SMEM_PER_PROGRAM // 1024} KB)")
@@ -304,18 +279,16 @@ def groupwise_gemm_kint(a, b, a_scale, a_scale_strides, b_scale, b_scale_strides
                         num_sms: int | None = None) -> None:
     """Launches the kernel on a [M, K] x b [N, K]ᵀ (PLAIN; ``groupwise_gluon.gluon_supported``
     must hold). ``config``: BLOCK_M (64 or 128), BLOCK_N (16, 32, 64, 128 for BLOCK_M 64;
-    16, 32, 64 for 128), num_stages (ring stages, a multiple of MATH), KPS (K blocks per stage,
-    1-4), SPLIT_K (K splits over programs, capped by K / 128), MATH (math warpgroups taking
-    turns over the ring stages: 2, the default, or 3), GROUP_M, REDUCE (``"fused"``, the
-    default, or ``"launch"``: a second kernel sums the split-K partials), EAGER (KPS > 1: each K block's
+    16, 32, 64 for 128), num_stages (ring stages, even), KPS (K blocks per stage, 1-4), SPLIT_K
+    (K splits over programs, capped by K / 128), GROUP_M, REDUCE (``"fused"``, the default,
+    or ``"launch"``: a second kernel sums the split-K partials), EAGER (KPS > 1: each K block's
     wgmma issued before the previous one is waited for and scaled; default False)."""
     from mate.ops.gemm.groupwise import _TL_DTYPE, _tile_counters, splitk_reduce_kernel
 
     M, N, K = plain_mnk(a, b, "K-interleaved")
     bm, bn = config["BLOCK_M"], config["BLOCK_N"]
     kps, split, stages = config.get("KPS", 1), config.get("SPLIT_K", 1), config.get("num_stages", 8)
-    math = config.get("MATH", 2)
-    check_kint_config(bm, bn, stages, kps, split, math)
+    check_kint_config(bm, bn, stages, kps, split)
     reduce = config.get("REDUCE", "fused")
     if reduce not in ("fused", "launch"):
         raise ValueError(f"REDUCE must be 'fused' or 'launch', got {reduce!r}")
@@ -334,8 +307,8 @@ def groupwise_gemm_kint(a, b, a_scale, a_scale_strides, b_scale, b_scale_strides
         M, N, K,
         a_scale_strides[1], a_scale_strides[2], b_scale_strides[1], b_scale_strides[2], out.stride(0),
         BLOCK_M=bm, BLOCK_N=bn, GROUP_M=config.get("GROUP_M", 8), STAGES=stages, KPS=kps,
-        SPLIT_K=split, FUSED=cnt is not None, EAGER=bool(config.get("EAGER", False)) and kps > 1, MATH=math,
-        num_warps=4, maxnreg=MATH_LAUNCH_REGS[math],
+        SPLIT_K=split, FUSED=cnt is not None, EAGER=bool(config.get("EAGER", False)) and kps > 1, num_warps=4,
+        maxnreg=GLUON_MAX_REGS,
     )
     if split > 1 and cnt is None:
         splitk_reduce_kernel[(cdiv(M, 32), cdiv(N, 128))](
