@@ -285,7 +285,9 @@ def sparse_mla_decode_small_h_wg_kernel(
                       SPLIT, BLOCK_H, D_V)
     else:
         gl.static_assert(CHAINS == 2)
-        X_SL: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+        # wgmma-layout accumulators: 8-float vectors (4 at 16 columns) XORed with row % 4, so a
+        # warp's 8-byte stores and loads of 8 rows are conflict-free (as groupwise_gluon_kint's red_buf)
+        X_SL: gl.constexpr = gl.SwizzledSharedLayout(4 if BLOCK_H == 16 else 8, 1, 4, order=[1, 0])
         V_SL: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
         x0 = gl.allocate_shared_memory(gl.float32, [256, BLOCK_H], X_SL)
         x1 = gl.allocate_shared_memory(gl.float32, [256, BLOCK_H], X_SL)
