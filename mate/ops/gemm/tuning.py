@@ -111,6 +111,10 @@ every candidate within 3.4e-3 with both scale modes and bitwise repeatable):
                                        64x64 st4 kps3 e 14.5; 128x32 st4 kps2 e 19.3;
                                        128x64 st6 s2 18.2; 64x128 st6 s2 17.6
 
+Session 16 swizzled the kernel's hand-over buffer (the 64x64 configs' warpgroup-to-warpgroup
+fp32 tile had 8-way bank conflicts): (128, 2112 | 4096, 7168) 11.8 / 14.0 -> 11.3-11.5 /
+13.5-13.7 us, 0.93-0.95x / 0.94-0.96x DeepGEMM over four runs; the configs stay the fastest.
+
 ``GROUPWISE_GLUON`` selects the fastest (first) kint config of each shape for its M bucket
 (33-64, 65-128 at N 2112 / 4096, K 7168: the same tile and unit counts as M 64 / 128); the
 M <= 32 entries were measured there (see the comment above ``GROUPWISE_GLUON``).
