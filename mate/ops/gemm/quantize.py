@@ -11,7 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
-from mate._core.triton_helpers import cdiv, to_fp8_e4m3
+from mate._core.triton_helpers import cdiv
+from mate.ops.gemm.groupwise import _epilogue
 
 __all__ = ["quantize_fp8_row_groups"]
 
@@ -27,12 +28,10 @@ def _quantize_row_groups_kernel(x_ptr, q_ptr, s_ptr, M, N, stride_xm, stride_qm,
     offs_n = g * 128 + tl.arange(0, 128)
     row_ok = offs_m < M
     mask = row_ok[:, None] & (offs_n < N)[None, :]
-    rows = offs_m.to(tl.int64)[:, None]
-    x = tl.load(x_ptr + rows * stride_xm + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
-    amax = tl.max(tl.abs(x), axis=1)
-    scale = tl.where(amax > 0.0, amax / 448.0, 1.0)
-    tl.store(q_ptr + rows * stride_qm + offs_n[None, :], to_fp8_e4m3(x / scale[:, None]), mask=mask)
-    tl.store(s_ptr + offs_m.to(tl.int64) * stride_sm + g, scale, mask=row_ok)
+    x = tl.load(x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm + offs_n[None, :], mask=mask, other=0.0)
+    # the GEMM kernel's FP8 epilogue: amax / 448 per row of the group, saturating e4m3
+    _epilogue(x.to(tl.float32), q_ptr, s_ptr, offs_m, offs_n, row_ok, M, N, stride_qm, stride_sm, g,
+              OUT_FP8=True, OUT_DTYPE=q_ptr.dtype.element_ty)
 
 
 def quantize_fp8_row_groups(x: torch.Tensor, out: torch.Tensor, scale: torch.Tensor) -> None:
