@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 
 import torch
@@ -32,11 +33,8 @@ CASES = {
 
 def _fit(ks, ts):
     """Least-squares (fixed, per K block) of t = fixed + per_block * K / 128."""
-    xs = [k / 128 for k in ks]
-    n = len(xs)
-    mx, my = sum(xs) / n, sum(ts) / n
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ts)) / sum((x - mx) ** 2 for x in xs)
-    return my - slope * mx, slope
+    per_block, fixed = statistics.linear_regression([k / 128 for k in ks], ts)
+    return fixed, per_block
 
 
 def main() -> int:
