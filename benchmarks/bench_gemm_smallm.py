@@ -63,12 +63,14 @@ def _g(bm, bn, stages, kps=1):
     return f"{bm}x{bn} st{stages}" + (f" kps{kps}" if kps > 1 else ""), cfg
 
 
-def _k(bm, bn, stages, kps=1, split=1, eager=False):
+def _k(bm, bn, stages, kps=1, split=1, eager=False, reduce="wait"):
     """A config of the K-interleaved kernel (groupwise_gluon_kint.py), split-K over programs;
-    ``eager``: a stage's next K block's wgmma issued before the previous one is scaled."""
+    ``eager``: a stage's next K block's wgmma issued before the previous one is scaled;
+    ``reduce``: the split-K reduce (``wait``: the last split waits for the others' partials)."""
     name, cfg = _g(bm, bn, stages, kps)
     name = "kint " + name + (f" s{split}" if split > 1 else "") + (" e" if eager else "")
-    return name, {**cfg, "KINT": True, "SPLIT_K": split, "EAGER": eager}
+    name += f" {reduce}" if split > 1 and reduce != "wait" else ""
+    return name, {**cfg, "KINT": True, "SPLIT_K": split, "EAGER": eager, "REDUCE": reduce}
 
 
 # tiles in the comments (132 SMs: one wave up to 132)
@@ -126,8 +128,9 @@ KPS_CANDIDATES = {
 # 64x16, 128x32, 128x64 and 64x128 tiles, are in tuning.py's docstring)
 KINT_CANDIDATES = {
     (64, 2112, 7168): dict([
-        _k(64, 32, 4, 4, 2, True),  # 132, 344 KB (auto: 9.9-10.0 us, 0.98-0.99x DeepGEMM)
-        _k(64, 32, 8, 2, 2, True),  # 9.9-10.1
+        _k(64, 32, 4, 4, 2, True),  # 132, 344 KB (auto: 9.4 us, 1.05x DeepGEMM; 9.9 with the fused reduce)
+        _k(64, 32, 4, 4, 2, True, "fused"),  # 9.9
+        _k(64, 32, 8, 2, 2, True),
     ]),
     # three math warpgroups and a ring prologue before the warp-specialized region: measured
     # in session 16 and removed (groupwise_gluon_kint.py's docstring)
@@ -136,7 +139,8 @@ KINT_CANDIDATES = {
         _k(64, 32, 8, 2, 1, True),  # 12.5
     ]),
     (128, 2112, 7168): dict([
-        _k(64, 64, 6, 2, 2, True),  # 132, 458 KB (auto: 11.4-11.5 us, 0.93-0.94x)
+        _k(64, 64, 6, 2, 2, True),  # 132, 458 KB (auto: 10.9-11.0 us, 0.98x; 11.4-11.5 with the fused reduce)
+        _k(64, 64, 6, 2, 2, True, "fused"),  # 11.5
         _k(64, 32, 4, 4, 1, True),  # 132, 688 KB: 11.7-11.8
     ]),
     (128, 4096, 7168): dict([

@@ -414,6 +414,11 @@ KINT_CONFIGS = {
     # the next K block's wgmma issued before the last is scaled; 3 K blocks per stage
     "kint 64x64 st4 kps3 e": {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 4, "KPS": 3, "EAGER": True},
     "kint 128x64 st6 s4": {"BLOCK_M": 128, "BLOCK_N": 64, "num_stages": 6, "SPLIT_K": 4},
+    # the last split waits for the others' partials (one unit per program; else as "fused")
+    "kint 64x64 st6 kps2 s4 wait": {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 6, "KPS": 2, "SPLIT_K": 4,
+                                    "REDUCE": "wait"},
+    "kint 64x32 st4 kps4 s2 e wait": {"BLOCK_M": 64, "BLOCK_N": 32, "num_stages": 4, "KPS": 4, "SPLIT_K": 2,
+                                      "EAGER": True, "REDUCE": "wait"},
     # the configs backend="auto" picks at K = 7168 (tuning.GROUPWISE_GLUON)
     **auto_configs("kint"),
 }
@@ -473,7 +478,8 @@ for cfg in json.loads(sys.argv[1]):
            "stride_asm": "i32", "stride_ask": "i32", "stride_bsn": "i32", "stride_bsk": "i32", "stride_cm": "i32"}
     # M = 1 is a constexpr at launch (the GPU tests' M = 1 case)
     cx = {"BLOCK_M": bm, "BLOCK_N": bn, "GROUP_M": 8, "STAGES": cfg["num_stages"], "KPS": cfg.get("KPS", 1),
-          "SPLIT_K": split, "FUSED": split > 1 and cfg.get("REDUCE", "fused") == "fused",
+          "SPLIT_K": split, "FUSED": split > 1 and cfg.get("REDUCE", "fused") != "launch",
+          "WAIT": split > 1 and cfg.get("REDUCE") == "wait",
           "EAGER": cfg.get("EAGER", False), "M": 1}
     sig.update({c: "constexpr" for c in cx})
     rep = compile_sm90(GluonASTSource(fn=gk.fp8_groupwise_kint_kernel, signature=sig, constexprs=cx,
@@ -525,6 +531,28 @@ def test_kint_plain(name, m, n, k):
     out = poisoned((m, n), torch.bfloat16, "cuda")
     _kint(a, b, sa, sb, out, cfg, num_sms=3)
     assert_close(out, ref, max_rel_error=1e-2, name=f"{name} 3 programs")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="the Gluon kernel needs a Hopper GPU")
+@pytest.mark.parametrize("split", [2, 4])
+@pytest.mark.parametrize("m,n,k", [(128, 2112, 7168), (130, 200, 1152), (1, 320, 384)])
+def test_kint_wait_reduce_matches_fused(split, m, n, k):
+    """REDUCE "wait" (the last split waits for the others' partials) gives the fused reduce's
+    tiles bit for bit, over 200 back-to-back calls (the counters return to zero; a counter left
+    off zero would hang or corrupt a later call), with 3 programs (more units than programs: it
+    falls back to the fused reduce) and with an empty split (K blocks < splits at 3 K blocks)."""
+    a, b, sa, sb = fp8_block_operands(m, n, k, "cuda")
+    base = {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 6, "KPS": 2, "SPLIT_K": split, "EAGER": True}
+    want = poisoned((m, n), torch.bfloat16, "cuda")
+    _kint(a, b, sa, sb, want, {**base, "REDUCE": "fused"})
+    assert_close(want, R.groupwise_fp32_ref(a, b, sa, sb), max_rel_error=1e-2, name="fused")
+    for num_sms in (None, 3):
+        out = poisoned((m, n), torch.bfloat16, "cuda")
+        for _ in range(200):
+            _kint(a, b, sa, sb, out, {**base, "REDUCE": "wait"}, num_sms=num_sms)
+        torch.cuda.synchronize()
+        assert torch.equal(want.view(torch.int16), out.view(torch.int16)), num_sms
 
 
 # the MASKED layout on the persistent kernel, as G * max_m rows (opt-in: no auto config yet)

@@ -15,11 +15,18 @@ ring as in ``groupwise_gluon.py`` (the K blocks' activation scales and weight sc
 into the slot by cp.async, tracked by the slot's ``ready`` barrier); each slot is released
 by the one warpgroup that read it.
 
-``SPLIT_K`` > 1: work units are (tile, K split) pairs, programs persistent over them; each
-unit's fp32 partial goes to a workspace [SPLIT_K, M, N] and the last unit of a tile to
-arrive (an atomic counter per tile, reset by it) sums the partials in split order and
-stores the tile, so the result is deterministic (without counters, e.g. first call inside
-a CUDA-graph capture, a second launch reduces).
+``SPLIT_K`` > 1: work units are (tile, K split) pairs, programs persistent over them. When
+every unit has its own program (the auto configs) the tile's last split waits for the
+others: they store their fp32 partials to a workspace [SPLIT_K, M, N] and count themselves
+on the tile's atomic counter (release), and the last split, once the counter shows them all
+(acquire), adds them in split order before its own accumulator and stores the tile (REDUCE
+"wait"; it waits only on lower-numbered programs, which the GPU starts first). Otherwise
+every unit stores its partial and the last to arrive sums them in split order (``"fused"``).
+Both reset the counter and give the same bits (without counters, e.g. the first call inside
+a CUDA-graph capture, a second launch reduces). The wait takes the partial store, the fence
+and the atomic round trip of the last split off the tile's critical path: H200 session 17,
+us, (128, 2112, 7168) 64x64 st6 kps2 s2 11.5 -> 10.9-11.0 (DeepGEMM 10.8), (64, 2112, 7168)
+64x32 st4 kps4 s2 9.9 -> 9.4 (DeepGEMM 9.9).
 
 Tried and removed: ``ROWS`` (128-row tile, warpgroup h computing rows 64h..64h+63 over every
 stage, B read once for both halves): H200 M=128 N=2112 / 4096, K=7168: 13.4-15.5 / 17.1-22.9 us
@@ -44,6 +51,11 @@ launch warpgroup before the warp-specialized region (to overlap its set-up) was 
 against 13.7 us (Triton puts a CTA barrier between the launch warpgroup's TMA issues). Letting the
 warpgroup that ran the last stage store the tile (the other handing over while it runs) puts the
 epilogue's layout-conversion scratch in both partitions: +8 KB, over the limit at 64x64 st6.
+
+Prefetching the two TMA descriptors at kernel start (``prefetch.tensormap`` from the launch
+warpgroup, as CUTLASS and DeepGEMM do) changed nothing on the H200 (session 17, every auto Gluon
+config, interleaved: 0.0-0.1 us either way; fitted fixed cost 3.67 / 4.99 / 3.73 us with it,
+3.66 / 5.00 / 3.65 without) and was not kept.
 
 Selected with ``config["GLUON"] = {"KINT": True, ...}`` (see ``groupwise_gemm_kint``).
 """
@@ -127,9 +139,15 @@ def _producer(a_desc, b_desc, as_ptr, bs_ptr, a_bufs, b_bufs, sa_bufs, sb_bufs, 
 
 @gluon.jit
 def _store_partial(c_ptr, ws_ptr, cnt_ptr, acc, t, pid_k, m0, n0, M, N, stride_cm, BLOCK_M: gl.constexpr,
-                   BLOCK_N: gl.constexpr, SPLIT_K: gl.constexpr, FUSED: gl.constexpr, LAYOUT: gl.constexpr):
+                   BLOCK_N: gl.constexpr, SPLIT_K: gl.constexpr, FUSED: gl.constexpr, WAIT: gl.constexpr,
+                   LAYOUT: gl.constexpr):
     """Split-K: the unit's partial into the workspace; with ``FUSED`` the tile's last unit to
     arrive sums the partials in split order, stores the tile and resets the tile's counter.
+    With ``WAIT`` (one unit per program, so a unit's lower splits run on lower-numbered
+    programs, which the GPU starts first) the tile's last split does not store its partial:
+    it waits for the counter to show the others' partials, adds them in split order before
+    its own registers (the same sum, bit for bit) and stores the tile; one atomic round trip
+    and one partial store fewer on the tile's critical path.
     Stored from the wgmma layout (4 lanes x 8 bytes: whole 32-byte sectors of fp32), so no
     shared-memory scratch beside the ring."""
     offs_m = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LAYOUT))
@@ -137,28 +155,43 @@ def _store_partial(c_ptr, ws_ptr, cnt_ptr, acc, t, pid_k, m0, n0, M, N, stride_c
     mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
     mn = gl.to_tensor(M).to(gl.int64) * N  # M is a constexpr when it is 1
     w_ptrs = ws_ptr + offs_m.to(gl.int64)[:, None] * N + offs_n[None, :]
-    gl.store(w_ptrs + pid_k * mn, acc, mask=mask)
-    if FUSED:
-        gl.thread_barrier()  # every thread's partial is stored before the arrival is counted
-        arrived = gl.atomic_add(cnt_ptr + t, 1, sem="acq_rel", scope="gpu")
-        if arrived == SPLIT_K - 1:
+    c_ptrs = c_ptr + offs_m.to(gl.int64)[:, None] * stride_cm + offs_n[None, :]
+    if WAIT:
+        if pid_k < SPLIT_K - 1:
+            gl.store(w_ptrs + pid_k * mn, acc, mask=mask)
+            gl.thread_barrier()  # every thread's partial is stored before the arrival is counted
+            gl.atomic_add(cnt_ptr + t, 1, sem="release", scope="gpu")
+        else:
+            while gl.atomic_add(cnt_ptr + t, 0, sem="acquire", scope="gpu") < SPLIT_K - 1:
+                pass
             tot = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, LAYOUT)
-            if BLOCK_M * BLOCK_N * SPLIT_K <= 64 * 256:  # all partials' loads in flight (<= 128 registers)
-                for sp in gl.static_range(SPLIT_K):
-                    tot += gl.load(w_ptrs + sp * mn, mask=mask, other=0.0, cache_modifier=".cg")
-            else:  # one at a time (all at once spills at 64x128 and 128x64 with 4 splits)
-                for sp in range(SPLIT_K):
-                    tot += gl.load(w_ptrs + sp * mn, mask=mask, other=0.0, cache_modifier=".cg")
-            c_ptrs = c_ptr + offs_m.to(gl.int64)[:, None] * stride_cm + offs_n[None, :]
+            for sp in gl.static_range(SPLIT_K - 1):
+                tot += gl.load(w_ptrs + sp * mn, mask=mask, other=0.0, cache_modifier=".cg")
+            tot += acc
             gl.store(c_ptrs, tot.to(c_ptr.dtype.element_ty), mask=mask)
             gl.atomic_xchg(cnt_ptr + t, 0, sem="relaxed", scope="gpu")
+    else:
+        gl.store(w_ptrs + pid_k * mn, acc, mask=mask)
+        if FUSED:
+            gl.thread_barrier()  # every thread's partial is stored before the arrival is counted
+            arrived = gl.atomic_add(cnt_ptr + t, 1, sem="acq_rel", scope="gpu")
+            if arrived == SPLIT_K - 1:
+                tot = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, LAYOUT)
+                if BLOCK_M * BLOCK_N * SPLIT_K <= 64 * 256:  # all partials' loads in flight (<= 128 registers)
+                    for sp in gl.static_range(SPLIT_K):
+                        tot += gl.load(w_ptrs + sp * mn, mask=mask, other=0.0, cache_modifier=".cg")
+                else:  # one at a time (all at once spills at 64x128 and 128x64 with 4 splits)
+                    for sp in range(SPLIT_K):
+                        tot += gl.load(w_ptrs + sp * mn, mask=mask, other=0.0, cache_modifier=".cg")
+                gl.store(c_ptrs, tot.to(c_ptr.dtype.element_ty), mask=mask)
+                gl.atomic_xchg(cnt_ptr + t, 0, sem="relaxed", scope="gpu")
 
 
 @gluon.jit
 def _consumer(a_bufs, b_bufs, sa_bufs, sb_bufs, red_buf, ready, empty, red_full, red_empty, c_ptr, ws_ptr,
               cnt_ptr, M, N, K, stride_cm, HALF: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               GROUP_M: gl.constexpr, STAGES: gl.constexpr, KPS: gl.constexpr, SPLIT_K: gl.constexpr,
-              FUSED: gl.constexpr, EAGER: gl.constexpr):
+              FUSED: gl.constexpr, WAIT: gl.constexpr, EAGER: gl.constexpr):
     MMA_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                     instr_shape=[16, BLOCK_N, 32])
     ROW_L: gl.constexpr = gl.SliceLayout(1, MMA_L)
@@ -194,7 +227,7 @@ def _consumer(a_bufs, b_bufs, sa_bufs, sb_bufs, red_buf, ready, empty, red_full,
                             BLOCK_N)
             else:
                 _store_partial(c_ptr, ws_ptr, cnt_ptr, acc, t, pid_k, pid_m * BLOCK_M, pid_n * BLOCK_N, M, N,
-                               stride_cm, BLOCK_M, BLOCK_N, SPLIT_K, FUSED, MMA_L)
+                               stride_cm, BLOCK_M, BLOCK_N, SPLIT_K, FUSED, WAIT, MMA_L)
 
 
 @gluon.jit
@@ -204,6 +237,7 @@ def fp8_groupwise_kint_kernel(
     stride_asm, stride_ask, stride_bsn, stride_bsk, stride_cm,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
     KPS: gl.constexpr = 1, SPLIT_K: gl.constexpr = 1, FUSED: gl.constexpr = False, EAGER: gl.constexpr = False,
+    WAIT: gl.constexpr = False,
 ):
     """Persistent grid over (tile, K split) units; ``a_desc`` covers a [M, K] with blocks
     [BLOCK_M, 128], ``b_desc`` b [N, K] with blocks [BLOCK_N, 128]. ``ws_ptr``/``cnt_ptr``:
@@ -235,10 +269,10 @@ def fp8_groupwise_kint_kernel(
     gl.warp_specialize([
         (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, red_buf, ready, empty, red_full, red_empty, c_ptr, ws_ptr,
                      cnt_ptr, M, N, K, stride_cm, 0, BLOCK_M, BLOCK_N, GROUP_M, STAGES, KPS, SPLIT_K, FUSED,
-                     EAGER)),
+                     WAIT, EAGER)),
         (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, red_buf, ready, empty, red_full, red_empty, c_ptr, ws_ptr,
                      cnt_ptr, M, N, K, stride_cm, 1, BLOCK_M, BLOCK_N, GROUP_M, STAGES, KPS, SPLIT_K, FUSED,
-                     EAGER)),
+                     WAIT, EAGER)),
         (_producer, (a_desc, b_desc, as_ptr, bs_ptr, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, M, N, K,
                      stride_asm, stride_ask, stride_bsn, stride_bsk, BLOCK_M, BLOCK_N, GROUP_M, STAGES, KPS,
                      SPLIT_K)),
@@ -280,8 +314,10 @@ def groupwise_gemm_kint(a, b, a_scale, a_scale_strides, b_scale, b_scale_strides
     """Launches the kernel on a [M, K] x b [N, K]ᵀ (PLAIN; ``groupwise_gluon.gluon_supported``
     must hold). ``config``: BLOCK_M (64 or 128), BLOCK_N (16, 32, 64, 128 for BLOCK_M 64;
     16, 32, 64 for 128), num_stages (ring stages, even), KPS (K blocks per stage, 1-4), SPLIT_K
-    (K splits over programs, capped by K / 128), GROUP_M, REDUCE (``"fused"``, the default,
-    or ``"launch"``: a second kernel sums the split-K partials), EAGER (KPS > 1: each K block's
+    (K splits over programs, capped by K / 128), GROUP_M, REDUCE (``"wait"``, the default:
+    the tile's last split waits for the others' partials when every unit has its own program,
+    else as ``"fused"``; ``"fused"``: the tile's last unit to arrive sums the partials; or
+    ``"launch"``: a second kernel sums the split-K partials), EAGER (KPS > 1: each K block's
     wgmma issued before the previous one is waited for and scaled; default False)."""
     from mate.ops.gemm.groupwise import _TL_DTYPE, _tile_counters, splitk_reduce_kernel
 
@@ -289,26 +325,29 @@ def groupwise_gemm_kint(a, b, a_scale, a_scale_strides, b_scale, b_scale_strides
     bm, bn = config["BLOCK_M"], config["BLOCK_N"]
     kps, split, stages = config.get("KPS", 1), config.get("SPLIT_K", 1), config.get("num_stages", 8)
     check_kint_config(bm, bn, stages, kps, split)
-    reduce = config.get("REDUCE", "fused")
-    if reduce not in ("fused", "launch"):
-        raise ValueError(f"REDUCE must be 'fused' or 'launch', got {reduce!r}")
+    reduce = config.get("REDUCE", "wait")
+    if reduce not in ("fused", "wait", "launch"):
+        raise ValueError(f"REDUCE must be 'fused', 'wait' or 'launch', got {reduce!r}")
     if M == 0 or N == 0:
         return
     split = min(split, max(1, K // 128))
     tiles = cdiv(M, bm) * cdiv(N, bn)
     if num_sms is None:
         num_sms = cuda_sm_count(a.device)
+    grid = max(1, min(num_sms, tiles * split))
     cnt = None
-    if split > 1 and reduce == "fused":
+    if split > 1 and reduce != "launch":
         cnt = _tile_counters(a.device, tiles)
     ws = torch.empty((split, M, N), dtype=torch.float32, device=a.device) if split > 1 else out
-    fp8_groupwise_kint_kernel[(max(1, min(num_sms, tiles * split)), )](
+    fp8_groupwise_kint_kernel[(grid, )](
         operand_desc(a, a_box_rows(M, bm)), operand_desc(b, bn), a_scale, b_scale, out, ws, cnt if cnt is not None else ws,
         M, N, K,
         a_scale_strides[1], a_scale_strides[2], b_scale_strides[1], b_scale_strides[2], out.stride(0),
         BLOCK_M=bm, BLOCK_N=bn, GROUP_M=config.get("GROUP_M", 8), STAGES=stages, KPS=kps,
-        SPLIT_K=split, FUSED=cnt is not None, EAGER=bool(config.get("EAGER", False)) and kps > 1, num_warps=4,
-        maxnreg=GLUON_MAX_REGS,
+        SPLIT_K=split, FUSED=cnt is not None, EAGER=bool(config.get("EAGER", False)) and kps > 1,
+        # waiting is safe only when every unit has its own program (a wait on a later unit of a
+        # program that is itself waiting would never end)
+        WAIT=cnt is not None and reduce == "wait" and tiles * split <= grid, num_warps=4, maxnreg=GLUON_MAX_REGS,
     )
     if split > 1 and cnt is None:
         splitk_reduce_kernel[(cdiv(M, 32), cdiv(N, 128))](

@@ -114,6 +114,10 @@ every candidate within 3.4e-3 with both scale modes and bitwise repeatable):
 Session 16 swizzled the kernel's hand-over buffer (the 64x64 configs' warpgroup-to-warpgroup
 fp32 tile had 8-way bank conflicts): (128, 2112 | 4096, 7168) 11.8 / 14.0 -> 11.3-11.5 /
 13.5-13.7 us, 0.93-0.95x / 0.94-0.96x DeepGEMM over four runs; the configs stay the fastest.
+Session 17's split-K reduce in which the last split waits for the others' partials (REDUCE
+"wait", the launcher's default when every unit has its own program) took the two split
+configs to (128, 2112, 7168) 10.9-11.0 us (0.98x DeepGEMM 10.8; 11.5 with the fused reduce)
+and (64, 2112, 7168) 9.4 (1.05x; 9.9).
 
 ``GROUPWISE_GLUON`` selects the fastest (first) kint config of each shape for its M bucket
 (33-64, 65-128 at N 2112 / 4096, K 7168: the same tile and unit counts as M 64 / 128); the
