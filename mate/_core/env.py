@@ -22,7 +22,8 @@ ENV_VARS: dict[str, tuple[str, str]] = {
                              "bisection over key values), radix or bitonic; read at import"),
     "MATE_GEMM_SPLITK_REDUCE": ("fused", "fused | launch: how split-K groupwise FP8 GEMMs sum their partials; fused "
                                 "uses one arrival-counter buffer per device, so two such calls must not run "
-                                "concurrently on different streams; launch (a second kernel) has no shared state; "
+                                "concurrently on different streams (wrong tiles, or a split waiting forever); "
+                                "launch (a second kernel) has no shared state; "
                                 "read per call"),
     "MATE_MSA_DECODE_VARIANT": ("", "key=value,... overrides of the MSA decode kernel config "
                                 "(mate.ops.msa.sparse_decode.DECODE_VARIANT keys, e.g. fp8_stages=2,"
