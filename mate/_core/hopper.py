@@ -7,7 +7,7 @@ import functools
 import torch
 
 __all__ = ["SMEM_PER_PROGRAM", "SMEM_PER_SM", "SMEM_RESERVED_PER_PROGRAM", "REGS_PER_SM", "smem_for_programs",
-           "cuda_sm_count", "cuda_capability"]
+           "cuda_sm_count", "cuda_capability", "planning_sm_count"]
 
 SMEM_PER_SM = 228 * 1024
 """Shared memory of one SM (bytes), shared by its resident programs."""
@@ -40,6 +40,13 @@ def cuda_sm_count(device: torch.device) -> int:
     """SMs of a CUDA device (cached: ``torch.cuda.get_device_properties`` costs host time on
     every launch that sizes a persistent grid)."""
     return _cuda_properties(_index(device)).multi_processor_count
+
+
+def planning_sm_count(device: torch.device, off_gpu: int) -> int:
+    """SMs a launch plan fills: the GPU's count for a CUDA device, else ``off_gpu`` (the
+    interpreter runs programs one at a time; each planner picks what its CPU tests should
+    exercise, e.g. a few virtual SMs so that split plans occur on small shapes)."""
+    return cuda_sm_count(device) if device.type == "cuda" else off_gpu
 
 
 def cuda_capability(device: torch.device) -> tuple[int, int]:

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from mate._core.hopper import cuda_sm_count
+from mate._core.hopper import planning_sm_count
 from mate._core.triton_helpers import INTERPRET, cdiv, next_power_of_2
 
 __all__ = ["max_score_triton", "max_score_config", "_max_score_fwd_kernel"]
@@ -179,12 +179,6 @@ def _max_score_fwd_kernel(
             tl.store(o_ptrs + w0, acc, mask=row_ok[:, None] & ((w0 + cols) < c1)[None, :])
 
 
-def _num_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return cuda_sm_count(device)
-    return 1  # the interpreter runs programs one at a time: fewer is faster
-
-
 PREFILL_BLOCK_M = 256
 """Rows per program of the prefill launch: 256 (16 warps: each K tile serves twice the
 rows of a 128-row program, half the L2 reads; H200 compile 128 registers, no spills, 147
@@ -203,7 +197,7 @@ def max_score_config(max_rows: int, batch_size: int, num_kv_heads: int, num_tile
     out_w = 16 if num_tiles >= 16 else next_power_of_2(max(num_tiles, 1))
     row_tiles = cdiv(max(max_rows, 1), block_m)
     programs = batch_size * num_kv_heads * row_tiles
-    target = 4 * _num_sms(device)
+    target = 4 * planning_sm_count(device, 1)  # off the GPU one: fewer programs are faster
     groups = cdiv(num_tiles, out_w)
     chunks = max(1, min(groups, cdiv(target, max(programs, 1))))
     tiles_per_chunk = cdiv(groups, chunks) * out_w

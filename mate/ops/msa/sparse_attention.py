@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from mate._core.hopper import cuda_sm_count
+from mate._core.hopper import planning_sm_count
 from mate._core.triton_helpers import (
     INTERPRET,
     dot_operand,
@@ -289,12 +289,6 @@ With 1 stage the new path takes 128 registers and 41 KB (4 programs per SM): a b
 row. Prefill (64-row tiles) uses ``f16`` only: 943 instead of 1,128 instructions per block."""
 
 
-def _num_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return cuda_sm_count(device)
-    return NUM_SMS_DEFAULT
-
-
 def decode_programs_per_sm(is_fp8: bool) -> int:
     """Programs resident per SM of the decode kernel in use: the transposed kernel's from its
     compile (:func:`mate.ops.msa.sparse_decode.t_programs_per_sm`), else those of the one-token decode kernel that fit on an SM at once (sm_90 compiles of the
@@ -320,7 +314,7 @@ def choose_num_splits(num_tiles: int, num_kv_heads: int, width: int, device: tor
     a program's time is its share of the ``width`` blocks plus one block of fixed cost, and
     the combine costs one block. Measured on the H200 (B=128, 64K, M3 geometry, bf16): one
     wave of 512 unsplit programs 137 us, 2-way 146 us."""
-    return _choose(num_tiles, num_kv_heads, width, _num_sms(device) * per_sm)
+    return _choose(num_tiles, num_kv_heads, width, planning_sm_count(device, NUM_SMS_DEFAULT) * per_sm)
 
 
 def resolve_num_splits(num_splits: int, total_q: int, hq: int, hkv: int, width: int, decode: bool,
@@ -374,7 +368,7 @@ def workspace_numel(rows: int, hq: int, hkv: int, width: int, decode: bool, num_
     if num_splits > 0:
         part_rows = num_splits * rows if num_splits > 1 else 0
     elif decode:
-        prefix = _split_rows_prefix(hkv, width, _num_sms(device))
+        prefix = _split_rows_prefix(hkv, width, planning_sm_count(device, NUM_SMS_DEFAULT))
         part_rows = prefix[min(tiles, len(prefix) - 1)] * til.tt
     else:
         part_rows = 0

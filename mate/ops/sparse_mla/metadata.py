@@ -15,7 +15,7 @@ import dataclasses
 import torch
 
 from mate._core import checks
-from mate._core.hopper import REGS_PER_SM, cuda_capability, cuda_sm_count
+from mate._core.hopper import REGS_PER_SM, cuda_capability, planning_sm_count
 
 __all__ = ["DecodeMetadata", "plan_decode", "BLOCK_N", "HEAD_DIM_V", "HEAD_DIM_ROPE", "GLUON_STAGES",
            "GLUON_SMALL_H_STAGES", "GLUON_WG_STAGES"]
@@ -168,12 +168,6 @@ class DecodeMetadata:
             )
 
 
-def _num_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return cuda_sm_count(device)
-    return _CPU_VIRTUAL_SMS
-
-
 def _launch_config(block_h: int, transposed: bool) -> tuple[int, int, int, int, int]:
     """(block_n, num_warps, num_stages, max_regs, programs resident per SM), from H200
     compiles (0 for ``max_regs`` leaves the register count to the compiler).
@@ -315,7 +309,7 @@ def plan_decode(
     n_blocks = top_k // block_n
     rows = batch_size * q_len
     if num_splits is None:
-        sms = _num_sms(device) if num_sms is None else num_sms
+        sms = planning_sm_count(device, _CPU_VIRTUAL_SMS) if num_sms is None else num_sms
         # Fill every SM with `per_sm` programs when the query positions alone do not; on
         # the GPU keep at least 256 slots per split so that the combine step and the
         # per-program prologue stay cheap (64 on the CPU, to test splits on small lists).
