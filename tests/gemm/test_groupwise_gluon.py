@@ -492,14 +492,22 @@ for cfg in json.loads(sys.argv[1]):
 
 def test_kint_sm90_build():
     """Every K-interleaved config of the GPU tests compiles for sm_90 on the CPU (a child process
-    without the interpreter) with M = 1 specialized: no spills, shared memory within the
-    launcher's bound and the SM's limit, QGMMA."""
+    without the interpreter) with M = 1 specialized, split configs with both reduces: no spills,
+    shared memory within the launcher's bound and the SM's limit, QGMMA."""
     import json
 
     from mate.testing.sass import SMEM_LIMIT
 
-    reps = sm90_build_reports(_KINT_SM90_BUILD, json.dumps(list(KINT_CONFIGS.values())))
-    assert len(reps) == len(KINT_CONFIGS)
+    # split configs run the "wait" reduce when every unit has its own program and the fused one
+    # otherwise: both builds
+    builds = []
+    for cfg in KINT_CONFIGS.values():
+        if cfg.get("SPLIT_K", 1) > 1 and cfg.get("REDUCE", "wait") != "launch":
+            builds += [{**cfg, "REDUCE": "wait"}, {**cfg, "REDUCE": "fused"}]
+        else:
+            builds.append(cfg)
+    reps = sm90_build_reports(_KINT_SM90_BUILD, json.dumps(builds))
+    assert len(reps) == len(builds)
     for rep in reps:
         assert rep["spills"] == 0 and rep["shared"] <= min(SMEM_LIMIT, rep["est"]) and rep["mma"] > 0, rep
 

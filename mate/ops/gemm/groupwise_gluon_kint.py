@@ -165,8 +165,12 @@ def _store_partial(c_ptr, ws_ptr, cnt_ptr, acc, t, pid_k, m0, n0, M, N, stride_c
             while gl.atomic_add(cnt_ptr + t, 0, sem="acquire", scope="gpu") < SPLIT_K - 1:
                 pass
             tot = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, LAYOUT)
-            for sp in gl.static_range(SPLIT_K - 1):
-                tot += gl.load(w_ptrs + sp * mn, mask=mask, other=0.0, cache_modifier=".cg")
+            if BLOCK_M * BLOCK_N * SPLIT_K <= 64 * 256:  # the others' loads all in flight, as the fused reduce
+                for sp in gl.static_range(SPLIT_K - 1):
+                    tot += gl.load(w_ptrs + sp * mn, mask=mask, other=0.0, cache_modifier=".cg")
+            else:
+                for sp in range(SPLIT_K - 1):
+                    tot += gl.load(w_ptrs + sp * mn, mask=mask, other=0.0, cache_modifier=".cg")
             tot += acc
             gl.store(c_ptrs, tot.to(c_ptr.dtype.element_ty), mask=mask)
             gl.atomic_xchg(cnt_ptr + t, 0, sem="relaxed", scope="gpu")
