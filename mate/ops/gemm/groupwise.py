@@ -312,9 +312,10 @@ def _tile_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
     so that a graph captured on a side stream uses the buffer allocated by the eager warm-up
     call: fused split-K calls on the same device must therefore not run concurrently on two
     streams (two launches would count each other's arrivals, give wrong tiles and leave
-    counters off zero, or keep the K-interleaved kernel's waiting split waiting forever); ``MATE_GEMM_SPLITK_REDUCE=launch`` (or ``config["REDUCE"] =
-    "launch"``) is for engines that overlap GEMMs on several streams. A buffer replaced by a
-    larger one stays alive, since graphs captured earlier still point at it."""
+    counters off zero, or keep the K-interleaved kernel's waiting split waiting forever);
+    ``MATE_GEMM_SPLITK_REDUCE=launch`` (or ``config["REDUCE"] = "launch"``) is for engines
+    that overlap GEMMs on several streams. A buffer replaced by a larger one stays alive,
+    since graphs captured earlier still point at it."""
     reduce = os.environ.get("MATE_GEMM_SPLITK_REDUCE", ENV_VARS["MATE_GEMM_SPLITK_REDUCE"][0])
     if reduce not in ("fused", "launch"):
         raise ValueError(f"MATE_GEMM_SPLITK_REDUCE must be 'fused' or 'launch', got {reduce!r}")

@@ -138,6 +138,20 @@ def _producer(a_desc, b_desc, as_ptr, bs_ptr, a_bufs, b_bufs, sa_bufs, sb_bufs, 
 
 
 @gluon.jit
+def _sum_partials(w_ptrs, mn, mask, COUNT: gl.constexpr, SPLIT_K: gl.constexpr, BLOCK_M: gl.constexpr,
+                  BLOCK_N: gl.constexpr, LAYOUT: gl.constexpr):
+    """The first ``COUNT`` split partials of the tile, added in split order."""
+    tot = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, LAYOUT)
+    if BLOCK_M * BLOCK_N * SPLIT_K <= 64 * 256:  # all partials' loads in flight (<= 128 registers)
+        for sp in gl.static_range(COUNT):
+            tot += gl.load(w_ptrs + sp * mn, mask=mask, other=0.0, cache_modifier=".cg")
+    else:  # one at a time (all at once spills at 64x128 and 128x64 with 4 splits)
+        for sp in range(COUNT):
+            tot += gl.load(w_ptrs + sp * mn, mask=mask, other=0.0, cache_modifier=".cg")
+    return tot
+
+
+@gluon.jit
 def _store_partial(c_ptr, ws_ptr, cnt_ptr, acc, t, pid_k, m0, n0, M, N, stride_cm, BLOCK_M: gl.constexpr,
                    BLOCK_N: gl.constexpr, SPLIT_K: gl.constexpr, FUSED: gl.constexpr, WAIT: gl.constexpr,
                    LAYOUT: gl.constexpr):
@@ -164,14 +178,7 @@ def _store_partial(c_ptr, ws_ptr, cnt_ptr, acc, t, pid_k, m0, n0, M, N, stride_c
         else:
             while gl.atomic_add(cnt_ptr + t, 0, sem="acquire", scope="gpu") < SPLIT_K - 1:
                 pass
-            tot = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, LAYOUT)
-            if BLOCK_M * BLOCK_N * SPLIT_K <= 64 * 256:  # the others' loads all in flight, as the fused reduce
-                for sp in gl.static_range(SPLIT_K - 1):
-                    tot += gl.load(w_ptrs + sp * mn, mask=mask, other=0.0, cache_modifier=".cg")
-            else:
-                for sp in range(SPLIT_K - 1):
-                    tot += gl.load(w_ptrs + sp * mn, mask=mask, other=0.0, cache_modifier=".cg")
-            tot += acc
+            tot = _sum_partials(w_ptrs, mn, mask, SPLIT_K - 1, SPLIT_K, BLOCK_M, BLOCK_N, LAYOUT) + acc
             gl.store(c_ptrs, tot.to(c_ptr.dtype.element_ty), mask=mask)
             gl.atomic_xchg(cnt_ptr + t, 0, sem="relaxed", scope="gpu")
     else:
@@ -180,13 +187,7 @@ def _store_partial(c_ptr, ws_ptr, cnt_ptr, acc, t, pid_k, m0, n0, M, N, stride_c
             gl.thread_barrier()  # every thread's partial is stored before the arrival is counted
             arrived = gl.atomic_add(cnt_ptr + t, 1, sem="acq_rel", scope="gpu")
             if arrived == SPLIT_K - 1:
-                tot = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, LAYOUT)
-                if BLOCK_M * BLOCK_N * SPLIT_K <= 64 * 256:  # all partials' loads in flight (<= 128 registers)
-                    for sp in gl.static_range(SPLIT_K):
-                        tot += gl.load(w_ptrs + sp * mn, mask=mask, other=0.0, cache_modifier=".cg")
-                else:  # one at a time (all at once spills at 64x128 and 128x64 with 4 splits)
-                    for sp in range(SPLIT_K):
-                        tot += gl.load(w_ptrs + sp * mn, mask=mask, other=0.0, cache_modifier=".cg")
+                tot = _sum_partials(w_ptrs, mn, mask, SPLIT_K, SPLIT_K, BLOCK_M, BLOCK_N, LAYOUT)
                 gl.store(c_ptrs, tot.to(c_ptr.dtype.element_ty), mask=mask)
                 gl.atomic_xchg(cnt_ptr + t, 0, sem="relaxed", scope="gpu")
 
