@@ -65,8 +65,8 @@ from mate.ops.sparse_mla.gluon_common import (
 )
 from mate.ops.sparse_mla.gluon_common import probe_in_subprocess as _probe
 
-__all__ = ["sparse_mla_decode_small_h_kernel", "sparse_mla_decode_gluon_small_h", "SMALL_H_NUM_WARPS",
-           "SMALL_H_V_EARLY"]
+__all__ = ["sparse_mla_decode_small_h_kernel", "sparse_mla_decode_gluon_small_h", "check_small_h_block",
+           "SMALL_H_NUM_WARPS", "SMALL_H_V_EARLY"]
 
 SMALL_H_BLOCK_N = 64  # gathered rows per step (the wgmma M of Sᵀ)
 SMALL_H_NUM_WARPS = 8  # two warpgroups
@@ -265,6 +265,14 @@ def sparse_mla_decode_small_h_kernel(
                   plse_ptr, out_scale, H, bt, pid_s, num_splits, 1, SPLIT, D_V)
 
 
+def check_small_h_block(H: int, block_h: int) -> None:
+    """Raises ValueError unless ``block_h`` (the heads of a small-H program) is 16 or 32 and
+    covers the ``H`` query heads."""
+    if block_h < H or block_h not in (16, 32):
+        raise ValueError(f"the small-H Gluon kernel needs block_h 16 or 32 and H <= block_h, got H={H}, "
+                         f"block_h={block_h}")
+
+
 def sparse_mla_decode_gluon_small_h(
     query: torch.Tensor,
     kv_rows: torch.Tensor,
@@ -293,10 +301,7 @@ def sparse_mla_decode_gluon_small_h(
     as its dual kernel (two chains of ``split_blocks`` blocks per program). ``v_early`` (8
     warps): Vᵀ of the next block is loaded while the current P·V runs. No allocation, no host
     sync."""
-    H = query.shape[2]
-    if block_h < H or block_h not in (16, 32):
-        raise ValueError(f"the small-H Gluon kernel needs block_h 16 or 32 and H <= block_h, got H={H}, "
-                         f"block_h={block_h}")
+    check_small_h_block(query.shape[2], block_h)
     if num_warps not in (4, SMALL_H_NUM_WARPS):
         raise ValueError(f"num_warps must be 4 or {SMALL_H_NUM_WARPS} for the small-H Gluon kernel, got {num_warps}")
     if chains not in (1, 2) or (chains == 2 and num_warps != 4):

@@ -76,7 +76,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from mate._core.hopper import smem_for_programs
-from mate.ops.sparse_mla.decode_gluon_small_h import _first_block, _issue_qk, _online_softmax
+from mate.ops.sparse_mla.decode_gluon_small_h import _first_block, _issue_qk, _online_softmax, check_small_h_block
 from mate.ops.sparse_mla.gluon_common import (
     _gather_next,
     _store_result,
@@ -326,10 +326,7 @@ def sparse_mla_decode_gluon_small_h_wg(
     ``sparse_mla_decode_gluon_small_h``; ``num_stages`` 2 or 3), or with ``chains`` 2 the dual
     kernel: ``num_splits`` programs per query position, each over two chains of
     ``split_blocks`` blocks. No allocation, no host sync."""
-    H = query.shape[2]
-    if block_h < H or block_h not in (16, 32):
-        raise ValueError(f"the small-H Gluon kernel needs block_h 16 or 32 and H <= block_h, got H={H}, "
-                         f"block_h={block_h}")
+    check_small_h_block(query.shape[2], block_h)
     if num_stages not in (2, 3):
         raise ValueError(f"num_stages must be 2 or 3 for the one-warpgroup kernel, got {num_stages}")
     if chains == 2 and num_stages != 2:
