@@ -20,8 +20,11 @@ Rows:
   13.8 ms at 8K and 277 ms at 32K);
 - decode, B = 128, q_len 1, 64K context, bf16 and fp8 KV (timed first, see ``run``): mate's
   default (the transposed kernel of ``sparse_decode.py``) with the automatic, 1 and 2
-  splits, the previous heads-on-M kernel beside it, and a naive PyTorch gather + einsum;
-  GB/s of the selected K/V bytes against the copy bandwidth.
+  splits, the previous heads-on-M kernel beside it, the default on a head-major copy of the
+  same cache (``mate head-major cache``), and a naive PyTorch gather + einsum; GB/s of the
+  selected K/V bytes against the copy bandwidth. Token-major fp8 caches read each key row of
+  a KV head as a 128-byte piece: ``probe_msa_decode_floor`` measured the decode's loads alone
+  at 88-90% of copy there, 94-96% head-major.
   The lists hold 16 blocks (15 + the forced end block); the MSA decode device requests use
   17 (16 + 1), which reads 6% more bytes.
 
@@ -258,10 +261,15 @@ def _decode_rows(ceilings: dict, B: int, ctx: int, dtype: torch.dtype) -> list[d
     # (mma.sync), for comparison
     kernels = ((t_default["kernel"], "mate", ""), ("heads", "mate heads kernel", "; heads-on-M kernel"))
 
-    def call(kernel: str, splits: int) -> None:
+    # the same cache head-major ([pages, Hkv, 128, D]): a key block of one KV head is one
+    # contiguous 16 KB (fp8) piece instead of 128 rows of 128 bytes at a 512-byte stride
+    k_hm, v_hm = (x.permute(0, 2, 1, 3).contiguous() for x in (k, v))
+
+    def call(kernel: str, splits: int, head_major: bool = False) -> None:
         sd.DECODE_VARIANT["kernel"] = kernel  # read while the call launches (and is captured)
         try:
-            sparse_attention(q, k, v, kv_block_indexes=idx, page_table=table, qo_indptr=qo, kv_lens=kvl, out=out,
+            kk, vv = (k_hm, v_hm) if head_major else (k, v)
+            sparse_attention(q, kk, vv, kv_block_indexes=idx, page_table=table, qo_indptr=qo, kv_lens=kvl, out=out,
                              lse=lse, causal=True, decode=True, num_kv_splits=splits, num_kv_heads=HKV)
         finally:
             sd.DECODE_VARIANT.clear()
@@ -274,6 +282,8 @@ def _decode_rows(ceilings: dict, B: int, ctx: int, dtype: torch.dtype) -> list[d
         for splits in (-1, 1, 2):
             label = impl + ("" if splits == -1 else f" splits={splits}")
             cases[label], extras[label] = (lambda kn=kernel, s=splits: call(kn, s)), extra
+    cases["mate head-major cache"] = lambda: call(t_default["kernel"], -1, True)
+    extras["mate head-major cache"] = "; the same cache head-major (HND)"
     times = time_interleaved(cases, iters=50)
     for impl, t_us in times.items():
         note = "selected K/V bytes" + extras[impl]
