@@ -75,7 +75,17 @@ stages) / 104.8 (4, split); Sᵀ(i + 1) issued before P·V(i) 90.3 (3) / 89.0 (2
 The byte-gathered V was not the limit at this shape. A second Gluon kernel, a port of
 :func:`msa_decode_t_kernel` (same list building, lazy rescale, 64-key tiles, 3 stages; 114
 registers, no spills), timed 84.6 us against the Triton kernel's 84.8 (``--sel 16``, 268 MB,
-copy 4262 GB/s; lazy 4: 84.8; 2 splits 95.5) and was removed: the two compile to the same speed."""
+copy 4262 GB/s; lazy 4: 84.8; 2 splits 95.5) and was removed: the two compile to the same speed.
+
+What bounds fp8 (2026-11-30, ``benchmarks/probe_msa_decode_floor.py``, same inputs, 268 MB): on
+the token-major cache a load-only kernel with this grid, block list and TMA pipeline streams at
+88-90% of copy (70.9-71.3 us against the decode's 76.0-76.6), and 96% when the same bytes come
+as aligned 256-byte pieces: a KV head's key row is a 128-byte piece here, which DRAM serves at
+about the 90% target. On a head-major copy the load-only floor is 95-96% (66.5 us) and the
+decode 72.5-74.1: the rest is the loop's compute (56-58 us with the tiles in L2; 34 without
+the V widening, 44 without the softmax). 128-key tiles without the cap (247 registers, 2
+programs per SM): 75.2-75.5 against 73.2-74.1 head-major; the Gluon port restored for one call:
+74.0 against 73.8 (L2 48.8 against 55.8)."""
 
 
 def _env_overrides(text: str) -> dict:

@@ -31,10 +31,11 @@ Measured and removed (H200, top-k 2048, interleaved, copy 4136 GB/s; us):
   issued after it; proxy-fence placement, Sᵀ one or two blocks ahead, Vᵀ early or not) lost
   everywhere: B=128 q1 H=16 66.6 (this kernel, 54.8% of copy) against 68.7-80.4, even with no
   fence at all (73.2); H=32 81.0 against 85.2-97.8; B=64 q1 H=16 (2 splits) 43.4 against 46.2-50.4.
-* A gather-only probe (same cp.async pieces, 8 warps per row, B=128) reaches 46.7 us = 77.5%
-  of copy at 3 or 5 stages (TMA, one box per 576-byte row: 18.7%): the kernel is bound by its
-  per-block compute chain (~2.1 us per 64-row block against 1.46 us of gather), not by
-  barriers or the fence.
+* A gather-only probe (same cp.async pieces, 8 warps per row, B=128) reached 46.7 us = 77.5%
+  of copy at 3 or 5 stages (TMA, one box per 576-byte row: 18.7%); session 18's probe of the
+  same scheme (``benchmarks/probe_sparse_mla_small_h_parts.py``) streams at 39.4 us = 90%, and
+  plain loads at 93%. Either way the kernel is bound by its per-block compute chain (~2.1 us
+  per 64-row block), not by the gather, barriers or the fence.
 
 The split over the top-k list and its combine kernel are those of ``decode.py`` (same
 scratch buffers from the plan). Gluon does not run under the interpreter: the kernel is
