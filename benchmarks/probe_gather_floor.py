@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from mate.testing.bench import time_interleaved
+from mate.testing.bench import bandwidth_lines, time_interleaved
 
 
 @triton.jit
@@ -76,11 +76,7 @@ def main() -> None:
     copy_rate = 2 * (1 << 30) / (times["copy 1 GiB"] * 1e-6) / 1e9
     print(f"{torch.cuda.get_device_name()}: copy {copy_rate:.0f} GB/s (1 GiB copy_, read + write, interleaved); "
           f"gathered {nbytes / 1e6:.0f} MB")
-    for name, t in times.items():
-        if name.startswith("copy") or not isinstance(t, float):
-            continue
-        gbps = nbytes / (t * 1e-6) / 1e9
-        print(f"{name:36s} {t:8.1f} us {gbps:7.0f} GB/s {100 * gbps / copy_rate:6.1f}% copy")
+    print("\n".join(bandwidth_lines({k: t for k, t in times.items() if not k.startswith("copy")}, nbytes, copy_rate)))
 
 
 if __name__ == "__main__":

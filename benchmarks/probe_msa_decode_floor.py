@@ -57,7 +57,7 @@ import triton.language as tl
 
 from mate.ops.msa import sparse_decode as sd
 from mate.ops.msa.softmax_helpers import split_entries, visible_limit
-from mate.testing.bench import time_interleaved
+from mate.testing.bench import bandwidth_lines, time_interleaved
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_msa_fp8_decode_variants as bv  # noqa: E402
@@ -291,12 +291,7 @@ def main() -> None:
     times = time_interleaved(cases, rounds=5, iters=50)
     print(f"--- {args.dtype}: B={B} 64K Hq={HQ} Hkv={HKV} {sel} blocks, {nbytes / 1e6:.1f} MB selected K/V; "
           f"copy {rate:.0f} GB/s; 90% bar {nbytes / (0.9 * rate * 1e3):.1f} us")
-    for name, t in times.items():
-        if isinstance(t, float):
-            gbps = nbytes / (t * 1e-6) / 1e9
-            print(f"{name:32s} {t:8.1f} us {gbps:7.0f} GB/s {100 * gbps / rate:6.1f}% copy")
-        else:
-            print(f"{name:32s} failed: {type(t).__name__}: {str(t)[:160]}")
+    print("\n".join(bandwidth_lines(times, nbytes, rate, 32)))
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ from triton.experimental.gluon.language.nvidia.hopper import async_copy
 
 from mate.ops.sparse_mla.gluon_common import _gather_tokens, _issue_gather
 from mate.ops.sparse_mla.metadata import plan_decode
-from mate.testing.bench import measure_ceilings, time_interleaved
+from mate.testing.bench import bandwidth_lines, measure_ceilings, time_interleaved
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_sparse_mla_small_h as bs  # noqa: E402
@@ -121,12 +121,7 @@ def main() -> None:
     nbytes = B * q_len * bs.TOP_K * 576
     print(f"--- B={B} q{q_len} H={H} top-k {bs.TOP_K}: {nbytes / 1e6:.0f} MB gathered; copy {ceiling:.0f} GB/s "
           f"(75% bar {nbytes / (0.75 * ceiling * 1e3):.1f} us); plan splits={md.num_splits} chains={md.chains}")
-    for name, t in times.items():
-        if isinstance(t, float):
-            gbps = nbytes / (t * 1e-6) / 1e9
-            print(f"{name:44s} {t:8.1f} us {gbps:7.0f} GB/s {100 * gbps / ceiling:6.1f}% copy")
-        else:
-            print(f"{name:44s} failed: {type(t).__name__}: {str(t)[:160]}")
+    print("\n".join(bandwidth_lines(times, nbytes, ceiling, 44)))
 
 
 if __name__ == "__main__":

@@ -20,7 +20,8 @@ from mate.testing.graphs import capture_graph
 
 T = TypeVar("T")
 
-__all__ = ["time_fn", "time_interleaved", "measure_ceilings", "rotation_count", "record", "progress", "times_line"]
+__all__ = ["time_fn", "time_interleaved", "measure_ceilings", "rotation_count", "record", "progress", "times_line",
+           "bandwidth_lines"]
 
 L2_BYTES = 60 * (1 << 20)
 SPIN_CYCLES = 100_000  # ~50 us at the H200's clock: longer than a graph launch from the host
@@ -140,6 +141,20 @@ def times_line(times: Mapping[str, float | Exception], flops: float) -> str:
     TFLOP/s, or its error."""
     return "  ".join(f"{name} {t:.1f} us {flops / t / 1e6:.0f} TF" if isinstance(t, float) else f"{name} {t}"
                      for name, t in times.items())
+
+
+def bandwidth_lines(times: Mapping[str, float | Exception], nbytes: float, copy_gbps: float,
+                    width: int = 36) -> list[str]:
+    """One line per case of ``time_interleaved``'s results for a bandwidth probe: time (us),
+    GB/s of ``nbytes`` and that rate as a percentage of ``copy_gbps``, or the case's error."""
+    lines = []
+    for name, t in times.items():
+        if isinstance(t, float):
+            gbps = nbytes / (t * 1e-6) / 1e9
+            lines.append(f"{name:{width}s} {t:8.1f} us {gbps:7.0f} GB/s {100 * gbps / copy_gbps:6.1f}% copy")
+        else:
+            lines.append(f"{name:{width}s} failed: {type(t).__name__}: {str(t)[:160]}")
+    return lines
 
 
 def measure_ceilings() -> dict[str, float]:

@@ -10,6 +10,7 @@ import torch
 
 from mate.testing.bench import (
     L2_BYTES,
+    bandwidth_lines,
     interleave_order,
     progress,
     record,
@@ -59,6 +60,13 @@ def test_progress_yields_every_item(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_tqdm)
     items = ["a", "b"]
     assert progress(items, "items") is items
+
+
+def test_bandwidth_lines_rates_and_errors():
+    lines = bandwidth_lines({"fast": 50.0, "broken": RuntimeError("no kernel")}, nbytes=1e8, copy_gbps=4000.0,
+                            width=8)
+    assert lines[0].split() == ["fast", "50.0", "us", "2000", "GB/s", "50.0%", "copy"]  # 1e8 B in 50 us
+    assert lines[1] == "broken   failed: RuntimeError: no kernel"
 
 
 def test_rotation_count():
