@@ -41,7 +41,11 @@ call, copy 4189-4265 GB/s; % of copy; the 90% bar is 70.0 us):
 - The Gluon port of the kernel (commit 47a84ef^, ``sparse_decode_gluon.py``: V read with 32-bit
   shared loads into a permuted register operand, ~361 instead of ~489 instructions per tile),
   restored for one call: bit-identical outputs, L2 data 48.8 us against 55.8, yet HND 74.0
-  against 73.8 and NHD 76.9 against 76.0 (2 stages HND 73.1); not kept.
+  against 73.8 and NHD 76.9 against 76.0 (2 stages HND 73.1); not kept. Restored again with
+  the ring slot refilled right after Sᵀ and the V loads (one CTA barrier more) instead of
+  after the barrier that publishes P (``.devreq`` script, a slow machine state whose HND floor
+  was 75.7 us): HND 81.4 against 80.7 (late refill) and 80.4 (Triton), NHD 84.0 against 84.5;
+  outputs bit-identical to the Triton kernel's.
 - bf16 (536 MB): default 132.8 (94.8%), floor 128.0 (98.4%), L2 data 62.4.
 """
 
