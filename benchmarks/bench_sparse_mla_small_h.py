@@ -16,11 +16,11 @@ problem of the same shape with 10% -1 and 5% out-of-range entries and random seq
 one 1, the others in [1, top-k]). Writes nothing.
 
 ``--variants``: the one-warpgroup kernel's candidates (launcher arguments of
-``sparse_mla_decode_gluon_small_h_wg``, default off; ``VARIANTS``, none at the moment) on the
-default plan at B=128 q1 H=16, B=32 q2 H=16 (B=64 q2 H=16 last, if the budget allows),
-interleaved with the default, and ``combine only`` (the plan's combine launch alone, the
-split's cost). Extra column ``=def``: out and lse bit-identical to the default's. B=128 q1 H=32
-(8-warp kernel, untouched) is timed as a guard.
+``sparse_mla_decode_gluon_small_h_wg`` on the plan's chains; ``VARIANTS``, none at the
+moment) on the default plan at B=128 q1 H=16, B=32 q2 H=16 (B=64 q2 H=16 last, if the
+budget allows), interleaved with the default, and ``combine only`` (the plan's combine
+launch alone, the split's cost). Extra column ``=def``: out and lse bit-identical to the
+default's. B=128 q1 H=32 (8-warp kernel, untouched) is timed as a guard.
 """
 
 from __future__ import annotations
@@ -102,7 +102,8 @@ def _var_fn(s, kv, md, **kw):
     kv_rows = kv.view(-1, 576)
     return lambda: sparse_mla_decode_gluon_small_h_wg(s["q"], kv_rows, s["idx"], s["sl"], s["out"], s["lse"],
                                                       md.partial_o, md.partial_lse, SCALE, 1.0, md.block_h,
-                                                      md.num_splits, md.split_blocks, md.num_stages, **kw)
+                                                      md.num_splits, md.split_blocks, md.num_stages,
+                                                      **{"chains": md.chains, **kw})
 
 
 def _combine_fn(s, md):

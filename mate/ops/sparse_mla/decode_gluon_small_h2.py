@@ -60,6 +60,13 @@ split's top-k entries read into shared memory once (no global load in the loop; 
 instructions, 89.2 KB) 57.8 / 37.2 / 56.4; the ring wait as inline ``cp.async.wait_group``
 (no CTA barrier after it, 4 per block; 750 instructions) 56.6 / 37.5 / 54.6; both 57.7 / 37.2
 / 56.2.
+Session 18 (copy 4222 GB/s, us at B=128 q1 / B=32 q2 / B=64 q2): a lazy softmax rescale (the
+reference max raised only when a block's max exceeds it by more than 8, log2 units; most
+blocks skip the 64 multiplies of the two Oᵀ halves and the exp2 of alpha; common path ~733
+instead of 787 instructions per block, GPU tests passed) 52.5 / 33.1 / 49.4 against 53.2 /
+33.0 / 48.8 with the rescale of every block: within noise, removed. With every gathered row in
+L2 the dual kernel takes 44.9 us at B=128 q1 against 50.8 from DRAM, and the same cp.async
+gather alone streams at ~90% of copy (``benchmarks/probe_sparse_mla_small_h_parts.py``).
 """
 
 from __future__ import annotations
