@@ -119,16 +119,11 @@ def floor_kernel(
             page = page_n
             e_n = tl.minimum((it + 1) // KPB, e_last)
             page_n = tl.load(u_page_ptr + ubase + e_n)
-            if HEAD_MAJOR:
-                row = (page * n_kvh + kvh) * 128 + k0
-                kt = k_desc.load([row, 0])
-                vt = v_desc.load([row, 0])
-            elif PAIR:  # K of this head and its neighbour: the same bytes as K + V, in aligned 2 x 128-value rows
-                kt = k_desc.load([page * 128 + k0, (kvh // 2 * 2) * HEAD_DIM])
+            if PAIR and not HEAD_MAJOR:  # K of this head and its neighbour: the same bytes as K + V, in aligned
+                kt = k_desc.load([page * 128 + k0, (kvh // 2 * 2) * HEAD_DIM])  # 2 x 128-value rows
                 vt = k_desc.load([page * 128 + k0, (kvh // 2 * 2 + 1) * HEAD_DIM])
             else:
-                kt = k_desc.load([page * 128 + k0, kvh * HEAD_DIM])
-                vt = v_desc.load([page * 128 + k0, kvh * HEAD_DIM])
+                kt, vt = sd.load_kv_tile(k_desc, v_desc, page, kvh, n_kvh, k0, HEAD_DIM, KEYS, FLAT, HEAD_MAJOR)
             acc = tl.dot(kt, qt, acc)
             acc = tl.dot(vt, qt, acc)
     tot = tl.sum(acc, axis=0) + pos.to(tl.float32) * 0.0
@@ -149,30 +144,12 @@ def floor_kernel(
             e_n = tl.minimum((it + 1) // KPB3, e_last)
             page_n = tl.load(u_page_ptr + ubase + e_n)
             blk_n = tl.load(u_blk_ptr + ubase + e_n)
-            if HEAD_MAJOR:
-                row = (page * n_kvh + kvh) * 128 + k0
-                kt = k_desc.load([row, 0])
-                vt = v_desc.load([row, 0])
-            else:
-                kt = k_desc.load([page * 128 + k0, kvh * HEAD_DIM])
-                vt = v_desc.load([page * 128 + k0, kvh * HEAD_DIM])
+            kt, vt = sd.load_kv_tile(k_desc, v_desc, page, kvh, n_kvh, k0, HEAD_DIM, KEYS, FLAT, HEAD_MAJOR)
             s = tl.dot(kt, qt) * qk_scale
             kpos = blk * 128 + k0 + offs_n
             s = tl.where((kpos <= limit)[:, None], s, float("-inf"))
             if SOFTMAX:
-                m_use = tl.where(m_i == float("-inf"), 0.0, m_i)
-                x = s - m_use[None, :]
-                p = tl.exp2(x)
-                thr = tl.where(m_i == float("-inf"), float("-inf"), LAZY + 0.0)
-                grow = tl.max(tl.max((x > thr[None, :]).to(tl.int32), axis=1), axis=0)
-                if grow != 0:
-                    m_new = tl.maximum(m_i, tl.max(s, axis=0))
-                    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-                    p = tl.exp2(s - m_use[None, :])
-                    alpha = tl.exp2(m_i - m_use)
-                    l_k = l_k * alpha[None, :]
-                    acc_o = acc_o * alpha[None, :]
-                    m_i = m_new
+                p, m_i, l_k, acc_o = sd.lazy_softmax_step(s, m_i, l_k, acc_o, LAZY)
             else:
                 p = tl.where((kpos <= limit)[:, None], s, 0.0)
             l_k += p

@@ -26,7 +26,7 @@ from mate._core.triton_helpers import INTERPRET, dot_operand, finish_softmax, ne
 from mate.ops.msa.softmax_helpers import split_entries, visible_limit
 
 __all__ = ["DECODE_VARIANT", "msa_decode_t_kernel", "decode_t_heads", "t_config", "t_constexprs",
-           "t_programs_per_sm", "token_block_list"]
+           "t_programs_per_sm", "token_block_list", "load_kv_tile", "lazy_softmax_step"]
 
 DECODE_VARIANT = {"kernel": "transposed", "keys": 64, "stages": 3, "maxnreg": None, "lazy": 8,
                   "fp8_keys": 64, "fp8_stages": 3, "fp8_maxnreg": 128, "fp8_lazy": 8}
@@ -249,6 +249,53 @@ def token_block_list(
 
 
 @triton.jit
+def load_kv_tile(k_desc, v_desc, page, kvh, n_kvh, k0, HEAD_DIM: tl.constexpr, KEYS: tl.constexpr,
+                 FLAT: tl.constexpr, HEAD_MAJOR: tl.constexpr):
+    """TMA loads of the K and V tiles [KEYS, HEAD_DIM] of KV head ``kvh``, keys ``k0`` ..
+    ``k0 + KEYS - 1`` of ``page`` (``FLAT``: descriptors of 2D views of contiguous caches,
+    rows of HEAD_DIM values; else 4D descriptors of the paged caches)."""
+    if FLAT:
+        if HEAD_MAJOR:
+            row = (page * n_kvh + kvh) * 128 + k0
+            kt = k_desc.load([row, 0])
+            vt = v_desc.load([row, 0])
+        else:
+            kt = k_desc.load([page * 128 + k0, kvh * HEAD_DIM])
+            vt = v_desc.load([page * 128 + k0, kvh * HEAD_DIM])
+    elif HEAD_MAJOR:
+        kt = tl.reshape(k_desc.load([page, kvh, k0, 0]), [KEYS, HEAD_DIM])
+        vt = tl.reshape(v_desc.load([page, kvh, k0, 0]), [KEYS, HEAD_DIM])
+    else:
+        kt = tl.reshape(k_desc.load([page, k0, kvh, 0]), [KEYS, HEAD_DIM])
+        vt = tl.reshape(v_desc.load([page, k0, kvh, 0]), [KEYS, HEAD_DIM])
+    return kt, vt
+
+
+@triton.jit
+def lazy_softmax_step(s, m_i, l_k, acc, LAZY: tl.constexpr):
+    """One tile of the lazy online softmax over the keys (axis 0 of the masked logits ``s``
+    [KEYS, GP], exp2 domain): P against the reference max ``m_i``, which is raised to the
+    running max (rescaling the per-key sums ``l_k`` and ``acc``) only when a logit exceeds it
+    by more than ``LAZY``. Returns (P, m_i, l_k, acc); the caller adds P to ``l_k``."""
+    m_use = tl.where(m_i == float("-inf"), 0.0, m_i)
+    x = s - m_use[None, :]
+    p = tl.exp2(x)
+    # the exponent itself is tested, not s > m_i + LAZY: that sum rounds for |m_i| >= 2^27
+    # (to m_i + 16 at LAZY 8, so p = 2^16 would overflow fp16); -inf: any finite logit
+    thr = tl.where(m_i == float("-inf"), float("-inf"), LAZY + 0.0)
+    grow = tl.max(tl.max((x > thr[None, :]).to(tl.int32), axis=1), axis=0)
+    if grow != 0:
+        m_new = tl.maximum(m_i, tl.max(s, axis=0))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_use[None, :])
+        alpha = tl.exp2(m_i - m_use)
+        l_k = l_k * alpha[None, :]
+        acc = acc * alpha[None, :]
+        m_i = m_new
+    return p, m_i, l_k, acc
+
+
+@triton.jit
 def msa_decode_t_kernel(
     q_ptr, stride_qt, stride_qh,
     k_desc, v_desc,
@@ -303,20 +350,7 @@ def msa_decode_t_kernel(
         e_n = tl.minimum((it + 1) // KPB, e_last)
         page_n = tl.load(u_page_ptr + ubase + e_n)
         blk_n = tl.load(u_blk_ptr + ubase + e_n)
-        if FLAT:  # 2D views of contiguous caches: rows of HEAD_DIM values
-            if HEAD_MAJOR:
-                row = (page * n_kvh + kvh) * 128 + k0
-                kt = k_desc.load([row, 0])
-                vt = v_desc.load([row, 0])
-            else:
-                kt = k_desc.load([page * 128 + k0, kvh * HEAD_DIM])
-                vt = v_desc.load([page * 128 + k0, kvh * HEAD_DIM])
-        elif HEAD_MAJOR:
-            kt = tl.reshape(k_desc.load([page, kvh, k0, 0]), [KEYS, HEAD_DIM])
-            vt = tl.reshape(v_desc.load([page, kvh, k0, 0]), [KEYS, HEAD_DIM])
-        else:
-            kt = tl.reshape(k_desc.load([page, k0, kvh, 0]), [KEYS, HEAD_DIM])
-            vt = tl.reshape(v_desc.load([page, k0, kvh, 0]), [KEYS, HEAD_DIM])
+        kt, vt = load_kv_tile(k_desc, v_desc, page, kvh, n_kvh, k0, HEAD_DIM, KEYS, FLAT, HEAD_MAJOR)
         s = tl.dot(dot_operand(kt), qt) * qk_scale  # Sᵀ [KEYS, GP]
         kpos = blk * 128 + k0 + offs_n
         s = tl.where((kpos <= limit)[:, None], s, float("-inf"))
@@ -326,21 +360,7 @@ def msa_decode_t_kernel(
             # m_i is only a reference point, raised to the running max when a logit exceeds it
             # by more than LAZY (log2 units, so p <= 2^LAZY): no cross-warp max, sum or
             # rescale in the common tile
-            m_use = tl.where(m_i == float("-inf"), 0.0, m_i)
-            x = s - m_use[None, :]
-            p = tl.exp2(x)
-            # the exponent itself is tested, not s > m_i + LAZY: that sum rounds for |m_i| >= 2^27
-            # (to m_i + 16 at LAZY 8, so p = 2^16 would overflow fp16); -inf: any finite logit
-            thr = tl.where(m_i == float("-inf"), float("-inf"), LAZY + 0.0)
-            grow = tl.max(tl.max((x > thr[None, :]).to(tl.int32), axis=1), axis=0)
-            if grow != 0:
-                m_new = tl.maximum(m_i, tl.max(s, axis=0))
-                m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-                p = tl.exp2(s - m_use[None, :])
-                alpha = tl.exp2(m_i - m_use)
-                l_k = l_k * alpha[None, :]
-                acc = acc * alpha[None, :]
-                m_i = m_new
+            p, m_i, l_k, acc = lazy_softmax_step(s, m_i, l_k, acc, LAZY)
             l_k += p
             pv = to_out_dtype(p, vt.dtype)
             if INTERPRET:
