@@ -85,7 +85,11 @@ about the 90% target. On a head-major copy the load-only floor is 95-96% (66.5 u
 decode 72.5-74.1: the rest is the loop's compute (56-58 us with the tiles in L2; 34 without
 the V widening, 44 without the softmax). 128-key tiles without the cap (247 registers, 2
 programs per SM): 75.2-75.5 against 73.2-74.1 head-major; the Gluon port restored for one call:
-74.0 against 73.8 (L2 48.8 against 55.8)."""
+74.0 against 73.8 (L2 48.8 against 55.8). Not memory-level parallelism (session 19): the
+pipeliner issues each tile's TMA loads at the end of the iteration two tiles earlier, but the
+Gluon port refilling its slot right after Sᵀ (three tiles in flight) took 75.2 us head-major
+against this kernel's 74.2, and an L2 prefetch of the lines 2-8 tiles ahead made every case
+slower (80-111 us, the load-only floor 68.5 -> 81.8)."""
 
 
 def _env_overrides(text: str) -> dict:

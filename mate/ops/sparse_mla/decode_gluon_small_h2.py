@@ -67,6 +67,9 @@ instead of 787 instructions per block, GPU tests passed) 52.5 / 33.1 / 49.4 agai
 33.0 / 48.8 with the rescale of every block: within noise, removed. With every gathered row in
 L2 the dual kernel takes 44.9 us at B=128 q1 against 50.8 from DRAM, and the same cp.async
 gather alone streams at ~90% of copy (``benchmarks/probe_sparse_mla_small_h_parts.py``).
+Session 19: an L2 prefetch (``prefetch.global.L2``, inline asm) of the rows of the block 1 / 2 /
+4 blocks past each gather (825 instead of 787 instructions per block): 72.0 / 80.5 / 98.3 us at
+B=128 q1, 51.3-68.6 against 33.3 at B=32 q2; removed.
 """
 
 from __future__ import annotations
