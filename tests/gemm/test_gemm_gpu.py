@@ -75,7 +75,7 @@ def test_groupwise_split_k_deterministic_in_cuda_graph(reduce):
                                         (0, sb.stride(0), sb.stride(1)), out, None,
                                         layout=groupwise.PLAIN, config=cfg)
 
-    call()  # eager first: compiles and allocates the counters outside the capture
+    call()  # eager first: compiles outside the capture (which allocates its own stream's counters)
     torch.cuda.synchronize()
     first = out.clone()
     assert_close(first, R.groupwise_fp32_ref(a, b, sa, sb), max_rel_error=1e-2)
@@ -87,9 +87,70 @@ def test_groupwise_split_k_deterministic_in_cuda_graph(reduce):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, first)
-    cnt = groupwise._COUNTERS.get(groupwise._counter_key(out.device))
-    if reduce == "fused":
-        assert cnt is not None and int(cnt.count_nonzero()) == 0
+    if reduce == "fused":  # the eager call's buffer and the one the capture allocated, all back at 0
+        assert groupwise._COUNTERS.get(groupwise._counter_key(out.device)) is not None
+        assert all(int(c.count_nonzero()) == 0 for c in groupwise._COUNTERS.values())
+
+
+def test_split_k_counters_are_per_stream():
+    """Each stream gets its own arrival-counter buffer; the same stream gets the same one."""
+    from mate.ops.gemm import groupwise
+
+    dev = torch.device("cuda")
+    here = groupwise._tile_counters(dev, 8)
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        there = groupwise._tile_counters(dev, 8)
+        assert groupwise._tile_counters(dev, 8) is there
+    assert there is not here and groupwise._tile_counters(dev, 8) is here
+
+
+@pytest.mark.parametrize("path", ["triton fused", "auto (K-interleaved, waiting split)"])
+def test_split_k_calls_overlap_on_two_streams(path):
+    """Fused split-K calls running at the same time on two streams (20 rounds queued behind a
+    ~30 ms spin on each stream, so the two queues run together on the GPU; different operands
+    per stream) each give their eager bits: their arrival counters are separate buffers. With
+    one buffer per device they counted each other's arrivals."""
+    from mate.ops.gemm import groupwise, tuning
+
+    if path.startswith("auto"):
+        m, n, k = 64, 2112, 7168
+        assert tuning.groupwise_config(m, n, k, fp8_out=False)["GLUON"]["SPLIT_K"] > 1
+    else:
+        m, n, k = 48, 1024, 4096
+    cfg = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 5, "SPLIT_K": 4, "REDUCE": "fused"}
+
+    def call(ops, out):
+        a, b, sa, sb = ops
+        if path.startswith("auto"):
+            gemm.gemm_fp8_nt_groupwise(a, b, sa, sb, scale_major_mode="K", out=out, backend="auto")
+        else:
+            groupwise.groupwise_gemm_triton(a, b, sa, (0, sa.stride(0), sa.stride(1)), sb,
+                                            (0, sb.stride(0), sb.stride(1)), out, None,
+                                            layout=groupwise.PLAIN, config=cfg)
+
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    ops = [fp8_block_operands(m, n, k, "cuda") for _ in streams]
+    expect = []
+    for o in ops:  # eager, one stream: the reference bits
+        out = poisoned((m, n), torch.bfloat16, "cuda")
+        call(o, out)
+        assert_close(out, R.groupwise_fp32_ref(*o), max_rel_error=1e-2)
+        expect.append(out)
+    outs = [[poisoned((m, n), torch.bfloat16, "cuda") for _ in range(20)] for _ in streams]
+    torch.cuda.synchronize()
+    for s in streams:  # hold both queues until the host has enqueued every call
+        with torch.cuda.stream(s):
+            torch.cuda._sleep(60_000_000)
+    for r in range(20):
+        for s, o, row in zip(streams, ops, outs):
+            with torch.cuda.stream(s):
+                call(o, row[r])
+    torch.cuda.synchronize()
+    for e, row in zip(expect, outs):
+        for r, out in enumerate(row):
+            assert torch.equal(out, e), f"stream call {r} differs from the eager bits"
+    assert all(int(c.count_nonzero()) == 0 for c in groupwise._COUNTERS.values())
 
 
 def test_bmm_bf16_cublas_no_copy(monkeypatch):

@@ -301,21 +301,24 @@ _RETIRED_COUNTERS: list[torch.Tensor] = []  # replaced buffers that captured gra
 
 
 def _counter_key(device: torch.device) -> tuple:
-    return (device.type, device.index)
+    """(device type, index, stream): the counter buffer of the current stream on ``device``."""
+    if device.type != "cuda":
+        return (device.type, device.index, 0)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return ("cuda", index, torch.cuda.current_stream(index).cuda_stream)
 
 
 def _tile_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
-    """Int32 arrival counters for the fused split-K reduce, one buffer per device (zero
-    between calls: the last program of each tile resets its counter). None (the reduce is
-    then a second launch) with ``MATE_GEMM_SPLITK_REDUCE=launch``, or while a CUDA graph is
-    being captured and no buffer is large enough yet. One buffer per device, not per stream,
-    so that a graph captured on a side stream uses the buffer allocated by the eager warm-up
-    call: fused split-K calls on the same device must therefore not run concurrently on two
-    streams (two launches would count each other's arrivals, give wrong tiles and leave
-    counters off zero, or keep the K-interleaved kernel's waiting split waiting forever);
-    ``MATE_GEMM_SPLITK_REDUCE=launch`` (or ``config["REDUCE"] = "launch"``) is for engines
-    that overlap GEMMs on several streams. A buffer replaced by a larger one stays alive,
-    since graphs captured earlier still point at it."""
+    """Int32 arrival counters for the fused split-K reduce (zero between calls: the last
+    program of each tile resets its counter), one buffer per device and stream, so that
+    calls on two streams never count each other's arrivals. A capture on a stream without a
+    large enough buffer allocates one inside the capture (its zero fill is part of the
+    graph); later captures and eager calls on that stream reuse it. A captured graph keeps
+    the buffer of its capture stream: replaying it on another stream while split-K calls run
+    on the capture stream would share counters (``torch.cuda.graph`` captures on its own side
+    stream, which eager code does not use). A buffer replaced by a larger one stays alive,
+    since graphs captured earlier still point at it. None (the reduce is then a second
+    launch) with ``MATE_GEMM_SPLITK_REDUCE=launch``."""
     reduce = os.environ.get("MATE_GEMM_SPLITK_REDUCE", ENV_VARS["MATE_GEMM_SPLITK_REDUCE"][0])
     if reduce not in ("fused", "launch"):
         raise ValueError(f"MATE_GEMM_SPLITK_REDUCE must be 'fused' or 'launch', got {reduce!r}")
@@ -325,8 +328,6 @@ def _tile_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
     buf = _COUNTERS.get(key)
     if buf is not None and buf.numel() >= tiles:
         return buf
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return None
     buf = torch.zeros(max(tiles, 4096), dtype=torch.int32, device=device)
     if key in _COUNTERS:
         _RETIRED_COUNTERS.append(_COUNTERS[key])
