@@ -22,8 +22,9 @@ ENV_VARS: dict[str, tuple[str, str]] = {
                              "bisection over key values), radix or bitonic; read at import"),
     "MATE_GEMM_SPLITK_REDUCE": ("fused", "fused | launch: how split-K groupwise FP8 GEMMs sum their partials; fused "
                                 "counts arrivals in one counter buffer per device and stream (a captured graph "
-                                "keeps its capture stream's buffer, so two graphs captured on one stream must "
-                                "not replay concurrently); launch (a second kernel) has no shared state; "
+                                "shares one stream's buffer and must not replay concurrently with that "
+                                "stream's split-K calls or another graph holding it); launch (a second "
+                                "kernel) has no shared state; "
                                 "read per call"),
     "MATE_MSA_DECODE_VARIANT": ("", "key=value,... overrides of the MSA decode kernel config "
                                 "(mate.ops.msa.sparse_decode.DECODE_VARIANT keys, e.g. fp8_stages=2,"

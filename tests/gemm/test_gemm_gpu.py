@@ -75,7 +75,7 @@ def test_groupwise_split_k_deterministic_in_cuda_graph(reduce):
                                         (0, sb.stride(0), sb.stride(1)), out, None,
                                         layout=groupwise.PLAIN, config=cfg)
 
-    call()  # eager first: compiles outside the capture (which allocates its own stream's counters)
+    call()  # eager first: compiles and allocates the counters outside the capture
     torch.cuda.synchronize()
     first = out.clone()
     assert_close(first, R.groupwise_fp32_ref(a, b, sa, sb), max_rel_error=1e-2)
@@ -87,9 +87,42 @@ def test_groupwise_split_k_deterministic_in_cuda_graph(reduce):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, first)
-    if reduce == "fused":  # the eager call's buffer and the one the capture allocated, all back at 0
-        assert groupwise._COUNTERS.get(groupwise._counter_key(out.device)) is not None
+    if reduce == "fused":  # the capture took the eager call's buffer (it allocates none); back at 0
+        eager = groupwise._COUNTERS.get(groupwise._counter_key(out.device))
+        assert eager is not None and int(eager.count_nonzero()) == 0
         assert all(int(c.count_nonzero()) == 0 for c in groupwise._COUNTERS.values())
+
+
+def test_split_k_capture_without_counters_falls_back_to_launch(monkeypatch):
+    """A capture on a device where no eager call made a counter buffer allocates none (its
+    zero fill would only run at replay) and sums the partials with the second launch: the
+    fused call's bits on every replay."""
+    from mate.ops.gemm import groupwise
+
+    m, n, k = 64, 2112, 7168
+    a, b, sa, sb = fp8_block_operands(m, n, k, "cuda")
+    out = poisoned((m, n), torch.bfloat16, "cuda")
+    cfg = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 5, "SPLIT_K": 4}
+
+    def call(reduce):
+        groupwise.groupwise_gemm_triton(a, b, sa, (0, sa.stride(0), sa.stride(1)), sb,
+                                        (0, sb.stride(0), sb.stride(1)), out, None,
+                                        layout=groupwise.PLAIN, config={**cfg, "REDUCE": reduce})
+
+    call("launch")  # compiles the reduce kernel
+    call("fused")
+    torch.cuda.synchronize()
+    first = out.clone()
+    monkeypatch.setattr(groupwise, "_COUNTERS", {})
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call("fused")
+    assert groupwise._COUNTERS == {}
+    for _ in range(2):
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, first)
 
 
 def test_split_k_counters_are_per_stream():

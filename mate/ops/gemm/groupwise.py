@@ -310,14 +310,14 @@ def _counter_key(device: torch.device) -> tuple:
 
 def _tile_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
     """Int32 arrival counters for the fused split-K reduce (zero between calls: the last
-    program of each tile resets its counter), one buffer per device and stream, so that
-    calls on two streams never count each other's arrivals. A capture on a stream without a
-    large enough buffer allocates one inside the capture (its zero fill is part of the
-    graph); later captures and eager calls on that stream reuse it. A captured graph keeps
-    the buffer of its capture stream: replaying it on another stream while split-K calls run
-    on the capture stream would share counters (``torch.cuda.graph`` captures on its own side
-    stream, which eager code does not use). A buffer replaced by a larger one stays alive,
-    since graphs captured earlier still point at it. None (the reduce is then a second
+    program of each tile resets its counter), one buffer per device and stream, so that eager
+    calls on two streams never count each other's arrivals. A capture never allocates (the
+    zero fill of a buffer made inside it would only run when the graph replays): it takes its
+    capture stream's buffer, else the largest buffer an eager call made on this device (the
+    warm-up's; ``torch.cuda.graph`` captures on a side stream of its own), else None. A graph
+    thus shares a buffer with the eager calls of one stream and must not replay concurrently
+    with them or with another graph holding it. A buffer replaced by a larger one stays
+    alive, since graphs captured earlier still point at it. None (the reduce is then a second
     launch) with ``MATE_GEMM_SPLITK_REDUCE=launch``."""
     reduce = os.environ.get("MATE_GEMM_SPLITK_REDUCE", ENV_VARS["MATE_GEMM_SPLITK_REDUCE"][0])
     if reduce not in ("fused", "launch"):
@@ -328,6 +328,9 @@ def _tile_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
     buf = _COUNTERS.get(key)
     if buf is not None and buf.numel() >= tiles:
         return buf
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        same_device = [b for k, b in _COUNTERS.items() if k[:2] == key[:2] and b.numel() >= tiles]
+        return max(same_device, key=lambda b: b.numel()) if same_device else None
     buf = torch.zeros(max(tiles, 4096), dtype=torch.int32, device=device)
     if key in _COUNTERS:
         _RETIRED_COUNTERS.append(_COUNTERS[key])
