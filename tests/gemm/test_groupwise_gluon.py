@@ -352,7 +352,7 @@ def test_auto_kint_split_k_in_cuda_graph():
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, first)
-    assert all(int(c.count_nonzero()) == 0 for c in groupwise._COUNTERS.values())  # eager and capture buffers
+    assert all(int(c.count_nonzero()) == 0 for c in groupwise._COUNTERS.values())  # every stream's buffer
 
 
 # two (four) K blocks per ring stage: half (a quarter of) the mbarrier waits/arrivals and their CTA barriers
