@@ -69,7 +69,14 @@ L2 the dual kernel takes 44.9 us at B=128 q1 against 50.8 from DRAM, and the sam
 gather alone streams at ~90% of copy (``benchmarks/probe_sparse_mla_small_h_parts.py``).
 Session 19: an L2 prefetch (``prefetch.global.L2``, inline asm) of the rows of the block 1 / 2 /
 4 blocks past each gather (825 instead of 787 instructions per block): 72.0 / 80.5 / 98.3 us at
-B=128 q1, 51.3-68.6 against 33.3 at B=32 q2; removed.
+B=128 q1, 51.3-68.6 against 33.3 at B=32 q2; removed. ncu source-level stall sampling (clocks
+unlocked, B=128 q1): the worker warpgroup idled 9.6% of all samples at the partitions' join while the
+default one finished, whose chain had 831 long-scoreboard samples to the worker's 368, 319 of them at one
+copy of the next block's softmax entries into their loop-carried registers, which waited for the
+entries' load issued ~60 instructions earlier. Loading them after the softmax's last use of the current
+ones lets the load write the carried registers itself (sm_90: first use ~550 instructions after the load
+in both partitions): 53.3 / 32.8 / 49.0 us against 54.1 / 33.5 / 49.7 at B=128 q1 / B=32 q2 / B=64 q2,
+bit-identical outputs (copy 4262 GB/s); the join idle fell to 7.5% of samples.
 """
 
 from __future__ import annotations
@@ -181,10 +188,13 @@ def _wg_chain(q_ptr, kv_ptr, idx_ptr, seq_lens_ptr, bt, pid_s, num_tokens, qk_sc
         vt1 = _widen_vt_half(raw1, A_L, BLOCK_N)
         acc1 = warpgroup_mma(vt1, p_op, acc1, is_async=True)
         s, acc0 = warpgroup_mma_wait(num_outstanding=1, deps=(s, acc0))  # Sᵀ of it + 1 and P·V half 0 done
-        tok = tok_s
+        p, alpha, m_i, l_acc = _online_softmax(s, tok_s, num_tokens, qk_scale_log2, m_i, l_acc)
+        # the next block's entries are loaded after this block's last use of tok_s, so the load
+        # writes the loop-carried registers itself (loaded before it, they went to other registers
+        # and the default partition's copy into the carried ones waited for the load in the same
+        # iteration: 13% of its stall samples)
         slots_next = lo + (it + 2) * BLOCK_N + offs_ns
         tok_s = gl.load(idx_row + slots_next, mask=slots_next < hi, other=-1)
-        p, alpha, m_i, l_acc = _online_softmax(s, tok, num_tokens, qk_scale_log2, m_i, l_acc)
         p_smem.index((it + 1) % 2).store(gl.permute(p.to(gl.float16), (1, 0)))
         alpha_o = gl.convert_layout(alpha, gl.SliceLayout(0, O_L))[None, :]
         acc0 = acc0 * alpha_o
