@@ -76,7 +76,12 @@ copy of the next block's softmax entries into their loop-carried registers, whic
 entries' load issued ~60 instructions earlier. Loading them after the softmax's last use of the current
 ones lets the load write the carried registers itself (sm_90: first use ~550 instructions after the load
 in both partitions): 53.3 / 32.8 / 49.0 us against 54.1 / 33.5 / 49.7 at B=128 q1 / B=32 q2 / B=64 q2,
-bit-identical outputs (copy 4262 GB/s); the join idle fell to 7.5% of samples.
+bit-identical outputs (copy 4262 GB/s); the join idle fell to 7.5% of samples. Later calls timed the
+same default case at 49.6-52.8 us within one interleaved run, so the gain is within this shape's
+variance; the change stays for the stall it removes. Loading every entry of the prologue and first
+iteration before the first wait, and the query after the first gathers: 49.6 / 53.0 / 52.6 / 49.9 /
+50.0 us against 51.5-52.8 / 52.5 / 52.7 / 49.8 / 49.6 in four A/Bs at B=128 q1 (8-warp kernel at
+H=32: 79.9 against 79.3), not kept.
 """
 
 from __future__ import annotations
