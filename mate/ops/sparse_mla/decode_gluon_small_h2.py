@@ -81,7 +81,9 @@ same default case at 49.6-52.8 us within one interleaved run, so the gain is wit
 variance; the change stays for the stall it removes. Loading every entry of the prologue and first
 iteration before the first wait, and the query after the first gathers: 49.6 / 53.0 / 52.6 / 49.9 /
 50.0 us against 51.5-52.8 / 52.5 / 52.7 / 49.8 / 49.6 in four A/Bs at B=128 q1 (8-warp kernel at
-H=32: 79.9 against 79.3), not kept.
+H=32: 79.9 against 79.3), not kept. The chains' blocks split unevenly (1-3 blocks moved to the worker,
+or 1-2 to the default warpgroup, against the idle ncu showed): every skew slower, B=128 q1 50.3-53.5
+against 49.8-49.9 (B=32 q2 33.6-34.6 against 32.8-33.1).
 """
 
 from __future__ import annotations
