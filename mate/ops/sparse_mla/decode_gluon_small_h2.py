@@ -83,7 +83,10 @@ iteration before the first wait, and the query after the first gathers: 49.6 / 5
 50.0 us against 51.5-52.8 / 52.5 / 52.7 / 49.8 / 49.6 in four A/Bs at B=128 q1 (8-warp kernel at
 H=32: 79.9 against 79.3), not kept. The chains' blocks split unevenly (1-3 blocks moved to the worker,
 or 1-2 to the default warpgroup, against the idle ncu showed): every skew slower, B=128 q1 50.3-53.5
-against 49.8-49.9 (B=32 q2 33.6-34.6 against 32.8-33.1).
+against 49.8-49.9 (B=32 q2 33.6-34.6 against 32.8-33.1). The gather's entries for the block after
+next loaded at the top of the iteration, before the CTA barrier, so that they do not queue behind the
+current gather's 18 cp.async (808 loop instructions, one spill in the loop): 51.3-51.4 / 33.6-33.7 /
+50.5 us against 49.9-52.8 / 32.5-32.7 / 48.8, removed.
 """
 
 from __future__ import annotations
