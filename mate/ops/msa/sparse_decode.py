@@ -42,7 +42,7 @@ new maximum has no cross-warp max or sum and no rescale (the ``LAZY`` kernel arg
 default, 0 keeps the rescale of every tile). fp8 is
 capped at 128 registers: uncapped the 64-key 3-stage compile takes 153 (3 programs per SM,
 two waves for ``bench_msa_attention``'s 512 programs; the cause of the first in-kernel list's
-108.5 against 80.1 us); 128 had no spills before the lazy rescale (now 5 spill instructions,
+108.5 against 80.1 us); 128 had no spills before the lazy rescale (now 2 spill instructions,
 outside the key loop), 112 and 96 spill (19 / 52 spill instructions), and 128-key tiles spill
 under it (212; uncapped 224 registers).
 
@@ -89,7 +89,12 @@ programs per SM): 75.2-75.5 against 73.2-74.1 head-major; the Gluon port restore
 pipeliner issues each tile's TMA loads at the end of the iteration two tiles earlier, but the
 Gluon port refilling its slot right after Sᵀ (three tiles in flight) took 75.2 us head-major
 against this kernel's 74.2, and an L2 prefetch of the lines 2-8 tiles ahead made every case
-slower (80-111 us, the load-only floor 68.5 -> 81.8)."""
+slower (80-111 us, the load-only floor 68.5 -> 81.8). The lazy step's "any logit above the
+threshold" flag as one reduction over the flattened tile (REDUX.MAX.S32 and a cross-warp step; the
+key loop 482 instead of 493 instructions, 16 instead of 23 SHFL; ncu had put ~10% of the stall samples
+on the two-axis version's shuffle and VIMNMX chain): bit-identical, fp8 79.1 / 79.5 us head-major and
+81.4 token-major against 80.0 / 79.8 and 81.7, bf16 129.2 / 129.1 against 130.2 / 129.7 (a slow
+machine state: the head-major floor at 85% of copy)."""
 
 
 def _env_overrides(text: str) -> dict:
@@ -287,7 +292,9 @@ def lazy_softmax_step(s, m_i, l_k, acc, LAZY: tl.constexpr):
     # the exponent itself is tested, not s > m_i + LAZY: that sum rounds for |m_i| >= 2^27
     # (to m_i + 16 at LAZY 8, so p = 2^16 would overflow fp16); -inf: any finite logit
     thr = tl.where(m_i == float("-inf"), float("-inf"), LAZY + 0.0)
-    grow = tl.max(tl.max((x > thr[None, :]).to(tl.int32), axis=1), axis=0)
+    # one reduction over the flattened tile: a warp-wide REDUX instead of the two axes' shuffle trees
+    hit = (x > thr[None, :]).to(tl.int32)
+    grow = tl.max(tl.reshape(hit, [hit.numel], can_reorder=True), axis=0)
     if grow != 0:
         m_new = tl.maximum(m_i, tl.max(s, axis=0))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
