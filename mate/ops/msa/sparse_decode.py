@@ -94,7 +94,10 @@ threshold" flag as one reduction over the flattened tile (REDUX.MAX.S32 and a cr
 key loop 482 instead of 493 instructions, 16 instead of 23 SHFL; ncu had put ~10% of the stall samples
 on the two-axis version's shuffle and VIMNMX chain): bit-identical, fp8 79.1 / 79.5 us head-major and
 81.4 token-major against 80.0 / 79.8 and 81.7, bf16 129.2 / 129.1 against 130.2 / 129.7 (a slow
-machine state: the head-major floor at 85% of copy)."""
+machine state: the head-major floor at 85% of copy). The d rows of Oᵀ permuted so that V is read
+with 32-bit shared loads (as the Gluon port; 16 LDS instead of 64 LDS.U8, but 56 PRMT and 32 shifts
+more, 510 loop instructions): bit-identical, 79.9 / 80.1 against 79.3 / 79.9 head-major, 81.5 against
+82.0 token-major; not kept."""
 
 
 def _env_overrides(text: str) -> dict:
