@@ -80,10 +80,13 @@ def _check_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int
 
 
 def _run(q, k, v, out, lse, *, cu_seqlens_q, max_seqlen_q, cu_seqlens_k, seqused_k, page_table, batched,
-         softmax_scale, window, backend, k_lens_host=None, skip_whole=False) -> None:
+         softmax_scale, window, backend, k_lens_host=None, skip_whole=False, batch=0) -> None:
+    """``cu_seqlens_q`` None: ``batch`` requests of ``max_seqlen_q`` queries each."""
     if select_backend(q.device, backend) == "reference":
         from mate.ops.mha.reference import attention_varlen_reference
 
+        if cu_seqlens_q is None:
+            cu_seqlens_q = torch.arange(batch + 1, dtype=torch.int32, device=q.device) * max_seqlen_q
         b = cu_seqlens_q.shape[0] - 1
         if seqused_k is not None:
             k_lens = [int(x) for x in seqused_k.tolist()]
@@ -102,7 +105,7 @@ def _run(q, k, v, out, lse, *, cu_seqlens_q, max_seqlen_q, cu_seqlens_k, seqused
     from mate.ops.mha.attention import mha_fwd_op
 
     mha_fwd_op(q, k, v, out, lse, cu_seqlens_q, int(max_seqlen_q), cu_seqlens_k, seqused_k, page_table,
-               bool(batched), float(softmax_scale), int(window[0]), int(window[1]), bool(skip_whole))
+               bool(batched), float(softmax_scale), int(window[0]), int(window[1]), bool(skip_whole), int(batch))
 
 
 def _sdpa_device(device: torch.device) -> bool:
@@ -489,16 +492,12 @@ def flash_attn_with_kvcache(
     out = torch.empty(q.shape, dtype=q.dtype, device=device)
     total_q = q.shape[0] if varlen else b * sq
     lse = torch.empty(hq, total_q, dtype=torch.float32, device=device)
-    if varlen:
-        cu_q = cu_seqlens_q
-    elif sq > 0:
-        cu_q = torch.arange(0, (b + 1) * sq, sq, dtype=torch.int32, device=device)
-    else:
-        cu_q = torch.zeros(b + 1, dtype=torch.int32, device=device)
     qf = q.reshape(total_q, hq, d)
     of = out.view(total_q, hq, d)
-    _run(qf, k_cache, v_cache, of, lse, cu_seqlens_q=cu_q, max_seqlen_q=sq, cu_seqlens_k=None, seqused_k=seqused,
-         page_table=page_table, batched=not paged, softmax_scale=scale, window=(left, right), backend="auto")
+    # without cu_seqlens_q every request has sq queries: the kernel computes their offsets
+    _run(qf, k_cache, v_cache, of, lse, cu_seqlens_q=cu_seqlens_q if varlen else None, max_seqlen_q=sq,
+         cu_seqlens_k=None, seqused_k=seqused, page_table=page_table, batched=not paged, softmax_scale=scale,
+         window=(left, right), backend="auto", batch=b)
     if varlen:
         return (out, lse) if return_softmax_lse else out
     if return_softmax_lse:

@@ -222,6 +222,27 @@ def test_custom_op_opcheck(device, triton_backend):
     lse = torch.empty(2, 3, device=device)
     torch.library.opcheck(mha_fwd_op.op, (q, k, k, out, lse, cu([3], device), 3, cu([5], device), None, None, False,
                                        0.25, -1, 0), test_utils=("test_schema", "test_faketensor"))
+    # uniform queries without an offsets tensor: 3 requests of 1 query over a batched cache
+    kb = torch.randn(3, 5, 1, 16, device=device).to(torch.bfloat16)
+    torch.library.opcheck(mha_fwd_op.op, (q, kb, kb, out, lse, None, 1, None, None, None, True, 0.25, -1, 0, False, 3),
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+def test_kvcache_builds_no_query_offsets(device, triton_backend, monkeypatch):
+    """flash_attn_with_kvcache with q [B, S, H, D] hands the kernel no cu_seqlens_q (it computes
+    the uniform offsets itself: no per-call tensor, no extra kernel in a captured graph)."""
+    import mate.mha_interface as mi
+
+    seen = {}
+    real = mi._run
+
+    def spy(*args, **kwargs):
+        seen.update(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(mi, "_run", spy)
+    check_kvcache(device, True, 2)
+    assert seen["cu_seqlens_q"] is None and seen["batch"] == 3 and seen["max_seqlen_q"] == 2
 
 
 def test_errors(device):

@@ -69,17 +69,21 @@ def _mha_fwd_kernel(
     k_ptr, v_ptr, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
     cu_q_ptr, cu_k_ptr, seqused_k_ptr, page_table_ptr, stride_pt, n_cols, num_pages,
     o_ptr, stride_ot, stride_oh, lse_ptr, stride_lh, stride_lt,
-    RATIO, qk_scale, window_left, window_right, whole_q, whole_k,
+    RATIO, qk_scale, window_left, window_right, whole_q, whole_k, q_uniform,
     TM: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
     PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, HAS_CU_K: tl.constexpr, HAS_SEQUSED: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SKIP_WHOLE: tl.constexpr = False,
-    SPLIT_LOOP: tl.constexpr = False,
+    SPLIT_LOOP: tl.constexpr = False, HAS_CU_Q: tl.constexpr = True,
 ):
     mblk = tl.program_id(0)
     req = tl.program_id(1)
     kvh = tl.program_id(2)
-    q_start = tl.load(cu_q_ptr + req)
-    q_len = tl.load(cu_q_ptr + req + 1) - q_start
+    if HAS_CU_Q:
+        q_start = tl.load(cu_q_ptr + req)
+        q_len = tl.load(cu_q_ptr + req + 1) - q_start
+    else:  # every request has q_uniform queries
+        q_start = req * q_uniform
+        q_len = q_uniform
     if mblk * TM >= q_len:
         return
     if HAS_CU_K:
@@ -178,7 +182,7 @@ def attention_triton(
     out: torch.Tensor,
     lse: torch.Tensor,
     *,
-    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_q: torch.Tensor | None,
     max_seqlen_q: int,
     cu_seqlens_k: torch.Tensor | None,
     seqused_k: torch.Tensor | None,
@@ -188,6 +192,7 @@ def attention_triton(
     window_left: int,
     window_right: int,
     skip_whole: bool = False,
+    batch: int = 0,
 ) -> None:
     """Launches ``_mha_fwd_kernel``; inputs validated by the caller.
 
@@ -197,11 +202,14 @@ def attention_triton(
     request, ``cu_seqlens_k`` given): every program returns at once when ``cu_seqlens_q`` is
     [0, total_q] and ``cu_seqlens_k`` [0, total_k], the case the caller computed otherwise
     (read on the device: no host sync), and computes the request in every other case.
+    ``cu_seqlens_q`` None: ``batch`` requests of ``max_seqlen_q`` queries each (no offsets
+    tensor to build per call).
     """
     total_q, hq, d = q.shape
     hkv = k.shape[-2]
     ratio = hq // hkv
-    batch = cu_seqlens_q.shape[0] - 1
+    if cu_seqlens_q is not None:
+        batch = cu_seqlens_q.shape[0] - 1
     if total_q == 0 or batch == 0 or max_seqlen_q <= 0:
         return
     tm, gp, block_m = mha_tiling(ratio, max_seqlen_q, PREFILL_VARIANT["rows"])
@@ -218,25 +226,25 @@ def attention_triton(
         skb, skt, skh = 0, k.stride(0), k.stride(1)
         svb, svt, svh = 0, v.stride(0), v.stride(1)
         page_size = 1
-    dummy = cu_seqlens_q
+    dummy = cu_seqlens_q if cu_seqlens_q is not None else lse  # for absent pointers (never read)
     block_n = 64
     num_warps = mha_num_warps(block_m)
     grid = (cdiv(max_seqlen_q, tm), batch, hkv)
     _mha_fwd_kernel[grid](
         q, q.stride(0), q.stride(1),
         k, v, skb, skt, skh, svb, svt, svh,
-        cu_seqlens_q, cu_seqlens_k if cu_seqlens_k is not None else dummy,
+        dummy, cu_seqlens_k if cu_seqlens_k is not None else dummy,
         seqused_k if seqused_k is not None else dummy,
         page_table if paged else dummy, page_table.stride(0) if paged else 0,
         page_table.shape[1] if paged else 0, k.shape[0],
         out, out.stride(0), out.stride(1), lse, lse.stride(0), lse.stride(1),
-        ratio, softmax_scale * LOG2E, window_left, window_right, total_q, k.shape[0],
+        ratio, softmax_scale * LOG2E, window_left, window_right, total_q, k.shape[0], max_seqlen_q,
         TM=tm, GP=gp, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=d, PAGE_SIZE=page_size, PAGED=paged,
         HAS_CU_K=cu_seqlens_k is not None, HAS_SEQUSED=seqused_k is not None,
         HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0,
         SKIP_WHOLE=skip_whole and cu_seqlens_k is not None and seqused_k is None and not paged and not batched,
         SPLIT_LOOP=bool(PREFILL_VARIANT["split_loop"]) and not paged and window_left < 0,
-        num_warps=num_warps, num_stages=1 if INTERPRET else 2,
+        HAS_CU_Q=cu_seqlens_q is not None, num_warps=num_warps, num_stages=1 if INTERPRET else 2,
     )
 
 
@@ -246,7 +254,7 @@ def _mha_fwd_op_impl(
     v: torch.Tensor,
     out: torch.Tensor,
     lse: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_q: torch.Tensor | None,
     max_seqlen_q: int,
     cu_seqlens_k: torch.Tensor | None,
     seqused_k: torch.Tensor | None,
@@ -256,11 +264,12 @@ def _mha_fwd_op_impl(
     window_left: int,
     window_right: int,
     skip_whole: bool = False,
+    batch: int = 0,
 ) -> None:
     attention_triton(q, k, v, out, lse, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
                      cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k, page_table=page_table, batched=batched,
                      softmax_scale=softmax_scale, window_left=window_left, window_right=window_right,
-                     skip_whole=skip_whole)
+                     skip_whole=skip_whole, batch=batch)
 
 
 def _register():
