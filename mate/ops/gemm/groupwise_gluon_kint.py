@@ -22,9 +22,10 @@ on the tile's atomic counter (release), and the last split, once the counter sho
 (acquire), adds them in split order before its own accumulator and stores the tile (REDUCE
 "wait"; it waits only on lower-numbered programs, which the GPU starts first). Otherwise
 every unit stores its partial and the last to arrive sums them in split order (``"fused"``).
-Both reset the counter and give the same bits (without counters, e.g. in a CUDA-graph capture
-before any eager split-K call on the device, a second launch reduces). The wait takes the partial store, the fence
-and the atomic round trip of the last split off the tile's critical path: H200 session 17,
+Both reset the counter and give the same bits (without counters, e.g. in a CUDA-graph
+capture before any eager split-K call on the device, a second launch reduces). The wait takes
+the partial store, the fence and the atomic round trip of the last split off the tile's
+critical path: H200 session 17,
 us, (128, 2112, 7168) 64x64 st6 kps2 s2 11.5 -> 10.9-11.0 (DeepGEMM 10.8), (64, 2112, 7168)
 64x32 st4 kps4 s2 9.9 -> 9.4 (DeepGEMM 9.9).
 
