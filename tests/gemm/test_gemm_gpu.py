@@ -9,7 +9,12 @@ from mate import gemm
 from mate.ops.gemm import reference as R
 from mate.testing import assert_close, poisoned, rand_fp8, randn
 from mate.testing.graphs import capture_graph
-from tests.gemm._inputs import assert_fp8_output_close, fp8_block_operands, grouped_contiguous_operands
+from tests.gemm._inputs import (
+    assert_fp8_output_close,
+    fp8_block_operands,
+    grouped_contiguous_operands,
+    launch_groupwise_plain,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -71,9 +76,7 @@ def test_groupwise_split_k_deterministic_in_cuda_graph(reduce):
     cfg = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 5, "SPLIT_K": 4, "REDUCE": reduce}
 
     def call():
-        groupwise.groupwise_gemm_triton(a, b, sa, (0, sa.stride(0), sa.stride(1)), sb,
-                                        (0, sb.stride(0), sb.stride(1)), out, None,
-                                        layout=groupwise.PLAIN, config=cfg)
+        launch_groupwise_plain(a, b, sa, sb, out, cfg)
 
     call()  # eager first: compiles and allocates the counters outside the capture
     torch.cuda.synchronize()
@@ -105,9 +108,7 @@ def test_split_k_capture_without_counters_falls_back_to_launch(monkeypatch):
     cfg = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 5, "SPLIT_K": 4}
 
     def call(reduce):
-        groupwise.groupwise_gemm_triton(a, b, sa, (0, sa.stride(0), sa.stride(1)), sb,
-                                        (0, sb.stride(0), sb.stride(1)), out, None,
-                                        layout=groupwise.PLAIN, config={**cfg, "REDUCE": reduce})
+        launch_groupwise_plain(a, b, sa, sb, out, {**cfg, "REDUCE": reduce})
 
     call("launch")  # compiles the reduce kernel
     call("fused")
@@ -158,9 +159,7 @@ def test_split_k_calls_overlap_on_two_streams(path):
         if path.startswith("auto"):
             gemm.gemm_fp8_nt_groupwise(a, b, sa, sb, scale_major_mode="K", out=out, backend="auto")
         else:
-            groupwise.groupwise_gemm_triton(a, b, sa, (0, sa.stride(0), sa.stride(1)), sb,
-                                            (0, sb.stride(0), sb.stride(1)), out, None,
-                                            layout=groupwise.PLAIN, config=cfg)
+            launch_groupwise_plain(a, b, sa, sb, out, cfg)
 
     streams = [torch.cuda.Stream(), torch.cuda.Stream()]
     ops = [fp8_block_operands(m, n, k, "cuda") for _ in streams]
