@@ -28,8 +28,8 @@ def build(ratio: int, max_q: int, rows: int, split: bool, paged: bool = False) -
            "stride_vh": i32, "cu_q_ptr": "*i32", "cu_k_ptr": "*i32", "seqused_k_ptr": "*i32",
            "page_table_ptr": "*i32", "stride_pt": i32, "n_cols": i32, "num_pages": i32,
            "o_ptr": ptr, "stride_ot": i32, "stride_oh": i32, "lse_ptr": "*fp32", "stride_lh": i32, "stride_lt": i32,
-           "RATIO": i32, "qk_scale": "fp32", "window_left": i32, "window_right": i32, "whole_q": i32, "whole_k": i32,
-           "q_uniform": i32}
+           "RATIO": i32, "qk_scale": "fp32", "window_left": i32, "window_right": i32, "q_rows": i32, "k_rows": i32,
+           "q_uniform": i32, "k_uniform": i32}
     cx = {"TM": tm, "GP": gp, "BLOCK_M": block_m, "BLOCK_N": 64, "HEAD_DIM": 128, "PAGE_SIZE": 64 if paged else 1,
           "PAGED": paged, "HAS_CU_K": not paged, "HAS_SEQUSED": paged, "HAS_LEFT": False, "HAS_RIGHT": True,
           "SKIP_WHOLE": False, "SPLIT_LOOP": split and not paged, "HAS_CU_Q": True}

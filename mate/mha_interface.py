@@ -80,8 +80,9 @@ def _check_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int
 
 
 def _run(q, k, v, out, lse, *, cu_seqlens_q, max_seqlen_q, cu_seqlens_k, seqused_k, page_table, batched,
-         softmax_scale, window, backend, k_lens_host=None, skip_whole=False, batch=0) -> None:
-    """``cu_seqlens_q`` None: ``batch`` requests of ``max_seqlen_q`` queries each."""
+         softmax_scale, window, backend, skip_whole=False, batch=0, k_uniform=0) -> None:
+    """``cu_seqlens_q`` None: ``batch`` requests of ``max_seqlen_q`` queries each;
+    ``cu_seqlens_k`` and ``seqused_k`` None: ``k_uniform`` keys per request."""
     if select_backend(q.device, backend) == "reference":
         from mate.ops.mha.reference import attention_varlen_reference
 
@@ -94,7 +95,7 @@ def _run(q, k, v, out, lse, *, cu_seqlens_q, max_seqlen_q, cu_seqlens_k, seqused
             ck = cu_seqlens_k.tolist()
             k_lens = [ck[i + 1] - ck[i] for i in range(b)]
         else:
-            k_lens = k_lens_host
+            k_lens = [k_uniform] * b
         starts = None if cu_seqlens_k is None else [int(x) for x in cu_seqlens_k.tolist()[:b]]
         ro, rl = attention_varlen_reference(q, k, v, cu_seqlens_q, k_lens, k_starts=starts, page_table=page_table,
                                             batched=batched, softmax_scale=softmax_scale, causal=False,
@@ -105,7 +106,8 @@ def _run(q, k, v, out, lse, *, cu_seqlens_q, max_seqlen_q, cu_seqlens_k, seqused
     from mate.ops.mha.attention import mha_fwd_op
 
     mha_fwd_op(q, k, v, out, lse, cu_seqlens_q, int(max_seqlen_q), cu_seqlens_k, seqused_k, page_table,
-               bool(batched), float(softmax_scale), int(window[0]), int(window[1]), bool(skip_whole), int(batch))
+               bool(batched), float(softmax_scale), int(window[0]), int(window[1]), bool(skip_whole), int(batch),
+               int(k_uniform))
 
 
 def _sdpa_device(device: torch.device) -> bool:
@@ -478,12 +480,12 @@ def flash_attn_with_kvcache(
     device = checks.check_same_device(q=q, k_cache=k_cache, v_cache=v_cache, page_table=page_table,
                                       cu_seqlens_q=cu_seqlens_q,
                                       cache_seqlens=cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None)
-    if cache_seqlens is None:
-        seqused = torch.full((b,), k_cache.shape[1], dtype=torch.int32, device=device)
-    elif isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
-        checks.check_value("cache_seqlens", cache_seqlens >= 0, ">= 0", cache_seqlens)
-        seqused = torch.full((b,), cache_seqlens, dtype=torch.int32, device=device)
-    else:
+    # an int (or the batched default S_cache) is passed as a scalar: no per-call lengths tensor
+    seqused, k_uniform = None, k_cache.shape[1]
+    if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
+        checks.check_value("cache_seqlens", 0 <= cache_seqlens < 2**31, "in [0, 2**31)", cache_seqlens)
+        k_uniform = cache_seqlens
+    elif cache_seqlens is not None:
         seqused = checks.check_tensor("cache_seqlens", cache_seqlens, dtype=torch.int32, shape=[b], contiguous=True)
     left, right = _check_window(window_size)
     if causal:
@@ -497,7 +499,7 @@ def flash_attn_with_kvcache(
     # without cu_seqlens_q every request has sq queries: the kernel computes their offsets
     _run(qf, k_cache, v_cache, of, lse, cu_seqlens_q=cu_seqlens_q if varlen else None, max_seqlen_q=sq,
          cu_seqlens_k=None, seqused_k=seqused, page_table=page_table, batched=not paged, softmax_scale=scale,
-         window=(left, right), backend="auto", batch=b)
+         window=(left, right), backend="auto", batch=b, k_uniform=k_uniform)
     if varlen:
         return (out, lse) if return_softmax_lse else out
     if return_softmax_lse:

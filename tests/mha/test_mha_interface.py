@@ -228,9 +228,10 @@ def test_custom_op_opcheck(device, triton_backend):
                           test_utils=("test_schema", "test_faketensor"))
 
 
-def test_kvcache_builds_no_query_offsets(device, triton_backend, monkeypatch):
+def test_kvcache_builds_no_per_call_tensors(device, triton_backend, monkeypatch):
     """flash_attn_with_kvcache with q [B, S, H, D] hands the kernel no cu_seqlens_q (it computes
-    the uniform offsets itself: no per-call tensor, no extra kernel in a captured graph)."""
+    the uniform offsets itself), and an int cache_seqlens as a scalar: no per-call tensor, no
+    extra kernel in a captured graph."""
     import mate.mha_interface as mi
 
     seen = {}
@@ -243,6 +244,65 @@ def test_kvcache_builds_no_query_offsets(device, triton_backend, monkeypatch):
     monkeypatch.setattr(mi, "_run", spy)
     check_kvcache(device, True, 2)
     assert seen["cu_seqlens_q"] is None and seen["batch"] == 3 and seen["max_seqlen_q"] == 2
+    # an int cache_seqlens (or none, batched) reaches the kernel as a scalar, not a filled tensor
+    q = torch.randn(2, 1, 4, 32, device=device).to(torch.float16)
+    kc = torch.randn(2, 24, 1, 32, device=device).to(torch.float16)
+    for lens, expect in ((17, 17), (None, 24)):
+        seen.clear()
+        o = flash_attn_with_kvcache(q, kc, kc, cache_seqlens=lens)
+        assert seen["seqused_k"] is None and seen["k_uniform"] == expect
+        ro, _ = attention_varlen_reference(q.reshape(2, 4, 32).cpu(), kc.cpu(), kc.cpu(), cu([1, 1], "cpu"),
+                                           [expect] * 2, batched=True)
+        assert_close(o.reshape(2, 4, 32), ro, atol=3e-3, rtol=3e-3, name=f"cache_seqlens={lens}")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_kvcache_lengths_past_the_cache(device, triton_backend, causal):
+    """Batched cache lengths past S_cache (tensor or int), 0 and negative: the keys past the
+    cache are skipped (never read), as missing pages are; positions keep the given length."""
+    g = torch.Generator().manual_seed(torch.seed() % 2**31)
+    b, hq, hkv, d, s_cache = 4, 8, 2, 64, 40
+    q = torch.randn(b, 1, hq, d, generator=g).to(torch.float16).to(device)
+    kc, vc = (torch.randn(b, s_cache, hkv, d, generator=g).to(torch.float16).to(device) for _ in range(2))
+    lens = [s_cache + 5, 0, -5, s_cache + 1000]
+    o, lse = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=torch.tensor(lens, dtype=torch.int32, device=device),
+                                     causal=causal, return_softmax_lse=True)
+    ro, rl = attention_varlen_reference(q.reshape(b, hq, d).cpu(), kc.cpu(), vc.cpu(), cu([1] * b, "cpu"), lens,
+                                        batched=True, causal=causal)
+    # one query at position len - 1 >= S sees every cached key: the same as length S
+    clamped = [min(max(n, 0), s_cache) for n in lens]
+    rc, _ = attention_varlen_reference(q.reshape(b, hq, d).cpu(), kc.cpu(), vc.cpu(), cu([1] * b, "cpu"), clamped,
+                                       batched=True, causal=causal)
+    assert_equal(ro, rc)
+    assert_close(o.reshape(b, hq, d), ro, atol=3e-3, rtol=3e-3)
+    assert_close(lse.reshape(b, hq), rl.T, name="lse", **LSE_TOL)
+    assert torch.isinf(lse[1:3]).all() and (o[1:3] == 0).all()
+    o = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=s_cache + 7, causal=causal)
+    ro, _ = attention_varlen_reference(q.reshape(b, hq, d).cpu(), kc.cpu(), vc.cpu(), cu([1] * b, "cpu"),
+                                       [s_cache] * b, batched=True, causal=causal)
+    assert_close(o.reshape(b, hq, d), ro, atol=3e-3, rtol=3e-3, name="int cache_seqlens past S")
+
+
+def test_varlen_offsets_outside_the_tensors(device, triton_backend):
+    """Ragged offsets past q / k (a request running past total_q, a key range starting before
+    row 0 or ending past total_k, seqused_k past its range): rows outside q are neither read nor
+    written, keys outside k are skipped; every row inside q matches the reference."""
+    g = torch.Generator().manual_seed(torch.seed() % 2**31)
+    hq, hkv, d = 4, 2, 64
+    q = torch.randn(10, hq, d, generator=g).to(torch.bfloat16).to(device)
+    k, v = (torch.randn(12, hkv, d, generator=g).to(torch.bfloat16).to(device) for _ in range(2))
+    cq = torch.tensor([0, 4, 13], dtype=torch.int32, device=device)  # request 1: rows 4..12 of 10
+    ck = torch.tensor([-3, 5, 90], dtype=torch.int32, device=device)  # keys -3..4 and 5..89 of 12
+    for causal, seqused in ((True, None), (False, None), (True, [8, 200])):
+        su = None if seqused is None else torch.tensor(seqused, dtype=torch.int32, device=device)
+        out = poisoned((10, hq, d), torch.bfloat16, device)
+        o, lse = flash_attn_varlen_func(q, k, v, cq, ck, 9, 85, causal=causal, out=out, seqused_k=su,
+                                        return_softmax_lse=True)
+        lens = [8, 85] if seqused is None else seqused
+        ro, rl = attention_varlen_reference(q.cpu(), k.cpu(), v.cpu(), cq.cpu(), lens, k_starts=[-3, 5],
+                                            causal=causal)
+        assert_close(o, ro, atol=2e-2, rtol=2e-2, name=f"causal={causal} seqused={seqused}")
+        assert_close(lse, rl, name="lse", **LSE_TOL)
 
 
 def test_errors(device):

@@ -40,6 +40,7 @@ def _attend_tile(
         krow = page.to(tl.int64) * stride_kb + (n % PAGE_SIZE) * stride_kt + kvh * stride_kh
         vrow = page.to(tl.int64) * stride_vb + (n % PAGE_SIZE) * stride_vt + kvh * stride_vh
     else:
+        nvalid = nvalid & (n >= -k_start)  # a ragged request's keys before row 0 (hi bounds the end)
         krow = kb + (k_start + n).to(tl.int64) * stride_kt
         vrow = vb + (k_start + n).to(tl.int64) * stride_vt
     if MASKED:
@@ -69,7 +70,7 @@ def _mha_fwd_kernel(
     k_ptr, v_ptr, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
     cu_q_ptr, cu_k_ptr, seqused_k_ptr, page_table_ptr, stride_pt, n_cols, num_pages,
     o_ptr, stride_ot, stride_oh, lse_ptr, stride_lh, stride_lt,
-    RATIO, qk_scale, window_left, window_right, whole_q, whole_k, q_uniform,
+    RATIO, qk_scale, window_left, window_right, q_rows, k_rows, q_uniform, k_uniform,
     TM: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
     PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, HAS_CU_K: tl.constexpr, HAS_SEQUSED: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SKIP_WHOLE: tl.constexpr = False,
@@ -89,11 +90,11 @@ def _mha_fwd_kernel(
     if HAS_CU_K:
         k_start = tl.load(cu_k_ptr + req)
         k_len = tl.load(cu_k_ptr + req + 1) - k_start
-    else:
+    else:  # batched or paged: every request starts at key 0; k_uniform keys unless seqused_k
         k_start = 0
-        k_len = 0
-    if SKIP_WHOLE:  # noqa: SIM102 (a constexpr guard): the caller computed a request spanning q[:whole_q], k[:whole_k]
-        if (q_start == 0) & (q_len == whole_q) & (k_start == 0) & (k_len == whole_k):
+        k_len = k_uniform
+    if SKIP_WHOLE:  # noqa: SIM102 (a constexpr guard): the caller computed a request spanning q[:q_rows], k[:k_rows]
+        if (q_start == 0) & (q_len == q_rows) & (k_start == 0) & (k_len == k_rows):
             return
     if HAS_SEQUSED:
         k_len = tl.load(seqused_k_ptr + req)
@@ -101,8 +102,9 @@ def _mha_fwd_kernel(
     tok = mblk * TM + rows // GP
     hl = rows % GP
     h = kvh * RATIO + hl
-    rvalid = (tok < q_len) & (hl < RATIO) & (rows // GP < TM)
     t = (q_start + tok).to(tl.int64)
+    # rows outside q (offsets past its q_rows tokens) are neither read nor written
+    rvalid = (tok < q_len) & (hl < RATIO) & (rows // GP < TM) & (t >= 0) & (t < q_rows)
     offs_d = tl.arange(0, HEAD_DIM)
     q = tl.load(q_ptr + t[:, None] * stride_qt + h[:, None] * stride_qh + offs_d[None, :],
                 mask=rvalid[:, None], other=0.0)
@@ -113,6 +115,8 @@ def _mha_fwd_kernel(
     else:
         hi_row = tl.where(rvalid, k_len - 1, -1)
     hi = tl.minimum(k_len, tl.max(hi_row, axis=0) + 1)
+    if not PAGED:  # keys past the k_rows rows of k (batched: of the request's row) are skipped, never read
+        hi = tl.minimum(hi, k_rows - k_start)
     lo = 0
     if HAS_LEFT:
         lo_row = tl.where(rvalid, pos - window_left, k_len)
@@ -132,7 +136,8 @@ def _mha_fwd_kernel(
             end_row = tl.where(rvalid, pos + window_right + 1, k_len)
         else:
             end_row = tl.full([BLOCK_M], 0, dtype=tl.int32) + k_len
-        full_hi = tl.maximum(lo, (tl.minimum(tl.min(end_row, axis=0), k_len) // BLOCK_N) * BLOCK_N)
+        full_hi = tl.maximum(lo, (tl.minimum(tl.min(end_row, axis=0), hi) // BLOCK_N) * BLOCK_N)
+        full_hi = tl.where(k_start < 0, lo, full_hi)  # keys before row 0 need the masked tiles
     for masked in tl.static_range(0 if SPLIT else 1, 2):  # 0: the unmasked tiles [lo, full_hi)
         for n0 in range(lo if masked == 0 else full_hi, full_hi if masked == 0 else hi, BLOCK_N):
             m_i, l_i, acc = _attend_tile(
@@ -193,6 +198,7 @@ def attention_triton(
     window_right: int,
     skip_whole: bool = False,
     batch: int = 0,
+    k_uniform: int = 0,
 ) -> None:
     """Launches ``_mha_fwd_kernel``; inputs validated by the caller.
 
@@ -203,7 +209,10 @@ def attention_triton(
     [0, total_q] and ``cu_seqlens_k`` [0, total_k], the case the caller computed otherwise
     (read on the device: no host sync), and computes the request in every other case.
     ``cu_seqlens_q`` None: ``batch`` requests of ``max_seqlen_q`` queries each (no offsets
-    tensor to build per call).
+    tensor to build per call). Without ``cu_seqlens_k`` and ``seqused_k`` (batched or paged)
+    every request has ``k_uniform`` keys. Query rows outside q and keys outside k (ragged
+    offsets or lengths past the tensors, a batched length past ``S``) are skipped, never
+    accessed.
     """
     total_q, hq, d = q.shape
     hkv = k.shape[-2]
@@ -238,7 +247,8 @@ def attention_triton(
         page_table if paged else dummy, page_table.stride(0) if paged else 0,
         page_table.shape[1] if paged else 0, k.shape[0],
         out, out.stride(0), out.stride(1), lse, lse.stride(0), lse.stride(1),
-        ratio, softmax_scale * LOG2E, window_left, window_right, total_q, k.shape[0], max_seqlen_q,
+        ratio, softmax_scale * LOG2E, window_left, window_right, total_q, k.shape[1] if batched else k.shape[0],
+        max_seqlen_q, k_uniform,
         TM=tm, GP=gp, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=d, PAGE_SIZE=page_size, PAGED=paged,
         HAS_CU_K=cu_seqlens_k is not None, HAS_SEQUSED=seqused_k is not None,
         HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0,
@@ -265,11 +275,12 @@ def _mha_fwd_op_impl(
     window_right: int,
     skip_whole: bool = False,
     batch: int = 0,
+    k_uniform: int = 0,
 ) -> None:
     attention_triton(q, k, v, out, lse, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
                      cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k, page_table=page_table, batched=batched,
                      softmax_scale=softmax_scale, window_left=window_left, window_right=window_right,
-                     skip_whole=skip_whole, batch=batch)
+                     skip_whole=skip_whole, batch=batch, k_uniform=k_uniform)
 
 
 def _register():

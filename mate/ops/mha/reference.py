@@ -28,8 +28,9 @@ def request_keys(
 
     ``cache`` is ragged [total_k, Hkv, D] (rows from ``k_start``), batched [B, S, Hkv, D]
     (``batched=True``) or paged [pages, page_size, Hkv, D] with ``page_table`` [B, max_pages];
-    keys of a page the table lacks (past its width) or that lies outside the cache are zero
-    (and masked by the caller, see :func:`missing_keys`).
+    keys outside the cache (ragged rows outside [0, total_k), batched rows past S, pages the
+    table lacks or that lie outside the cache) are zero and masked by the caller, see
+    :func:`missing_keys`.
     """
     if page_table is not None:
         page_size = cache.shape[1]
@@ -38,9 +39,12 @@ def request_keys(
         sel = cache[pages.clamp(min=0)].clone() if cache.shape[0] else cache.new_zeros((n,) + cache.shape[1:])
         sel[pages < 0] = 0
         return sel.reshape(-1, cache.shape[2], cache.shape[3])[:k_len]
-    if batched:
-        return cache[i, :k_len]
-    return cache[k_start:k_start + k_len]
+    rows = cache[i] if batched else cache
+    idx = torch.arange(k_len, device=cache.device) + (0 if batched else k_start)
+    inside = (idx >= 0) & (idx < rows.shape[0])
+    sel = rows[idx.clamp(0, max(rows.shape[0] - 1, 0))] if rows.shape[0] else rows.new_zeros((k_len,) + rows.shape[1:])
+    sel[~inside] = 0
+    return sel
 
 
 def block_pages(blk: torch.Tensor, req: torch.Tensor, page_table: torch.Tensor | None,
@@ -69,11 +73,14 @@ def _request_pages(page_table: torch.Tensor, i: int, n: int, num_pages: int) -> 
     return torch.where((pages >= 0) & (pages < num_pages), pages, -1)
 
 
-def missing_keys(page_table: torch.Tensor | None, i: int, k_len: int, page_size: int, num_pages: int) -> torch.Tensor:
+def missing_keys(page_table: torch.Tensor | None, i: int, k_len: int, page_size: int, num_pages: int,
+                 k_start: int = 0, rows: int | None = None) -> torch.Tensor:
     """Bool [k_len]: the keys of request ``i`` whose page is missing or out of range (the
-    kernels skip them, as if masked); all False without a page table."""
+    kernels skip them, as if masked); without a page table, the keys ``k_start + j`` outside
+    [0, ``rows``) (none when ``rows`` is None)."""
     if page_table is None:
-        return torch.zeros(k_len, dtype=torch.bool)
+        j = torch.arange(k_len) + k_start
+        return (j < 0) | (j >= rows) if rows is not None else torch.zeros(k_len, dtype=torch.bool)
     pages = _request_pages(page_table, i, -(-k_len // page_size), num_pages).cpu()
     return (pages < 0).repeat_interleave(page_size)[:k_len]
 
@@ -111,7 +118,8 @@ def attention_varlen_reference(
     lens = [int(x) for x in (k_lens.tolist() if isinstance(k_lens, torch.Tensor) else k_lens)]
     for i, k_len in enumerate(lens):
         q0, q1 = cu[i], cu[i + 1]
-        if q1 == q0:
+        k_len = max(k_len, 0)  # a negative length: no keys
+        if q1 <= q0:
             continue
         start = 0 if k_starts is None else k_starts[i]
         kr = request_keys(k, i, k_len, k_start=start, page_table=page_table, batched=batched).to(compute_dtype)
@@ -126,13 +134,18 @@ def attention_varlen_reference(
         if left >= 0:
             vis &= keys[None, :] >= pos[:, None] - left
         page_size = k.shape[1] if page_table is not None else 1
-        missing = missing_keys(page_table, i, k_len, page_size, k.shape[0]).to(q.device)
-        vis &= ~missing[None, :]
-        s = torch.einsum("thd,khd->htk", q[q0:q1].to(compute_dtype), kr) * scale
+        rows = None if page_table is not None else (k.shape[1] if batched else k.shape[0])
+        missing = missing_keys(page_table, i, k_len, page_size, k.shape[0], 0 if batched else start, rows)
+        vis &= ~missing.to(q.device)[None, :]
+        # query rows outside q (offsets past total_q) are not computed
+        t = torch.arange(q0, q1, device=q.device)
+        inside = (t >= 0) & (t < total_q)
+        t, vis = t[inside], vis[inside]
+        s = torch.einsum("thd,khd->htk", q[t].to(compute_dtype), kr) * scale
         s = s.masked_fill(~vis[None], -math.inf)
         l_ = torch.logsumexp(s, dim=-1)  # [Hq, n]
         p = torch.exp(s - torch.where(torch.isinf(l_), 0.0, l_)[..., None])
-        out[q0:q1] = torch.einsum("htk,khd->thd", p, vr)
-        lse[:, q0:q1] = l_
+        out[t] = torch.einsum("htk,khd->thd", p, vr)
+        lse[:, t] = l_
     lse_dtype = torch.float64 if compute_dtype == torch.float64 else torch.float32
     return out.to(q.dtype), lse.to(lse_dtype)
