@@ -5,9 +5,13 @@
 Caches sized exactly, block ids at every boundary (-1, INT32_MIN, INT32_MAX, ceil(kv_len /
 128), 2**30, duplicates), kv_len 0 / 1 / 129, page tables narrower than the context and
 holding pages outside the cache, prefill and split decode, both page layouts, flat page
-indices. Every result is compared with the reference on the sanitized inputs (bad pages
-and ids removed); the script exits non-zero on a mismatch. Checked under Triton's interpreter on the CPU;
-not yet run under compute-sanitizer on the GPU.
+indices, bf16 and e4m3 caches (the fp8 decode's in-kernel block list and TMA loads). Then
+``mate.mha_interface`` with lengths outside the tensors: a paged table narrower than the
+context, batched ``cache_seqlens`` past ``S_cache`` (tensor and int), ragged key ranges
+starting before row 0 or ending past ``total_k`` and a request running past ``total_q``.
+Every result is compared with the reference on the sanitized inputs (bad pages and ids
+removed); the script exits non-zero on a mismatch. H200 runs: session 8 and session 20
+(the results files of those sessions).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import sys
 
 import torch
 
-from mate.mha_interface import flash_attn_with_kvcache
+from mate.mha_interface import flash_attn_varlen_func, flash_attn_with_kvcache
 from mate.ops.mha.reference import attention_varlen_reference
 from mate.ops.msa.reference_attention import sparse_attention_reference
 from mate.ops.msa.sparse_attention import sparse_attention
@@ -44,13 +48,17 @@ def _ids(total_q: int, heads: int, width: int, nblk: int, gen: torch.Generator) 
 def main() -> int:
     gen = torch.Generator().manual_seed(7)
     failures = 0
-    cases = [  # q_lens, kv_lens, hq, hkv, width, layout, decode, flat
-        ([5, 0, 9], [300, 0, 129], 64, 4, 16, "NHD", False, False),
-        ([1, 1, 1], [1, 700, 256], 64, 4, 16, "HND", True, True),
-        ([2, 3], [129, 1000], 16, 1, 64, "NHD", True, False),
-        ([70], [4000], 8, 8, 4, "HND", False, True),
+    bf16, fp8 = torch.bfloat16, torch.float8_e4m3fn
+    cases = [  # q_lens, kv_lens, hq, hkv, width, layout, decode, flat, dtype
+        ([5, 0, 9], [300, 0, 129], 64, 4, 16, "NHD", False, False, bf16),
+        ([1, 1, 1], [1, 700, 256], 64, 4, 16, "HND", True, True, bf16),
+        ([2, 3], [129, 1000], 16, 1, 64, "NHD", True, False, bf16),
+        ([70], [4000], 8, 8, 4, "HND", False, True, bf16),
+        ([1, 1, 1, 1], [1, 700, 256, 0], 64, 4, 16, "HND", True, False, fp8),
+        ([1, 1, 1], [2000, 129, 5], 64, 4, 17, "NHD", True, True, fp8),
+        ([3, 4], [300, 129], 16, 2, 8, "NHD", False, False, fp8),
     ]
-    for q_lens, kv_lens, hq, hkv, width, layout, decode, flat in cases:
+    for q_lens, kv_lens, hq, hkv, width, layout, decode, flat, dtype in cases:
         nblk = [-(-n // 128) for n in kv_lens]
         pages = max(sum(nblk), 1)
         perm = torch.randperm(pages, generator=gen).to(torch.int32)
@@ -63,10 +71,10 @@ def main() -> int:
         if table.shape[1] > 1:
             bad_table[-1, 1] = 10**6  # a page outside the cache
         shape = (pages, 128, hkv, 128) if layout == "NHD" else (pages, hkv, 128, 128)
-        k = torch.randn(shape, generator=gen).to(torch.bfloat16)
-        v = torch.randn(shape, generator=gen).to(torch.bfloat16)
+        k = torch.randn(shape, generator=gen).to(dtype)
+        v = torch.randn(shape, generator=gen).to(dtype)
         total_q = sum(q_lens)
-        q = torch.randn(total_q, hq, 128, generator=gen).to(torch.bfloat16)
+        q = torch.randn(total_q, hq, 128, generator=gen).to(dtype)
         idx = _ids(total_q, hkv, width, max(nblk), gen)
         qo = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32)
         kvl = torch.tensor(kv_lens, dtype=torch.int32)
@@ -84,10 +92,12 @@ def main() -> int:
         out, lse = sparse_attention(q.to(DEV), k.to(DEV), v.to(DEV), kv_block_indexes=idx.to(DEV), qo_indptr=qo.to(DEV),
                                     kv_lens=kvl.to(DEV), decode=decode, num_kv_heads=hkv, **kw)
         _sync()
+        tol = 3e-2 if dtype == fp8 else 2e-2  # fp8: P·V in fp16 against the reference's fp32
         try:
-            assert_close(out, ref_o, atol=2e-2, rtol=2e-2)
-            assert_close(lse, ref_l, atol=1e-4, rtol=1e-4, name="lse")
-            print(f"ok   sparse q_lens={q_lens} kv_lens={kv_lens} {layout} decode={decode} flat={flat}")
+            assert_close(out, ref_o, atol=tol, rtol=tol)
+            assert_close(lse, ref_l, atol=1e-4 if dtype == bf16 else 2e-3, rtol=1e-4 if dtype == bf16 else 2e-3,
+                         name="lse")
+            print(f"ok   sparse q_lens={q_lens} kv_lens={kv_lens} {layout} decode={decode} flat={flat} {dtype}")
         except AssertionError as exc:
             failures += 1
             print(f"FAIL sparse q_lens={q_lens} kv_lens={kv_lens}: {exc}")
@@ -107,7 +117,43 @@ def main() -> int:
     except AssertionError as exc:
         failures += 1
         print(f"FAIL paged mha: {exc}")
+    failures += _mha_lengths_outside(gen)
     return 1 if failures else 0
+
+
+def _mha_lengths_outside(gen: torch.Generator) -> int:
+    """Batched cache lengths past S_cache, ragged ranges outside q / k: the kernel skips what is
+    outside (exact-size tensors, so a read past them leaves the allocation)."""
+    failures = 0
+    b, s_cache = 3, 40
+    q = torch.randn(b, 1, 8, 64, generator=gen).to(torch.float16)
+    kc, vc = (torch.randn(b, s_cache, 2, 64, generator=gen).to(torch.float16) for _ in range(2))
+    cu1 = torch.arange(b + 1, dtype=torch.int32)
+    for lens in ([s_cache + 9, -3, 2**31 - 1], 50):
+        sl = torch.tensor(lens, dtype=torch.int32).to(DEV) if isinstance(lens, list) else lens
+        out = flash_attn_with_kvcache(q.to(DEV), kc.to(DEV), vc.to(DEV), cache_seqlens=sl, causal=True)
+        # one causal query at len - 1 >= S_cache sees the whole cache (tests/mha: the same as S_cache)
+        ref_lens = [min(max(n, 0), s_cache) for n in (lens if isinstance(lens, list) else [lens] * b)]
+        ref, _ = attention_varlen_reference(q.view(b, 8, 64), kc, vc, cu1, ref_lens, batched=True, causal=True)
+        failures += _check(f"batched mha, cache_seqlens={lens}", out.view(b, 8, 64), ref, 3e-3)
+    q = torch.randn(10, 4, 64, generator=gen).to(torch.bfloat16)
+    k, v = (torch.randn(12, 2, 64, generator=gen).to(torch.bfloat16) for _ in range(2))
+    cq = torch.tensor([0, 4, 13], dtype=torch.int32)
+    ck = torch.tensor([-3, 5, 90], dtype=torch.int32)
+    out = flash_attn_varlen_func(q.to(DEV), k.to(DEV), v.to(DEV), cq.to(DEV), ck.to(DEV), 9, 85, causal=True)
+    ref, _ = attention_varlen_reference(q, k, v, cq, [8, 85], k_starts=[-3, 5], causal=True)
+    return failures + _check("ragged mha, ranges outside q and k", out, ref, 2e-2)
+
+
+def _check(name: str, out: torch.Tensor, ref: torch.Tensor, tol: float) -> int:
+    _sync()
+    try:
+        assert_close(out, ref, atol=tol, rtol=tol)
+        print(f"ok   {name}")
+        return 0
+    except AssertionError as exc:
+        print(f"FAIL {name}: {exc}")
+        return 1
 
 
 if __name__ == "__main__":
