@@ -99,6 +99,8 @@ def markdown(ceilings: dict, tests: dict | None, rows: list[dict], env: dict, ru
     for r in rows:
         frac = f"{r['frac_ceiling']:.0%} of {r['ceiling']}" if r.get("frac_ceiling") is not None else ""
         note = (r.get("note") or "").replace("\n", " ").replace("|", "/")[:120]
+        if r.get("run"):  # an updated row: measured in that run (the others in the runs of the base, in order)
+            note = f"run {r['run']}; {note}".rstrip("; ")
         lines.append(f"| {r['family']} | {r['op']} | {r['shape']} | {r.get('dtype', '')} | {r['impl']} | "
                      f"{_fmt(r.get('time_us'), '.1f')} | {_fmt(r.get('TFLOPs'), '.1f')} | "
                      f"{_fmt(r.get('GBps'), '.0f')} | {frac} | {note} |")
@@ -156,9 +158,13 @@ def main() -> int:
     ap.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                     help="merge the results of several runs (one session split into calls) into one "
                          "JSON/Markdown/PNG in $OUT or benchmarks/results; no GPU needed")
+    ap.add_argument("--update", action="store_true",
+                    help="with --merge: the first JSON is the base; each later run's rows replace the base's "
+                         "rows of the same case and implementation (or join its family) and are marked with "
+                         "their run")
     args = ap.parse_args()
     if args.merge:
-        return merge(args.merge)
+        return merge(args.merge, update=args.update)
 
     import torch
     import triton
@@ -206,19 +212,55 @@ def main() -> int:
     return 0 if not tests or tests["returncode"] in (0, 5) else 1
 
 
-def merge(paths: list[str]) -> int:
+def _run_entry(payload: dict) -> dict:
+    return {"families": list(dict.fromkeys(row["family"] for row in payload["rows"])), "ceilings": payload["ceilings"]}
+
+
+def update_rows(base: list[dict], new: list[dict], run: int) -> list[dict]:
+    """``base`` with each row of ``new`` (marked ``run``) in place of the base row of the same
+    (family, op, shape, dtype, impl), else after the last base row of its (family, op, shape),
+    else of its family, else at the end."""
+    def key(r, n):
+        return tuple(r.get(k, "") for k in ("family", "op", "shape", "dtype", "impl")[:n])
+
+    rows = list(base)
+    for r in new:
+        r = {**r, "run": run}
+        same = [i for i, b in enumerate(rows) if key(b, 5) == key(r, 5)]
+        if same:
+            rows[same[0]] = r
+            continue
+        near = [i for i, b in enumerate(rows) if key(b, 3) == key(r, 3)] or \
+               [i for i, b in enumerate(rows) if b["family"] == r["family"]]
+        rows.insert(near[-1] + 1 if near else len(rows), r)
+    return rows
+
+
+def merge(paths: list[str], update: bool = False) -> int:
     """Rows of every run in order; the GPU test summary of the run that has one; the first
-    run's ceilings, the others' kept under ``ceilings_runs``."""
+    run's ceilings, the others' kept under ``ceilings_runs``. ``update``: the first file is a
+    base (itself a merge or one run) whose rows the later runs' rows replace (:func:`update_rows`);
+    their runs are appended to the base's, and their GPU test summary, if any, is kept."""
     runs = [json.loads(Path(p).read_text()) for p in paths]
-    env, ceilings = runs[0]["env"], runs[0]["ceilings"]
-    tests = next((r["tests"] for r in runs if r.get("tests")), None)
-    rows = [row for r in runs for row in r["rows"]]
+    if update:
+        base = runs[0]
+        per_run = list(base.get("runs") or [_run_entry(base)])
+        rows = base["rows"]
+        for r in runs[1:]:
+            per_run.append(_run_entry(r))
+            rows = update_rows(rows, r["rows"], len(per_run))
+        env = {**base["env"], "date": runs[-1]["env"]["date"]}
+        tests = next((r["tests"] for r in reversed(runs) if r.get("tests")), None)
+        ceilings = base["ceilings"]
+    else:
+        env, ceilings = runs[0]["env"], runs[0]["ceilings"]
+        tests = next((r["tests"] for r in runs if r.get("tests")), None)
+        rows = [row for r in runs for row in r["rows"]]
+        per_run = [_run_entry(r) for r in runs]
     out_dir = Path(os.environ.get("OUT") or ROOT / "benchmarks" / "results")
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = f"{env['date']}-{env['gpu'].replace('NVIDIA ', '').replace(' ', '_').lower()}"
-    per_run = [{"families": list(dict.fromkeys(row["family"] for row in r["rows"])), "ceilings": r["ceilings"]}
-               for r in runs]
-    payload = {"env": env, "ceilings": ceilings, "ceilings_runs": [r["ceilings"] for r in runs], "runs": per_run,
+    payload = {"env": env, "ceilings": ceilings, "ceilings_runs": [r["ceilings"] for r in per_run], "runs": per_run,
                "tests": tests, "rows": rows}
     (out_dir / f"{stem}.json").write_text(json.dumps(payload, indent=2))
     (out_dir / f"{stem}.md").write_text(markdown(ceilings, tests, rows, env, per_run))

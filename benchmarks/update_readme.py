@@ -22,7 +22,10 @@ def condensed(payload: dict, name: str) -> str:
            f"full table and plots: `benchmarks/results/{name}.md`.", "",
            "Ceilings in the same run: " + ", ".join(f"{k} = {v:.0f}" for k, v in ceil.items()) + ".", ""]
     if len(payload.get("runs") or []) > 1:  # a merge of calls: each row's fraction is of its own run's ceilings
-        out[2] = "Ceilings, measured in the run of each row (runs in the order of the full table): " + "; ".join(
+        updated = any(r.get("run") for r in rows)
+        order = ("runs in the order of the full table; a row marked with a run was measured in that run, its "
+                 "fraction is of that run's ceilings" if updated else "runs in the order of the full table")
+        out[2] = f"Ceilings, measured in the run of each row ({order}): " + "; ".join(
             f"run {i} ({', '.join(r['families'])}): " + ", ".join(f"{k} = {v:.0f}" for k, v in r["ceilings"].items())
             for i, r in enumerate(payload["runs"], 1)) + "."
     if payload.get("tests"):
@@ -48,8 +51,11 @@ def condensed(payload: dict, name: str) -> str:
         if best.get("GBps"):
             rate = (rate + ", " if rate else "") + f"{best['GBps']:.0f} GB/s"
         frac = f"{best['frac_ceiling']:.0%}" if best.get("frac_ceiling") is not None else ""
-        peers = ", ".join(f"{k} {v['time_us']:.1f}" for k, v in impls.items()
-                          if not k.startswith("mate") and v.get("time_us"))
+        if best.get("run"):
+            frac += f" (run {best['run']})"
+        # a peer timed in another run than mate's row is marked: only one run's figures compare
+        peers = ", ".join(f"{k} {v['time_us']:.1f}" + (" (other run)" if v.get("run") != best.get("run") else "")
+                          for k, v in impls.items() if not k.startswith("mate") and v.get("time_us"))
         label = "" if best["impl"] in ("mate", "mate-auto") else f" ({best['impl']})"
         out.append(f"| {fam} | {op} | {shape}{label} | {dtype} | {best['time_us']:.1f} | {rate} | {frac} | {peers} |")
     return "\n".join(out)

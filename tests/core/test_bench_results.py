@@ -51,3 +51,38 @@ def test_merge_keeps_each_runs_ceilings(tmp_path):
     # one run: the single ceilings line
     single = readme.condensed({**first, "runs": None}, "x")
     assert "Ceilings in the same run: copy_GBps = 4237, cublas_fp8_TFLOPs = 1437." in single
+
+
+def test_update_replaces_rows_and_marks_their_run(tmp_path):
+    base = _run("sparse_mla", 4237.0, 1437.0)
+    extra = {**base["rows"][0], "impl": "FlashMLA", "time_us": 99.0}
+    other = {**base["rows"][0], "shape": "other shape"}
+    base["rows"] += [extra, other]
+    base["runs"] = [{"families": ["sparse_mla"], "ceilings": base["ceilings"]}]
+    new = _run("sparse_mla", 4260.0, 1469.0)  # the same case as base's first row, mate only
+    added = {**new["rows"][0], "impl": "mate variant"}
+    new["rows"].append(added)
+    gemm = _run("gemm", 4260.0, 1469.0)
+    new["rows"] += gemm["rows"]
+    paths = [tmp_path / "base.json", tmp_path / "new.json"]
+    for p, payload in zip(paths, (base, new)):
+        p.write_text(json.dumps(payload))
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "MPLBACKEND": "Agg"}
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "run_gpu.py"), "--merge", *map(str, paths),
+                           "--update"], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    payload = json.loads((out / "2026-11-29-h200.json").read_text())
+    # replaced in place, a new implementation after its case's last row, the base's other rows kept, a new
+    # family at the end
+    assert payload["rows"] == [{**new["rows"][0], "run": 2}, extra, {**added, "run": 2}, other,
+                               {**gemm["rows"][0], "run": 2}]
+    assert payload["runs"] == [{"families": ["sparse_mla"], "ceilings": base["ceilings"]},
+                               {"families": ["sparse_mla", "gemm"], "ceilings": new["ceilings"]}]
+    md = (out / "2026-11-29-h200.md").read_text()
+    assert md.count("| run 2") == 3
+    spec = importlib.util.spec_from_file_location("update_readme", ROOT / "benchmarks" / "update_readme.py")
+    readme = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(readme)
+    text = readme.condensed(payload, "2026-11-29-h200")
+    assert "a row marked with a run was measured in that run" in text and "(run 2)" in text
