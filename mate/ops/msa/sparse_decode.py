@@ -97,7 +97,12 @@ on the two-axis version's shuffle and VIMNMX chain): bit-identical, fp8 79.1 / 7
 machine state: the head-major floor at 85% of copy). The d rows of Oᵀ permuted so that V is read
 with 32-bit shared loads (as the Gluon port; 16 LDS instead of 64 LDS.U8, but 56 PRMT and 32 shifts
 more, 510 loop instructions): bit-identical, 79.9 / 80.1 against 79.3 / 79.9 head-major, 81.5 against
-82.0 token-major; not kept."""
+82.0 token-major; not kept. Session 20 (Gluon, ``benchmarks/probe_msa_decode_smem_v.py`` of 6d1ad15,
+removed after its run): V widened with 16-byte shared loads into an fp16 shared buffer and P·V as a
+wgmma of two shared operands (left in flight across the next tile's Sᵀ; 2 stages so that 4 programs
+fit, 128-register cap): 76.1 us against this kernel's 74.3 head-major, 77.7 against 76.7 token-major
+(the restored register-V Gluon port 74.9 / 78.3), bit-identical. The register operand's byte
+gathers and permutes are not what keeps the loop from the load-only floor."""
 
 
 def _env_overrides(text: str) -> dict:
