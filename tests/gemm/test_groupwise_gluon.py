@@ -14,7 +14,7 @@ from mate.ops.gemm import tuning
 from mate.ops.gemm.groupwise import CONTIGUOUS, PLAIN, groupwise_gemm_triton
 from mate.testing import assert_close, poisoned, rand_fp8
 from tests._sm90 import sm90_build_reports
-from tests.gemm._inputs import fp8_block_operands
+from tests.gemm._inputs import fp8_block_operands, launch_groupwise_plain
 
 
 def kernel_kind(cfg: dict) -> str:
@@ -49,8 +49,7 @@ def _hopper() -> bool:
 
 
 def _plain(a, b, sa, sb, out, cfg):
-    groupwise_gemm_triton(a, b, sa, (0, sa.stride(0), sa.stride(1)), sb, (0, sb.stride(0), sb.stride(1)), out, None,
-                          layout=PLAIN, config={"GLUON": True, "GROUP_M": 8, "num_warps": 4, **cfg})
+    launch_groupwise_plain(a, b, sa, sb, out, {"GLUON": True, "GROUP_M": 8, "num_warps": 4, **cfg})
 
 
 def _grouped_operands(rows, n, k, device, tail=0, stray=False):
@@ -182,8 +181,7 @@ def test_auto_gluon_config_falls_back_off_hopper(shape):
     out = poisoned((64, 192), torch.bfloat16, "cpu")
     cfg = tuning.groupwise_config(*shape, fp8_out=False)
     assert cfg["GLUON"]
-    groupwise_gemm_triton(a, b, sa, (0, sa.stride(0), sa.stride(1)), sb, (0, sb.stride(0), sb.stride(1)), out, None,
-                          layout=PLAIN, config=cfg)
+    launch_groupwise_plain(a, b, sa, sb, out, cfg)
     assert_close(out, R.groupwise_fp32_ref(a, b, sa, sb), max_rel_error=1e-2)
 
 
