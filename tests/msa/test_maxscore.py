@@ -211,7 +211,9 @@ def test_static_plan_runtime_metadata_and_mixed_plan(device, triton_backend):
                                    output_maxscore=True, device=device)
     assert mixed.has_mixed_prefill and mixed.split == 2
     _, ms = msa(q, k, None, mixed, output_o=False, **kw)
-    assert_close(ms, ref, atol=0, rtol=0)
+    # the decode part runs 64-row tiles, the eager plan 128 / 256: the dot products may be summed in
+    # another order (under the interpreter numpy's blocking differs by shape: 1 ulp seen in CI)
+    assert_close(ms, ref, atol=ATOL, rtol=RTOL)
 
 
 # ----------------------------------------------------------------------------- GPU
