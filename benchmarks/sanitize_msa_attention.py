@@ -8,7 +8,8 @@ holding pages outside the cache, prefill and split decode, both page layouts, fl
 indices, bf16 and e4m3 caches (the fp8 decode's in-kernel block list and TMA loads). Then
 ``mate.mha_interface`` with lengths outside the tensors: a paged table narrower than the
 context, batched ``cache_seqlens`` past ``S_cache`` (tensor and int), ragged key ranges
-starting before row 0 or ending past ``total_k`` and a request running past ``total_q``.
+starting before row 0 or ending past ``total_k``, a request running past ``total_q``, lengths
+near INT32_MAX; and the max-score pass with device lengths outside q / k.
 Every result is compared with the reference on the sanitized inputs (bad pages and ids
 removed); the script exits non-zero on a mismatch. H200 runs: session 8 and session 20
 (the results files of those sessions).
@@ -118,7 +119,48 @@ def main() -> int:
         failures += 1
         print(f"FAIL paged mha: {exc}")
     failures += _mha_lengths_outside(gen)
+    failures += _max_score_outside(gen)
     return 1 if failures else 0
+
+
+def _max_score_outside(gen: torch.Generator) -> int:
+    """The max-score pass of a static dense plan with device lengths outside q / k (keys past
+    k, a range before its first row, seqused_k 2**30 and INT32_MAX, requests past or before q),
+    and a paged plan with an offset and a length near INT32_MAX."""
+    from mate.msa_interface import MsaRuntimeMetadata, msa, msa_plan
+    from mate.ops.msa.reference_select import max_score_reference
+
+    failures = 0
+    i32 = lambda *v: torch.tensor(v, dtype=torch.int32).to(DEV)  # noqa: E731
+    k = torch.randn(128, 1, 32, generator=gen).to(torch.bfloat16).to(DEV)
+    q = torch.randn(2, 2, 32, generator=gen).to(torch.bfloat16).to(DEV)
+    cases = [(i32(0, 2), i32(0, 128), i32(256)), (i32(0, 2), i32(-64, 0), i32(200)),
+             (i32(0, 2), i32(0, 128), i32(2**31 - 1)), (i32(0, 4), i32(0, 128), i32(128)),
+             (i32(2**28, 2**28 + 1), i32(0, 128), i32(128)), (i32(-1, 2), i32(0, 128), i32(128))]
+    for cu_q, cu_k, used in cases:
+        info = msa_plan(1, 4, 256, 2, num_kv_heads=1, output_maxscore=True, causal=True)
+        buf = torch.full((2, 2, 2), float("nan"), device=DEV)
+        rt = MsaRuntimeMetadata(None, None, None, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, seqused_k=used)
+        msa(q, k, None, info, output_o=False, runtime_metadata=rt, max_score=buf)
+        ref = max_score_reference(q.cpu(), k.cpu(), cu_seqlens_q=cu_q.cpu(), cu_seqlens_k=cu_k.cpu(),
+                                  kv_lens=used.cpu().clamp(max=2**30), qo_offset=None, page_table=None,
+                                  kv_indices=None, kv_page_indptr=None, qo_offset_value=None, causal=True, layout=0,
+                                  batch_size=1, max_seqlen_q=4, num_k_tiles=2)
+        covered = ref.isfinite().any(-1).any(-1)
+        failures += _check(f"max-score dense cu_q={cu_q.tolist()} cu_k={cu_k.tolist()} used={used.tolist()}",
+                           buf.cpu()[covered], ref[covered], 1e-4)
+    kp = torch.randn(2, 128, 1, 32, generator=gen).to(torch.bfloat16).to(DEV)
+    for used, off in ((2**31 - 1, None), (256, 2**31 - 2)):
+        info = msa_plan(1, 2, 256, 2, num_kv_heads=1, page_size=128, output_maxscore=True, causal=True)
+        rt = MsaRuntimeMetadata(None, None, None if off is None else i32(off), cu_seqlens_q=i32(0, 2),
+                                cu_seqlens_k=i32(0, 256), seqused_k=i32(used), page_table=i32(0, 1).view(1, 2))
+        _, ms = msa(q, kp, None, info, output_o=False, runtime_metadata=rt)
+        rt = MsaRuntimeMetadata(None, None, None, cu_seqlens_q=i32(0, 2), cu_seqlens_k=i32(0, 256),
+                                seqused_k=i32(256), page_table=i32(0, 1).view(1, 2))
+        info = msa_plan(1, 2, 256, 2, num_kv_heads=1, page_size=128, output_maxscore=True, causal=False)
+        _, want = msa(q, kp, None, info, output_o=False, runtime_metadata=rt)
+        failures += _check(f"max-score paged seqused_k={used} qo_offset={off}", ms, want, 0.0)
+    return failures
 
 
 def _mha_lengths_outside(gen: torch.Generator) -> int:
@@ -142,7 +184,20 @@ def _mha_lengths_outside(gen: torch.Generator) -> int:
     ck = torch.tensor([-3, 5, 90], dtype=torch.int32)
     out = flash_attn_varlen_func(q.to(DEV), k.to(DEV), v.to(DEV), cq.to(DEV), ck.to(DEV), 9, 85, causal=True)
     ref, _ = attention_varlen_reference(q, k, v, cq, [8, 85], k_starts=[-3, 5], causal=True)
-    return failures + _check("ragged mha, ranges outside q and k", out, ref, 2e-2)
+    failures += _check("ragged mha, ranges outside q and k", out, ref, 2e-2)
+    # lengths near INT32_MAX: the key loops end at the table / at k
+    kp = torch.randn(4, 16, 1, 64, generator=gen).to(torch.float16)
+    table = torch.tensor([[0, 1], [3, 2]], dtype=torch.int32)
+    qp = torch.randn(2, 1, 4, 64, generator=gen).to(torch.float16)
+    out = flash_attn_with_kvcache(qp.to(DEV), kp.to(DEV), kp.to(DEV), page_table=table.to(DEV), causal=True,
+                                  cache_seqlens=torch.tensor([2**31 - 1, 2**30 + 5], dtype=torch.int32).to(DEV))
+    ref, _ = attention_varlen_reference(qp.view(2, 4, 64), kp, kp, torch.tensor([0, 1, 2], dtype=torch.int32),
+                                        [32, 32], page_table=table)
+    failures += _check("paged mha, cache_seqlens near INT32_MAX", out.view(2, 4, 64), ref, 3e-3)
+    out = flash_attn_varlen_func(q[:1].to(DEV), k.to(DEV), k.to(DEV), cq[:2].clamp(max=1).to(DEV),
+                                 torch.tensor([-2**31 + 150, 100], dtype=torch.int32).to(DEV), 1, 128)
+    return failures + _check("ragged mha, a key range starting 2**31 - 150 rows before k", out.cpu(),
+                             torch.zeros_like(out.cpu()), 0.0)
 
 
 def _check(name: str, out: torch.Tensor, ref: torch.Tensor, tol: float) -> int:

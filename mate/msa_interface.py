@@ -834,6 +834,20 @@ def _check_qkv(q, k, v, plan: MsaPlan, need_v: bool) -> None:
         check_tensor("v", v, dtype=q.dtype, device=q.device)
 
 
+def _check_plan_extent(q: torch.Tensor, k: torch.Tensor, plan_info: MsaPlanInfo) -> None:
+    """An eager plan knows its query tokens and (dense) key rows on the host: q must have
+    exactly those tokens and a dense k at least those rows (a static plan's lengths are on
+    the device: the kernels skip what lies outside the tensors)."""
+    parts = [plan_info.plan] + ([plan_info.prefill_plan_or_None] if plan_info.has_mixed_prefill else [])
+    if any(p.is_static for p in parts):
+        return
+    want_q = sum(max(0, p.prefill_plan.total_seqlen_q) for p in parts)
+    check_value("q", q.shape[0] == want_q, f"[{want_q} (the plan's query tokens), ...]", list(q.shape))
+    if all(p.page_size <= 0 for p in parts) and k.dim() == 3:  # a mixed plan's prefill keys follow its decode keys
+        want_k = sum(p.prefill_plan.total_seqlen_k for p in parts)
+        check_value("k", k.shape[0] >= want_k, f"[>= {want_k} (the plan's key rows), ...]", list(k.shape))
+
+
 @mate_api
 def msa(
     q: torch.Tensor,
@@ -975,6 +989,7 @@ def msa(
             f"got a {plan.mode} plan" + (" with kv_block_indexes" if kv_block_indexes is not None else "")
         )
     _check_qkv(q, k, v, plan, need_v=output_o)
+    _check_plan_extent(q, k, plan_info)
     runtime_metadata = kw.get("runtime_metadata")
     if q_offset_override is not None:
         if runtime_metadata is not None:

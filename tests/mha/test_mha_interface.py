@@ -544,3 +544,23 @@ def test_kvcache_not_implemented_arguments(name):
 def test_scheduler_metadata_not_implemented_arguments(kw, match):
     with pytest.raises(NotImplementedError, match=match):
         get_scheduler_metadata(2, 1, 256, 8, 2, 128, **kw)
+
+
+def test_lengths_near_int32_max_end_at_the_tensors(device, triton_backend):
+    """Lengths near INT32_MAX (they count as 2**30) over a paged table of 2 pages and a ragged key
+    range starting 2**31 - 150 rows before k: the key loops end at the table / k (no wrapped
+    int32 counter, no work proportional to the length); the paged rows equal 32-key attention."""
+    g = torch.Generator().manual_seed(torch.seed() % 2**31)
+    kc, vc = (torch.randn(4, 16, 1, 64, generator=g).to(torch.float16).to(device) for _ in range(2))
+    table = torch.tensor([[0, 1], [3, 2]], dtype=torch.int32, device=device)
+    q = torch.randn(2, 1, 4, 64, generator=g).to(torch.float16).to(device)
+    lens = torch.tensor([2**31 - 1, 2**30 + 5], dtype=torch.int32, device=device)
+    o = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, page_table=table, causal=True)
+    ro, _ = attention_varlen_reference(q.reshape(2, 4, 64).cpu(), kc.cpu(), vc.cpu(), cu([1, 1], "cpu"), [32, 32],
+                                       page_table=table.cpu())
+    assert_close(o.reshape(2, 4, 64), ro, atol=3e-3, rtol=3e-3)
+    qr = torch.randn(1, 4, 64, generator=g).to(torch.bfloat16).to(device)
+    k = torch.randn(128, 1, 64, generator=g).to(torch.bfloat16).to(device)
+    ck = torch.tensor([-2**31 + 150, 100], dtype=torch.int32, device=device)
+    o, lse = flash_attn_varlen_func(qr, k, k, cu([1], device), ck, 1, 128, return_softmax_lse=True)
+    assert (o == 0).all() and torch.isinf(lse).all() and (lse < 0).all()

@@ -262,3 +262,66 @@ def test_gpu_long_contexts(q_len, kv_len, batch, head_major):
         ref = _blocked_oracle(q[b * q_len:(b + 1) * q_len], kd, q_len, kv_len, hq, hkv, tiles)
         # fp32 accumulation of 128 bf16 products: tensor-core vs cuBLAS summation order
         assert_close(ms[b * q_len:(b + 1) * q_len], ref, atol=1e-3, rtol=1e-4)
+
+
+def _static_dense_max_score(q, k, cu_q, cu_k, used, buf, causal):
+    info = msa_plan(cu_q.numel() - 1, 4, 256, q.shape[1], num_kv_heads=k.shape[1], output_maxscore=True,
+                    causal=causal)
+    rt = MsaRuntimeMetadata(None, None, None, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, seqused_k=used)
+    msa(q, k, None, info, output_o=False, runtime_metadata=rt, max_score=buf)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_dense_lengths_outside_the_tensors(device, triton_backend, causal):
+    """Static dense plan, device lengths outside q / k (keys past k, a key range starting
+    before k's first row, seqused_k up to 2**30, requests running past q or starting before it):
+    keys past k are skipped and a range starting before k sees none, rows outside q are neither
+    read nor written (exact-size views of larger buffers whose other rows would show up in the
+    maxima); every row inside q equals the reference."""
+    from mate.ops.msa.reference_select import max_score_reference
+
+    g = torch.Generator().manual_seed(torch.seed() % 2**31)
+    i32 = lambda *v: torch.tensor(v, dtype=torch.int32, device=device)  # noqa: E731
+    d = 32
+    kbig = (torch.randn(512, 1, d, generator=g) * 0.3).to(torch.bfloat16).to(device)
+    kbig[:128] = 30.0  # rows before k
+    kbig[256:] = 30.0  # rows after k
+    k = kbig[128:256]
+    qbig = torch.randn(6, 2, d, generator=g).to(torch.bfloat16).to(device)
+    cases = [  # total_q, cu_seqlens_q, cu_seqlens_k, seqused_k, output tiles
+        (2, i32(0, 2), i32(0, 128), i32(256), 2),  # keys past k
+        (2, i32(0, 2), i32(-64, 0), i32(200), 2),  # keys before row 0 of k
+        (2, i32(0, 2), i32(0, 128), i32(2**30), 8),  # a huge length: bounded by k's rows
+        (2, i32(0, 4), i32(0, 128), i32(128), 2),  # the request runs past q
+        (2, i32(2**28, 2**28 + 1), i32(0, 128), i32(128), 2),  # the request lies past q
+        (2, i32(-1, 2), i32(0, 128), i32(128), 2),  # the request starts before q: not computed
+    ]
+    for total_q, cu_q, cu_k, used, tiles in cases:
+        q = qbig[:total_q]
+        big = poisoned((4, 2, tiles), torch.float32, device)
+        buf = big[:total_q]
+        _static_dense_max_score(q, k, cu_q, cu_k, used, buf, causal)
+        ref = max_score_reference(q, k, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, kv_lens=used, qo_offset=None,
+                                  page_table=None, kv_indices=None, kv_page_indptr=None, qo_offset_value=None,
+                                  causal=causal, layout=0, batch_size=1, max_seqlen_q=4, num_k_tiles=tiles)
+        covered = ref.isfinite().any(-1).any(-1)
+        name = f"cu_q={cu_q.tolist()} cu_k={cu_k.tolist()} used={used.tolist()}"
+        assert_close(buf[covered], ref[covered], atol=ATOL, rtol=RTOL, name=name)
+        starts = cu_q[0].item()
+        if starts < 0 or starts >= total_q:  # no row of q is the request's: none written
+            assert torch.isnan(buf).all(), f"{name}: rows written"
+        elif cu_k[0].item() < 0:  # a key range starting before k's first row: no key seen
+            assert torch.isinf(buf).all() and (buf < 0).all(), name
+        assert torch.isnan(big[total_q:]).all(), f"{name}: rows past max_score written"
+        assert bool((ref.nan_to_num(neginf=0) < 30.0 * 30.0 * d / 10).all()), f"{name}: reference read outside k"
+
+
+def test_eager_plan_checks_q_and_k_rows(device):
+    info = _msa_plan_from_lengths(torch.tensor([4]), torch.tensor([256]), num_qo_heads=2, causal=False,
+                                  output_maxscore=True, device=device)
+    q = torch.zeros(4, 2, 32, dtype=torch.bfloat16, device=device)
+    k = torch.zeros(256, 2, 32, dtype=torch.bfloat16, device=device)
+    with pytest.raises(ValueError, match=r"q.*\[4 \(the plan's query tokens\)"):
+        msa(q[:2], k, None, info, output_o=False)
+    with pytest.raises(ValueError, match=r"k.*\[>= 256 \(the plan's key rows\)"):
+        msa(q, k[:128], None, info, output_o=False)

@@ -98,6 +98,9 @@ def _mha_fwd_kernel(
             return
     if HAS_SEQUSED:
         k_len = tl.load(seqused_k_ptr + req)
+    # lengths past 2**30 count as 2**30: no cache holds that many keys, so the visible keys are the
+    # same, and positions and window bounds below stay inside int32
+    k_len = tl.minimum(k_len, 1 << 30)
     rows = tl.arange(0, BLOCK_M)
     tok = mblk * TM + rows // GP
     hl = rows % GP
@@ -115,13 +118,15 @@ def _mha_fwd_kernel(
     else:
         hi_row = tl.where(rvalid, k_len - 1, -1)
     hi = tl.minimum(k_len, tl.max(hi_row, axis=0) + 1)
-    if not PAGED:  # keys past the k_rows rows of k (batched: of the request's row) are skipped, never read
-        hi = tl.minimum(hi, k_rows - k_start)
     lo = 0
+    if PAGED:  # keys past the table's pages are skipped: the loop ends there
+        hi = tl.minimum(hi.to(tl.int64), tl.full([], PAGE_SIZE, tl.int64) * n_cols).to(tl.int32)
+    else:  # keys outside the k_rows rows of k (batched: of the request's row) are skipped, never read
+        hi = tl.minimum(hi.to(tl.int64), k_rows - k_start.to(tl.int64)).to(tl.int32)
+        lo = (tl.minimum(tl.maximum(-k_start.to(tl.int64), 0), 1 << 30).to(tl.int32) // BLOCK_N) * BLOCK_N
     if HAS_LEFT:
         lo_row = tl.where(rvalid, pos - window_left, k_len)
-        lo = tl.maximum(0, tl.min(lo_row, axis=0))
-        lo = (lo // BLOCK_N) * BLOCK_N
+        lo = tl.maximum(lo, (tl.maximum(0, tl.min(lo_row, axis=0)) // BLOCK_N) * BLOCK_N)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
@@ -236,6 +241,9 @@ def attention_triton(
         svb, svt, svh = 0, v.stride(0), v.stride(1)
         page_size = 1
     dummy = cu_seqlens_q if cu_seqlens_q is not None else lse  # for absent pointers (never read)
+    # windows past 2**30 keys reach as far as unbounded ones (the kernel caps lengths there) and
+    # keep the kernel's position arithmetic inside int32
+    window_left, window_right = min(window_left, 1 << 30), min(window_right, (1 << 30) - 1)
     block_n = 64
     num_warps = mha_num_warps(block_m)
     grid = (cdiv(max_seqlen_q, tm), batch, hkv)

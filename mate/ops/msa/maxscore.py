@@ -49,9 +49,9 @@ def _tile_max(q, k_base, kb, b, lim, min_lim, kv_len, table_ptr, stride_table, n
               page_count, n_indices, num_pages, stride_kp, stride_kt, offs_n, offs_d, KADDR: tl.constexpr,
               MASKED: tl.constexpr):
     """Row maxima of q . k over key tile ``kb``; MASKED=False only for tiles every row sees
-    whole (no compare/select per score). A paged tile whose page id is missing (past the
-    table's columns or the request's ``kv_indices``) or outside [0, num_pages) is skipped:
-    -inf, its loads masked off."""
+    whole (no compare/select per score); keys at or past ``kv_len`` are neither read nor
+    counted. A paged tile whose page id is missing (past the table's columns or the request's
+    ``kv_indices``) or outside [0, num_pages) is skipped: -inf, its loads masked off."""
     BLOCK_N: tl.constexpr = 128
     key0 = kb * BLOCK_N
     page_ok = True
@@ -87,7 +87,7 @@ def _max_score_fwd_kernel(
     qo_offset_value,
     stride_qt, stride_qh,
     stride_kp, stride_kt, stride_kh,
-    stride_table, n_cols, n_indices, num_pages,
+    stride_table, n_cols, n_indices, k_dim0, total_q,
     stride_ot, stride_oh,
     num_tiles_out, tiles_per_chunk, num_row_tiles,
     HKV: tl.constexpr, RATIO: tl.constexpr, D: tl.constexpr,
@@ -103,7 +103,10 @@ def _max_score_fwd_kernel(
     kvh = pid_bh % HKV
 
     q_start = tl.load(cu_q_ptr + b)
-    q_len = tl.load(cu_q_ptr + b + 1) - q_start
+    q_given = tl.load(cu_q_ptr + b + 1) - q_start
+    # rows outside q are neither read nor written: the request's tokens past total_q are dropped,
+    # and a request starting before q's first row is not computed (int64: the bounds cannot wrap)
+    q_len = tl.where(q_start < 0, 0, tl.minimum(q_given.to(tl.int64), total_q - q_start.to(tl.int64)).to(tl.int32))
     n_rows = q_len * RATIO
     row0 = row_tile * BLOCK_M
     if row0 < n_rows:
@@ -111,18 +114,27 @@ def _max_score_fwd_kernel(
         if QO_MODE == 0:
             off = tl.load(qo_off_ptr + b)
         elif QO_MODE == 1:
-            off = kv_len - q_len
+            off = kv_len - q_given
         else:
             off = qo_offset_value
+        # the keys a request may see: [0, kv_end); dense: only rows of k (a key range starting
+        # before k's first row sees none). Lengths past 2**30 are capped there and the offset at
+        # kv_end (the same visibility), so that off + tok + 1 cannot wrap in int32.
+        kv_end = tl.minimum(kv_len, 1 << 30)
+        if KADDR == 0:
+            k_start = tl.load(cu_k_ptr + b)
+            k_rows = tl.maximum(k_dim0 - k_start.to(tl.int64), 0)
+            kv_end = tl.where(k_start < 0, 0, tl.minimum(kv_end.to(tl.int64), k_rows).to(tl.int32))
+        off = tl.minimum(off, kv_end)
         rows = row0 + tl.arange(0, BLOCK_M)
         row_ok = rows < n_rows
         tok = rows // RATIO
         head = kvh * RATIO + rows % RATIO
         # keys [0, lim) are visible to a row
         if CAUSAL:
-            lim = tl.minimum(off + tok + 1, kv_len)
+            lim = tl.minimum(off + tok + 1, kv_end)
         else:
-            lim = tl.zeros([BLOCK_M], dtype=tl.int32) + kv_len
+            lim = tl.zeros([BLOCK_M], dtype=tl.int32) + kv_end
         lim = tl.where(row_ok, tl.maximum(lim, 0), 0)
         max_lim = tl.max(lim, axis=0)
         min_lim = tl.min(tl.where(row_ok, lim, 2147483647), axis=0)
@@ -137,7 +149,7 @@ def _max_score_fwd_kernel(
         cols = tl.arange(0, OUT_W)
         o_ptrs = out_ptr + q_rows[:, None] * stride_ot + head[:, None].to(tl.int64) * stride_oh + cols[None, :]
         if KADDR == 0:
-            k_base = k_ptr + tl.load(cu_k_ptr + b).to(tl.int64) * stride_kt + kvh * stride_kh
+            k_base = k_ptr + k_start.to(tl.int64) * stride_kt + kvh * stride_kh
         else:
             k_base = k_ptr + kvh * stride_kh
 
@@ -157,8 +169,8 @@ def _max_score_fwd_kernel(
         else:
             t_full = c0
         for kb in range(c0, t_full):
-            m = _tile_max(q, k_base, kb, b, lim, min_lim, kv_len, table_ptr, stride_table, n_cols, kv_idx_ptr, pb,
-                          p_cnt, n_indices, num_pages, stride_kp, stride_kt, offs_n, offs_d, KADDR, False)
+            m = _tile_max(q, k_base, kb, b, lim, min_lim, kv_end, table_ptr, stride_table, n_cols, kv_idx_ptr, pb,
+                          p_cnt, n_indices, k_dim0, stride_kp, stride_kt, offs_n, offs_d, KADDR, False)
             j = (kb - c0) % OUT_W
             acc = tl.where(cols[None, :] == j, m[:, None], acc)
             if (j == OUT_W - 1) | (kb == t_end - 1):
@@ -166,8 +178,8 @@ def _max_score_fwd_kernel(
                 acc = tl.full([BLOCK_M, OUT_W], float("-inf"), dtype=tl.float32)
         # tiles crossing some row's visible limit (causal diagonal, end of the context): masked
         for kb in range(t_full, t_end):
-            m = _tile_max(q, k_base, kb, b, lim, min_lim, kv_len, table_ptr, stride_table, n_cols, kv_idx_ptr, pb,
-                          p_cnt, n_indices, num_pages, stride_kp, stride_kt, offs_n, offs_d, KADDR, True)
+            m = _tile_max(q, k_base, kb, b, lim, min_lim, kv_end, table_ptr, stride_table, n_cols, kv_idx_ptr, pb,
+                          p_cnt, n_indices, k_dim0, stride_kp, stride_kt, offs_n, offs_d, KADDR, True)
             j = (kb - c0) % OUT_W
             acc = tl.where(cols[None, :] == j, m[:, None], acc)
             if (j == OUT_W - 1) | (kb == t_end - 1):
@@ -266,7 +278,7 @@ def max_score_triton(
         page_table.stride(0) if page_table is not None else 0,
         page_table.shape[1] if page_table is not None else 0,
         kv_indices.shape[0] if kv_indices is not None else 0,
-        k.shape[0] if layout != LAYOUT_DENSE else 0,
+        k.shape[0], q.shape[0],  # pages (paged) or key rows (dense); query rows
         max_score.stride(0), max_score.stride(1),
         num_tiles, cfg["tiles_per_chunk"], cfg["row_tiles"],
         HKV=Hkv, RATIO=ratio, D=D, BLOCK_M=cfg["BLOCK_M"], OUT_W=cfg["OUT_W"],

@@ -55,7 +55,11 @@ def max_score_reference(
     outside ``[0, k.shape[0])`` is skipped (-inf), as the kernel skips it.
     A key ``j`` of request ``b`` is visible to the token at position ``p`` when
     ``j < kv_lens[b]`` and, under ``causal``, ``j <= p``; ``p = qo_offset[b] + i`` (default
-    ``qo_offset = kv_len - q_len``, or the scalar ``qo_offset_value``).
+    ``qo_offset = kv_len - q_len``, or the scalar ``qo_offset_value``). Dense keys past k's
+    rows (``cu_seqlens_k[b] + j >= k.shape[0]``) are skipped, and a request whose key range
+    starts before k's first row sees none; a token that no request's ``[cu_seqlens_q[b],
+    cu_seqlens_q[b + 1])`` covers, or of a request starting before q's first row, stays -inf
+    (the kernel leaves its row unwritten). Lengths past ``2**30`` count as ``2**30``.
     """
     total_q, Hq, D = q.shape
     dev = q.device
@@ -67,8 +71,10 @@ def max_score_reference(
     Hkv = k.shape[2] if layout == LAYOUT_TOKEN_MAJOR else k.shape[1]
     ratio = Hq // Hkv
     req, local = _token_requests(cu_seqlens_q, total_q)
-    kv_len = kv_lens.to(torch.int64)[req]
     q_len = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).to(torch.int64)[req]
+    # a token no request's [start, end) covers, or of a request starting before q's first row, is not computed
+    covered = (local >= 0) & (local < q_len) & (cu_seqlens_q.to(torch.int64)[req] >= 0)
+    kv_len = kv_lens.to(torch.int64)[req]
     if qo_offset_value is not None:
         pos = qo_offset_value + local
     elif qo_offset is not None:
@@ -84,11 +90,14 @@ def max_score_reference(
     for t0 in range(0, total_q, step):
         t1 = min(total_q, t0 + step)
         r = req[t0:t1]
-        visible = keys[None, :] < kv_len[t0:t1, None]
+        visible = (keys[None, :] < kv_len[t0:t1, None]) & covered[t0:t1, None]
         if causal:
             visible &= keys[None, :] <= pos[t0:t1, None]
         if layout == LAYOUT_DENSE:
-            row = cu_seqlens_k.to(torch.int64)[r][:, None] + keys[None, :]
+            start = cu_seqlens_k.to(torch.int64)[r][:, None]
+            row = start + keys[None, :]
+            # keys past k's rows are skipped, and a range starting before its first row sees none (the kernel's)
+            visible &= (start >= 0) & (row < k.shape[0])
             row = torch.where(visible, row, torch.zeros_like(row))
             kk = kf[row]  # [n, keys, Hkv, D]
         else:

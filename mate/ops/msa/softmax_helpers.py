@@ -7,7 +7,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["split_entries", "visible_limit"]
+__all__ = ["split_entries", "token_position", "visible_limit"]
 
 
 @triton.jit
@@ -30,3 +30,14 @@ def split_entries(cnt, split, NUM_SPLITS: tl.constexpr):
         e0 = split * chunk
         e1 = tl.minimum(cnt, e0 + chunk)
     return e0, e1
+
+
+@triton.jit
+def token_position(q_off, t, q_start, kv_len):
+    """(position, block count) of token ``t`` of a request starting at query row ``q_start``
+    with ``kv_len`` keys: ``q_off + t - q_start`` in int64, clamped to [-1, kv_len] (the same
+    visibility: a position at or past the keys sees them all, a negative one none), so that
+    adversarial offsets cannot wrap; ``ceil(kv_len / 128)`` without overflow."""
+    pos = q_off.to(tl.int64) + t - q_start
+    pos = tl.minimum(tl.maximum(pos, -1), kv_len).to(tl.int32)
+    return pos, kv_len // 128 + (kv_len % 128 != 0).to(tl.int32)

@@ -35,7 +35,7 @@ from mate._core.triton_helpers import (
     to_out_dtype,
 )
 from mate.ops.msa import sparse_decode as _sd
-from mate.ops.msa.softmax_helpers import split_entries, visible_limit
+from mate.ops.msa.softmax_helpers import split_entries, token_position, visible_limit
 
 __all__ = ["SparseTiling", "sparse_attention", "sparse_attention_triton", "sparse_tiling", "workspace_numel",
            "resolve_num_splits"]
@@ -89,11 +89,10 @@ def _msa_union_kernel(
         q_off = tl.load(qo_offset_ptr + req, mask=tvalid, other=0)
     else:
         q_off = kv_len - (q_end - q_start)
-    pos = q_off + (t - q_start)
+    pos, nblk = token_position(q_off, t, q_start, kv_len)
     if kvh == 0:
         tl.store(tok_pos_ptr + t, tl.where(tvalid, pos, -1), mask=in_bounds & (w == 0))
         tl.store(tok_kvlen_ptr + t, tl.where(tvalid, kv_len, 0), mask=in_bounds & (w == 0))
-    nblk = (kv_len + 127) // 128
     ids = tl.load(idx_ptr + t.to(tl.int64) * stride_it + kvh * stride_ih + w,
                   mask=tvalid & (w < W), other=-1)
     valid = (ids >= 0) & (ids < nblk) & tvalid

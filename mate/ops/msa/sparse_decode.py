@@ -23,7 +23,7 @@ import triton.language as tl
 
 from mate._core.hopper import REGS_PER_SM, SMEM_PER_SM, SMEM_RESERVED_PER_PROGRAM
 from mate._core.triton_helpers import INTERPRET, dot_operand, finish_softmax, next_power_of_2, to_out_dtype
-from mate.ops.msa.softmax_helpers import split_entries, visible_limit
+from mate.ops.msa.softmax_helpers import split_entries, token_position, visible_limit
 
 __all__ = ["DECODE_VARIANT", "msa_decode_t_kernel", "decode_t_heads", "t_config", "t_constexprs",
            "t_programs_per_sm", "token_block_list", "load_kv_tile", "lazy_softmax_step"]
@@ -218,9 +218,10 @@ def token_request(t, tvalid, ids, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, B, 
         q_start, q_off, kv_len, page, valid = _request_blocks(
             lo, ids, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, page_table_ptr, stride_pt, n_cols,
             kv_indices_ptr, kv_page_indptr_ptr, n_indices, USE_PAGE_TABLE, HAS_QO_OFFSET)
-    pos = tl.where(tvalid, q_off + (t - q_start), -1)
+    pos, nblk = token_position(q_off, t, q_start, kv_len)
+    pos = tl.where(tvalid, pos, -1)
     kv_len = tl.where(tvalid, kv_len, 0)
-    valid = valid & (ids < (kv_len + 127) // 128) & (page >= 0) & (page < num_pages)
+    valid = valid & (ids < nblk) & tvalid & (page >= 0) & (page < num_pages)
     if CAUSAL:
         valid = valid & (ids * 128 <= pos)
     return pos, kv_len, page, valid
