@@ -19,11 +19,24 @@ ATOL, RTOL = 1e-4, 1e-5
 
 
 def _tol(dtype, device) -> dict:
-    """fp32 logits (bf16/fp16 products, or the interpreter's exact fp8 ones): ATOL/RTOL. fp8 Q·K
-    on a GPU runs on FP8 tensor cores, whose accumulator keeps ~13 mantissa bits (truncating) at
-    each of the 4 k-steps of a 128-wide product: a score is off by up to ~4 * 2^-13 = 4.9e-4 of
-    its magnitude (measured on the H200: 3.5e-4 at scores of ~370)."""
-    return dict(atol=ATOL, rtol=1e-3 if fp8_mma_on_gpu(dtype, device) else RTOL)
+    """fp32 logits (bf16/fp16 products, or the interpreter's exact fp8 ones): ATOL/RTOL."""
+    return dict(atol=ATOL, rtol=RTOL)
+
+
+def assert_scores_close(ms, ref, ref_abs, dtype, device) -> None:
+    """``ms`` against the reference maxima ``ref``. fp8 Q·K on a GPU runs on FP8 tensor cores,
+    whose accumulator keeps ~13 mantissa bits (truncating) at each 32-wide k-step: a score is off
+    by up to ~(k-steps) * 2^-13 of its partial sums' magnitude, which ``ref_abs`` (the maxima of
+    |q|·|k| over the same keys) bounds; relative to the score itself the error is unbounded
+    where products cancel (seen on the H200: 3.625 against 3.618 in a tile of |q|·|k| ~ 300)."""
+    if not fp8_mma_on_gpu(dtype, device):
+        assert_close(ms, ref, **_tol(dtype, device))  # also checks the -inf pattern exactly
+        return
+    assert torch.equal(torch.isinf(ms), torch.isinf(ref)) and torch.equal(ms[ms.isinf()], ref[ref.isinf()])
+    fin = ref.isfinite()
+    bound = ATOL + 4 * 2.0**-13 * ref_abs[fin]  # at most 4 k-steps (d <= 128)
+    diff = (ms[fin] - ref[fin]).abs()
+    assert bool((diff <= bound).all()), f"max excess {float((diff - bound).max()):.3g}"
 DTYPES = (torch.bfloat16, torch.float16, torch.float8_e4m3fn)
 
 
@@ -126,7 +139,9 @@ def test_kernel_matches_reference(layout, dtype, device, triton_backend, monkeyp
     assert ms is buf
     monkeypatch.setenv("MATE_BACKEND", "reference")
     _, ref = msa(q, k, None, info, output_o=False, max_score=torch.empty_like(buf), **kw)
-    assert_close(ms, ref, **_tol(dtype, device))  # also checks the -inf pattern exactly
+    q_abs, k_abs = (x.float().abs().to(dtype) for x in (q, k))  # exact: |x| of an fp8 / fp16 value
+    _, ref_abs = msa(q_abs, k_abs, None, info, output_o=False, max_score=torch.empty_like(buf), **kw)
+    assert_scores_close(ms, ref, ref_abs, dtype, device)
     assert torch.isinf(ms[:, :, -1]).all()
 
 
