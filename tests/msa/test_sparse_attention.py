@@ -363,3 +363,27 @@ def test_bad_pages_are_skipped_not_read(device, triton_backend):
     ro, rl = sparse_attention_reference(**{**cpu, "kv_block_indexes": idx})
     assert_close(o, ro, atol=2e-2, rtol=2e-2)
     assert_close(l_, rl, atol=1e-4, rtol=1e-4, name="lse")
+
+
+@pytest.mark.parametrize("flat", [False, True])
+def test_reference_skips_missing_pages(flat):
+    """The reference skips a selected block whose page is -1 or outside the cache (a negative id
+    must not wrap to the cache's last page), as the kernels do: it equals the reference over the
+    same inputs with those blocks dropped from the block lists."""
+    pb = make_problem([2, 1], [300, 129], 4, 2, 6, flat=flat, adversarial=False)
+    key = "kv_indices" if flat else "page_table"
+    bad = pb[key].clone()
+    n_pages = pb["k"].shape[0]
+    # request 0: block 0 -> page -1, block 1 -> a page past the cache; request 1: block 1 -> -2
+    if flat:
+        bad[0], bad[1], bad[4] = -1, n_pages + 5, -2
+    else:
+        bad[0, 0], bad[0, 1], bad[1, 1] = -1, n_pages + 5, -2
+    args = {k_: v_ for k_, v_ in pb.items() if k_ != key}
+    got = sparse_attention_reference(**args, **{key: bad}, num_kv_heads=2)
+    idx = pb["kv_block_indexes"].clone()
+    idx[:2][(idx[:2] == 0) | (idx[:2] == 1)] = -1
+    idx[2:][idx[2:] == 1] = -1
+    want = sparse_attention_reference(**{**args, "kv_block_indexes": idx}, **{key: pb[key]}, num_kv_heads=2)
+    assert_close(got[0], want[0], atol=0, rtol=0)
+    assert_close(got[1], want[1], atol=0, rtol=0, name="lse")

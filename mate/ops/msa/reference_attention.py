@@ -10,7 +10,9 @@ import math
 
 import torch
 
-__all__ = ["BLOCK", "kv_layout_of", "gather_request_kv", "sparse_attention_reference"]
+from mate.ops.mha.reference import block_pages
+
+__all__ = ["BLOCK", "kv_layout_of", "gather_pages", "sparse_attention_reference"]
 
 BLOCK = 128
 
@@ -26,14 +28,12 @@ def kv_layout_of(k: torch.Tensor, num_kv_heads: int | None = None) -> str:
     return "NHD" if k.shape[1] == BLOCK else "HND"
 
 
-def gather_request_kv(
-    cache: torch.Tensor, pages: torch.Tensor, kv_len: int, layout: str
-) -> torch.Tensor:
-    """The first ``kv_len`` tokens of one request as [kv_len, Hkv, D] from its pages."""
+def gather_pages(cache: torch.Tensor, pages: torch.Tensor, layout: str) -> torch.Tensor:
+    """The 128 tokens of each page in ``pages`` (valid ids), in order, as [n * 128, Hkv, D]."""
     sel = cache[pages.long()]
     if layout == "HND":
         sel = sel.transpose(1, 2)
-    return sel.reshape(-1, sel.shape[2], sel.shape[3])[:kv_len]
+    return sel.reshape(-1, sel.shape[2], sel.shape[3])
 
 
 def sparse_attention_reference(
@@ -62,8 +62,9 @@ def sparse_attention_reference(
     q : [total_q, Hq, D] fp16 / bf16 / float8_e4m3fn
     k, v : paged caches [pages, 128, Hkv, D] or [pages, Hkv, 128, D], q's dtype
     kv_block_indexes : int32 [total_q, Hkv or Hq, width]; logical block ids of the token's
-        request; -1 and ids outside [0, ceil(kv_len / 128)) are skipped; duplicates count once.
-        An Hq-wide tensor uses the first head of each group.
+        request; -1 and ids outside [0, ceil(kv_len / 128)) are skipped; duplicates count once;
+        a block whose page is missing (past the table's columns or the request's ``kv_indices``)
+        or outside the cache is skipped. An Hq-wide tensor uses the first head of each group.
     qo_indptr : int [B + 1] cumulative query lengths
     kv_lens : int [B]
     qo_offset : int [B] absolute position of each request's first query (default kv_len - q_len)
@@ -90,37 +91,42 @@ def sparse_attention_reference(
     indptr = [int(x) for x in qo_indptr.tolist()]
     lens = [int(x) for x in kv_lens.tolist()]
     offs = None if qo_offset is None else [int(x) for x in qo_offset.tolist()]
+    dev = q.device
     for i in range(len(lens)):
-        q0, q1, kv_len = indptr[i], indptr[i + 1], lens[i]
-        if q1 == q0:
+        q0, q1, kv_len = indptr[i], indptr[i + 1], max(lens[i], 0)
+        # query rows outside q (offsets past total_q) are not computed
+        t = torch.arange(q0, q1, device=dev) if q1 > q0 else torch.zeros(0, dtype=torch.long, device=dev)
+        inside = (t >= 0) & (t < total_q)
+        if not bool(inside.any()):
             continue
         nblk = -(-kv_len // BLOCK)
-        if page_table is not None:
-            pages = page_table[i, :nblk]
-        else:
-            start = int(kv_page_indptr[i])
-            pages = kv_indices[start:start + nblk]
-        kr = gather_request_kv(k, pages, kv_len, layout).to(compute_dtype)  # [kv_len, Hkv, D]
-        vr = gather_request_kv(v, pages, kv_len, layout).to(compute_dtype)
-        off = (kv_len - (q1 - q0)) if offs is None else offs[i]
-        pos = off + torch.arange(q1 - q0, device=q.device)
-        ids = idx[q0:q1].long()  # [n, Hkv, W]
+        ids = idx[t[inside]].long()  # [n, Hkv, W]
         valid = (ids >= 0) & (ids < nblk)
-        chosen = torch.zeros(q1 - q0, hkv, nblk + 1, dtype=torch.bool, device=q.device)
-        chosen.scatter_(2, torch.where(valid, ids, nblk), True)
-        keys = torch.arange(kv_len, device=q.device)
-        vis = chosen[:, :, keys // BLOCK]  # [n, Hkv, kv_len]
+        blocks = torch.unique(ids[valid])  # the logical blocks any of these tokens selects, sorted
+        if blocks.numel() == 0:
+            continue
+        # their pages; a block the table lacks or whose page lies outside the cache is skipped
+        pages = block_pages(blocks[None], torch.tensor([i], device=dev), page_table, kv_indices, kv_page_indptr)[0]
+        present = (pages >= 0) & (pages < k.shape[0])
+        kr = gather_pages(k, torch.where(present, pages, 0), layout).to(compute_dtype)  # [nb * 128, Hkv, D]
+        vr = gather_pages(v, torch.where(present, pages, 0), layout).to(compute_dtype)
+        keys = (blocks[:, None] * BLOCK + torch.arange(BLOCK, device=dev)).reshape(-1)  # key positions
+        key_ok = present.repeat_interleave(BLOCK) & (keys < kv_len)
+        off = (kv_len - (q1 - q0)) if offs is None else offs[i]
+        pos = off + (t[inside] - q0)
+        chosen = ((ids[..., None] == blocks) & valid[..., None]).any(dim=2)  # [n, Hkv, nb]
+        vis = chosen.repeat_interleave(BLOCK, dim=2) & key_ok  # [n, Hkv, nb * 128]
         if causal:
             vis = vis & (keys[None, None, :] <= pos[:, None, None])
-        vis = vis.repeat_interleave(ratio, dim=1)  # [n, Hq, kv_len]
-        qr = q[q0:q1].to(compute_dtype)
+        vis = vis.repeat_interleave(ratio, dim=1)  # [n, Hq, keys]
+        qr = q[t[inside]].to(compute_dtype)
         kx = kr.repeat_interleave(ratio, dim=1)
         vx = vr.repeat_interleave(ratio, dim=1)
         s = torch.einsum("thd,khd->thk", qr, kx) * (sm_scale * k_scale)
         s = s.masked_fill(~vis, -math.inf)
         l_ = torch.logsumexp(s, dim=-1)
         p = torch.exp(s - torch.where(torch.isinf(l_), 0.0, l_)[..., None])
-        out[q0:q1] = torch.einsum("thk,khd->thd", p, vx) * v_scale
-        lse[q0:q1] = l_
+        out[t[inside]] = torch.einsum("thk,khd->thd", p, vx) * v_scale
+        lse[t[inside]] = l_
     lse_dtype = torch.float64 if compute_dtype == torch.float64 else torch.float32
     return out.to(out_dtype), lse.to(lse_dtype)
