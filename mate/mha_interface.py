@@ -57,6 +57,16 @@ def _check_window(window_size: Any) -> tuple[int, int]:
     return int(window_size[0]), int(window_size[1])
 
 
+def _check_max_seqlen_q(cu_seqlens_q: torch.Tensor, max_seqlen_q: int) -> None:
+    """``max_seqlen_q`` is a promise (FlashAttention's contract): the launch covers that many
+    queries per request, and a longer request's later rows are not computed. Checked (with a
+    host read) only when ``MATE_CHECK_INPUTS=1``."""
+    if checks.check_inputs_enabled() and cu_seqlens_q.numel() > 1:
+        longest = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
+        checks.check_value("max_seqlen_q", longest <= max_seqlen_q,
+                           f">= the longest request in cu_seqlens_q ({longest})", max_seqlen_q)
+
+
 def _check_scheduler(meta: Any, hq: int, hkv: int) -> None:
     if meta is None:
         return
@@ -197,7 +207,8 @@ def flash_attn_varlen_func(
         int32 ``[B + 1]`` cumulative key lengths (required for dense K/V, must be None
         with a page table).
     max_seqlen_q : int
-        Longest query length (required; sizes the launch grid).
+        Longest query length (required; sizes the launch grid): a longer request's later
+        queries are not computed. ``MATE_CHECK_INPUTS=1`` checks it against ``cu_seqlens_q``.
     max_seqlen_k : int, optional
         Accepted and unused.
     seqused_q : torch.Tensor, optional
@@ -273,6 +284,8 @@ def flash_attn_varlen_func(
                      cp_world_size=(cp_world_size, 1), cp_rank=(cp_rank, 0),
                      cp_tot_seqused_k=(cp_tot_seqused_k, None))
     checks.check_choice("backend", backend, ("auto", "triton", "reference"))
+    for flag, value in (("causal", causal), ("deterministic", deterministic), ("return_softmax_lse", return_softmax_lse)):
+        checks.check_bool(flag, value)
     checks.check_tensor("q", q, dtype=_DTYPES, ndim=3, last_dim_contiguous=True)
     paged = page_table is not None
     checks.check_tensor("k", k, dtype=q.dtype, ndim=4 if paged else 3, last_dim_contiguous=True)
@@ -287,7 +300,8 @@ def flash_attn_varlen_func(
     checks.check_value("cu_seqlens_q.shape[0]", batch >= 0, ">= 1", cu_seqlens_q.shape[0])
     if max_seqlen_q is None or isinstance(max_seqlen_q, bool) or not isinstance(max_seqlen_q, int):
         raise TypeError(f"max_seqlen_q must be an int, got {type(max_seqlen_q).__name__}")
-    checks.check_value("max_seqlen_q", max_seqlen_q >= 0, ">= 0", max_seqlen_q)
+    checks.check_value("max_seqlen_q", 0 <= max_seqlen_q < 2**31, "in [0, 2**31)", max_seqlen_q)
+    _check_max_seqlen_q(cu_seqlens_q, max_seqlen_q)
     if paged:
         checks.check_tensor("page_table", page_table, dtype=torch.int32, shape=[batch, None], last_dim_contiguous=True)
         ps = k.shape[1]
@@ -386,7 +400,8 @@ def flash_attn_with_kvcache(
     cu_seqlens_q : torch.Tensor, optional
         int32 ``[B + 1]`` cumulative query lengths of a ragged ``q``.
     max_seqlen_q : int, optional
-        Longest query length, with ``cu_seqlens_q`` only.
+        Longest query length, with ``cu_seqlens_q`` only (a promise, as for
+        :func:`flash_attn_varlen_func`).
     softmax_scale : float, optional
         Default ``D ** -0.5``.
     causal : bool
@@ -450,6 +465,8 @@ def flash_attn_with_kvcache(
                      learnable_sink=(learnable_sink, None), attention_chunk=(attention_chunk, 0),
                      softcap=(softcap, 0.0), cp_world_size=(cp_world_size, 1), cp_rank=(cp_rank, 0),
                      cp_tot_seqused_k=(cp_tot_seqused_k, None))
+    checks.check_bool("causal", causal)
+    checks.check_bool("return_softmax_lse", return_softmax_lse)
     varlen = cu_seqlens_q is not None
     checks.check_tensor("q", q, dtype=_DTYPES, ndim=3 if varlen else 4, last_dim_contiguous=True)
     checks.check_tensor("k_cache", k_cache, dtype=q.dtype, ndim=4, last_dim_contiguous=True)
@@ -460,6 +477,8 @@ def flash_attn_with_kvcache(
         checks.check_value("cu_seqlens_q.shape[0]", b >= 0, ">= 1", cu_seqlens_q.shape[0])
         if max_seqlen_q is None or isinstance(max_seqlen_q, bool) or not isinstance(max_seqlen_q, int):
             raise TypeError(f"max_seqlen_q must be an int with cu_seqlens_q, got {type(max_seqlen_q).__name__}")
+        checks.check_value("max_seqlen_q", 0 <= max_seqlen_q < 2**31, "in [0, 2**31)", max_seqlen_q)
+        _check_max_seqlen_q(cu_seqlens_q, max_seqlen_q)
         sq = max_seqlen_q
     else:
         if max_seqlen_q is not None:

@@ -24,7 +24,7 @@ from typing import Any, NamedTuple, Optional
 
 import torch
 
-from mate._core.checks import check_inputs_enabled, check_out_tensor, check_tensor, check_value
+from mate._core.checks import check_bool, check_inputs_enabled, check_out_tensor, check_tensor, check_value
 from mate._core.custom_op import mate_custom_op
 from mate._core.dispatch import select_backend
 from mate.api_logging import mate_api
@@ -836,10 +836,14 @@ def _check_qkv(q, k, v, plan: MsaPlan, need_v: bool) -> None:
 
 def _check_plan_extent(q: torch.Tensor, k: torch.Tensor, plan_info: MsaPlanInfo) -> None:
     """An eager plan knows its query tokens and (dense) key rows on the host: q must have
-    exactly those tokens and a dense k at least those rows (a static plan's lengths are on
-    the device: the kernels skip what lies outside the tensors)."""
+    exactly those tokens and a dense k at least those rows. A static plan's lengths are on
+    the device (the kernels skip what lies outside the tensors): q may not have more tokens
+    than its capacity."""
     parts = [plan_info.plan] + ([plan_info.prefill_plan_or_None] if plan_info.has_mixed_prefill else [])
-    if any(p.is_static for p in parts):
+    if any(p.is_static for p in parts):  # runtime lengths: q may not exceed the capacity the launches cover
+        cap = sum(p.rows_capacity for p in parts)
+        check_value("q", q.shape[0] <= cap, f"[<= {cap} (the plan's batch_size * max_seqlen_q), ...]",
+                    list(q.shape))
         return
     want_q = sum(max(0, p.prefill_plan.total_seqlen_q) for p in parts)
     check_value("q", q.shape[0] == want_q, f"[{want_q} (the plan's query tokens), ...]", list(q.shape))
@@ -1243,8 +1247,7 @@ def sparse_decode_atten_func(
     True
     """
     _check_single_sparse_plan("sparse_decode_atten_func", plan_info, "sparse_decode", kw)
-    if not isinstance(return_softmax_lse, bool):
-        raise TypeError(f"return_softmax_lse must be a bool, got {type(return_softmax_lse).__name__}")
+    check_bool("return_softmax_lse", return_softmax_lse)
     lse = kw.pop("lse", None)
     if return_softmax_lse and lse is None:
         lse = torch.empty((q.shape[0], q.shape[1]), dtype=torch.float32, device=q.device)

@@ -195,8 +195,7 @@ def mla_rope_quantize_fp8(
     checks.check_tensor("cos_sin_cache", cos_sin_cache, dtype=(torch.float32, bf16), shape=[None, 64],
                         contiguous=True)
     checks.check_tensor("pos_ids", pos_ids, dtype=(torch.int32, torch.int64), shape=[nnz], contiguous=True)
-    if not isinstance(is_neox, bool):
-        raise TypeError(f"is_neox must be a bool, got {type(is_neox).__name__}")
+    checks.check_bool("is_neox", is_neox)
     quant_scale_q = checks.check_python_float("quant_scale_q", quant_scale_q)
     quant_scale_kv = checks.check_python_float("quant_scale_kv", quant_scale_kv)
     outs = {"q_rope_out": q_rope_out, "k_rope_out": k_rope_out, "q_nope_out": q_nope_out,
@@ -509,8 +508,7 @@ def sparse_mla_fp8_decode(
     checks.check_value("qk_rope_head_dim", qk_rope_head_dim == 64, "64", qk_rope_head_dim)
     bmm1_scale = checks.check_python_float("bmm1_scale", bmm1_scale)
     bmm2_scale = checks.check_python_float("bmm2_scale", bmm2_scale)
-    if not isinstance(return_lse, bool):
-        raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
+    checks.check_bool("return_lse", return_lse)
 
     batch, q_len, heads = _check_decode_query(query)
     checks.check_tensor("kv_cache", kv_cache, dtype=_FP8, ndim=(3, 4), contiguous=True)

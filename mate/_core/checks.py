@@ -203,6 +203,13 @@ def check_value(name: str, ok: bool, expected: str, given: Any) -> None:
         raise ValueError(f"{name} must be {expected}, got {given!r}")
 
 
+def check_bool(name: str, value: Any) -> bool:
+    """``TypeError`` unless ``value`` is a bool (a truthy string or int would silently pick a path)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return value
+
+
 def check_choice(name: str, value: Any, choices: Iterable[Any]) -> None:
     choices = tuple(choices)
     if value not in choices:

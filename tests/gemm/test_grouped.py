@@ -191,3 +191,15 @@ def test_grouped_more_errors():
         g(a3, b, s3, b_scale, mm, 8, out_dtype=torch.float32)
     with pytest.raises(ValueError, match="a and b must not both be torch.float8_e5m2"):
         g(a3.to(torch.float8_e5m2), b.to(torch.float8_e5m2), s3, b_scale, mm, 8)
+
+
+def test_contiguous_without_experts(device, triton_backend):
+    """G = 0: every row is padding; nothing is written (the kernel's descriptors need G > 0)."""
+    m, n, k = 128, 128, 128
+    a = rand_fp8((m, k), device=device)
+    a_scale = torch.rand(m, 1, device=device) + 0.5
+    b, b_scale = _experts(0, n, k, device)
+    out = poisoned((m, n), torch.bfloat16, device)
+    idx = torch.full((m,), -1, dtype=torch.int32, device=device)
+    assert gemm.group_deepgemm_fp8_nt_groupwise(a, b, a_scale, b_scale, idx, out=out) is out
+    assert bool(torch.isnan(out.float()).all())

@@ -564,3 +564,20 @@ def test_lengths_near_int32_max_end_at_the_tensors(device, triton_backend):
     ck = torch.tensor([-2**31 + 150, 100], dtype=torch.int32, device=device)
     o, lse = flash_attn_varlen_func(qr, k, k, cu([1], device), ck, 1, 128, return_softmax_lse=True)
     assert (o == 0).all() and torch.isinf(lse).all() and (lse < 0).all()
+
+
+def test_flags_and_max_seqlen_q_are_checked(device, monkeypatch):
+    q = torch.randn(5, 4, 64, device=device).to(torch.bfloat16)
+    k = torch.randn(5, 2, 64, device=device).to(torch.bfloat16)
+    cq = cu([2, 3], device)
+    with pytest.raises(TypeError, match="causal must be a bool"):
+        flash_attn_varlen_func(q, k, k, cq, cq, 3, 3, causal="no")
+    with pytest.raises(TypeError, match="return_softmax_lse must be a bool"):
+        flash_attn_varlen_func(q, k, k, cq, cq, 3, 3, return_softmax_lse="no")
+    with pytest.raises(TypeError, match="causal must be a bool"):
+        flash_attn_with_kvcache(q[None], k[None], k[None], causal=1)
+    with pytest.raises(ValueError, match=r"max_seqlen_q must be in \[0, 2\*\*31\)"):
+        flash_attn_varlen_func(q, k, k, cq, cq, 2**40, 3)
+    monkeypatch.setenv("MATE_CHECK_INPUTS", "1")
+    with pytest.raises(ValueError, match=r"max_seqlen_q must be >= the longest request in cu_seqlens_q \(3\)"):
+        flash_attn_varlen_func(q, k, k, cq, cq, 2, 3)

@@ -125,3 +125,21 @@ def test_sparse_entry_points_take_their_own_plan_and_outputs_only():
     out, lse = sparse_decode_atten_func(q, cache, cache, decode, page_table=table.expand(2, 2).contiguous(),
                                         kv_block_indexes=blocks, return_softmax_lse=True)
     assert out.shape == (2, 2, 128) and lse.shape == (2, 2) and lse.dtype == torch.float32
+
+
+def test_static_plan_q_over_capacity_and_empty_cache_raise(device):
+    from mate.msa_interface import sparse_msa, sparse_msa_plan
+
+    info = msa_plan(1, 1, 6, 2)
+    q = torch.zeros(3, 2, 64, dtype=torch.bfloat16, device=device)
+    k = torch.zeros(6, 2, 64, dtype=torch.bfloat16, device=device)
+    i32 = lambda *v: torch.tensor(v, dtype=torch.int32, device=device)  # noqa: E731
+    rt = MsaRuntimeMetadata(None, None, None, cu_seqlens_q=i32(0, 3), cu_seqlens_k=i32(0, 6), seqused_k=i32(6))
+    with pytest.raises(ValueError, match=r"q must be \[<= 1 \(the plan's batch_size \* max_seqlen_q\)"):
+        msa(q, k, k, info, runtime_metadata=rt)
+    sp = sparse_msa_plan(torch.tensor([4]), torch.tensor([256]), num_qo_heads=2, num_kv_heads=1, kv_block_num=4)
+    qs = torch.zeros(4, 2, 128, dtype=torch.bfloat16, device=device)
+    empty = torch.zeros(0, 128, 1, 128, dtype=torch.bfloat16, device=device)
+    blocks = i32(0, 1, -1, -1).expand(4, 1, 4).contiguous()
+    with pytest.raises(ValueError, match=r"k.shape\[0\] \(pages\) must be at least 1"):
+        sparse_msa(qs, empty, empty, sp, kv_block_indexes=blocks, page_table=i32(1, 0).view(1, 2))

@@ -246,7 +246,7 @@ def attention_triton(
     window_left, window_right = min(window_left, 1 << 30), min(window_right, (1 << 30) - 1)
     block_n = 64
     num_warps = mha_num_warps(block_m)
-    grid = (cdiv(max_seqlen_q, tm), batch, hkv)
+    grid = (cdiv(min(max_seqlen_q, total_q), tm), batch, hkv)  # no request has more rows inside q
     _mha_fwd_kernel[grid](
         q, q.stride(0), q.stride(1),
         k, v, skb, skt, skh, svb, svt, svh,

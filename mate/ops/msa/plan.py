@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from mate._core.checks import check_choice, check_value
+from mate._core.checks import check_bool, check_choice, check_value
 from mate.ops.msa.workspace import MsaWorkspace
 
 __all__ = [
@@ -221,10 +221,6 @@ def _check_int(name: str, value: Any) -> int:
     return value
 
 
-def _check_bool(name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
-    return value
 
 
 def selected_block_count(topk: int, force_begin_blocks: int, force_end_blocks: int, counted: bool) -> int:
@@ -237,7 +233,7 @@ def check_topk_config(topk: Any, force_begin_blocks: Any, force_end_blocks: Any,
     _check_int(topk_name, topk)
     _check_int("force_begin_blocks", force_begin_blocks)
     _check_int("force_end_blocks", force_end_blocks)
-    _check_bool("force_blocks_count_in_topk", counted)
+    check_bool("force_blocks_count_in_topk", counted)
     check_value(topk_name, topk in TOPK_CHOICES, f"one of {TOPK_CHOICES}", topk)
     check_value("force_begin_blocks", force_begin_blocks >= 0, ">= 0", force_begin_blocks)
     check_value("force_end_blocks", force_end_blocks >= 0, ">= 0", force_end_blocks)
@@ -293,10 +289,10 @@ def _check_config(
     _check_int("sparse_block_size", sparse_block_size)
     _check_int("num_kv_splits", num_kv_splits)
     _check_int("kv_block_num", kv_block_num)
-    _check_bool("causal", causal)
-    _check_bool("output_maxscore", output_maxscore)
-    _check_bool("use_fp8_kvcache", use_fp8_kvcache)
-    _check_bool("force_blocks_count_in_topk", force_blocks_count_in_topk)
+    check_bool("causal", causal)
+    check_bool("output_maxscore", output_maxscore)
+    check_bool("use_fp8_kvcache", use_fp8_kvcache)
+    check_bool("force_blocks_count_in_topk", force_blocks_count_in_topk)
     check_choice("sparse_kernel_mode", sparse_kernel_mode, SPARSE_KERNEL_MODES)
     check_value("page_size", page_size == -1 or page_size == 0 or (page_size >= 16 and page_size & (page_size - 1) == 0),
                 "-1 (no pages) or a power of two >= 16", page_size)
@@ -465,7 +461,7 @@ def _msa_plan_from_lengths(
     kv = _as_cpu_lengths("kv_lens", kv_lens, B)
     if num_kv_heads is None:
         num_kv_heads = num_qo_heads
-    _check_bool("split_prefill_decode", split_prefill_decode)
+    check_bool("split_prefill_decode", split_prefill_decode)
     _check_config(num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, page_size=page_size,
                   sparse_block_size=sparse_block_size, num_kv_splits=num_kv_splits, kv_block_num=kv_block_num,
                   force_begin_blocks=force_begin_blocks, force_end_blocks=force_end_blocks,

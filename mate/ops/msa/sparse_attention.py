@@ -636,6 +636,7 @@ def sparse_attention(
     hkv = k.shape[2] if layout == "NHD" else k.shape[1]
     page_shape = [None, 128, hkv, d] if layout == "NHD" else [None, hkv, 128, d]
     checks.check_shape("k", k, page_shape)
+    checks.check_value("k.shape[0] (pages)", k.shape[0] > 0, "at least 1", k.shape[0])
     checks.check_shape("v", v, [k.shape[0], *page_shape[1:]])
     for name, t in (("k", k), ("v", v)):  # the kernels read pages with TMA descriptors
         aligned = t.data_ptr() % 16 == 0 and all(st * t.element_size() % 16 == 0 for st in t.stride()[:-1])
