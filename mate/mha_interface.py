@@ -284,7 +284,8 @@ def flash_attn_varlen_func(
                      cp_world_size=(cp_world_size, 1), cp_rank=(cp_rank, 0),
                      cp_tot_seqused_k=(cp_tot_seqused_k, None))
     checks.check_choice("backend", backend, ("auto", "triton", "reference"))
-    for flag, value in (("causal", causal), ("deterministic", deterministic), ("return_softmax_lse", return_softmax_lse)):
+    for flag, value in (("causal", causal), ("deterministic", deterministic),
+                        ("return_softmax_lse", return_softmax_lse)):
         checks.check_bool(flag, value)
     checks.check_tensor("q", q, dtype=_DTYPES, ndim=3, last_dim_contiguous=True)
     paged = page_table is not None
