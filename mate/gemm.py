@@ -103,8 +103,8 @@ def _check_fp8_pair(names: tuple[str, str], x: torch.Tensor, y: torch.Tensor) ->
 
 
 def _check_granularity(scale_granularity_mnk: Sequence[int]) -> None:
-    check_value("scale_granularity_mnk", tuple(scale_granularity_mnk) == (1, 128, 128), "(1, 128, 128)",
-                tuple(scale_granularity_mnk))
+    given = tuple(scale_granularity_mnk) if isinstance(scale_granularity_mnk, (tuple, list)) else scale_granularity_mnk
+    check_value("scale_granularity_mnk", given == (1, 128, 128), "(1, 128, 128)", given)
 
 
 def _check_k(k: int) -> None:

@@ -605,6 +605,8 @@ def get_scheduler_metadata(
         checks.check_value(name, value >= 0, ">= 0", value)
     checks.check_value("num_heads_kv", num_heads_q % num_heads_kv == 0, f"a divisor of num_heads_q={num_heads_q}",
                        num_heads_kv)
+    if not isinstance(qkv_dtype, torch.dtype):
+        raise TypeError(f"qkv_dtype must be a torch.dtype, got {type(qkv_dtype).__name__}")
     checks.check_dtype("qkv_dtype", torch.empty(0, dtype=qkv_dtype), _DTYPES)
     if headdim_v is not None and headdim_v != headdim:
         raise NotImplementedError(f"headdim_v={headdim_v} different from headdim={headdim} is not implemented")

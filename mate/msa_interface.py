@@ -506,7 +506,14 @@ def build_page_table_from_flat_kv_indices(
     if isinstance(page_size, bool) or not isinstance(page_size, int):
         raise TypeError(f"page_size must be an int, got {type(page_size).__name__}")
     check_value("page_size", page_size > 0, "a positive int", page_size)
-    lens = torch.as_tensor(kv_lens).to("cpu", torch.int64)
+    if not isinstance(kv_lens, (torch.Tensor, list, tuple)):
+        raise TypeError(f"kv_lens must be an integer tensor or a list of ints, got {type(kv_lens).__name__}")
+    if isinstance(kv_lens, (list, tuple)) and not all(isinstance(x, int) and not isinstance(x, bool) for x in kv_lens):
+        raise TypeError(f"kv_lens must be a list of ints, got {kv_lens!r}")
+    lens = torch.as_tensor(kv_lens)
+    if lens.dtype.is_floating_point or lens.dtype == torch.bool:
+        raise TypeError(f"kv_lens must hold integers, got {lens.dtype}")
+    lens = lens.to("cpu", torch.int64)
     if lens.dim() != 1:
         raise ValueError(f"kv_lens must be 1-D [B], got shape {list(lens.shape)}")
     if bool((lens < 0).any()):
@@ -516,6 +523,9 @@ def build_page_table_from_flat_kv_indices(
     if need != kv_indices.shape[0]:
         raise ValueError(f"kv_indices must hold {need} page ids (sum of ceil(kv_lens / {page_size})), "
                          f"got {kv_indices.shape[0]}")
+    if kv_indices.dtype == torch.int64 and need:  # the table is int32: an id outside it would wrap
+        lo, hi = int(kv_indices.min()), int(kv_indices.max())
+        check_value("kv_indices", lo >= -(2**31) and hi < 2**31, "int32 page ids", f"values in [{lo}, {hi}]")
     B = lens.shape[0]
     max_pages = int(pages.max()) if B else 0
     dev = kv_indices.device
@@ -1005,6 +1015,9 @@ def msa(
         if isinstance(q_offset_override, torch.Tensor):
             check_tensor("q_offset_override", q_offset_override, dtype=torch.int32, shape=(plan_info.batch_size,),
                          contiguous=True, device=q.device)
+        else:
+            check_value("q_offset_override", -(2**31) <= q_offset_override < 2**31, "an int32 value",
+                        q_offset_override)
     page_table = kw.get("page_table")
     if page_table is not None:
         max_pages = max(plan.max_pages, plan_info.prefill_plan_or_None.max_pages

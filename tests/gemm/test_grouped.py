@@ -203,3 +203,11 @@ def test_contiguous_without_experts(device, triton_backend):
     idx = torch.full((m,), -1, dtype=torch.int32, device=device)
     assert gemm.group_deepgemm_fp8_nt_groupwise(a, b, a_scale, b_scale, idx, out=out) is out
     assert bool(torch.isnan(out.float()).all())
+
+
+def test_scale_granularity_must_be_a_triple():
+    idx = _contiguous_indices([5], "cpu")
+    a = rand_fp8((idx.numel(), 128))
+    b, b_scale = _experts(1, 128, 128, "cpu")
+    with pytest.raises(ValueError, match=r"scale_granularity_mnk must be \(1, 128, 128\), got 128"):
+        gemm.group_deepgemm_fp8_nt_groupwise(a, b, torch.ones(idx.numel(), 1), b_scale, idx, scale_granularity_mnk=128)

@@ -581,3 +581,8 @@ def test_flags_and_max_seqlen_q_are_checked(device, monkeypatch):
     monkeypatch.setenv("MATE_CHECK_INPUTS", "1")
     with pytest.raises(ValueError, match=r"max_seqlen_q must be >= the longest request in cu_seqlens_q \(3\)"):
         flash_attn_varlen_func(q, k, k, cq, cq, 2, 3)
+
+
+def test_scheduler_dtype_is_checked():
+    with pytest.raises(TypeError, match="qkv_dtype must be a torch.dtype, got str"):
+        get_scheduler_metadata(1, 1, 1, 4, 1, 64, qkv_dtype="bf16")

@@ -143,3 +143,27 @@ def test_static_plan_q_over_capacity_and_empty_cache_raise(device):
     blocks = i32(0, 1, -1, -1).expand(4, 1, 4).contiguous()
     with pytest.raises(ValueError, match=r"k.shape\[0\] \(pages\) must be at least 1"):
         sparse_msa(qs, empty, empty, sp, kv_block_indexes=blocks, page_table=i32(1, 0).view(1, 2))
+
+
+def test_int32_overflowing_host_values_raise():
+    from mate.msa_interface import build_page_table_from_flat_kv_indices, sparse_msa, sparse_msa_plan
+
+    with pytest.raises(ValueError, match="qo_offset must be int32 values"):
+        _msa_plan_from_lengths(torch.tensor([1]), torch.tensor([6]), num_qo_heads=2, qo_offset=torch.tensor([2**32]))
+    with pytest.raises(ValueError, match="kv_lens must be int32 values"):
+        _msa_plan_from_lengths(torch.tensor([1]), torch.tensor([2**32 + 6]), num_qo_heads=2)
+    with pytest.raises(ValueError, match="max_seqlen_k must be < 2"):
+        msa_plan(1, 1, 2**40, 2)
+    with pytest.raises(ValueError, match="kv_indices must be int32 page ids"):
+        build_page_table_from_flat_kv_indices(torch.tensor([5, 2**32 + 3]), [200], 128)
+    with pytest.raises(TypeError, match="kv_lens must be an integer tensor or a list of ints"):
+        build_page_table_from_flat_kv_indices(torch.tensor([5]), None, 128)
+    with pytest.raises(TypeError, match="kv_lens must be a list of ints"):
+        build_page_table_from_flat_kv_indices(torch.tensor([5]), [1.5], 128)
+    sp = sparse_msa_plan(torch.tensor([4]), torch.tensor([256]), num_qo_heads=2, num_kv_heads=1, kv_block_num=4)
+    q = torch.zeros(4, 2, 128, dtype=torch.bfloat16)
+    kc = torch.zeros(2, 128, 1, 128, dtype=torch.bfloat16)
+    blocks = torch.tensor([0, 1, -1, -1], dtype=torch.int32).expand(4, 1, 4).contiguous()
+    with pytest.raises(ValueError, match="q_offset_override must be an int32 value"):
+        sparse_msa(q, kc, kc, sp, kv_block_indexes=blocks, page_table=torch.tensor([[0, 1]], dtype=torch.int32),
+                   q_offset_override=2**40)

@@ -339,7 +339,11 @@ def _as_cpu_lengths(name: str, value: Any, batch: int | None) -> torch.Tensor:
         raise ValueError(f"{name} must be 1-D [batch_size], got shape {list(value.shape)}")
     if batch is not None and value.shape[0] != batch:
         raise ValueError(f"{name} must have shape [{batch}] (the batch size of qo_lens), got {list(value.shape)}")
-    return value.to(torch.int64)
+    value = value.to(torch.int64)
+    if value.numel():  # the plan stores int32: a value outside it would wrap
+        lo, hi = int(value.min()), int(value.max())
+        check_value(name, lo >= -(2**31) and hi < 2**31, "int32 values", f"values in [{lo}, {hi}]")
+    return value
 
 
 def _cumsum0(x: torch.Tensor) -> torch.Tensor:
@@ -372,6 +376,8 @@ def _build_plan(
         pages = (kv_lens + page_size - 1) // page_size
         indptr = (_cumsum0(pages) + page_base).to(**i32)
         pages_end = page_base + int(pages.sum())
+    for name, total in (("qo_lens", int(cu_q[-1])), ("kv_lens", int(cu_k[-1])), ("kv_lens (pages)", pages_end)):
+        check_value(f"sum of {name}", total < 2**31, "< 2**31 (int32 offsets)", total)
     prefill = MsaPrefillPlan(cu_q.to(**i32), cu_k.to(**i32), int(cu_k[-1]), max_q, max_k, total_q)
     decode = None
     if page_size > 0:
@@ -588,6 +594,9 @@ def msa_plan(
                   force_blocks_count_in_topk=force_blocks_count_in_topk, causal=causal,
                   sparse_kernel_mode=sparse_kernel_mode, output_maxscore=output_maxscore,
                   use_fp8_kvcache=use_fp8_kvcache)
+    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k),
+                        ("total_seqlen_k", total_seqlen_k), ("batch_size * max_seqlen_q", batch_size * max_seqlen_q)):
+        check_value(name, value < 2**31, "< 2**31 (int32 lengths and offsets)", value)
     qo = torch.full((batch_size,), max_seqlen_q, dtype=torch.int32)
     kv = torch.full((batch_size,), max_seqlen_k, dtype=torch.int32)
     prefill = MsaPrefillPlan(None, None, total_seqlen_k, max_seqlen_q, max_seqlen_k, -1)
