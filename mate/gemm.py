@@ -18,6 +18,7 @@ import torch
 from mate._core.checks import (
     check_choice,
     check_inputs_enabled,
+    check_no_overlap,
     check_out_tensor,
     check_positive_int,
     check_same_device,
@@ -125,11 +126,13 @@ def _out_dtype(out_dtype: torch.dtype | None, allowed: tuple[torch.dtype, ...], 
 
 
 def _alloc_out(out: torch.Tensor | None, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
-               name: str = "out") -> torch.Tensor:
+               name: str = "out", **inputs: torch.Tensor | None) -> torch.Tensor:
+    """``out`` checked (shape, dtype, device, layout, no memory shared with ``inputs``), or a new one."""
     if out is None:
         return torch.empty(shape, dtype=dtype, device=device)
     check_out_tensor(name, out, shape=shape, dtype=dtype, device=device, contiguous=False,
                      last_dim_contiguous=True)
+    check_no_overlap(name, out, **inputs)
     return out
 
 
@@ -205,7 +208,7 @@ def bmm_bf16(
     n = B.shape[2]
     device = check_same_device(A=A, B=B, out=out)
     dtype = _out_dtype(out_dtype, (torch.bfloat16, torch.float16, torch.float32), torch.bfloat16, None)
-    out = _alloc_out(out, (b, m, n), dtype, device)
+    out = _alloc_out(out, (b, m, n), dtype, device, A=A, B=B)
     impl = _resolve_backend(backend, device, None, lambda: "cublas")
     if out.numel() == 0:
         return out
@@ -301,7 +304,7 @@ def bmm_fp8(
         check_tensor("B_scale", B_scale, shape=(b, 1, n), contiguous=True)
     device = check_same_device(A=A, B=B, A_scale=A_scale, B_scale=B_scale, out=out)
     dtype = _out_dtype(dtype, (torch.bfloat16, torch.float16), None, None, "dtype")
-    out = _alloc_out(out, (b, m, n), dtype, device)
+    out = _alloc_out(out, (b, m, n), dtype, device, A=A, B=B, A_scale=A_scale, B_scale=B_scale)
     reason = cublas.bmm_fp8_cublas_reason(A, B, out, per_tensor)
     impl = _resolve_backend(backend, device, reason, lambda: tuning.bmm_fp8_backend(b, m, n, k))
     if out.numel() == 0:
@@ -500,7 +503,8 @@ def gemm_fp8_nt_groupwise(
         check_out_tensor("output_scale", output_scale, shape=(m, nb), dtype=torch.float32, device=device)
     else:
         dtype = _out_dtype(out_dtype, (torch.bfloat16, torch.float16), torch.bfloat16, out)
-    out = _alloc_out(out, (m, n), dtype, device)
+    out = _alloc_out(out, (m, n), dtype, device, a=a, b=b, a_scale=a_scale, b_scale=b_scale)
+    check_no_overlap("output_scale", output_scale, a=a, b=b, a_scale=a_scale, b_scale=b_scale, out=out)
     reason = cublas.groupwise_cublas_reason(a, b, out)
     pick = lambda: tuning.groupwise_backend(m, n, k, _cublas_reads_scales_in_place(a_scale, b_scale, mode))  # noqa: E731
     impl = _resolve_backend(backend, device, reason, pick)
@@ -634,7 +638,7 @@ def group_deepgemm_fp8_nt_groupwise(
     check_tensor("m_indices", m_indices, dtype=torch.int32, shape=(m,), contiguous=True)
     device = check_same_device(a=a, b=b, a_scale=a_scale, b_scale=b_scale, m_indices=m_indices, out=out)
     dtype = _out_dtype(out_dtype, (torch.bfloat16, torch.float16), torch.bfloat16, out)
-    out = _alloc_out(out, (m, n), dtype, device)
+    out = _alloc_out(out, (m, n), dtype, device, a=a, b=b, a_scale=a_scale, b_scale=b_scale, m_indices=m_indices)
     if check_inputs_enabled():
         _check_contiguous_layout(m_indices, G)
     impl = select_backend(device)
@@ -733,7 +737,8 @@ def batch_deepgemm_fp8_nt_groupwise(
     check_positive_int("expected_m", expected_m)
     device = check_same_device(a=a, b=b, a_scale=a_scale, b_scale=b_scale, masked_m=masked_m, out=out)
     dtype = _out_dtype(out_dtype, (torch.bfloat16, torch.float16), torch.bfloat16, out)
-    out = _alloc_out(out, (G, max_m, n), dtype, device)
+    out = _alloc_out(out, (G, max_m, n), dtype, device, a=a, b=b, a_scale=a_scale, b_scale=b_scale,
+                     masked_m=masked_m)
     if check_inputs_enabled():
         mm = masked_m.cpu()
         check_value("masked_m", bool(((mm >= 0) & (mm <= max_m)).all()), f"values in [0, {max_m}]", mm.tolist())

@@ -24,7 +24,14 @@ from typing import Any, NamedTuple, Optional
 
 import torch
 
-from mate._core.checks import check_bool, check_inputs_enabled, check_out_tensor, check_tensor, check_value
+from mate._core.checks import (
+    check_bool,
+    check_inputs_enabled,
+    check_no_overlap,
+    check_out_tensor,
+    check_tensor,
+    check_value,
+)
 from mate._core.custom_op import mate_custom_op
 from mate._core.dispatch import select_backend
 from mate.api_logging import mate_api
@@ -1060,8 +1067,10 @@ def msa(
         else:
             check_out_tensor("out", out, dtype=out_dtype, shape=(total_q, Hq, Dv), device=q.device,
                              contiguous=False, last_dim_contiguous=True)
+            check_no_overlap("out", out, q=q, k=k, v=v)
         if lse is not None:
             check_out_tensor("lse", lse, dtype=torch.float32, shape=(total_q, Hq), device=q.device, contiguous=False)
+            check_no_overlap("lse", lse, q=q, k=k, v=v, out=out)
         sm_scale = q.shape[-1] ** -0.5 if sm_scale is None else _float_arg("sm_scale", sm_scale)
         k_scale = _float_arg("k_scale", k_scale)
         v_scale = _float_arg("v_scale", v_scale)

@@ -218,6 +218,9 @@ def mla_rope_quantize_fp8(
         else:
             checks.check_out_tensor(name, t, shape=list(src.shape), dtype=out_dtype, device=device,
                                     contiguous=False, last_dim_contiguous=True)
+            # the outputs may be views of one merged buffer; none may share memory with an input
+            checks.check_no_overlap(name, t, q_rope=q_rope, k_rope=k_rope, q_nope=q_nope, k_nope=k_nope,
+                                    cos_sin_cache=cos_sin_cache, pos_ids=pos_ids)
     _mla_rope_quantize_fp8_op(q_rope, k_rope, q_nope, k_nope, cos_sin_cache, pos_ids, is_neox, quant_scale_q,
                               quant_scale_kv, outs["q_rope_out"], outs["k_rope_out"], outs["q_nope_out"],
                               outs["k_nope_out"])
@@ -537,9 +540,11 @@ def sparse_mla_fp8_decode(
         out = torch.empty((batch, q_len, heads, 512), dtype=torch.bfloat16, device=device)
     else:
         checks.check_out_tensor("out", out, shape=[batch, q_len, heads, 512], dtype=torch.bfloat16, device=device)
+        checks.check_no_overlap("out", out, query=query, kv_cache=kv_cache)
     if lse is not None:
         checks.check_tensor("lse", lse, dtype=torch.float32, ndim=(2, 3), contiguous=True)
         checks.check_shape("lse", lse, [batch * q_len, heads] if lse.dim() == 2 else [batch, q_len, heads])
+        checks.check_no_overlap("lse", lse, query=query, kv_cache=kv_cache, out=out)
         lse_buf = lse
     elif return_lse:
         lse = lse_buf = torch.empty((batch, q_len, heads), dtype=torch.float32, device=device)

@@ -197,6 +197,36 @@ def _non_overlapping(t: torch.Tensor) -> bool:
     return True
 
 
+def _byte_range(t: torch.Tensor) -> tuple[int, int]:
+    """[first, last] byte addresses ``t`` can touch (its strided extent)."""
+    lo = hi = t.data_ptr()
+    size = t.element_size()
+    for n, st in zip(t.shape, t.stride()):
+        if n > 1:
+            ext = (n - 1) * st * size
+            if ext > 0:
+                hi += ext
+            else:
+                lo += ext
+    return lo, hi + size - 1
+
+
+def check_no_overlap(out_name: str, out: torch.Tensor | None, /, **inputs: torch.Tensor | None) -> None:
+    """``ValueError`` when the output ``out`` shares memory with one of ``inputs`` (a kernel that
+    reads an input while writing its output would race): their strided extents must be disjoint
+    (conservative for interleaved views, which outputs are not)."""
+    if out is None or out.numel() == 0 or torch.compiler.is_compiling():  # traced tensors have no address
+        return
+    lo, hi = _byte_range(out)
+    for name, t in inputs.items():
+        if t is None or t.numel() == 0 or t.device != out.device:
+            continue
+        t_lo, t_hi = _byte_range(t)
+        if lo <= t_hi and t_lo <= hi:
+            raise ValueError(f"{out_name} must not overlap {name} (an input of the same call), "
+                             f"got overlapping memory [{lo:#x}, {hi:#x}] and [{t_lo:#x}, {t_hi:#x}]")
+
+
 def check_value(name: str, ok: bool, expected: str, given: Any) -> None:
     """``ValueError`` with the standard message unless ``ok``."""
     if not ok:

@@ -255,3 +255,29 @@ def test_launch_fits():
         raise OutOfResources(253952, 232448, "shared memory")
     with pytest.raises(RuntimeError, match="other"), launch_fits("the demo kernel", block_n=64):
         raise RuntimeError("other")
+
+
+def test_check_no_overlap():
+    from mate._core.checks import check_no_overlap
+
+    buf = torch.zeros(4, 8)
+    check_no_overlap("out", buf[:2], a=buf[2:], b=None, c=torch.zeros(3))  # disjoint rows, None, other storage
+    with pytest.raises(ValueError, match="out must not overlap a"):
+        check_no_overlap("out", buf[1:3], a=buf[2:])
+    with pytest.raises(ValueError, match="out must not overlap b"):
+        check_no_overlap("out", buf.t(), b=buf[3, 7:])  # a transposed view covers the same bytes
+    check_no_overlap("out", buf[:0], a=buf)  # empty: nothing written
+
+
+def test_public_apis_reject_an_out_that_aliases_an_input():
+    from mate.gemm import bmm_bf16
+    from mate.mha_interface import flash_attn_varlen_func
+
+    a = torch.randn(2, 16, 32).to(torch.bfloat16)
+    b = torch.randn(2, 32, 16).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="out must not overlap A"):
+        bmm_bf16(a, b, out=a[:, :, :16])
+    q = torch.randn(4, 2, 64).to(torch.bfloat16)
+    cu = torch.tensor([0, 4], dtype=torch.int32)
+    with pytest.raises(ValueError, match="out must not overlap q"):
+        flash_attn_varlen_func(q, q[:, :1], q[:, :1], cu, cu, 4, 4, out=q)

@@ -674,11 +674,13 @@ def sparse_attention(
     else:
         checks.check_out_tensor("out", out, shape=[total_q, hq, d], dtype=out_dtype, device=device,
                                 contiguous=False, last_dim_contiguous=True)
+        checks.check_no_overlap("out", out, q=q, k=k, v=v)
     if lse is None:
         lse = torch.empty(total_q, hq, dtype=torch.float32, device=device)
     else:
         checks.check_out_tensor("lse", lse, shape=[total_q, hq], dtype=torch.float32, device=device,
                                 contiguous=False, last_dim_contiguous=True)
+        checks.check_no_overlap("lse", lse, q=q, k=k, v=v, out=out)
     if sm_scale is None:
         sm_scale = d ** -0.5
     if causal is None:
