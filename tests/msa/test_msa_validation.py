@@ -167,3 +167,10 @@ def test_int32_overflowing_host_values_raise():
     with pytest.raises(ValueError, match="q_offset_override must be an int32 value"):
         sparse_msa(q, kc, kc, sp, kv_block_indexes=blocks, page_table=torch.tensor([[0, 1]], dtype=torch.int32),
                    q_offset_override=2**40)
+
+
+def test_planner_device_and_int_offset_are_checked():
+    with pytest.raises(ValueError, match="device must be a torch.device or a device string, got 'bogus'"):
+        _msa_plan_from_lengths(torch.tensor([1]), torch.tensor([6]), num_qo_heads=2, device="bogus")
+    with pytest.raises(ValueError, match="qo_offset must be an int32 value"):
+        _msa_plan_from_lengths(torch.tensor([1]), torch.tensor([6]), num_qo_heads=2, qo_offset=2**40)

@@ -481,10 +481,14 @@ def _msa_plan_from_lengths(
     if qo_offset is None:
         off = kv - qo
     elif isinstance(qo_offset, int) and not isinstance(qo_offset, bool):
+        check_value("qo_offset", -(2**31) <= qo_offset < 2**31, "an int32 value", qo_offset)
         off = torch.full((B,), qo_offset, dtype=torch.int64)
     else:
         off = _as_cpu_lengths("qo_offset", qo_offset, B)
-    dev = torch.device("cpu") if device is None else torch.device(device)
+    try:
+        dev = torch.device("cpu") if device is None else torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device must be a torch.device or a device string, got {device!r}") from exc
     cfg = dict(num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, page_size=page_size,
                sparse_block_size=sparse_block_size, num_kv_splits=num_kv_splits, kv_block_num=kv_block_num,
                force_begin_blocks=force_begin_blocks, force_end_blocks=force_end_blocks,
