@@ -27,6 +27,7 @@ import torch
 from mate._core.checks import (
     check_bool,
     check_inputs_enabled,
+    check_int32,
     check_no_overlap,
     check_out_tensor,
     check_tensor,
@@ -530,9 +531,8 @@ def build_page_table_from_flat_kv_indices(
     if need != kv_indices.shape[0]:
         raise ValueError(f"kv_indices must hold {need} page ids (sum of ceil(kv_lens / {page_size})), "
                          f"got {kv_indices.shape[0]}")
-    if kv_indices.dtype == torch.int64 and need:  # the table is int32: an id outside it would wrap
-        lo, hi = int(kv_indices.min()), int(kv_indices.max())
-        check_value("kv_indices", lo >= -(2**31) and hi < 2**31, "int32 page ids", f"values in [{lo}, {hi}]")
+    if kv_indices.dtype == torch.int64:  # the table is int32
+        check_int32("kv_indices", kv_indices, "int32 page ids")
     B = lens.shape[0]
     max_pages = int(pages.max()) if B else 0
     dev = kv_indices.device
@@ -1023,8 +1023,7 @@ def msa(
             check_tensor("q_offset_override", q_offset_override, dtype=torch.int32, shape=(plan_info.batch_size,),
                          contiguous=True, device=q.device)
         else:
-            check_value("q_offset_override", -(2**31) <= q_offset_override < 2**31, "an int32 value",
-                        q_offset_override)
+            check_int32("q_offset_override", q_offset_override)
     page_table = kw.get("page_table")
     if page_table is not None:
         max_pages = max(plan.max_pages, plan_info.prefill_plan_or_None.max_pages

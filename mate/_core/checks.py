@@ -233,6 +233,17 @@ def check_value(name: str, ok: bool, expected: str, given: Any) -> None:
         raise ValueError(f"{name} must be {expected}, got {given!r}")
 
 
+def check_int32(name: str, value: int | torch.Tensor, expected: str | None = None) -> None:
+    """``ValueError`` unless an int (or every element of an integer tensor, read on the host) fits
+    int32, where a kernel or a plan stores it (a larger value would wrap silently)."""
+    if isinstance(value, torch.Tensor):
+        if value.numel():
+            lo, hi = int(value.min()), int(value.max())
+            check_value(name, lo >= -(2**31) and hi < 2**31, expected or "int32 values", f"values in [{lo}, {hi}]")
+    else:
+        check_value(name, -(2**31) <= value < 2**31, expected or "an int32 value", value)
+
+
 def check_bool(name: str, value: Any) -> bool:
     """``TypeError`` unless ``value`` is a bool (a truthy string or int would silently pick a path)."""
     if not isinstance(value, bool):

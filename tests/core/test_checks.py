@@ -281,3 +281,15 @@ def test_public_apis_reject_an_out_that_aliases_an_input():
     cu = torch.tensor([0, 4], dtype=torch.int32)
     with pytest.raises(ValueError, match="out must not overlap q"):
         flash_attn_varlen_func(q, q[:, :1], q[:, :1], cu, cu, 4, 4, out=q)
+
+
+def test_check_int32():
+    from mate._core.checks import check_int32
+
+    check_int32("n", 2**31 - 1)
+    check_int32("t", torch.tensor([-(2**31), 5], dtype=torch.int64))
+    check_int32("t", torch.zeros(0, dtype=torch.int64))
+    with pytest.raises(ValueError, match=r"n must be an int32 value, got 2147483648"):
+        check_int32("n", 2**31)
+    with pytest.raises(ValueError, match=r"t must be int32 page ids, got 'values in \[-2147483649, 0\]'"):
+        check_int32("t", torch.tensor([-(2**31) - 1, 0]), "int32 page ids")

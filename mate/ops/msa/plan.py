@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from mate._core.checks import check_bool, check_choice, check_value
+from mate._core.checks import check_bool, check_choice, check_int32, check_value
 from mate.ops.msa.workspace import MsaWorkspace
 
 __all__ = [
@@ -221,8 +221,6 @@ def _check_int(name: str, value: Any) -> int:
     return value
 
 
-
-
 def selected_block_count(topk: int, force_begin_blocks: int, force_end_blocks: int, counted: bool) -> int:
     return topk if counted else topk + force_begin_blocks + force_end_blocks
 
@@ -340,9 +338,7 @@ def _as_cpu_lengths(name: str, value: Any, batch: int | None) -> torch.Tensor:
     if batch is not None and value.shape[0] != batch:
         raise ValueError(f"{name} must have shape [{batch}] (the batch size of qo_lens), got {list(value.shape)}")
     value = value.to(torch.int64)
-    if value.numel():  # the plan stores int32: a value outside it would wrap
-        lo, hi = int(value.min()), int(value.max())
-        check_value(name, lo >= -(2**31) and hi < 2**31, "int32 values", f"values in [{lo}, {hi}]")
+    check_int32(name, value)  # the plan stores int32
     return value
 
 
@@ -481,7 +477,7 @@ def _msa_plan_from_lengths(
     if qo_offset is None:
         off = kv - qo
     elif isinstance(qo_offset, int) and not isinstance(qo_offset, bool):
-        check_value("qo_offset", -(2**31) <= qo_offset < 2**31, "an int32 value", qo_offset)
+        check_int32("qo_offset", qo_offset)
         off = torch.full((B,), qo_offset, dtype=torch.int64)
     else:
         off = _as_cpu_lengths("qo_offset", qo_offset, B)
