@@ -96,11 +96,11 @@ def sparse_attention_reference(
         q0, q1, kv_len = indptr[i], indptr[i + 1], max(lens[i], 0)
         # query rows outside q (offsets past total_q) are not computed
         t = torch.arange(q0, q1, device=dev) if q1 > q0 else torch.zeros(0, dtype=torch.long, device=dev)
-        inside = (t >= 0) & (t < total_q)
-        if not bool(inside.any()):
+        t = t[(t >= 0) & (t < total_q)]
+        if t.numel() == 0:
             continue
         nblk = -(-kv_len // BLOCK)
-        ids = idx[t[inside]].long()  # [n, Hkv, W]
+        ids = idx[t].long()  # [n, Hkv, W]
         valid = (ids >= 0) & (ids < nblk)
         blocks = torch.unique(ids[valid])  # the logical blocks any of these tokens selects, sorted
         if blocks.numel() == 0:
@@ -113,20 +113,20 @@ def sparse_attention_reference(
         keys = (blocks[:, None] * BLOCK + torch.arange(BLOCK, device=dev)).reshape(-1)  # key positions
         key_ok = present.repeat_interleave(BLOCK) & (keys < kv_len)
         off = (kv_len - (q1 - q0)) if offs is None else offs[i]
-        pos = off + (t[inside] - q0)
+        pos = off + (t - q0)
         chosen = ((ids[..., None] == blocks) & valid[..., None]).any(dim=2)  # [n, Hkv, nb]
         vis = chosen.repeat_interleave(BLOCK, dim=2) & key_ok  # [n, Hkv, nb * 128]
         if causal:
             vis = vis & (keys[None, None, :] <= pos[:, None, None])
         vis = vis.repeat_interleave(ratio, dim=1)  # [n, Hq, keys]
-        qr = q[t[inside]].to(compute_dtype)
+        qr = q[t].to(compute_dtype)
         kx = kr.repeat_interleave(ratio, dim=1)
         vx = vr.repeat_interleave(ratio, dim=1)
         s = torch.einsum("thd,khd->thk", qr, kx) * (sm_scale * k_scale)
         s = s.masked_fill(~vis, -math.inf)
         l_ = torch.logsumexp(s, dim=-1)
         p = torch.exp(s - torch.where(torch.isinf(l_), 0.0, l_)[..., None])
-        out[t[inside]] = torch.einsum("thk,khd->thd", p, vx) * v_scale
-        lse[t[inside]] = l_
+        out[t] = torch.einsum("thk,khd->thd", p, vx) * v_scale
+        lse[t] = l_
     lse_dtype = torch.float64 if compute_dtype == torch.float64 else torch.float32
     return out.to(out_dtype), lse.to(lse_dtype)
