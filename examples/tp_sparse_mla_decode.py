@@ -251,12 +251,13 @@ def main(argv: list[str] | None = None) -> None:
     cuda = torch.cuda.is_available()
     if "RANK" not in os.environ:  # started without torchrun: one rank holding every head
         os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
-    dist.init_process_group("nccl" if cuda else "gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    local = int(os.environ.get("LOCAL_RANK", rank))
+    local = int(os.environ.get("LOCAL_RANK", os.environ["RANK"]))
     device = torch.device("cuda", local) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
+    # device_id binds the NCCL communicator to this rank's GPU (barrier() then needs no guess)
+    dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
+    rank, world = dist.get_rank(), dist.get_world_size()
 
     cfg = Config(batch=32, heads=128, hidden=7168, top_k=2048, context=8192) if args.deepseek else Config()
     cfg = dataclasses.replace(cfg, **{k: v for k, v in (("batch", args.batch), ("heads", args.heads)) if v})
