@@ -87,6 +87,12 @@ against 49.8-49.9 (B=32 q2 33.6-34.6 against 32.8-33.1). The gather's entries fo
 next loaded at the top of the iteration, before the CTA barrier, so that they do not queue behind the
 current gather's 18 cp.async (808 loop instructions, one spill in the loop): 51.3-51.4 / 33.6-33.7 /
 50.5 us against 49.9-52.8 / 32.5-32.7 / 48.8, removed.
+Session 21 (copy 4256 GB/s; probe in ``benchmarks/results/2026-11-30-h200-s21-probes.txt``): two
+8-warp chains per SM instead of two one-warpgroup chains (the 8-warp kernel of
+``decode_gluon_small_h.py``, 518 instead of 754 loop instructions per warp, at 2 programs per SM:
+2 stages, a 128-register cap, 89 spill instructions, 50 in the loop; 2 splits and the combine):
+86.2 us at B=128 q1 against this kernel's 49.9 (uncapped, 171 registers, 1 program per SM: 76.6);
+B=32 q2 64.1 against 32.5, B=64 q2 87.4 against 48.5.
 """
 
 from __future__ import annotations
