@@ -224,6 +224,10 @@ def test_plain_only_kernels_check_shapes():
 def test_grouped_default_config():
     cfg = tuning.grouped_config(4 * 8192, 4096, 7168)
     assert {**cfg, **cfg["GLUON"]}["BLOCK_N"] == 192 and cfg["GLUON"]["EPI_TMA"]
+    # the Gluon kernel keeps 128-row tiles; the Triton kernel beside it (and below the
+    # threshold) runs 64-row tiles on one warpgroup (session 21)
+    assert {**cfg, **cfg["GLUON"]}["BLOCK_M"] == 128 and (cfg["BLOCK_M"], cfg["num_warps"]) == (64, 4)
+    assert tuning.grouped_config(256, 4096, 7168)["BLOCK_M"] == tuning.masked_config(512, 4096, 7168)["BLOCK_M"] == 64
     assert "GLUON" in tuning.grouped_config(8 * 128, 7168, 2048)  # 448 tiles: GLUON_GROUPED_MIN_TILES
     assert "GLUON" not in tuning.grouped_config(7 * 128, 7168, 2048)
     assert "GLUON" not in tuning.grouped_config(256, 4096, 7168)
