@@ -402,8 +402,8 @@ def grouped_config(m: int, n: int, k: int) -> dict:
 
 
 def masked_config(expected_m: int, n: int, k: int) -> dict:
-    """Masked MoE layout: 64x128 tiles on one warpgroup at every expected_m, 3 stages up to
-    256 expected rows per group, 4 above.
+    """Masked MoE layout: 64x128 tiles on one warpgroup at every expected_m; 3 stages for
+    32 < expected_m <= 256, else 4.
 
     Measured on the H200 (session 21, ``masked_m`` drawn from [expected_m / 2, 3 expected_m /
     2], N=4096, K=7168, interleaved, outputs bit-identical; us, 64x128 at 3 / 4 stages against
@@ -411,9 +411,12 @@ def masked_config(expected_m: int, n: int, k: int) -> dict:
     401.4 / 415.1 against 561.8 (484.9 against 401.2 at 4 stages in a second call), G=8 x
     256 / 128 104.8 / 112.2 against 146.8, G=16 x 512 / 256 320.8 / 327.4 against 376.3,
     G=8 x 1024 / 512 292.3 / 276.1 against 322.6, G=4 x 2048 / 1024 290.9 / 288.1 against
-    314.0 (5 stages 1.3-1.4x slower everywhere; GROUP_M 4 / 16 within 3%). 64-row tiles pad
-    a group's last tile less, and a 64x128 tile's program leaves room for more on an SM."""
-    return {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3 if expected_m <= 256 else 4,
+    314.0 (5 stages 1.3-1.4x slower everywhere; GROUP_M 4 / 16 within 3%). A third call, 3 / 4
+    stages against 128x128: G=64 x 128 / 64 524.5 / 529.6 against 635.1, G=256 x 64 / 32 1812.2 /
+    1794.0 against 2565.3, G=128 x 64 / 32 904.9 / 897.1 against 1237.7, G=32 x 256 / 128 388.6 /
+    403.2 against 522.7. 64-row tiles pad a group's last tile less, and a 64x128 tile's program
+    leaves room for more on an SM."""
+    return {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3 if 32 < expected_m <= 256 else 4,
             "GROUP_M": 8}
 
 
