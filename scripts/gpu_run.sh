@@ -16,7 +16,7 @@ mkdir -p "$OUT_DIR"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 python3 benchmarks/run_gpu.py "$@"
 rc=$?
-for script in benchmarks/sanitize_sparse_mla.py benchmarks/sanitize_msa_attention.py; do
+for script in benchmarks/sanitize_sparse_mla.py benchmarks/sanitize_msa_attention.py benchmarks/sanitize_gemm.py; do
     [ -f "$script" ] || continue
     echo "== compute-sanitizer memcheck $script" | tee -a "$OUT_DIR/sanitize.log"
     timeout "${SANITIZE_TIMEOUT:-120}" compute-sanitizer --tool memcheck --error-exitcode 9 python3 "$script" \
