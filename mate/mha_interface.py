@@ -57,11 +57,14 @@ def _check_window(window_size: Any) -> tuple[int, int]:
     return int(window_size[0]), int(window_size[1])
 
 
-def _check_max_seqlen_q(cu_seqlens_q: torch.Tensor, max_seqlen_q: int) -> None:
-    """``max_seqlen_q`` (an int) sizes the launch grid: in [0, 2**31). It is a promise
-    (FlashAttention's contract): the launch covers that many queries per request, and a longer
-    request's later rows are not computed; checked against ``cu_seqlens_q`` (a host read) only
-    when ``MATE_CHECK_INPUTS=1``."""
+def _check_max_seqlen_q(cu_seqlens_q: torch.Tensor, max_seqlen_q: Any, type_note: str = "") -> None:
+    """``max_seqlen_q`` must be an int (``TypeError`` otherwise, ``type_note`` appended to the
+    expectation); it sizes the launch grid: in [0, 2**31). It is a promise (FlashAttention's
+    contract): the launch covers that many queries per request, and a longer request's later
+    rows are not computed; checked against ``cu_seqlens_q`` (a host read) only when
+    ``MATE_CHECK_INPUTS=1``."""
+    if max_seqlen_q is None or isinstance(max_seqlen_q, bool) or not isinstance(max_seqlen_q, int):
+        raise TypeError(f"max_seqlen_q must be an int{type_note}, got {type(max_seqlen_q).__name__}")
     checks.check_value("max_seqlen_q", 0 <= max_seqlen_q < 2**31, "in [0, 2**31)", max_seqlen_q)
     if checks.check_inputs_enabled() and cu_seqlens_q.numel() > 1:
         longest = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
@@ -301,8 +304,6 @@ def flash_attn_varlen_func(
     checks.check_tensor("cu_seqlens_q", cu_seqlens_q, dtype=torch.int32, ndim=1, contiguous=True)
     batch = cu_seqlens_q.shape[0] - 1
     checks.check_value("cu_seqlens_q.shape[0]", batch >= 0, ">= 1", cu_seqlens_q.shape[0])
-    if max_seqlen_q is None or isinstance(max_seqlen_q, bool) or not isinstance(max_seqlen_q, int):
-        raise TypeError(f"max_seqlen_q must be an int, got {type(max_seqlen_q).__name__}")
     _check_max_seqlen_q(cu_seqlens_q, max_seqlen_q)
     if paged:
         checks.check_tensor("page_table", page_table, dtype=torch.int32, shape=[batch, None], last_dim_contiguous=True)
@@ -478,9 +479,7 @@ def flash_attn_with_kvcache(
         checks.check_tensor("cu_seqlens_q", cu_seqlens_q, dtype=torch.int32, ndim=1, contiguous=True)
         b = cu_seqlens_q.shape[0] - 1
         checks.check_value("cu_seqlens_q.shape[0]", b >= 0, ">= 1", cu_seqlens_q.shape[0])
-        if max_seqlen_q is None or isinstance(max_seqlen_q, bool) or not isinstance(max_seqlen_q, int):
-            raise TypeError(f"max_seqlen_q must be an int with cu_seqlens_q, got {type(max_seqlen_q).__name__}")
-        _check_max_seqlen_q(cu_seqlens_q, max_seqlen_q)
+        _check_max_seqlen_q(cu_seqlens_q, max_seqlen_q, " with cu_seqlens_q")
         sq = max_seqlen_q
     else:
         if max_seqlen_q is not None:

@@ -578,6 +578,12 @@ def test_flags_and_max_seqlen_q_are_checked(device, monkeypatch):
         flash_attn_with_kvcache(q[None], k[None], k[None], causal=1)
     with pytest.raises(ValueError, match=r"max_seqlen_q must be in \[0, 2\*\*31\)"):
         flash_attn_varlen_func(q, k, k, cq, cq, 2**40, 3)
+    with pytest.raises(TypeError, match="max_seqlen_q must be an int, got float"):
+        flash_attn_varlen_func(q, k, k, cq, cq, 3.0, 3)
+    with pytest.raises(TypeError, match="max_seqlen_q must be an int with cu_seqlens_q, got bool"):
+        flash_attn_with_kvcache(q, k[None], k[None], cu_seqlens_q=cq, max_seqlen_q=True)
+    with pytest.raises(ValueError, match=r"max_seqlen_q must be in \[0, 2\*\*31\)"):
+        flash_attn_with_kvcache(q, k[None], k[None], cu_seqlens_q=cq, max_seqlen_q=-1)
     monkeypatch.setenv("MATE_CHECK_INPUTS", "1")
     with pytest.raises(ValueError, match=r"max_seqlen_q must be >= the longest request in cu_seqlens_q \(3\)"):
         flash_attn_varlen_func(q, k, k, cq, cq, 2, 3)
