@@ -12,7 +12,7 @@ import math
 
 import torch
 
-__all__ = ["request_keys", "block_pages", "missing_keys", "attention_varlen_reference"]
+__all__ = ["request_keys", "block_pages", "missing_keys", "query_rows", "attention_varlen_reference"]
 
 
 def request_keys(
@@ -73,6 +73,13 @@ def _request_pages(page_table: torch.Tensor, i: int, n: int, num_pages: int) -> 
     return torch.where((pages >= 0) & (pages < num_pages), pages, -1)
 
 
+def query_rows(q0: int, q1: int, total_q: int, device: torch.device | str) -> torch.Tensor:
+    """int64 [n]: the rows [q0, q1) of a request that lie inside q's [0, total_q) (offsets past
+    q are not computed, as the kernels neither read nor write them)."""
+    lo, hi = max(q0, 0), min(q1, total_q)
+    return torch.arange(lo, max(lo, hi), device=device)
+
+
 def missing_keys(page_table: torch.Tensor | None, i: int, k_len: int, page_size: int, num_pages: int,
                  k_start: int = 0, rows: int | None = None) -> torch.Tensor:
     """Bool [k_len]: the keys of request ``i`` whose page is missing or out of range (the
@@ -126,9 +133,10 @@ def attention_varlen_reference(
         vr = request_keys(v, i, k_len, k_start=start, page_table=page_table, batched=batched).to(compute_dtype)
         kr = kr.repeat_interleave(ratio, dim=1)
         vr = vr.repeat_interleave(ratio, dim=1)
-        pos = torch.arange(q1 - q0, device=q.device) + (k_len - (q1 - q0))
+        t = query_rows(q0, q1, total_q, q.device)
+        pos = (t - q0) + (k_len - (q1 - q0))
         keys = torch.arange(k_len, device=q.device)
-        vis = torch.ones(q1 - q0, k_len, dtype=torch.bool, device=q.device)
+        vis = torch.ones(t.numel(), k_len, dtype=torch.bool, device=q.device)
         if right >= 0:
             vis &= keys[None, :] <= pos[:, None] + right
         if left >= 0:
@@ -137,10 +145,6 @@ def attention_varlen_reference(
         rows = None if page_table is not None else (k.shape[1] if batched else k.shape[0])
         missing = missing_keys(page_table, i, k_len, page_size, k.shape[0], 0 if batched else start, rows)
         vis &= ~missing.to(q.device)[None, :]
-        # query rows outside q (offsets past total_q) are not computed
-        t = torch.arange(q0, q1, device=q.device)
-        inside = (t >= 0) & (t < total_q)
-        t, vis = t[inside], vis[inside]
         s = torch.einsum("thd,khd->htk", q[t].to(compute_dtype), kr) * scale
         s = s.masked_fill(~vis[None], -math.inf)
         l_ = torch.logsumexp(s, dim=-1)  # [Hq, n]

@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from mate.ops.mha.reference import block_pages
+from mate.ops.mha.reference import block_pages, query_rows
 
 __all__ = ["BLOCK", "kv_layout_of", "gather_pages", "sparse_attention_reference"]
 
@@ -94,9 +94,7 @@ def sparse_attention_reference(
     dev = q.device
     for i in range(len(lens)):
         q0, q1, kv_len = indptr[i], indptr[i + 1], max(lens[i], 0)
-        # query rows outside q (offsets past total_q) are not computed
-        t = torch.arange(q0, q1, device=dev) if q1 > q0 else torch.zeros(0, dtype=torch.long, device=dev)
-        t = t[(t >= 0) & (t < total_q)]
+        t = query_rows(q0, q1, total_q, dev)
         if t.numel() == 0:
             continue
         nblk = -(-kv_len // BLOCK)
