@@ -18,6 +18,7 @@ import torch
 
 from mate import gemm
 from mate.ops.gemm import reference as R
+from mate.testing.inputs import grouped_contiguous_operands
 
 K = 1024
 
@@ -45,15 +46,8 @@ def masked(G: int, max_m: int, n: int, expected_m: int, counts: list[int]) -> bo
 
 
 def contiguous(rows: list[int], n: int) -> bool:
-    idx = []
-    for g, r in enumerate(rows):  # each expert's rows padded to a multiple of 128 with -1
-        idx += [g] * r + [-1] * (-(-r // 128) * 128 - r)
-    idx = torch.tensor(idx, dtype=torch.int32, device="cuda")
-    G, m = len(rows), idx.numel()
-    a, b = _fp8(m, K), _fp8(G, n, K)
-    sa = torch.rand(m, K // 128, device="cuda") * 0.02 + 0.005
-    sb = torch.rand(G, -(-n // 128), K // 128, device="cuda") * 0.02 + 0.005
-    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    idx, a, sa, b, sb = grouped_contiguous_operands(rows, n, K, device="cuda")  # rows padded to 128 with -1
+    out = torch.full((idx.numel(), n), float("nan"), dtype=torch.bfloat16, device="cuda")
     gemm.group_deepgemm_fp8_nt_groupwise(a, b, sa, sb, idx, out=out)
     ref = R.grouped_contiguous_ref(a, b, sa, sb, idx, torch.float32)
     valid = idx >= 0

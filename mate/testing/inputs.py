@@ -6,7 +6,8 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["randn", "rand_fp8", "poisoned", "moe_contiguous_operands", "moe_masked_operands"]
+__all__ = ["randn", "rand_fp8", "poisoned", "moe_contiguous_operands", "moe_masked_operands",
+           "grouped_contiguous_operands"]
 
 
 def randn(shape: Sequence[int], dtype: torch.dtype = torch.bfloat16, device="cpu", scale: float = 1.0,
@@ -66,3 +67,19 @@ def moe_masked_operands(groups: int, max_m: int, expected_m: int, n: int, k: int
     gen = torch.Generator(device="cpu").manual_seed(0)
     counts = torch.randint(max(1, expected_m // 2), min(max_m, expected_m * 3 // 2) + 1, (groups,), generator=gen)
     return a, sa, b, sb, counts.to(torch.int32).to(device)
+
+
+def grouped_contiguous_operands(rows, n: int, k: int, device="cpu"):
+    """Contiguous MoE inputs with padding (tests, sanitizer runs): group g has rows[g] rows padded
+    to a multiple of 128 with index -1. Returns m_indices [m] int32, a [m, k] e4m3, a_scale
+    [m, k/128], b [G, n, k] e4m3 and b_scale [G, ceil(n/128), k/128] (scales in [0.005, 0.025))."""
+    idx = []
+    for g, r in enumerate(rows):
+        idx += [g] * r + [-1] * (-(-r // 128) * 128 - r)
+    idx = torch.tensor(idx, dtype=torch.int32, device=device)
+    m, G = idx.numel(), len(rows)
+    a = rand_fp8((m, k), device=device, scale=2.0)
+    sa = torch.rand(m, k // 128, device=device) * 0.02 + 0.005
+    b = rand_fp8((G, n, k), device=device, scale=2.0)
+    sb = torch.rand(G, -(-n // 128), k // 128, device=device) * 0.02 + 0.005
+    return idx, a, sa, b, sb

@@ -165,6 +165,16 @@ def test_moe_contiguous_operands():
     assert bool(((sa >= 0.001) & (sa < 0.011)).all()) and bool(((sb >= 0.001) & (sb < 0.011)).all())
 
 
+def test_grouped_contiguous_operands():
+    from mate.testing.inputs import grouped_contiguous_operands
+
+    idx, a, sa, b, sb = grouped_contiguous_operands([3, 0, 130], 200, 256)
+    assert idx.dtype == torch.int32 and idx.tolist() == [0] * 3 + [-1] * 125 + [2] * 130 + [-1] * 126
+    assert a.shape == (384, 256) and a.dtype == torch.float8_e4m3fn and sa.shape == (384, 2)
+    assert b.shape == (3, 200, 256) and sb.shape == (3, 2, 2)  # ceil(200 / 128) weight-scale rows
+    assert bool(((sa >= 0.005) & (sa < 0.025)).all()) and bool(((sb >= 0.005) & (sb < 0.025)).all())
+
+
 def test_moe_masked_operands():
     from mate.testing.inputs import moe_masked_operands
 

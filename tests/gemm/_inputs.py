@@ -51,22 +51,6 @@ def fp64_groupwise_loop(a, b, a_scale, b_scale):
     return out
 
 
-def grouped_contiguous_operands(rows, n: int, k: int, device="cpu"):
-    """Grouped contiguous inputs: group g has rows[g] rows padded to a multiple of 128 with
-    index -1. Returns m_indices [m] int32, a [m, k], a_scale [m, k/128], b [G, n, k] and
-    b_scale [G, n/128, k/128]."""
-    idx = []
-    for g, r in enumerate(rows):
-        idx += [g] * r + [-1] * (-(-r // 128) * 128 - r)
-    idx = torch.tensor(idx, dtype=torch.int32, device=device)
-    m, G = idx.numel(), len(rows)
-    a = rand_fp8((m, k), device=device, scale=2.0)
-    sa = torch.rand(m, k // 128, device=device) * 0.02 + 0.005
-    b = rand_fp8((G, n, k), device=device, scale=2.0)
-    sb = torch.rand(G, n // 128, k // 128, device=device) * 0.02 + 0.005
-    return idx, a, sa, b, sb
-
-
 def assert_fp8_output_close(out: torch.Tensor, oscale: torch.Tensor, ref: torch.Tensor,
                             via_bf16: bool = False) -> None:
     """FP8 output ``out`` [M, N] with per-(row, 128 columns) scales ``oscale`` against the fp32

@@ -9,12 +9,8 @@ from mate import gemm
 from mate.ops.gemm import reference as R
 from mate.testing import assert_close, poisoned, rand_fp8, randn
 from mate.testing.graphs import capture_graph
-from tests.gemm._inputs import (
-    assert_fp8_output_close,
-    fp8_block_operands,
-    grouped_contiguous_operands,
-    launch_groupwise_plain,
-)
+from mate.testing.inputs import grouped_contiguous_operands
+from tests.gemm._inputs import assert_fp8_output_close, fp8_block_operands, launch_groupwise_plain
 
 pytestmark = pytest.mark.gpu
 
