@@ -329,7 +329,8 @@ def flash_attn_varlen_func(
     else:
         checks.check_out_tensor("out", out, shape=[total_q, hq, d], dtype=q.dtype, device=device,
                                 contiguous=False, last_dim_contiguous=True)
-        checks.check_no_overlap("out", out, q=q, k=k, v=v)
+        checks.check_no_overlap("out", out, q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                                seqused_k=seqused_k, page_table=page_table)
     scale = d ** -0.5 if softmax_scale is None else checks.check_python_float("softmax_scale", softmax_scale)
     backend_used = select_backend(device, backend)
     with_lse = bool(return_softmax_lse) and SDPA_WITH_LSE and d <= 128  # cuDNN measured at d 64 and 128

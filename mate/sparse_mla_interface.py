@@ -540,11 +540,13 @@ def sparse_mla_fp8_decode(
         out = torch.empty((batch, q_len, heads, 512), dtype=torch.bfloat16, device=device)
     else:
         checks.check_out_tensor("out", out, shape=[batch, q_len, heads, 512], dtype=torch.bfloat16, device=device)
-        checks.check_no_overlap("out", out, query=query, kv_cache=kv_cache)
+        checks.check_no_overlap("out", out, query=query, kv_cache=kv_cache, block_tables=block_tables,
+                                seq_lens=seq_lens)
     if lse is not None:
         checks.check_tensor("lse", lse, dtype=torch.float32, ndim=(2, 3), contiguous=True)
         checks.check_shape("lse", lse, [batch * q_len, heads] if lse.dim() == 2 else [batch, q_len, heads])
-        checks.check_no_overlap("lse", lse, query=query, kv_cache=kv_cache, out=out)
+        checks.check_no_overlap("lse", lse, query=query, kv_cache=kv_cache, block_tables=block_tables,
+                                seq_lens=seq_lens, out=out)
         lse_buf = lse
     elif return_lse:
         lse = lse_buf = torch.empty((batch, q_len, heads), dtype=torch.float32, device=device)

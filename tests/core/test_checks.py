@@ -281,6 +281,21 @@ def test_public_apis_reject_an_out_that_aliases_an_input():
     cu = torch.tensor([0, 4], dtype=torch.int32)
     with pytest.raises(ValueError, match="out must not overlap q"):
         flash_attn_varlen_func(q, q[:, :1], q[:, :1], cu, cu, 4, 4, out=q)
+    # the index tensors the kernels read count as inputs too
+    out = torch.empty(4, 2, 64, dtype=torch.bfloat16)
+    cu_in_out = out.view(-1).view(torch.int32)[:2]
+    cu_in_out.copy_(cu)
+    with pytest.raises(ValueError, match="out must not overlap cu_seqlens_q"):
+        flash_attn_varlen_func(q, q[:, :1], q[:, :1], cu_in_out, cu, 4, 4, out=out)
+    from mate.sparse_mla_interface import sparse_mla_fp8_decode
+
+    query = torch.randn(1, 1, 16, 576).to(torch.float8_e4m3fn)
+    kv = torch.randn(2, 64, 576).to(torch.float8_e4m3fn)
+    out = torch.empty(1, 1, 16, 512, dtype=torch.bfloat16)
+    idx = out.view(-1).view(torch.int32)[:64].view(1, 1, 64)
+    with pytest.raises(ValueError, match="out must not overlap block_tables"):
+        sparse_mla_fp8_decode(query, kv, None, 128, 512, 64, idx, torch.tensor([64], dtype=torch.int32), 128,
+                              sparse_mla_top_k=64, out=out)
 
 
 def test_check_int32():

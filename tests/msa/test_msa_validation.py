@@ -89,6 +89,15 @@ def test_overlapping_out_raises():
     lse = torch.empty(1, 2).expand(4, 2)
     with pytest.raises(ValueError, match="lse must not overlap itself"):
         msa(q, k, v, info, lse=lse)
+    # outputs sharing memory with an input: q, or the page table the kernels read
+    info_ms = _msa_plan_from_lengths(torch.tensor([4]), torch.tensor([8]), num_qo_heads=2, output_maxscore=True)
+    with pytest.raises(ValueError, match="max_score must not overlap q"):
+        msa(q, k, v, info_ms, max_score=q.view(-1).view(torch.float32)[:8].view(4, 2, 1))
+    qp, kp = _bf16(4, 2, 128), _bf16(1, 128, 2, 128)
+    info_p = _msa_plan_from_lengths(torch.tensor([4]), torch.tensor([8]), num_qo_heads=2, page_size=128)
+    out = torch.empty(4, 2, 128, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="out must not overlap page_table"):
+        msa(qp, kp, kp, info_p, out=out, page_table=out.view(-1).view(torch.int32)[:1].view(1, 1))
 
 
 def test_sparse_entry_points_take_their_own_plan_and_outputs_only():

@@ -666,21 +666,21 @@ def sparse_attention(
         checks.check_tensor("kv_page_indptr", kv_page_indptr, dtype=torch.int32, shape=[batch + 1],
                             contiguous=True)
     out_dtype = torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype
-    device = checks.check_same_device(q=q, k=k, v=v, kv_block_indexes=kv_block_indexes, qo_indptr=qo_indptr,
-                                      kv_lens=kv_lens, qo_offset=qo_offset, page_table=page_table,
-                                      kv_indices=kv_indices, kv_page_indptr=kv_page_indptr, out=out, lse=lse)
+    inputs = dict(q=q, k=k, v=v, kv_block_indexes=kv_block_indexes, qo_indptr=qo_indptr, kv_lens=kv_lens,
+                  qo_offset=qo_offset, page_table=page_table, kv_indices=kv_indices, kv_page_indptr=kv_page_indptr)
+    device = checks.check_same_device(**inputs, out=out, lse=lse)
     if out is None:
         out = torch.empty(total_q, hq, d, dtype=out_dtype, device=device)
     else:
         checks.check_out_tensor("out", out, shape=[total_q, hq, d], dtype=out_dtype, device=device,
                                 contiguous=False, last_dim_contiguous=True)
-        checks.check_no_overlap("out", out, q=q, k=k, v=v)
+        checks.check_no_overlap("out", out, **inputs)
     if lse is None:
         lse = torch.empty(total_q, hq, dtype=torch.float32, device=device)
     else:
         checks.check_out_tensor("lse", lse, shape=[total_q, hq], dtype=torch.float32, device=device,
                                 contiguous=False, last_dim_contiguous=True)
-        checks.check_no_overlap("lse", lse, q=q, k=k, v=v, out=out)
+        checks.check_no_overlap("lse", lse, **inputs, out=out)
     if sm_scale is None:
         sm_scale = d ** -0.5
     if causal is None:
