@@ -69,14 +69,16 @@ def moe_masked_operands(groups: int, max_m: int, expected_m: int, n: int, k: int
     return a, sa, b, sb, counts.to(torch.int32).to(device)
 
 
-def grouped_contiguous_operands(rows, n: int, k: int, device="cpu"):
+def grouped_contiguous_operands(rows, n: int, k: int, device="cpu", tail: int = 0, stray: bool = False):
     """Contiguous MoE inputs with padding (tests, sanitizer runs): group g has rows[g] rows padded
-    to a multiple of 128 with index -1. Returns m_indices [m] int32, a [m, k] e4m3, a_scale
-    [m, k/128], b [G, n, k] e4m3 and b_scale [G, ceil(n/128), k/128] (scales in [0.005, 0.025))."""
+    to a multiple of 128 with index -1, then ``tail`` more -1 rows. ``stray``: the padding rows
+    get the out-of-range index G + 3 instead (skipped like padding). Returns m_indices [m] int32,
+    a [m, k] e4m3, a_scale [m, k/128], b [G, n, k] e4m3 and b_scale [G, ceil(n/128), k/128]
+    (scales in [0.005, 0.025))."""
     idx = []
     for g, r in enumerate(rows):
-        idx += [g] * r + [-1] * (-(-r // 128) * 128 - r)
-    idx = torch.tensor(idx, dtype=torch.int32, device=device)
+        idx += [g] * r + [len(rows) + 3 if stray else -1] * (-(-r // 128) * 128 - r)
+    idx = torch.tensor(idx + [-1] * tail, dtype=torch.int32, device=device)
     m, G = idx.numel(), len(rows)
     a = rand_fp8((m, k), device=device, scale=2.0)
     sa = torch.rand(m, k // 128, device=device) * 0.02 + 0.005

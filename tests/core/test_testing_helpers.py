@@ -173,6 +173,8 @@ def test_grouped_contiguous_operands():
     assert a.shape == (384, 256) and a.dtype == torch.float8_e4m3fn and sa.shape == (384, 2)
     assert b.shape == (3, 200, 256) and sb.shape == (3, 2, 2)  # ceil(200 / 128) weight-scale rows
     assert bool(((sa >= 0.005) & (sa < 0.025)).all()) and bool(((sb >= 0.005) & (sb < 0.025)).all())
+    idx = grouped_contiguous_operands([3, 0, 130], 200, 256, tail=2, stray=True)[0]
+    assert idx.tolist() == [0] * 3 + [6] * 125 + [2] * 130 + [6] * 126 + [-1] * 2  # padding index G + 3
 
 
 def test_moe_masked_operands():

@@ -13,6 +13,7 @@ from mate.ops.gemm import reference as R
 from mate.ops.gemm import tuning
 from mate.ops.gemm.groupwise import CONTIGUOUS, PLAIN, groupwise_gemm_triton
 from mate.testing import assert_close, poisoned, rand_fp8
+from mate.testing.inputs import grouped_contiguous_operands
 from tests._sm90 import sm90_build_reports
 from tests.gemm._inputs import fp8_block_operands, launch_groupwise_plain
 
@@ -52,23 +53,6 @@ def _plain(a, b, sa, sb, out, cfg):
     launch_groupwise_plain(a, b, sa, sb, out, {"GLUON": True, "GROUP_M": 8, "num_warps": 4, **cfg})
 
 
-def _grouped_operands(rows, n, k, device, tail=0, stray=False):
-    """Contiguous MoE inputs: group g has rows[g] rows padded to a multiple of 128 with index
-    -1, then ``tail`` more -1 rows; weight scales [G, ceil(n / 128), k / 128]. ``stray``: the
-    padding rows get the out-of-range index G + 3 instead (skipped like padding, and not the
-    valid rows of their tile)."""
-    idx = []
-    for g, r in enumerate(rows):
-        idx += [g] * r + [len(rows) + 3 if stray else -1] * (-(-r // 128) * 128 - r)
-    idx = torch.tensor(idx + [-1] * tail, dtype=torch.int32, device=device)
-    m, G = idx.numel(), len(rows)
-    a = rand_fp8((m, k), device=device, scale=2.0)
-    sa = torch.rand(m, k // 128, device=device) * 0.02 + 0.005
-    b = rand_fp8((G, n, k), device=device, scale=2.0)
-    sb = torch.rand(G, -(-n // 128), k // 128, device=device) * 0.02 + 0.005
-    return idx, a, sa, b, sb
-
-
 def _grouped(cfg, idx, a, sa, b, sb):
     out = poisoned((idx.numel(), b.shape[1]), torch.bfloat16, a.device.type)
     groupwise_gemm_triton(a, b, sa, (0, sa.stride(0), 1), sb, (sb.stride(0), sb.stride(1), 1), out, None,
@@ -94,7 +78,7 @@ def test_grouped_default_falls_back_off_hopper():
         pytest.skip("covered by the GPU tests")
     cfg = tuning.grouped_config(1 << 20, 4096, 7168)
     assert isinstance(cfg["GLUON"], dict) and cfg["GLUON"]["BLOCK_N"] == 192 and cfg["BLOCK_N"] == 128
-    _grouped(cfg, *_grouped_operands([70, 0, 128], 192, 256, "cpu"))
+    _grouped(cfg, *grouped_contiguous_operands([70, 0, 128], 192, 256, "cpu"))
 
 
 def test_auto_gluon_configs():
@@ -265,9 +249,9 @@ def test_gluon_grouped_contiguous(name, rows, n, k, tail):
         assert cfg["GLUON"]["BLOCK_N"] == 192
     else:
         cfg = {"GLUON": True, "GROUP_M": 8, **CONFIGS[name]}
-    _grouped(cfg, *_grouped_operands(rows, n, k, "cuda", tail))
+    _grouped(cfg, *grouped_contiguous_operands(rows, n, k, "cuda", tail))
     if rows[0] % 128:  # out-of-range indices in the padding rows beside valid ones
-        _grouped(cfg, *_grouped_operands(rows, n, k, "cuda", tail, stray=True))
+        _grouped(cfg, *grouped_contiguous_operands(rows, n, k, "cuda", tail, stray=True))
 
 
 @pytest.mark.gpu
@@ -401,7 +385,7 @@ def test_gluon_plain_kps(name, m, n, k):
 ])
 def test_gluon_grouped_kps(name, rows, n, k, tail):
     _grouped({"GLUON": True, "GROUP_M": 8, "BLOCK_M": 128, **KPS_GROUPED[name]},
-             *_grouped_operands(rows, n, k, "cuda", tail))
+             *grouped_contiguous_operands(rows, n, k, "cuda", tail))
 
 
 # ----------------------------------------------------------------------------- K-interleaved kernel
