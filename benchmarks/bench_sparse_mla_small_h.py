@@ -94,7 +94,7 @@ def _within(x: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) -> boo
     return bool(((x == ref) | ((x - ref).abs() <= atol + rtol * ref.abs())).all())
 
 
-VARIANTS: dict[str, dict] = {}  # label -> launcher arguments
+VARIANTS: dict[str, dict] = {"pv fp16": dict(pv_fp8=False)}  # label -> launcher arguments
 
 
 def _var_fn(s, kv, md, **kw):

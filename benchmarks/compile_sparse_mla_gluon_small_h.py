@@ -3,7 +3,8 @@
     python benchmarks/compile_sparse_mla_gluon_small_h.py [--out DIR] [--quick] [--wg-only]
 
 For each specialization (8-warp kernel: 16 / 32 heads, split or not, Vᵀ loaded early or not;
-one-warpgroup kernel of decode_gluon_small_h2.py and its dual form: 16 heads, split or not) it prints
+one-warpgroup kernel of decode_gluon_small_h2.py and its dual form: 16 heads, split or not, FP8 P·V
+unless --pv-fp16) it prints
 registers, stack, local memory, dynamic shared memory and counts of the SASS instructions that
 matter (QGMMA / HGMMA, cp.async LDGSTS, barriers, shuffles, shared loads and stores). Exits
 non-zero when a specialization spills, needs more than the 227 KB of shared memory an SM
@@ -61,14 +62,16 @@ def loop_summary(sass: str) -> str:
             f"{sts} shared stores, {spills} spill instructions")
 
 
-def report(tag: str, rep) -> bool:
+def report(tag: str, rep, pv_hgmma: bool = True) -> bool:
     """Prints a specialization's resources, main loop and instruction counts; returns whether
-    it has both wgmma kinds (QGMMA for Sᵀ, HGMMA for P·V)."""
+    it has its wgmma kinds (QGMMA for Sᵀ; HGMMA for P·V unless ``pv_hgmma`` is False, where
+    P·V runs on QGMMA too)."""
     print(f"{tag}: {rep.registers} registers, stack {rep.stack} B, local {rep.local} B, {rep.spills} spill "
           f"instructions, shared {rep.shared} B ({rep.shared / 1024:.1f} KB); main loop: {loop_summary(rep.sass)}")
     for name, n in sorted(rep.counts.items()):
         print(f"    {name}: {n}")
-    return any(k.startswith("QGMMA") for k in rep.counts) and any(k.startswith("HGMMA") for k in rep.counts)
+    return any(k.startswith("QGMMA") for k in rep.counts) and (
+        not pv_hgmma or any(k.startswith("HGMMA") for k in rep.counts))
 
 
 def compile_one(block_h: int, split: bool, stages: int, out_dir: str, v_early: bool = False) -> bool:
@@ -81,16 +84,17 @@ def compile_one(block_h: int, split: bool, stages: int, out_dir: str, v_early: b
     return rep.shared <= SMEM_LIMIT and has_mma and rep.spills == 0
 
 
-def compile_wg(block_h: int, split: bool, out_dir: str, dual: bool = False) -> bool:
+def compile_wg(block_h: int, split: bool, out_dir: str, dual: bool = False, pv_fp8: bool = dw.WG_PV_FP8) -> bool:
     """The one-warpgroup kernel, or (``dual``) its two-chain form; fails above
     ``dw.WG_SMEM_LIMIT`` (2 programs per SM; the dual kernel: the SM's 227 KB) or with spills
     in a main loop."""
     constexprs = {"SPLIT": split, "HAS_SEQ_LENS": True, "STAGES": GLUON_WG_STAGES, "BLOCK_H": block_h,
                   "BLOCK_N": dw.WG_BLOCK_N}
-    tag = f"{'dual' if dual else 'wg'}{block_h}_split{int(split)}_stages{GLUON_WG_STAGES}"
+    tag = f"{'dual' if dual else 'wg'}{block_h}_split{int(split)}_stages{GLUON_WG_STAGES}{'_pvfp8' if pv_fp8 else ''}"
     rep = compile_decode(dw.sparse_mla_decode_small_h_wg_kernel, split, constexprs, dw.WG_NUM_WARPS, out_dir, tag,
-                         PATTERN, keep_text=True, after={"CHAINS": 2 if dual else 1})
-    has_mma = report(tag, rep)
+                         PATTERN, keep_text=True,
+                         after={"CHAINS": 2 if dual else 1, "PV_FP8": pv_fp8})
+    has_mma = report(tag, rep, pv_hgmma=not pv_fp8)
     loop_spills = sum(1 for t in loop_body(rep.sass) or () if re.search(r"\b(STL|LDL)", t))
     limit = SMEM_LIMIT if dual else dw.WG_SMEM_LIMIT
     return rep.shared <= limit and has_mma and loop_spills == 0  # spills outside the loop: prologue
@@ -101,13 +105,14 @@ def main() -> int:
     ap.add_argument("--out", default=None, help="where to keep the cubins (default: a temporary folder)")
     ap.add_argument("--quick", action="store_true", help="only the default specializations")
     ap.add_argument("--wg-only", action="store_true", help="only the one-warpgroup kernel")
+    ap.add_argument("--pv-fp16", action="store_true", help="the one-warpgroup kernel with fp16 P·V (Vᵀ widened)")
     args = ap.parse_args()
     out_dir = args.out or tempfile.mkdtemp(prefix="mate_gluon_small_h_")
     os.makedirs(out_dir, exist_ok=True)
     ok = True
     for split in (True,) if args.quick else (True, False):
-        ok &= compile_wg(16, split, out_dir)
-        ok &= compile_wg(16, split, out_dir, dual=True)
+        ok &= compile_wg(16, split, out_dir, pv_fp8=not args.pv_fp16)
+        ok &= compile_wg(16, split, out_dir, dual=True, pv_fp8=not args.pv_fp16)
     for v_early in () if args.wg_only else (True, False):
         for block_h in (16, 32):
             for split in (False, True):

@@ -4,7 +4,8 @@ Gluon cannot run under Triton's interpreter: on the CPU these tests check that t
 imports, that the plan option is validated and falls back to the plain transposed kernel
 (checked against the reference). The kernel itself is checked against
 ``sparse_mla_decode_reference`` by the ``gpu`` tests, with the GPU tolerances of
-``test_decode.py`` (FP8 tensor-core accumulation of Sᵀ, fp16 P·V).
+``test_decode.py`` (FP8 tensor-core accumulation of Sᵀ; P·V in fp16, or in FP8 with P as hi +
+lo e4m3 tiles, the one-warpgroup kernel's default). An sm_90 build test runs on the CPU.
 """
 
 from __future__ import annotations
@@ -47,6 +48,49 @@ def test_small_h_perm_d_is_the_renaming_of_load_vt():
     from mate.ops.sparse_mla.decode_gluon_small_h import _perm_d
 
     assert_equal(renamed, _perm_d.fn(torch.arange(512)))  # the kernel's own formula (its combine reads it)
+
+
+_WG_SM90_BUILD = """
+import json
+from triton.experimental.gluon._runtime import GluonASTSource
+from mate.ops.sparse_mla import decode_gluon_small_h2 as dw
+from mate.ops.sparse_mla.metadata import HEAD_DIM_ROPE, HEAD_DIM_V
+from mate.testing.sass import compile_sm90, divisibility_attrs
+
+ptrs = ["q_ptr", "kv_ptr", "idx_ptr", "seq_lens_ptr", "out_ptr", "lse_ptr", "po_ptr", "plse_ptr"]
+for chains in (1, 2):
+    sig = {"q_ptr": "*fp8e4nv", "kv_ptr": "*fp8e4nv", "idx_ptr": "*i32", "seq_lens_ptr": "*i32",
+           "out_ptr": "*bf16", "lse_ptr": "*fp32", "po_ptr": "*fp16", "plse_ptr": "*fp32", "num_tokens": "i32",
+           "qk_scale_log2": "fp32", "out_scale": "fp32", "H": "i32", "q_len": "i32", "top_k": "i32",
+           "split_blocks": "i32", "num_splits": "i32"}
+    cx = {"SPLIT": True, "HAS_SEQ_LENS": True, "STAGES": 2, "BLOCK_H": 16, "BLOCK_N": dw.WG_BLOCK_N,
+          "D_V": HEAD_DIM_V, "D_R": HEAD_DIM_ROPE, "CHAINS": chains, "PV_FP8": dw.WG_PV_FP8}
+    sig.update({c: "constexpr" for c in cx})
+    rep = compile_sm90(GluonASTSource(fn=dw.sparse_mla_decode_small_h_wg_kernel, signature=sig, constexprs=cx,
+                                      attrs=divisibility_attrs(sig, ptrs)), {"num_warps": dw.WG_NUM_WARPS}, ptxas=True)
+    print(json.dumps(dict(chains=chains, regs=rep.registers, spills=rep.spills, shared=rep.shared,
+                          qgmma=rep.sass.count("QGMMA"), hgmma=rep.sass.count("HGMMA"),
+                          serialized=[w for w in rep.ptxas_warnings if "serialized" in w])))
+"""
+
+
+def test_small_h_one_warpgroup_sm90_build():
+    """The one-warpgroup kernel and its dual kernel compile for sm_90 on the CPU (a child process
+    without the interpreter) with the default FP8 P·V: no spills, no wgmma serialization (reading
+    an accumulator between a wgmma and its wait made ptxas serialize every wgmma of the dual
+    kernel), no HGMMA, 2 programs per SM (<= 113 KB shared memory; the dual kernel <= 227 KB)."""
+    from mate.ops.sparse_mla.decode_gluon_small_h2 import WG_PV_FP8, WG_SMEM_LIMIT
+    from mate.testing.sass import SMEM_LIMIT
+    from tests._sm90 import sm90_build_reports
+
+    assert WG_PV_FP8
+    reps = sm90_build_reports(_WG_SM90_BUILD)
+    assert [r["chains"] for r in reps] == [1, 2]
+    for rep in reps:
+        limit = WG_SMEM_LIMIT if rep["chains"] == 1 else SMEM_LIMIT
+        assert rep["spills"] == 0 and not rep["serialized"] and rep["hgmma"] == 0, rep
+        assert rep["qgmma"] > 0 and rep["shared"] <= limit, rep
+    assert reps[0]["regs"] <= 232, reps[0]  # 203 at this change (255 with the fp16 P·V)
 
 
 @interpreter_only
@@ -187,11 +231,12 @@ def test_gpu_small_h_repeated_decodes_bit_identical(small_h_ok, H):
 
 
 @gpu
+@pytest.mark.parametrize("pv_fp8", [False, True])
 @pytest.mark.parametrize("chains", [1, 2])
 @pytest.mark.parametrize("H,B,q_len,splits,stages", [(16, 3, 2, 2, 2), (16, 128, 1, 2, 2), (32, 3, 2, 3, 2),
                                                      (20, 2, 1, 1, 2), (16, 4, 1, 4, 3), (16, 2, 1, 8, 2),
                                                      (16, 2, 1, 16, 2)])
-def test_gpu_small_h_one_warpgroup_kernel(small_h_ok, H, B, q_len, splits, stages, chains):
+def test_gpu_small_h_one_warpgroup_kernel(small_h_ok, H, B, q_len, splits, stages, chains, pv_fp8):
     """The one-warpgroup kernel (``decode_gluon_small_h2.py``) and its dual kernel (two chains
     per program) against the reference: invalid slots, partial seq_lens, an empty batch
     element (B > 2), split and unsplit plans, splits of 4 and 2 (dual: 1) blocks."""
@@ -206,14 +251,16 @@ def test_gpu_small_h_one_warpgroup_kernel(small_h_ok, H, B, q_len, splits, stage
     out = poisoned((B, q_len, H, 512), torch.bfloat16, "cuda")
     lse = poisoned((B, q_len, H), torch.float32, "cuda")
     sparse_mla_decode_gluon_small_h_wg(q, kv.view(-1, 576), idx, sl, out, lse, md.partial_o, md.partial_lse, S1, 1.25,
-                                       md.block_h, md.num_splits, md.split_blocks, stages, chains=md.chains)
+                                       md.block_h, md.num_splits, md.split_blocks, stages, chains=md.chains,
+                                       pv_fp8=pv_fp8)
     _check(out, lse, q, kv, idx, sl, S1, 1.25)
 
 
 @gpu
+@pytest.mark.parametrize("pv_fp8", [False, True])
 @pytest.mark.parametrize("chains", [1, 2])
 @pytest.mark.parametrize("H,splits,stages", [(16, 1, 2), (16, 2, 2), (16, 3, 2), (12, 3, 3), (16, 2, 3), (12, 3, 2)])
-def test_gpu_small_h_one_warpgroup_short_and_empty_rows(small_h_ok, H, splits, stages, chains):
+def test_gpu_small_h_one_warpgroup_short_and_empty_rows(small_h_ok, H, splits, stages, chains, pv_fp8):
     """The one-warpgroup kernel (ring slot refilled before the wait for the next block) on 1-3
     splits with -1 / out-of-range / INT_MIN slots and seq_lens 0, 1, 2, 65 (one block and one
     slot past it), 700 (inside the 11-block split 0 of 3), 704 and 705 (at a split boundary and
@@ -233,7 +280,8 @@ def test_gpu_small_h_one_warpgroup_short_and_empty_rows(small_h_ok, H, splits, s
     out = poisoned((B, q_len, H, 512), torch.bfloat16, "cuda")
     lse = poisoned((B, q_len, H), torch.float32, "cuda")
     sparse_mla_decode_gluon_small_h_wg(q, kv.view(-1, 576), idx, sl, out, lse, md.partial_o, md.partial_lse, S1, 1.25,
-                                       md.block_h, md.num_splits, md.split_blocks, stages, chains=md.chains)
+                                       md.block_h, md.num_splits, md.split_blocks, stages, chains=md.chains,
+                                       pv_fp8=pv_fp8)
     _check(out, lse, q, kv, idx, sl, S1, 1.25)
     assert_equal(out[0], torch.zeros_like(out[0]))
     assert_equal(lse[0], torch.full_like(lse[0], float("inf")))

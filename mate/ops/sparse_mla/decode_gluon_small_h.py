@@ -100,6 +100,32 @@ def _online_softmax(s, tok, num_tokens, qk_scale_log2, m_i, l_acc):
 
 
 @gluon.jit
+def _stage_p(p_smem, buf, p, PV_FP8: gl.constexpr):
+    """Stores P of one block as Pᵀ [heads, rows] (the K-major B operand of P·V) into buffer
+    ``buf`` of ``p_smem``: fp16, or with ``PV_FP8`` in e4m3 as hi = e4m3(P * 2^8) (heads
+    [0, BLOCK_H) of the buffer) and lo = e4m3(P * 2^8 - hi) (heads [BLOCK_H, 2 BLOCK_H)), whose
+    sum carries P to ~2^-8 relative (the scale keeps small probabilities in e4m3's normal
+    range); P·V then runs as two FP8 wgmmas on the same e4m3 Vᵀ and the accumulator is 2^8
+    times O. (hi alone, one wgmma: 51.7-51.8 against 49.4-49.6 us at B=128 q1 H=16, faster at
+    B=32 / 64 q2, but ~2^-4 relative error in P failed the adversarial check.)"""
+    if PV_FP8:
+        # rows -> k of the one-warpgroup kernel's 8-bit P·V (``decode_gluon_small_h2._vt_half_e4m3``):
+        # k bits, high to low, rows +32 +16 +4 +2 +1 +8, so a thread's rows r and r + 8 are adjacent
+        gl.static_assert(p.shape[0] == 64)
+        BLOCK_H: gl.constexpr = p.shape[1]
+        p = gl.reshape(p, [2, 2, 2, 2, 2, 2, BLOCK_H])
+        p = gl.permute(p, (0, 1, 3, 4, 5, 2, 6))
+        p = gl.reshape(p, [64, BLOCK_H])
+        ps = p * 256.0
+        hi = ps.to(gl.float8e4nv)
+        lo = (ps - hi.to(gl.float32)).to(gl.float8e4nv)
+        # one store of both (two stores into one buffer made the compiler put a CTA barrier between them)
+        p_smem.index(buf).store(gl.reshape(gl.permute(gl.join(hi, lo), (2, 1, 0)), [2 * BLOCK_H, 64]))
+    else:
+        p_smem.index(buf).store(gl.permute(p.to(gl.float16), (1, 0)))
+
+
+@gluon.jit
 def _perm_d(m):
     """Value index held by row ``m`` of Oᵀ (bits of m, high to low:
     d2 d1 | d8 d7 d6 | d0 | d5 d4 d3)."""
@@ -122,7 +148,8 @@ def _load_vt(k_slot, VL_L: gl.constexpr, A_L: gl.constexpr, D_V: gl.constexpr, B
 def _first_block(q_ptr, kv_ptr, idx_ptr, seq_lens_ptr, bt, pid_s, num_tokens, qk_scale_log2, H, q_len, top_k,
                  split_blocks, HAS_SEQ_LENS: gl.constexpr, STAGES: gl.constexpr, BLOCK_H: gl.constexpr,
                  BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_R: gl.constexpr, G_L: gl.constexpr, R_L: gl.constexpr,
-                 S_L: gl.constexpr, K_SL: gl.constexpr, R_SL: gl.constexpr, F16_SL: gl.constexpr):
+                 S_L: gl.constexpr, K_SL: gl.constexpr, R_SL: gl.constexpr, F16_SL: gl.constexpr,
+                 PV_FP8: gl.constexpr = False):
     """Prologue of the small-H kernels: query and ring allocation, the split's slots, the
     gather of the first ``STAGES - 1`` blocks, then block 0 (its wait, the refill of the last
     slot, Sᵀ, the online softmax and Pᵀ stored to ``p_smem[0]``) and the tokens of block 1.
@@ -132,7 +159,11 @@ def _first_block(q_ptr, kv_ptr, idx_ptr, seq_lens_ptr, bt, pid_s, num_tokens, qk
     q_smem, qr_smem = _load_query(q_ptr, bt, H, 0, BLOCK_H, D_V, D_R, G_L, R_L, K_SL, R_SL)
     k_ring = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, D_V], K_SL)
     r_ring = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, D_R], R_SL)
-    p_smem = gl.allocate_shared_memory(gl.float16, [2, BLOCK_H, BLOCK_N], F16_SL)
+    if PV_FP8:  # hi and lo tiles of each buffer (see _stage_p)
+        P8_SL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2)
+        p_smem = gl.allocate_shared_memory(gl.float8e4nv, [2, 2 * BLOCK_H, BLOCK_N], P8_SL)
+    else:
+        p_smem = gl.allocate_shared_memory(gl.float16, [2, BLOCK_H, BLOCK_N], F16_SL)
 
     lo, hi, n_iter, idx_row = _split_slots(idx_ptr, seq_lens_ptr, bt, pid_s, q_len, top_k, split_blocks,
                                            HAS_SEQ_LENS, BLOCK_N)
@@ -155,7 +186,7 @@ def _first_block(q_ptr, kv_ptr, idx_ptr, seq_lens_ptr, bt, pid_s, num_tokens, qk
     slots_next = lo + BLOCK_N + offs_ns
     tok_s = gl.load(idx_row + slots_next, mask=slots_next < hi, other=-1)
     p, alpha, m_i, l_acc = _online_softmax(s, tok, num_tokens, qk_scale_log2, m_i, l_acc)
-    p_smem.index(0).store(gl.permute(p.to(gl.float16), (1, 0)))
+    _stage_p(p_smem, 0, p, PV_FP8)
     return (q_smem, qr_smem, k_ring, r_ring, p_smem, lo, hi, n_iter, idx_row, tok_g, tok_r, tok_s, m_i, l_acc, s_zero,
             offs_ns)
 
@@ -249,7 +280,7 @@ def sparse_mla_decode_small_h_kernel(
         # (past the last block every slot is masked: p = 0, alpha = 1 or, for a head
         # without any valid slot so far, 0 on a zero accumulator)
         p, alpha, m_i, l_acc = _online_softmax(s, tok, num_tokens, qk_scale_log2, m_i, l_acc)
-        p_smem.index((it + 1) % 2).store(gl.permute(p.to(gl.float16), (1, 0)))
+        _stage_p(p_smem, (it + 1) % 2, p, False)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))  # P·V of block it done
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(0, O_L))[None, :]
         if V_EARLY:

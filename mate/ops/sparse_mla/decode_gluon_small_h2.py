@@ -10,8 +10,16 @@ merges them. Plans select it for H <= 16 (``num_warps=4``; at 32 heads it spills
 
 Per 64-row block: Sᵀ [64, BLOCK_H] = K·Qᵀ (QGMMA, K-major operands in shared memory), the
 online softmax over the rows, and Oᵀ [512, BLOCK_H] += Vᵀ·Pᵀ in two halves of 256 value rows
-(HGMMA, Vᵀ from registers as in the 8-warp kernel, value rows permuted, see ``_perm_half``).
-Sᵀ of block it + 1 is issued before the P·V of block it.
+(Vᵀ from registers, value rows permuted, see ``_perm_half``). Sᵀ of block it + 1 is issued
+before the P·V of block it. P·V runs on FP8 tensor cores by default (``WG_PV_FP8``, session 22):
+Vᵀ stays e4m3 (each 4 x 4 block of rows and values a thread loads is byte-transposed with 8
+PRMT into the 8-bit A operand, ``_vt_half_e4m3``, instead of 128 F2FP widenings per block), and
+P is split into hi = e4m3(2^8 P) and lo = e4m3(2^8 P - hi), two QGMMAs on the same Vᵀ, which
+carry P to ~2^-8 relative, about bf16's precision (``_stage_p``). The operand's k order pairs
+a thread's rows r and r + 8, so P is stored as 16-bit pieces. sm_90, 16 heads, split: 203
+instead of 255 registers, 696 instead of 754 loop instructions; dual kernel 730 (788). The
+e4m3 operand is rebuilt each iteration: carried across the loop it took one register per byte
+(1069 instructions). The fp16 path (``pv_fp8=False``) stays selectable.
 
 The ring keeps ``STAGES`` (2) whole 576-byte rows per slot. Gather first: Vᵀ half 1 of block it
 is read (e4m3 bytes, widened later) before the barrier that publishes P, so that barrier also
@@ -109,17 +117,27 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from mate._core.hopper import smem_for_programs
-from mate.ops.sparse_mla.decode_gluon_small_h import _first_block, _issue_qk, _online_softmax, check_small_h_block
+from mate.ops.sparse_mla.decode_gluon_small_h import (
+    _first_block,
+    _issue_qk,
+    _online_softmax,
+    _stage_p,
+    check_small_h_block,
+)
 from mate.ops.sparse_mla.gluon_common import (
     _gather_next,
     _store_result,
     launch_decode,
 )
 
-__all__ = ["sparse_mla_decode_small_h_wg_kernel", "sparse_mla_decode_gluon_small_h_wg", "WG_NUM_WARPS"]
+__all__ = ["sparse_mla_decode_small_h_wg_kernel", "sparse_mla_decode_gluon_small_h_wg", "WG_NUM_WARPS", "WG_PV_FP8"]
 
 WG_BLOCK_N = 64
 WG_NUM_WARPS = 4
+# P·V on FP8 tensor cores (e4m3 Vᵀ as loaded, P as hi + lo e4m3 tiles) instead of fp16 with Vᵀ
+# widened; H200, interleaved, us (fp16 -> e4m3): B=128 q1 H=16 49.8 -> 49.6 / 49.4 (52.5 -> 49.6 in
+# a slower call), B=32 q2 32.9 -> 32.0 (32.5 -> 31.9), B=64 q2 48.3 -> 48.0 (47.9 -> 47.7).
+WG_PV_FP8 = True
 WG_SMEM_LIMIT = smem_for_programs(2)  # 113 KB: two programs share an SM
 DUAL_WORKER_REGS = gl.constexpr(256)
 
@@ -141,20 +159,86 @@ def _load_vt_half(v_tile, VL_L: gl.constexpr, A_L: gl.constexpr, BLOCK_N: gl.con
 
 
 @gluon.jit
+def _transpose_bytes(a0, a1, a2, a3):
+    """4x4 byte transposes of four e4m3 tensors (same layout, 4 consecutive register elements
+    per 32-bit word): byte i of output j's word is byte j of input i's (8 PRMT per 4 words)."""
+    return gl.inline_asm_elementwise(
+        """{
+        .reg .b32 t0, t1, t2, t3;
+        prmt.b32 t0, $4, $5, 0x5140;
+        prmt.b32 t1, $6, $7, 0x5140;
+        prmt.b32 t2, $4, $5, 0x7362;
+        prmt.b32 t3, $6, $7, 0x7362;
+        prmt.b32 $0, t0, t1, 0x5410;
+        prmt.b32 $1, t0, t1, 0x7632;
+        prmt.b32 $2, t2, t3, 0x5410;
+        prmt.b32 $3, t2, t3, 0x7632;
+        }""",
+        "=r,=r,=r,=r,r,r,r,r",
+        [a0, a1, a2, a3],
+        dtype=(gl.float8e4nv, gl.float8e4nv, gl.float8e4nv, gl.float8e4nv),
+        is_pure=True,
+        pack=4,
+    )
+
+
+@gluon.jit
+def _vt_half_e4m3(v, A_L: gl.constexpr):
+    """The e4m3 [64, 256] values of ``_load_vt_half`` (layout ``VL_L``) as the 8-bit A operand,
+    with no widening: a register of the operand holds 4 rows of one value, so each 4 x 4 block
+    of (rows, values) a thread holds is byte-transposed. The operand's k order
+    (k bits, high to low: rows +32 +16 +4 +2 +1 +8), which puts a thread's rows r and r + 8 of
+    Pᵀ side by side (``_stage_p``); the value rows are permuted as in ``_perm_half``."""
+    # rows r = 32 b5 + 16 b4 + 8 b3 + 4 b2 + 2 b1 + b0; word byte i = b3 + 2 b0
+    v = gl.reshape(v, [2, 2, 2, 2, 2, 2, 256])
+    v = gl.permute(v, (0, 1, 3, 4, 6, 2, 5))  # [b5, b4, b2, b1, values, b3, b0]
+    v_0, v_1 = gl.split(v)
+    a0, a1 = gl.split(v_0)
+    a2, a3 = gl.split(v_1)
+    o0, o1, o2, o3 = _transpose_bytes(a0, a1, a2, a3)
+    # o_j at value 4q + i holds row (b3, b0) = i, value 4q + j
+    t = gl.join(gl.join(o0, o1), gl.join(o2, o3))  # [b5, b4, b2, b1, 4q + i, j0, j1]
+    t = gl.reshape(t, [2, 2, 2, 2, 4, 8, 2, 2, 2, 2, 2])  # [b5 b4 b2 b1 | D76 D543 d2 | b0 b3 | d0 d1]
+    # m = D21 | D76 | d0 | D543 (_perm_half), k = b5 b4 b2 b1 b0 b3
+    t = gl.permute(t, (6, 10, 4, 9, 5, 0, 1, 2, 3, 7, 8))
+    t = gl.reshape(t, [256, 64])
+    return gl.convert_layout(t, A_L, assert_trivial=True)
+
+
+@gluon.jit
 def _widen_vt_half(v, A_L: gl.constexpr, BLOCK_N: gl.constexpr):
-    """The e4m3 [BLOCK_N, 256] values of ``_load_vt_half`` (layout ``VL_L``) as its operand."""
-    v = v.to(gl.float16)
-    # d = D76 | D543 | D21 | d0  ->  m = D21 | D76 | d0 | D543
-    v = gl.reshape(v, [BLOCK_N, 4, 8, 4, 2])
-    v = gl.permute(v, (3, 1, 4, 2, 0))
-    v = gl.reshape(v, [256, BLOCK_N])
-    return gl.convert_layout(v, A_L, assert_trivial=True)
+    """The e4m3 [BLOCK_N, 256] values of ``_load_vt_half`` (layout ``VL_L``) as its operand:
+    fp16, or e4m3 (``_vt_half_e4m3``) when ``A_L`` is an 8-bit operand layout (``k_width`` 4)."""
+    if A_L.k_width == 4:
+        vt = _vt_half_e4m3(v, A_L)
+    else:
+        v = v.to(gl.float16)
+        # d = D76 | D543 | D21 | d0  ->  m = D21 | D76 | d0 | D543
+        v = gl.reshape(v, [BLOCK_N, 4, 8, 4, 2])
+        v = gl.permute(v, (3, 1, 4, 2, 0))
+        v = gl.reshape(v, [256, BLOCK_N])
+        vt = gl.convert_layout(v, A_L, assert_trivial=True)
+    return vt
+
+
+@gluon.jit
+def _issue_pv(vt, p_smem, buf, acc, PV_FP8: gl.constexpr):
+    """Oᵀ half += Vᵀ·Pᵀ of P buffer ``buf`` (see ``_stage_p``), asynchronous: one fp16
+    wgmma group, or two FP8 ones (P's hi and lo tiles) on the same e4m3 Vᵀ."""
+    if PV_FP8:
+        BLOCK_H: gl.constexpr = acc.type.shape[1]
+        acc = warpgroup_mma(vt, p_smem.index(buf).slice(0, BLOCK_H, dim=0).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma(vt, p_smem.index(buf).slice(BLOCK_H, BLOCK_H, dim=0).permute((1, 0)), acc,
+                            is_async=True)
+    else:
+        acc = warpgroup_mma(vt, p_smem.index(buf).permute((1, 0)), acc, is_async=True)
+    return acc
 
 
 @gluon.jit
 def _wg_chain(q_ptr, kv_ptr, idx_ptr, seq_lens_ptr, bt, pid_s, num_tokens, qk_scale_log2, H, q_len, top_k, split_blocks,
               HAS_SEQ_LENS: gl.constexpr, STAGES: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
-              D_V: gl.constexpr, D_R: gl.constexpr):
+              D_V: gl.constexpr, D_R: gl.constexpr, PV_FP8: gl.constexpr):
     """One warpgroup's chain over split ``pid_s`` (``split_blocks`` blocks of 64 top-k slots)
     of query position ``bt``: returns the two unnormalised Oᵀ halves [256, BLOCK_H] (value
     rows permuted, see ``_perm_half``), the running max (log2 domain) and the row sums."""
@@ -167,10 +251,12 @@ def _wg_chain(q_ptr, kv_ptr, idx_ptr, seq_lens_ptr, bt, pid_s, num_tokens, qk_sc
     S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, BLOCK_H, 32])
     O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                  instr_shape=[16, BLOCK_H, 16])
-    A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
+                                                  instr_shape=[16, BLOCK_H, 32 if PV_FP8 else 16])
+    A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=4 if PV_FP8 else 2)
     # Vᵀ half loads on the ring tile [rows, 256 values]: registers = 8 contiguous values and
-    # rows +1, +8, +16, +32; lanes = rows +2, +4, values +8, +16, +32; warps = values +64, +128.
+    # rows +1, +8, +16, +32; lanes = rows +2, +4, values +8, +16, +32; warps = values +64, +128
+    # (fp16: rows +1 and +8 are the operand's k pairs and repeats; e4m3: its k quadruples, see
+    # _vt_half_e4m3).
     VL_L: gl.constexpr = gl.DistributedLinearLayout(
         reg_bases=[[0, 1], [0, 2], [0, 4], [1, 0], [8, 0], [16, 0], [32, 0]],
         lane_bases=[[2, 0], [4, 0], [0, 8], [0, 16], [0, 32]],
@@ -185,16 +271,18 @@ def _wg_chain(q_ptr, kv_ptr, idx_ptr, seq_lens_ptr, bt, pid_s, num_tokens, qk_sc
     (q_smem, qr_smem, k_ring, r_ring, p_smem, lo, hi, n_iter, idx_row, tok_g, tok_r, tok_s, m_i, l_acc, s_zero,
      offs_ns) = _first_block(q_ptr, kv_ptr, idx_ptr, seq_lens_ptr, bt, pid_s, num_tokens, qk_scale_log2, H, q_len,
                              top_k, split_blocks, HAS_SEQ_LENS, STAGES, BLOCK_H, BLOCK_N, D_V, D_R, G_L, R_L, S_L,
-                             K_SL, R_SL, F16_SL)
+                             K_SL, R_SL, F16_SL, PV_FP8)
     acc0 = gl.zeros([256, BLOCK_H], gl.float32, layout=O_L)
     acc1 = gl.zeros([256, BLOCK_H], gl.float32, layout=O_L)
-    vt0 = _load_vt_half(k_ring.index(0).slice(0, 256, dim=1), VL_L, A_L, BLOCK_N)
+    if not PV_FP8:
+        vt0 = _load_vt_half(k_ring.index(0).slice(0, 256, dim=1), VL_L, A_L, BLOCK_N)
     for it in range(n_iter):
-        p_op = p_smem.index(it % 2).permute((1, 0))
+        if PV_FP8:  # e4m3 operands are not carried across iterations (one register per byte there)
+            vt0 = _load_vt_half(k_ring.index(it % STAGES).slice(0, 256, dim=1), VL_L, A_L, BLOCK_N)
         raw1 = k_ring.index(it % STAGES).slice(256, 256, dim=1).load(VL_L)  # Vᵀ half 1 of block it, still e4m3
         fence_async_shared()  # P of block it (stored by every thread) read by the wgmma
         gl.thread_barrier()  # ... and every thread has read block it's slot: refill it now
-        acc0 = warpgroup_mma(vt0, p_op, acc0, is_async=True)
+        acc0 = _issue_pv(vt0, p_smem, it % 2, acc0, PV_FP8)
         tok_g, tok_r = _gather_next(kv_ptr, idx_row, tok_g, tok_r, it + STAGES, hi, num_tokens, k_ring, r_ring, lo,
                                     STAGES, BLOCK_N, D_V, D_R, G_L, R_L)
         async_copy.wait_group(STAGES - 1)  # block it + 1 landed (block it + STAGES may still fly)
@@ -202,8 +290,9 @@ def _wg_chain(q_ptr, kv_ptr, idx_ptr, seq_lens_ptr, bt, pid_s, num_tokens, qk_sc
         gl.thread_barrier()  # ... for every thread
         s = _issue_qk(k_ring, r_ring, (it + 1) % STAGES, q_smem, qr_smem, s_zero)
         vt1 = _widen_vt_half(raw1, A_L, BLOCK_N)
-        acc1 = warpgroup_mma(vt1, p_op, acc1, is_async=True)
-        s, acc0 = warpgroup_mma_wait(num_outstanding=1, deps=(s, acc0))  # Sᵀ of it + 1 and P·V half 0 done
+        acc1 = _issue_pv(vt1, p_smem, it % 2, acc1, PV_FP8)
+        # Sᵀ of it + 1 and P·V half 0 done (P·V half 1: one wgmma group, two in FP8)
+        s, acc0 = warpgroup_mma_wait(num_outstanding=2 if PV_FP8 else 1, deps=(s, acc0))
         p, alpha, m_i, l_acc = _online_softmax(s, tok_s, num_tokens, qk_scale_log2, m_i, l_acc)
         # the next block's entries are loaded after this block's last use of tok_s, so the load
         # writes the loop-carried registers itself (loaded before it, they went to other registers
@@ -211,13 +300,14 @@ def _wg_chain(q_ptr, kv_ptr, idx_ptr, seq_lens_ptr, bt, pid_s, num_tokens, qk_sc
         # iteration: 13% of its stall samples)
         slots_next = lo + (it + 2) * BLOCK_N + offs_ns
         tok_s = gl.load(idx_row + slots_next, mask=slots_next < hi, other=-1)
-        p_smem.index((it + 1) % 2).store(gl.permute(p.to(gl.float16), (1, 0)))
+        _stage_p(p_smem, (it + 1) % 2, p, PV_FP8)
         alpha_o = gl.convert_layout(alpha, gl.SliceLayout(0, O_L))[None, :]
         acc0 = acc0 * alpha_o
         acc1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc1,))
         acc1 = acc1 * alpha_o
         # after P·V half 1: one Vᵀ half live
-        vt0 = _load_vt_half(k_ring.index((it + 1) % STAGES).slice(0, 256, dim=1), VL_L, A_L, BLOCK_N)
+        if not PV_FP8:
+            vt0 = _load_vt_half(k_ring.index((it + 1) % STAGES).slice(0, 256, dim=1), VL_L, A_L, BLOCK_N)
 
     async_copy.wait_group(0)
     gl.thread_barrier()
@@ -241,12 +331,13 @@ def _store_halves(acc0, acc1, m_i, l_i, out_ptr, lse_ptr, po_ptr, plse_ptr, out_
 @gluon.jit
 def _dual_second(q_ptr, kv_ptr, idx_ptr, seq_lens_ptr, bt, pid_s, num_tokens, qk_scale_log2, H, q_len, top_k,
                  split_blocks, x0, x1, xm, xl, done, HAS_SEQ_LENS: gl.constexpr, STAGES: gl.constexpr,
-                 BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_R: gl.constexpr):
+                 BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_R: gl.constexpr,
+                 PV_FP8: gl.constexpr):
     """Worker warpgroup of the dual kernel: chain 2 * pid_s + 1, its state handed over
     through shared memory (``done`` counts one arrival)."""
     acc0, acc1, m_i, l_i = _wg_chain(q_ptr, kv_ptr, idx_ptr, seq_lens_ptr, bt, 2 * pid_s + 1, num_tokens,
                                      qk_scale_log2, H, q_len, top_k, split_blocks, HAS_SEQ_LENS, STAGES, BLOCK_H,
-                                     BLOCK_N, D_V, D_R)
+                                     BLOCK_N, D_V, D_R, PV_FP8)
     x0.store(acc0)
     x1.store(acc1)
     xm.store(m_i)
@@ -258,23 +349,27 @@ def _dual_second(q_ptr, kv_ptr, idx_ptr, seq_lens_ptr, bt, pid_s, num_tokens, qk
 def _dual_first(q_ptr, kv_ptr, idx_ptr, seq_lens_ptr, out_ptr, lse_ptr, po_ptr, plse_ptr, bt, pid_s, num_tokens,
                 qk_scale_log2, out_scale, H, q_len, top_k, split_blocks, num_splits, x0, x1, xm, xl, done,
                 SPLIT: gl.constexpr, HAS_SEQ_LENS: gl.constexpr, STAGES: gl.constexpr, BLOCK_H: gl.constexpr,
-                BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_R: gl.constexpr):
+                BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_R: gl.constexpr, PV_FP8: gl.constexpr):
     """Default warpgroup of the dual kernel: chain 2 * pid_s, then the merge of both chains
     (log2 domain) and the store."""
     acc0, acc1, m_i, l_i = _wg_chain(q_ptr, kv_ptr, idx_ptr, seq_lens_ptr, bt, 2 * pid_s, num_tokens, qk_scale_log2,
-                                     H, q_len, top_k, split_blocks, HAS_SEQ_LENS, STAGES, BLOCK_H, BLOCK_N, D_V, D_R)
+                                     H, q_len, top_k, split_blocks, HAS_SEQ_LENS, STAGES, BLOCK_H, BLOCK_N, D_V, D_R,
+                                     PV_FP8)
     mbarrier.wait(done, 0)
     m_b = xm.load(m_i.type.layout)
     l_b = xl.load(m_i.type.layout)
     m_new = gl.maximum(m_i, m_b)
     m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # both chains empty: weights 0, no NaN
-    w_a = gl.exp2(m_i - m_use)
-    w_b = gl.exp2(m_b - m_use)
+    w_a = gl.exp2(m_i - m_use - (8.0 if PV_FP8 else 0.0))  # FP8 P·V: the accumulators hold 2^8 O
+    w_b = gl.exp2(m_b - m_use - (8.0 if PV_FP8 else 0.0))
     O_L: gl.constexpr = acc0.type.layout
     wa_o = gl.convert_layout(w_a, gl.SliceLayout(0, O_L))[None, :]
     wb_o = gl.convert_layout(w_b, gl.SliceLayout(0, O_L))[None, :]
     acc0 = acc0 * wa_o + x0.load(O_L) * wb_o
     acc1 = acc1 * wa_o + x1.load(O_L) * wb_o
+    if PV_FP8:
+        w_a = w_a * 256.0
+        w_b = w_b * 256.0
     _store_halves(acc0, acc1, m_new, l_i * w_a + l_b * w_b, out_ptr, lse_ptr, po_ptr, plse_ptr, out_scale, H, bt,
                   pid_s, num_splits, SPLIT, BLOCK_H, D_V)
 
@@ -305,6 +400,7 @@ def sparse_mla_decode_small_h_wg_kernel(
     D_V: gl.constexpr,
     D_R: gl.constexpr,
     CHAINS: gl.constexpr = 1,
+    PV_FP8: gl.constexpr = False,
 ):
     """One program (one warpgroup): ``BLOCK_H`` (16 or 32, >= H) heads of one query position
     over ``split_blocks`` blocks of 64 top-k slots; grid (splits, B * q_len). ``CHAINS`` 2: the
@@ -316,7 +412,10 @@ def sparse_mla_decode_small_h_wg_kernel(
     if CHAINS == 1:
         acc0, acc1, m_i, l_i = _wg_chain(q_ptr, kv_ptr, idx_ptr, seq_lens_ptr, bt, pid_s, num_tokens, qk_scale_log2,
                                          H, q_len, top_k, split_blocks, HAS_SEQ_LENS, STAGES, BLOCK_H, BLOCK_N, D_V,
-                                         D_R)
+                                         D_R, PV_FP8)
+        if PV_FP8:  # the accumulators hold 2^8 O (see _stage_p)
+            acc0 = acc0 * 0.00390625
+            acc1 = acc1 * 0.00390625
         _store_halves(acc0, acc1, m_i, l_i, out_ptr, lse_ptr, po_ptr, plse_ptr, out_scale, H, bt, pid_s, num_splits,
                       SPLIT, BLOCK_H, D_V)
     else:
@@ -334,10 +433,10 @@ def sparse_mla_decode_small_h_wg_kernel(
         gl.warp_specialize([
             (_dual_first, (q_ptr, kv_ptr, idx_ptr, seq_lens_ptr, out_ptr, lse_ptr, po_ptr, plse_ptr, bt, pid_s,
                            num_tokens, qk_scale_log2, out_scale, H, q_len, top_k, split_blocks, num_splits, x0, x1, xm,
-                           xl, done, SPLIT, HAS_SEQ_LENS, STAGES, BLOCK_H, BLOCK_N, D_V, D_R)),
+                           xl, done, SPLIT, HAS_SEQ_LENS, STAGES, BLOCK_H, BLOCK_N, D_V, D_R, PV_FP8)),
             (_dual_second, (q_ptr, kv_ptr, idx_ptr, seq_lens_ptr, bt, pid_s, num_tokens, qk_scale_log2, H, q_len,
                             top_k, split_blocks, x0, x1, xm, xl, done, HAS_SEQ_LENS, STAGES, BLOCK_H, BLOCK_N, D_V,
-                            D_R)),
+                            D_R, PV_FP8)),
         ], [4], [DUAL_WORKER_REGS])
 
 
@@ -357,11 +456,13 @@ def sparse_mla_decode_gluon_small_h_wg(
     split_blocks: int,
     num_stages: int = 2,
     chains: int = 1,
+    pv_fp8: bool = WG_PV_FP8,
 ) -> None:
     """Launches the one-warpgroup small-H decode (contract of
     ``sparse_mla_decode_gluon_small_h``; ``num_stages`` 2 or 3), or with ``chains`` 2 the dual
     kernel: ``num_splits`` programs per query position, each over two chains of
-    ``split_blocks`` blocks. No allocation, no host sync."""
+    ``split_blocks`` blocks. ``pv_fp8``: P·V on FP8 tensor cores (P as hi + lo e4m3 tiles),
+    else in fp16 with Vᵀ widened. No allocation, no host sync."""
     check_small_h_block(query.shape[2], block_h)
     if num_stages not in (2, 3):
         raise ValueError(f"num_stages must be 2 or 3 for the one-warpgroup kernel, got {num_stages}")
@@ -370,4 +471,4 @@ def sparse_mla_decode_gluon_small_h_wg(
     launch_decode(sparse_mla_decode_small_h_wg_kernel, (), query, kv_rows, block_tables, seq_lens, out, lse, partial_o,
                   partial_lse, bmm1_scale, bmm2_scale, num_splits, split_blocks, (block_h, 8, 6, 64, True),
                   WG_NUM_WARPS, plain_split_blocks=chains * split_blocks, STAGES=num_stages, BLOCK_H=block_h,
-                  BLOCK_N=WG_BLOCK_N, CHAINS=chains)
+                  BLOCK_N=WG_BLOCK_N, CHAINS=chains, PV_FP8=bool(pv_fp8))
