@@ -20,6 +20,7 @@ Typical selection pipeline (MiniMax-M3 indexer: one proxy query head per KV head
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, NamedTuple, Optional
 
 import torch
@@ -1047,7 +1048,7 @@ def msa(
             check_tensor("max_score", max_score, dtype=torch.float32, ndim=3, contiguous=True, device=q.device)
             check_value("max_score", tuple(max_score.shape[:2]) == (total_q, Hq) and max_score.shape[2] >= tiles,
                         f"[{total_q}, {Hq}, >= {tiles}]", list(max_score.shape))
-            check_no_overlap("max_score", max_score, q=q, k=k, v=v, page_table=page_table)
+            check_no_overlap("max_score", max_score, **_index_reads(q, k, v, page_table, kv_indices, runtime_metadata))
         for p in plans:
             if p.page_size > 0 and p.page_size != MSA_BLOCK:
                 raise ValueError(f"page_size must be {MSA_BLOCK} for the max-score pass on a paged plan, "
@@ -1067,12 +1068,12 @@ def msa(
         else:
             check_out_tensor("out", out, dtype=out_dtype, shape=(total_q, Hq, Dv), device=q.device,
                              contiguous=False, last_dim_contiguous=True)
-            check_no_overlap("out", out, q=q, k=k, v=v, kv_block_indexes=kv_block_indexes, page_table=page_table,
-                             max_score=max_score)
+            check_no_overlap("out", out, **_index_reads(q, k, v, page_table, kv_indices, runtime_metadata),
+                             kv_block_indexes=kv_block_indexes, max_score=max_score)
         if lse is not None:
             check_out_tensor("lse", lse, dtype=torch.float32, shape=(total_q, Hq), device=q.device, contiguous=False)
-            check_no_overlap("lse", lse, q=q, k=k, v=v, kv_block_indexes=kv_block_indexes, page_table=page_table,
-                             max_score=max_score, out=out)
+            check_no_overlap("lse", lse, **_index_reads(q, k, v, page_table, kv_indices, runtime_metadata),
+                             kv_block_indexes=kv_block_indexes, max_score=max_score, out=out)
         sm_scale = q.shape[-1] ** -0.5 if sm_scale is None else _float_arg("sm_scale", sm_scale)
         k_scale = _float_arg("k_scale", k_scale)
         v_scale = _float_arg("v_scale", v_scale)
@@ -1115,6 +1116,17 @@ def msa(
             else:
                 _attend_dense_or_paged(q, k, v, part, out, lse, sm_scale)
     return out, max_score
+
+
+def _index_reads(q, k, v, page_table, kv_indices, runtime_metadata) -> dict[str, torch.Tensor | None]:
+    """The tensors an msa() call reads besides kv_block_indexes and max_score, by name (for the
+    overlap checks of its outputs): q / k / v, the page map and a static plan's runtime
+    lengths."""
+    reads = dict(q=q, k=k, v=v, page_table=page_table, kv_indices=kv_indices)
+    if runtime_metadata is not None:
+        for f in dataclasses.fields(runtime_metadata):
+            reads[f"runtime_metadata.{f.name}"] = getattr(runtime_metadata, f.name)
+    return reads
 
 
 def _float_arg(name: str, value: Any) -> float:
