@@ -71,26 +71,41 @@ for chains in (1, 2):
     print(json.dumps(dict(chains=chains, regs=rep.registers, spills=rep.spills, shared=rep.shared,
                           qgmma=rep.sass.count("QGMMA"), hgmma=rep.sass.count("HGMMA"),
                           serialized=[w for w in rep.ptxas_warnings if "serialized" in w])))
+from mate.ops.sparse_mla import decode_gluon_small_h as dg
+for block_h, stages in ((16, 2), (32, 3)):  # the 8-warp kernel's FP8 P·V
+    cx = {"SPLIT": True, "HAS_SEQ_LENS": True, "STAGES": stages, "V_EARLY": False, "BLOCK_H": block_h,
+          "BLOCK_N": dg.SMALL_H_BLOCK_N, "D_V": HEAD_DIM_V, "D_R": HEAD_DIM_ROPE, "PV_FP8": True}
+    sig = {k: v for k, v in sig.items() if v != "constexpr"}
+    sig.update({c: "constexpr" for c in cx})
+    rep = compile_sm90(GluonASTSource(fn=dg.sparse_mla_decode_small_h_kernel, signature=sig, constexprs=cx,
+                                      attrs=divisibility_attrs(sig, ptrs)), {"num_warps": dg.SMALL_H_NUM_WARPS},
+                       ptxas=True)
+    print(json.dumps(dict(chains=0, block_h=block_h, regs=rep.registers, spills=rep.spills, shared=rep.shared,
+                          qgmma=rep.sass.count("QGMMA"), hgmma=rep.sass.count("HGMMA"),
+                          serialized=[w for w in rep.ptxas_warnings if "serialized" in w])))
 """
 
 
-def test_small_h_one_warpgroup_sm90_build():
+def test_small_h_fp8_pv_sm90_build():
     """The one-warpgroup kernel and its dual kernel compile for sm_90 on the CPU (a child process
     without the interpreter) with the default FP8 P·V: no spills, no wgmma serialization (reading
     an accumulator between a wgmma and its wait made ptxas serialize every wgmma of the dual
-    kernel), no HGMMA, 2 programs per SM (<= 113 KB shared memory; the dual kernel <= 227 KB)."""
+    kernel), no HGMMA, 2 programs per SM (<= 113 KB shared memory; the dual kernel <= 227 KB).
+    So does the 8-warp kernel's FP8 P·V (16 heads at 2 stages: <= 128 registers, 2 programs
+    per SM)."""
     from mate.ops.sparse_mla.decode_gluon_small_h2 import WG_PV_FP8, WG_SMEM_LIMIT
     from mate.testing.sass import SMEM_LIMIT
     from tests._sm90 import sm90_build_reports
 
     assert WG_PV_FP8
     reps = sm90_build_reports(_WG_SM90_BUILD)
-    assert [r["chains"] for r in reps] == [1, 2]
+    assert [r["chains"] for r in reps] == [1, 2, 0, 0]
     for rep in reps:
-        limit = WG_SMEM_LIMIT if rep["chains"] == 1 else SMEM_LIMIT
+        limit = WG_SMEM_LIMIT if rep["chains"] == 1 or rep.get("block_h") == 16 else SMEM_LIMIT
         assert rep["spills"] == 0 and not rep["serialized"] and rep["hgmma"] == 0, rep
         assert rep["qgmma"] > 0 and rep["shared"] <= limit, rep
     assert reps[0]["regs"] <= 232, reps[0]  # 203 at this change (255 with the fp16 P·V)
+    assert reps[2]["regs"] <= 128, reps[2]  # 128 (200 with the fp16 P·V)
 
 
 @interpreter_only
@@ -188,10 +203,13 @@ def test_gpu_small_h_plan_variants(small_h_ok, H, kw):
 
 
 @gpu
-@pytest.mark.parametrize("H,stages,splits,early", [(16, 5, 1, False), (32, 3, 2, False), (16, 2, 1, False),
-                                                   (32, 4, 3, True)])
-def test_gpu_small_h_launch_variants(small_h_ok, H, stages, splits, early):
-    """Vᵀ loaded after P·V (``v_early=False``, only the launcher selects it) or early."""
+@pytest.mark.parametrize("H,stages,splits,early,pv_fp8", [(16, 5, 1, False, False), (32, 3, 2, False, False),
+                                                          (16, 2, 1, False, False), (32, 4, 3, True, False),
+                                                          (16, 2, 2, True, True), (32, 3, 1, False, True),
+                                                          (32, 5, 3, True, True), (20, 2, 1, True, True)])
+def test_gpu_small_h_launch_variants(small_h_ok, H, stages, splits, early, pv_fp8):
+    """Vᵀ loaded after P·V (``v_early=False``, only the launcher selects it) or early; P·V in
+    fp16 or (``pv_fp8``) on FP8 tensor cores, where Vᵀ is read at the top of each iteration."""
     from mate.ops.sparse_mla.decode_gluon_small_h import sparse_mla_decode_gluon_small_h
 
     B, q_len, top_k = 3, 2, 2048
@@ -201,7 +219,7 @@ def test_gpu_small_h_launch_variants(small_h_ok, H, stages, splits, early):
     lse = poisoned((B, q_len, H), torch.float32, "cuda")
     sparse_mla_decode_gluon_small_h(q, kv.view(-1, 576), idx, sl, out, lse, md.partial_o, md.partial_lse, S1, 1.25,
                                     md.block_h, md.num_splits, md.split_blocks, md.num_stages, v_early=early,
-                                    num_warps=8)
+                                    num_warps=8, pv_fp8=pv_fp8)
     _check(out, lse, q, kv, idx, sl, S1, 1.25)
 
 

@@ -67,7 +67,7 @@ from mate.ops.sparse_mla.gluon_common import (
 from mate.ops.sparse_mla.gluon_common import probe_in_subprocess as _probe
 
 __all__ = ["sparse_mla_decode_small_h_kernel", "sparse_mla_decode_gluon_small_h", "check_small_h_block",
-           "SMALL_H_NUM_WARPS", "SMALL_H_V_EARLY"]
+           "SMALL_H_NUM_WARPS", "SMALL_H_V_EARLY", "SMALL_H_PV_FP8"]
 
 SMALL_H_BLOCK_N = 64  # gathered rows per step (the wgmma M of Sᵀ)
 SMALL_H_NUM_WARPS = 8  # two warpgroups
@@ -75,6 +75,13 @@ SMALL_H_NUM_WARPS = 8  # two warpgroups
 # P·V runs (H200, benchmarks/bench_sparse_mla_small_h.py, 5 stages: 1-1.5% faster than
 # loading it after P·V at B=128 H=32, B=64 H=16 q1/q2; equal at B=128 H=16).
 SMALL_H_V_EARLY = True
+# P·V of the 8-warp kernel on FP8 tensor cores (as the one-warpgroup kernel's default; 132 / 197
+# instead of 200 / 239 registers at 16 / 32 heads): H200, B=128 q1 H=32, interleaved, 78.4 us
+# at 3 stages, 79.6 at 2, 81.0 at 5 against the fp16 default's 79.7 (one call): not adopted. At
+# 16 heads it fits two programs per SM without spills (128 registers, 87 KB at 2 stages), which
+# session 21's fp16 kernel could not: 61.1 us at B=128 q1 with 2 splits against the dual
+# kernel's 48.4 (B=32 q2 39.4 vs 31.7, B=64 q2 61.6 vs 47.1).
+SMALL_H_PV_FP8 = False
 
 
 @gluon.jit
@@ -109,7 +116,7 @@ def _stage_p(p_smem, buf, p, PV_FP8: gl.constexpr):
     times O. (hi alone, one wgmma: 51.7-51.8 against 49.4-49.6 us at B=128 q1 H=16, faster at
     B=32 / 64 q2, but ~2^-4 relative error in P failed the adversarial check.)"""
     if PV_FP8:
-        # rows -> k of the one-warpgroup kernel's 8-bit P·V (``decode_gluon_small_h2._vt_half_e4m3``):
+        # rows -> k of the 8-bit P·V (``_vt_e4m3``):
         # k bits, high to low, rows +32 +16 +4 +2 +1 +8, so a thread's rows r and r + 8 are adjacent
         gl.static_assert(p.shape[0] == 64)
         BLOCK_H: gl.constexpr = p.shape[1]
@@ -126,6 +133,69 @@ def _stage_p(p_smem, buf, p, PV_FP8: gl.constexpr):
 
 
 @gluon.jit
+def _transpose_bytes(a0, a1, a2, a3):
+    """4x4 byte transposes of four e4m3 tensors (same layout, 4 consecutive register elements
+    per 32-bit word): byte i of output j's word is byte j of input i's (8 PRMT per 4 words)."""
+    return gl.inline_asm_elementwise(
+        """{
+        .reg .b32 t0, t1, t2, t3;
+        prmt.b32 t0, $4, $5, 0x5140;
+        prmt.b32 t1, $6, $7, 0x5140;
+        prmt.b32 t2, $4, $5, 0x7362;
+        prmt.b32 t3, $6, $7, 0x7362;
+        prmt.b32 $0, t0, t1, 0x5410;
+        prmt.b32 $1, t0, t1, 0x7632;
+        prmt.b32 $2, t2, t3, 0x5410;
+        prmt.b32 $3, t2, t3, 0x7632;
+        }""",
+        "=r,=r,=r,=r,r,r,r,r",
+        [a0, a1, a2, a3],
+        dtype=(gl.float8e4nv, gl.float8e4nv, gl.float8e4nv, gl.float8e4nv),
+        is_pure=True,
+        pack=4,
+    )
+
+
+@gluon.jit
+def _vt_e4m3(v, A_L: gl.constexpr):
+    """The e4m3 [64, N] values (N = 256 or 512: ``VL_L`` of the one-warpgroup kernel's halves or of
+    the 8-warp kernel) as the 8-bit A operand of Vᵀ [N, 64], with no widening: a register of the operand holds 4 rows of one value, so each 4 x 4 block
+    of (rows, values) a thread holds is byte-transposed. The operand's k order
+    (k bits, high to low: rows +32 +16 +4 +2 +1 +8), which puts a thread's rows r and r + 8 of
+    Pᵀ side by side (``_stage_p``); the value rows are permuted as in ``_perm_d`` (N = 512) or
+    ``decode_gluon_small_h2._perm_half`` (N = 256)."""
+    N: gl.constexpr = v.shape[1]
+    # rows r = 32 b5 + 16 b4 + 8 b3 + 4 b2 + 2 b1 + b0; word byte i = b3 + 2 b0
+    v = gl.reshape(v, [2, 2, 2, 2, 2, 2, N])
+    v = gl.permute(v, (0, 1, 3, 4, 6, 2, 5))  # [b5, b4, b2, b1, values, b3, b0]
+    v_0, v_1 = gl.split(v)
+    a0, a1 = gl.split(v_0)
+    a2, a3 = gl.split(v_1)
+    o0, o1, o2, o3 = _transpose_bytes(a0, a1, a2, a3)
+    # o_j at value 4q + i holds row (b3, b0) = i, value 4q + j
+    t = gl.join(gl.join(o0, o1), gl.join(o2, o3))  # [b5, b4, b2, b1, 4q + i, j0, j1]
+    t = gl.reshape(t, [2, 2, 2, 2, N // 64, 8, 2, 2, 2, 2, 2])  # [b5 b4 b2 b1 | DH D543 d2 | b0 b3 | d0 d1]
+    # m = D21 | DH | d0 | D543 (DH = D76 or D876), k = b5 b4 b2 b1 b0 b3
+    t = gl.permute(t, (6, 10, 4, 9, 5, 0, 1, 2, 3, 7, 8))
+    t = gl.reshape(t, [N, 64])
+    return gl.convert_layout(t, A_L, assert_trivial=True)
+
+
+@gluon.jit
+def _issue_pv(vt, p_smem, buf, acc, PV_FP8: gl.constexpr):
+    """Oᵀ half += Vᵀ·Pᵀ of P buffer ``buf`` (see ``_stage_p``), asynchronous: one fp16
+    wgmma group, or two FP8 ones (P's hi and lo tiles) on the same e4m3 Vᵀ."""
+    if PV_FP8:
+        BLOCK_H: gl.constexpr = acc.type.shape[1]
+        acc = warpgroup_mma(vt, p_smem.index(buf).slice(0, BLOCK_H, dim=0).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma(vt, p_smem.index(buf).slice(BLOCK_H, BLOCK_H, dim=0).permute((1, 0)), acc,
+                            is_async=True)
+    else:
+        acc = warpgroup_mma(vt, p_smem.index(buf).permute((1, 0)), acc, is_async=True)
+    return acc
+
+
+@gluon.jit
 def _perm_d(m):
     """Value index held by row ``m`` of Oᵀ (bits of m, high to low:
     d2 d1 | d8 d7 d6 | d0 | d5 d4 d3)."""
@@ -134,14 +204,19 @@ def _perm_d(m):
 
 @gluon.jit
 def _load_vt(k_slot, VL_L: gl.constexpr, A_L: gl.constexpr, D_V: gl.constexpr, BLOCK_N: gl.constexpr):
-    """Vᵀ of one ring slot as the fp16 A operand in registers, value rows permuted (see
-    ``_perm_d``): 8 contiguous bytes per row and thread, widened, then renamed."""
-    v = k_slot.load(VL_L).to(gl.float16)  # [BLOCK_N, D_V]
-    # d = D876 | D543 | D21 | d0  ->  m = D21 | D876 | d0 | D543
-    v = gl.reshape(v, [BLOCK_N, 8, 8, 4, 2])
-    v = gl.permute(v, (3, 1, 4, 2, 0))
-    v = gl.reshape(v, [D_V, BLOCK_N])
-    return gl.convert_layout(v, A_L)
+    """Vᵀ of one ring slot as the A operand in registers, value rows permuted (see
+    ``_perm_d``): 8 contiguous bytes per row and thread, widened to fp16 and renamed, or (an
+    8-bit ``A_L``) kept e4m3 and byte-transposed (``_vt_e4m3``)."""
+    if A_L.k_width == 4:
+        vt = _vt_e4m3(k_slot.load(VL_L), A_L)
+    else:
+        v = k_slot.load(VL_L).to(gl.float16)  # [BLOCK_N, D_V]
+        # d = D876 | D543 | D21 | d0  ->  m = D21 | D876 | d0 | D543
+        v = gl.reshape(v, [BLOCK_N, 8, 8, 4, 2])
+        v = gl.permute(v, (3, 1, 4, 2, 0))
+        v = gl.reshape(v, [D_V, BLOCK_N])
+        vt = gl.convert_layout(v, A_L)
+    return vt
 
 
 @gluon.jit
@@ -217,9 +292,12 @@ def sparse_mla_decode_small_h_kernel(
     BLOCK_N: gl.constexpr,
     D_V: gl.constexpr,
     D_R: gl.constexpr,
+    PV_FP8: gl.constexpr = False,
 ):
     """One program: ``BLOCK_H`` (16 or 32, >= H) heads of one query position over
-    ``split_blocks`` blocks of ``BLOCK_N`` (64) top-k slots; grid (splits, B * q_len)."""
+    ``split_blocks`` blocks of ``BLOCK_N`` (64) top-k slots; grid (splits, B * q_len).
+    ``PV_FP8``: P·V on FP8 tensor cores (``_stage_p``, ``_vt_e4m3``; ``V_EARLY`` is then
+    moot: Vᵀ of block it is read at the top of iteration it)."""
     gl.static_assert(BLOCK_N == 64)
     gl.static_assert(D_V == 512)
     gl.static_assert((BLOCK_H == 16) or (BLOCK_H == 32))
@@ -232,8 +310,8 @@ def sparse_mla_decode_small_h_kernel(
                                                   instr_shape=[16, BLOCK_H // 2, 32])
     # Oᵀ [512, BLOCK_H]: warpgroup g owns value rows 64g + 128i (i < 4); k = 16 for fp16.
     O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
-                                                  instr_shape=[16, BLOCK_H, 16])
-    A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
+                                                  instr_shape=[16, BLOCK_H, 32 if PV_FP8 else 16])
+    A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=4 if PV_FP8 else 2)
     # Vᵀ loads, on the ring tile [rows, values]: registers = 8 contiguous values
     # (d0-d2) and the rows of the A operand's k pairs and repeats (+1, +8, +16, +32); lanes
     # = rows +2, +4 and values +8, +16, +32; warps = values +64, +128, +256. After the
@@ -257,10 +335,13 @@ def sparse_mla_decode_small_h_kernel(
     (q_smem, qr_smem, k_ring, r_ring, p_smem, lo, hi, n_iter, idx_row, tok_g, tok_r, tok_s, m_i, l_acc, s_zero,
      offs_ns) = _first_block(q_ptr, kv_ptr, idx_ptr, seq_lens_ptr, bt, pid_s, num_tokens, qk_scale_log2, H, q_len,
                              top_k, split_blocks, HAS_SEQ_LENS, STAGES, BLOCK_H, BLOCK_N, D_V, D_R, G_L, R_L, S_L,
-                             K_SL, R_SL, F16_SL)
+                             K_SL, R_SL, F16_SL, PV_FP8)
     acc = gl.zeros([D_V, BLOCK_H], gl.float32, layout=O_L)
-    vt = _load_vt(k_ring.index(0), VL_L, A_L, D_V, BLOCK_N)
+    if not PV_FP8:
+        vt = _load_vt(k_ring.index(0), VL_L, A_L, D_V, BLOCK_N)
     for it in range(n_iter):
+        if PV_FP8:  # e4m3 operands are not carried across iterations (one register per byte there)
+            vt = _load_vt(k_ring.index(it % STAGES), VL_L, A_L, D_V, BLOCK_N)
         # block it + 1 landed; P (and V) of block it staged; every thread is done with
         # block it's ring slot, refilled next
         async_copy.wait_group(STAGES - 2)
@@ -270,26 +351,29 @@ def sparse_mla_decode_small_h_kernel(
                                     STAGES, BLOCK_N, D_V, D_R, G_L, R_L)
         nxt = (it + 1) % STAGES
         s = _issue_qk(k_ring, r_ring, nxt, q_smem, qr_smem, s_zero)
-        acc = warpgroup_mma(vt, p_smem.index(it % 2).permute((1, 0)), acc, is_async=True)
-        if V_EARLY:  # Vᵀ of block it + 1 into other registers while the wgmmas run
+        acc = _issue_pv(vt, p_smem, it % 2, acc, PV_FP8)
+        if V_EARLY and not PV_FP8:  # Vᵀ of block it + 1 into other registers while the wgmmas run
             vt_next = _load_vt(k_ring.index(nxt), VL_L, A_L, D_V, BLOCK_N)
-        s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))  # Sᵀ of block it + 1 done
+        s = warpgroup_mma_wait(num_outstanding=2 if PV_FP8 else 1, deps=(s,))  # Sᵀ of block it + 1 done
         tok = tok_s
         slots_next = lo + (it + 2) * BLOCK_N + offs_ns
         tok_s = gl.load(idx_row + slots_next, mask=slots_next < hi, other=-1)
         # (past the last block every slot is masked: p = 0, alpha = 1 or, for a head
         # without any valid slot so far, 0 on a zero accumulator)
         p, alpha, m_i, l_acc = _online_softmax(s, tok, num_tokens, qk_scale_log2, m_i, l_acc)
-        _stage_p(p_smem, (it + 1) % 2, p, False)
+        _stage_p(p_smem, (it + 1) % 2, p, PV_FP8)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))  # P·V of block it done
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(0, O_L))[None, :]
-        if V_EARLY:
-            vt = vt_next
-        else:
-            vt = _load_vt(k_ring.index(nxt), VL_L, A_L, D_V, BLOCK_N)
+        if not PV_FP8:
+            if V_EARLY:
+                vt = vt_next
+            else:
+                vt = _load_vt(k_ring.index(nxt), VL_L, A_L, D_V, BLOCK_N)
 
     async_copy.wait_group(0)
     gl.thread_barrier()
+    if PV_FP8:  # the accumulator holds 2^8 O (see _stage_p)
+        acc = acc * 0.00390625
     offs_d = _perm_d(gl.arange(0, D_V, layout=gl.SliceLayout(1, O_L)))  # row m of Oᵀ holds value _perm_d(m)
     offs_h = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, O_L))
     offs_hl = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, S_L))
@@ -323,6 +407,7 @@ def sparse_mla_decode_gluon_small_h(
     v_early: bool = SMALL_H_V_EARLY,
     num_warps: int = SMALL_H_NUM_WARPS,
     chains: int = 1,
+    pv_fp8: bool | None = None,
 ) -> None:
     """Launches the small-H Gluon decode on validated CUDA tensors (contract of
     ``sparse_mla_decode_gluon``; ``block_h`` 16 or 32, >= H). A cache view that is not
@@ -331,8 +416,9 @@ def sparse_mla_decode_gluon_small_h(
     ``num_warps``: 8 for this kernel, 4 for the one-warpgroup kernel of
     ``decode_gluon_small_h2.py`` (the plan's choice for H <= 16), which with ``chains`` 2 runs
     as its dual kernel (two chains of ``split_blocks`` blocks per program). ``v_early`` (8
-    warps): Vᵀ of the next block is loaded while the current P·V runs. No allocation, no host
-    sync."""
+    warps): Vᵀ of the next block is loaded while the current P·V runs. ``pv_fp8``: P·V on FP8
+    tensor cores (``_stage_p``); None: each kernel's default (the one-warpgroup kernel's
+    ``WG_PV_FP8``, the 8-warp kernel's ``SMALL_H_PV_FP8``). No allocation, no host sync."""
     check_small_h_block(query.shape[2], block_h)
     if num_warps not in (4, SMALL_H_NUM_WARPS):
         raise ValueError(f"num_warps must be 4 or {SMALL_H_NUM_WARPS} for the small-H Gluon kernel, got {num_warps}")
@@ -343,11 +429,12 @@ def sparse_mla_decode_gluon_small_h(
 
         sparse_mla_decode_gluon_small_h_wg(query, kv_rows, block_tables, seq_lens, out, lse, partial_o, partial_lse,
                                            bmm1_scale, bmm2_scale, block_h, num_splits, split_blocks, num_stages,
-                                           chains=chains)
+                                           chains=chains, **({} if pv_fp8 is None else {"pv_fp8": pv_fp8}))
         return
     launch_decode(sparse_mla_decode_small_h_kernel, (), query, kv_rows, block_tables, seq_lens, out, lse, partial_o,
                   partial_lse, bmm1_scale, bmm2_scale, num_splits, split_blocks, (block_h, 8, 6, 64, True),
-                  SMALL_H_NUM_WARPS, STAGES=num_stages, V_EARLY=v_early, BLOCK_H=block_h, BLOCK_N=SMALL_H_BLOCK_N)
+                  SMALL_H_NUM_WARPS, STAGES=num_stages, V_EARLY=v_early, BLOCK_H=block_h, BLOCK_N=SMALL_H_BLOCK_N,
+                  PV_FP8=SMALL_H_PV_FP8 if pv_fp8 is None else bool(pv_fp8))
 
 
 def _self_check() -> None:

@@ -13,9 +13,9 @@ online softmax over the rows, and Oᵀ [512, BLOCK_H] += Vᵀ·Pᵀ in two halve
 (Vᵀ from registers, value rows permuted, see ``_perm_half``). Sᵀ of block it + 1 is issued
 before the P·V of block it. P·V runs on FP8 tensor cores by default (``WG_PV_FP8``, session 22):
 Vᵀ stays e4m3 (each 4 x 4 block of rows and values a thread loads is byte-transposed with 8
-PRMT into the 8-bit A operand, ``_vt_half_e4m3``, instead of 128 F2FP widenings per block), and
+PRMT into the 8-bit A operand, ``decode_gluon_small_h._vt_e4m3``, instead of 128 F2FP widenings per block), and
 P is split into hi = e4m3(2^8 P) and lo = e4m3(2^8 P - hi), two QGMMAs on the same Vᵀ, which
-carry P to ~2^-8 relative, about bf16's precision (``_stage_p``). The operand's k order pairs
+carry P to ~2^-8 relative, about bf16's precision (``decode_gluon_small_h._stage_p``). The operand's k order pairs
 a thread's rows r and r + 8, so P is stored as 16-bit pieces. sm_90, 16 heads, split: 203
 instead of 255 registers, 696 instead of 754 loop instructions; dual kernel 730 (788). The
 e4m3 operand is rebuilt each iteration: carried across the loop it took one register per byte
@@ -112,16 +112,17 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     async_copy,
     fence_async_shared,
     mbarrier,
-    warpgroup_mma,
     warpgroup_mma_wait,
 )
 
 from mate._core.hopper import smem_for_programs
 from mate.ops.sparse_mla.decode_gluon_small_h import (
     _first_block,
+    _issue_pv,
     _issue_qk,
     _online_softmax,
     _stage_p,
+    _vt_e4m3,
     check_small_h_block,
 )
 from mate.ops.sparse_mla.gluon_common import (
@@ -159,58 +160,11 @@ def _load_vt_half(v_tile, VL_L: gl.constexpr, A_L: gl.constexpr, BLOCK_N: gl.con
 
 
 @gluon.jit
-def _transpose_bytes(a0, a1, a2, a3):
-    """4x4 byte transposes of four e4m3 tensors (same layout, 4 consecutive register elements
-    per 32-bit word): byte i of output j's word is byte j of input i's (8 PRMT per 4 words)."""
-    return gl.inline_asm_elementwise(
-        """{
-        .reg .b32 t0, t1, t2, t3;
-        prmt.b32 t0, $4, $5, 0x5140;
-        prmt.b32 t1, $6, $7, 0x5140;
-        prmt.b32 t2, $4, $5, 0x7362;
-        prmt.b32 t3, $6, $7, 0x7362;
-        prmt.b32 $0, t0, t1, 0x5410;
-        prmt.b32 $1, t0, t1, 0x7632;
-        prmt.b32 $2, t2, t3, 0x5410;
-        prmt.b32 $3, t2, t3, 0x7632;
-        }""",
-        "=r,=r,=r,=r,r,r,r,r",
-        [a0, a1, a2, a3],
-        dtype=(gl.float8e4nv, gl.float8e4nv, gl.float8e4nv, gl.float8e4nv),
-        is_pure=True,
-        pack=4,
-    )
-
-
-@gluon.jit
-def _vt_half_e4m3(v, A_L: gl.constexpr):
-    """The e4m3 [64, 256] values of ``_load_vt_half`` (layout ``VL_L``) as the 8-bit A operand,
-    with no widening: a register of the operand holds 4 rows of one value, so each 4 x 4 block
-    of (rows, values) a thread holds is byte-transposed. The operand's k order
-    (k bits, high to low: rows +32 +16 +4 +2 +1 +8), which puts a thread's rows r and r + 8 of
-    Pᵀ side by side (``_stage_p``); the value rows are permuted as in ``_perm_half``."""
-    # rows r = 32 b5 + 16 b4 + 8 b3 + 4 b2 + 2 b1 + b0; word byte i = b3 + 2 b0
-    v = gl.reshape(v, [2, 2, 2, 2, 2, 2, 256])
-    v = gl.permute(v, (0, 1, 3, 4, 6, 2, 5))  # [b5, b4, b2, b1, values, b3, b0]
-    v_0, v_1 = gl.split(v)
-    a0, a1 = gl.split(v_0)
-    a2, a3 = gl.split(v_1)
-    o0, o1, o2, o3 = _transpose_bytes(a0, a1, a2, a3)
-    # o_j at value 4q + i holds row (b3, b0) = i, value 4q + j
-    t = gl.join(gl.join(o0, o1), gl.join(o2, o3))  # [b5, b4, b2, b1, 4q + i, j0, j1]
-    t = gl.reshape(t, [2, 2, 2, 2, 4, 8, 2, 2, 2, 2, 2])  # [b5 b4 b2 b1 | D76 D543 d2 | b0 b3 | d0 d1]
-    # m = D21 | D76 | d0 | D543 (_perm_half), k = b5 b4 b2 b1 b0 b3
-    t = gl.permute(t, (6, 10, 4, 9, 5, 0, 1, 2, 3, 7, 8))
-    t = gl.reshape(t, [256, 64])
-    return gl.convert_layout(t, A_L, assert_trivial=True)
-
-
-@gluon.jit
 def _widen_vt_half(v, A_L: gl.constexpr, BLOCK_N: gl.constexpr):
     """The e4m3 [BLOCK_N, 256] values of ``_load_vt_half`` (layout ``VL_L``) as its operand:
-    fp16, or e4m3 (``_vt_half_e4m3``) when ``A_L`` is an 8-bit operand layout (``k_width`` 4)."""
+    fp16, or e4m3 (``_vt_e4m3``) when ``A_L`` is an 8-bit operand layout (``k_width`` 4)."""
     if A_L.k_width == 4:
-        vt = _vt_half_e4m3(v, A_L)
+        vt = _vt_e4m3(v, A_L)
     else:
         v = v.to(gl.float16)
         # d = D76 | D543 | D21 | d0  ->  m = D21 | D76 | d0 | D543
@@ -219,20 +173,6 @@ def _widen_vt_half(v, A_L: gl.constexpr, BLOCK_N: gl.constexpr):
         v = gl.reshape(v, [256, BLOCK_N])
         vt = gl.convert_layout(v, A_L, assert_trivial=True)
     return vt
-
-
-@gluon.jit
-def _issue_pv(vt, p_smem, buf, acc, PV_FP8: gl.constexpr):
-    """Oᵀ half += Vᵀ·Pᵀ of P buffer ``buf`` (see ``_stage_p``), asynchronous: one fp16
-    wgmma group, or two FP8 ones (P's hi and lo tiles) on the same e4m3 Vᵀ."""
-    if PV_FP8:
-        BLOCK_H: gl.constexpr = acc.type.shape[1]
-        acc = warpgroup_mma(vt, p_smem.index(buf).slice(0, BLOCK_H, dim=0).permute((1, 0)), acc, is_async=True)
-        acc = warpgroup_mma(vt, p_smem.index(buf).slice(BLOCK_H, BLOCK_H, dim=0).permute((1, 0)), acc,
-                            is_async=True)
-    else:
-        acc = warpgroup_mma(vt, p_smem.index(buf).permute((1, 0)), acc, is_async=True)
-    return acc
 
 
 @gluon.jit
@@ -256,7 +196,7 @@ def _wg_chain(q_ptr, kv_ptr, idx_ptr, seq_lens_ptr, bt, pid_s, num_tokens, qk_sc
     # Vᵀ half loads on the ring tile [rows, 256 values]: registers = 8 contiguous values and
     # rows +1, +8, +16, +32; lanes = rows +2, +4, values +8, +16, +32; warps = values +64, +128
     # (fp16: rows +1 and +8 are the operand's k pairs and repeats; e4m3: its k quadruples, see
-    # _vt_half_e4m3).
+    # decode_gluon_small_h._vt_e4m3).
     VL_L: gl.constexpr = gl.DistributedLinearLayout(
         reg_bases=[[0, 1], [0, 2], [0, 4], [1, 0], [8, 0], [16, 0], [32, 0]],
         lane_bases=[[2, 0], [4, 0], [0, 8], [0, 16], [0, 32]],
