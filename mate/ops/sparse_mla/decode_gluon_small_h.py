@@ -158,11 +158,12 @@ def _transpose_bytes(a0, a1, a2, a3):
 
 @gluon.jit
 def _vt_e4m3(v, A_L: gl.constexpr):
-    """The e4m3 [64, N] values (N = 256 or 512: ``VL_L`` of the one-warpgroup kernel's halves or of
-    the 8-warp kernel) as the 8-bit A operand of Vᵀ [N, 64], with no widening: a register of the operand holds 4 rows of one value, so each 4 x 4 block
-    of (rows, values) a thread holds is byte-transposed. The operand's k order
-    (k bits, high to low: rows +32 +16 +4 +2 +1 +8), which puts a thread's rows r and r + 8 of
-    Pᵀ side by side (``_stage_p``); the value rows are permuted as in ``_perm_d`` (N = 512) or
+    """The e4m3 [64, N] values in layout ``VL_L`` (N = 256: a half of the one-warpgroup kernel;
+    512: the 8-warp kernel) as the 8-bit A operand of Vᵀ [N, 64], not widened. A register of
+    that operand holds 4 rows (k) of one value (m), so each 4 x 4 block of rows and values a
+    thread loaded is byte-transposed; the rest is a renaming of registers. The operand's k
+    order (k bits, high to low: rows +32 +16 +4 +2 +1 +8) puts a thread's rows r and r + 8 of Pᵀ
+    side by side (``_stage_p``); its value rows are permuted as in ``_perm_d`` (N = 512) or
     ``decode_gluon_small_h2._perm_half`` (N = 256)."""
     N: gl.constexpr = v.shape[1]
     # rows r = 32 b5 + 16 b4 + 8 b3 + 4 b2 + 2 b1 + b0; word byte i = b3 + 2 b0
@@ -183,8 +184,8 @@ def _vt_e4m3(v, A_L: gl.constexpr):
 
 @gluon.jit
 def _issue_pv(vt, p_smem, buf, acc, PV_FP8: gl.constexpr):
-    """Oᵀ half += Vᵀ·Pᵀ of P buffer ``buf`` (see ``_stage_p``), asynchronous: one fp16
-    wgmma group, or two FP8 ones (P's hi and lo tiles) on the same e4m3 Vᵀ."""
+    """Oᵀ (or an Oᵀ half) += Vᵀ·Pᵀ of P buffer ``buf`` (see ``_stage_p``), asynchronous: one
+    fp16 wgmma group, or two FP8 ones (P's hi and lo tiles) on the same e4m3 Vᵀ."""
     if PV_FP8:
         BLOCK_H: gl.constexpr = acc.type.shape[1]
         acc = warpgroup_mma(vt, p_smem.index(buf).slice(0, BLOCK_H, dim=0).permute((1, 0)), acc, is_async=True)
