@@ -11,7 +11,10 @@ Masked layout: the Gluon kernel on the G x max_m rows (``gluon_masked_supported`
 against auto's Triton kernel and DeepGEMM, each Gluon config checked against auto on the
 valid rows. Session 13: Gluon slower than the Triton kernel at 32 x 256 / expected 128
 (548.3 against 524.0 us) and 64 x 128 / 64 (611.2 against 554.3), even at 256 x 64 / 32
-(1865.7 against 1867.5), so the masked layout keeps the Triton kernel.
+(1865.7 against 1867.5), so the masked layout keeps the Triton kernel. Session 22, against the
+Triton kernel's 64x128 tiles (auto since session 21), us: 32 x 256 / 128 auto 389.4, Gluon
+128x192 525.3, 128x128 566.0, 64x128 615.6; 64 x 128 / 64 536.9 against 582.8 / 620.0 / 795.1;
+256 x 64 / 32 1785.8 against 1786.9 / 1785.9 / 1915.1: no Gluon config is ahead.
 
     python benchmarks/probe_moe_gluon.py [grouped] [masked]
 """
