@@ -16,8 +16,8 @@ problem of the same shape with 10% -1 and 5% out-of-range entries and random seq
 one 1, the others in [1, top-k]). Writes nothing.
 
 ``--variants``: the one-warpgroup kernel's candidates (launcher arguments of
-``sparse_mla_decode_gluon_small_h_wg`` on the plan's chains; ``VARIANTS``, none at the
-moment) on the default plan at B=128 q1 H=16, B=32 q2 H=16 (B=64 q2 H=16 last, if the
+``sparse_mla_decode_gluon_small_h_wg`` on the plan's chains; ``VARIANTS``: the fp16 P·V
+that FP8 P·V replaced as the default) on the default plan at B=128 q1 H=16, B=32 q2 H=16 (B=64 q2 H=16 last, if the
 budget allows), interleaved with the default, ``default again`` (the default plan's launch a
 second time: its distance to ``default`` is the run's noise floor, up to 2.8 us at B=128 q1 in
 session 19) and ``combine only`` (the plan's combine launch alone, the split's cost). Extra
