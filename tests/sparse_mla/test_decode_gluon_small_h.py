@@ -42,7 +42,7 @@ def test_small_h_module_imports():
 
 
 def test_small_h_perm_d_is_the_renaming_of_load_vt():
-    """Row m of Oᵀ holds value _perm_d(m): the reshape + permute of ``_load_vt`` on indices."""
+    """Row m of Oᵀ holds value _perm_d(m): the reshape + permute of ``_vt_operand`` on indices."""
     d = torch.arange(512)
     renamed = d.view(8, 8, 4, 2).permute(2, 0, 3, 1).reshape(512)  # [D876, D543, D21, d0] -> m order
     from mate.ops.sparse_mla.decode_gluon_small_h import _perm_d

@@ -204,20 +204,33 @@ def _perm_d(m):
 
 
 @gluon.jit
-def _load_vt(k_slot, VL_L: gl.constexpr, A_L: gl.constexpr, D_V: gl.constexpr, BLOCK_N: gl.constexpr):
-    """Vᵀ of one ring slot as the A operand in registers, value rows permuted (see
-    ``_perm_d``): 8 contiguous bytes per row and thread, widened to fp16 and renamed, or (an
-    8-bit ``A_L``) kept e4m3 and byte-transposed (``_vt_e4m3``)."""
+def _vt_operand(v, A_L: gl.constexpr):
+    """The e4m3 [64, N] values in layout ``VL_L`` (N = 256: a half of the one-warpgroup kernel;
+    512: the 8-warp kernel) as the A operand of Vᵀ [N, 64] in registers, value rows permuted
+    (``_perm_d`` at N = 512, ``decode_gluon_small_h2._perm_half`` at 256): for an 8-bit ``A_L``
+    kept e4m3 (``_vt_e4m3``), else widened to fp16 and renamed. Widening before the renaming:
+    each F2FP gives a (d, d + 1) pair of one row and one PRMT per register pairs the rows
+    (sm_90, one-warpgroup kernel: 746 instructions per block); renaming the e4m3 bytes first and
+    widening in the operand layout compiled to 1097."""
+    BLOCK_N: gl.constexpr = v.shape[0]
+    N: gl.constexpr = v.shape[1]
     if A_L.k_width == 4:
-        vt = _vt_e4m3(k_slot.load(VL_L), A_L)
+        vt = _vt_e4m3(v, A_L)
     else:
-        v = k_slot.load(VL_L).to(gl.float16)  # [BLOCK_N, D_V]
-        # d = D876 | D543 | D21 | d0  ->  m = D21 | D876 | d0 | D543
-        v = gl.reshape(v, [BLOCK_N, 8, 8, 4, 2])
+        v = v.to(gl.float16)
+        # d = DH | D543 | D21 | d0  ->  m = D21 | DH | d0 | D543 (DH = D76 or D876)
+        v = gl.reshape(v, [BLOCK_N, N // 64, 8, 4, 2])
         v = gl.permute(v, (3, 1, 4, 2, 0))
-        v = gl.reshape(v, [D_V, BLOCK_N])
-        vt = gl.convert_layout(v, A_L)
+        v = gl.reshape(v, [N, BLOCK_N])
+        vt = gl.convert_layout(v, A_L, assert_trivial=True)
     return vt
+
+
+@gluon.jit
+def _load_vt(v_tile, VL_L: gl.constexpr, A_L: gl.constexpr):
+    """Vᵀ of a ring tile's [64, N] values (a slot, or a half of one) as its A operand
+    (``_vt_operand``): 8 contiguous bytes per row and thread."""
+    return _vt_operand(v_tile.load(VL_L), A_L)
 
 
 @gluon.jit
@@ -316,7 +329,7 @@ def sparse_mla_decode_small_h_kernel(
     # Vᵀ loads, on the ring tile [rows, values]: registers = 8 contiguous values
     # (d0-d2) and the rows of the A operand's k pairs and repeats (+1, +8, +16, +32); lanes
     # = rows +2, +4 and values +8, +16, +32; warps = values +64, +128, +256. After the
-    # renaming in _load_vt this is the A operand layout up to the order of registers.
+    # renaming in _vt_operand this is the A operand layout up to the order of registers.
     VL_L: gl.constexpr = gl.DistributedLinearLayout(
         reg_bases=[[0, 1], [0, 2], [0, 4], [1, 0], [8, 0], [16, 0], [32, 0]],
         lane_bases=[[2, 0], [4, 0], [0, 8], [0, 16], [0, 32]],
@@ -339,10 +352,10 @@ def sparse_mla_decode_small_h_kernel(
                              K_SL, R_SL, F16_SL, PV_FP8)
     acc = gl.zeros([D_V, BLOCK_H], gl.float32, layout=O_L)
     if not PV_FP8:
-        vt = _load_vt(k_ring.index(0), VL_L, A_L, D_V, BLOCK_N)
+        vt = _load_vt(k_ring.index(0), VL_L, A_L)
     for it in range(n_iter):
         if PV_FP8:  # e4m3 operands are not carried across iterations (one register per byte there)
-            vt = _load_vt(k_ring.index(it % STAGES), VL_L, A_L, D_V, BLOCK_N)
+            vt = _load_vt(k_ring.index(it % STAGES), VL_L, A_L)
         # block it + 1 landed; P (and V) of block it staged; every thread is done with
         # block it's ring slot, refilled next
         async_copy.wait_group(STAGES - 2)
@@ -354,7 +367,7 @@ def sparse_mla_decode_small_h_kernel(
         s = _issue_qk(k_ring, r_ring, nxt, q_smem, qr_smem, s_zero)
         acc = _issue_pv(vt, p_smem, it % 2, acc, PV_FP8)
         if V_EARLY and not PV_FP8:  # Vᵀ of block it + 1 into other registers while the wgmmas run
-            vt_next = _load_vt(k_ring.index(nxt), VL_L, A_L, D_V, BLOCK_N)
+            vt_next = _load_vt(k_ring.index(nxt), VL_L, A_L)
         s = warpgroup_mma_wait(num_outstanding=2 if PV_FP8 else 1, deps=(s,))  # Sᵀ of block it + 1 done
         tok = tok_s
         slots_next = lo + (it + 2) * BLOCK_N + offs_ns
@@ -369,7 +382,7 @@ def sparse_mla_decode_small_h_kernel(
             if V_EARLY:
                 vt = vt_next
             else:
-                vt = _load_vt(k_ring.index(nxt), VL_L, A_L, D_V, BLOCK_N)
+                vt = _load_vt(k_ring.index(nxt), VL_L, A_L)
 
     async_copy.wait_group(0)
     gl.thread_barrier()

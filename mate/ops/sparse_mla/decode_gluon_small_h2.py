@@ -120,9 +120,10 @@ from mate.ops.sparse_mla.decode_gluon_small_h import (
     _first_block,
     _issue_pv,
     _issue_qk,
+    _load_vt,
     _online_softmax,
     _stage_p,
-    _vt_e4m3,
+    _vt_operand,
     check_small_h_block,
 )
 from mate.ops.sparse_mla.gluon_common import (
@@ -148,31 +149,6 @@ def _perm_half(m):
     """Value index (within its half of 256) held by row ``m`` of an Oᵀ half (bits of m, high
     to low: d2 d1 | d7 d6 | d0 | d5 d4 d3)."""
     return ((m & 7) << 3) | ((m >> 3) & 1) | (((m >> 4) & 3) << 6) | (((m >> 6) & 1) << 1) | (((m >> 7) & 1) << 2)
-
-
-@gluon.jit
-def _load_vt_half(v_tile, VL_L: gl.constexpr, A_L: gl.constexpr, BLOCK_N: gl.constexpr):
-    """Vᵀ of a [BLOCK_N, 256] tile of values as the fp16 A operand in registers (rows
-    permuted, see ``_perm_half``). Widening before the renaming: each F2FP gives a (d, d + 1)
-    pair of one row and one PRMT per register pairs the rows (sm_90: 746 instructions per
-    block); renaming the e4m3 bytes first and widening in the operand layout compiled to 1097."""
-    return _widen_vt_half(v_tile.load(VL_L), A_L, BLOCK_N)
-
-
-@gluon.jit
-def _widen_vt_half(v, A_L: gl.constexpr, BLOCK_N: gl.constexpr):
-    """The e4m3 [BLOCK_N, 256] values of ``_load_vt_half`` (layout ``VL_L``) as its operand:
-    fp16, or e4m3 (``_vt_e4m3``) when ``A_L`` is an 8-bit operand layout (``k_width`` 4)."""
-    if A_L.k_width == 4:
-        vt = _vt_e4m3(v, A_L)
-    else:
-        v = v.to(gl.float16)
-        # d = D76 | D543 | D21 | d0  ->  m = D21 | D76 | d0 | D543
-        v = gl.reshape(v, [BLOCK_N, 4, 8, 4, 2])
-        v = gl.permute(v, (3, 1, 4, 2, 0))
-        v = gl.reshape(v, [256, BLOCK_N])
-        vt = gl.convert_layout(v, A_L, assert_trivial=True)
-    return vt
 
 
 @gluon.jit
@@ -215,10 +191,10 @@ def _wg_chain(q_ptr, kv_ptr, idx_ptr, seq_lens_ptr, bt, pid_s, num_tokens, qk_sc
     acc0 = gl.zeros([256, BLOCK_H], gl.float32, layout=O_L)
     acc1 = gl.zeros([256, BLOCK_H], gl.float32, layout=O_L)
     if not PV_FP8:
-        vt0 = _load_vt_half(k_ring.index(0).slice(0, 256, dim=1), VL_L, A_L, BLOCK_N)
+        vt0 = _load_vt(k_ring.index(0).slice(0, 256, dim=1), VL_L, A_L)
     for it in range(n_iter):
         if PV_FP8:  # e4m3 operands are not carried across iterations (one register per byte there)
-            vt0 = _load_vt_half(k_ring.index(it % STAGES).slice(0, 256, dim=1), VL_L, A_L, BLOCK_N)
+            vt0 = _load_vt(k_ring.index(it % STAGES).slice(0, 256, dim=1), VL_L, A_L)
         raw1 = k_ring.index(it % STAGES).slice(256, 256, dim=1).load(VL_L)  # Vᵀ half 1 of block it, still e4m3
         fence_async_shared()  # P of block it (stored by every thread) read by the wgmma
         gl.thread_barrier()  # ... and every thread has read block it's slot: refill it now
@@ -229,7 +205,7 @@ def _wg_chain(q_ptr, kv_ptr, idx_ptr, seq_lens_ptr, bt, pid_s, num_tokens, qk_sc
         fence_async_shared()
         gl.thread_barrier()  # ... for every thread
         s = _issue_qk(k_ring, r_ring, (it + 1) % STAGES, q_smem, qr_smem, s_zero)
-        vt1 = _widen_vt_half(raw1, A_L, BLOCK_N)
+        vt1 = _vt_operand(raw1, A_L)
         acc1 = _issue_pv(vt1, p_smem, it % 2, acc1, PV_FP8)
         # Sᵀ of it + 1 and P·V half 0 done (P·V half 1: one wgmma group, two in FP8)
         s, acc0 = warpgroup_mma_wait(num_outstanding=2 if PV_FP8 else 1, deps=(s, acc0))
@@ -247,7 +223,7 @@ def _wg_chain(q_ptr, kv_ptr, idx_ptr, seq_lens_ptr, bt, pid_s, num_tokens, qk_sc
         acc1 = acc1 * alpha_o
         # after P·V half 1: one Vᵀ half live
         if not PV_FP8:
-            vt0 = _load_vt_half(k_ring.index((it + 1) % STAGES).slice(0, 256, dim=1), VL_L, A_L, BLOCK_N)
+            vt0 = _load_vt(k_ring.index((it + 1) % STAGES).slice(0, 256, dim=1), VL_L, A_L)
 
     async_copy.wait_group(0)
     gl.thread_barrier()
