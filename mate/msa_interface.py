@@ -1038,6 +1038,7 @@ def msa(
     total_q, Hq = q.shape[0], q.shape[1]
     out_dtype = torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype
 
+    reads = _index_reads(q, k, v, page_table, kv_indices, runtime_metadata)  # for the outputs' overlap checks
     # ---- max-score buffer
     if output_maxscore:
         plans = [plan] + ([plan_info.prefill_plan_or_None] if plan_info.has_mixed_prefill else [])
@@ -1048,7 +1049,7 @@ def msa(
             check_tensor("max_score", max_score, dtype=torch.float32, ndim=3, contiguous=True, device=q.device)
             check_value("max_score", tuple(max_score.shape[:2]) == (total_q, Hq) and max_score.shape[2] >= tiles,
                         f"[{total_q}, {Hq}, >= {tiles}]", list(max_score.shape))
-            check_no_overlap("max_score", max_score, **_index_reads(q, k, v, page_table, kv_indices, runtime_metadata))
+            check_no_overlap("max_score", max_score, **reads)
         for p in plans:
             if p.page_size > 0 and p.page_size != MSA_BLOCK:
                 raise ValueError(f"page_size must be {MSA_BLOCK} for the max-score pass on a paged plan, "
@@ -1068,12 +1069,10 @@ def msa(
         else:
             check_out_tensor("out", out, dtype=out_dtype, shape=(total_q, Hq, Dv), device=q.device,
                              contiguous=False, last_dim_contiguous=True)
-            check_no_overlap("out", out, **_index_reads(q, k, v, page_table, kv_indices, runtime_metadata),
-                             kv_block_indexes=kv_block_indexes, max_score=max_score)
+            check_no_overlap("out", out, **reads, kv_block_indexes=kv_block_indexes, max_score=max_score)
         if lse is not None:
             check_out_tensor("lse", lse, dtype=torch.float32, shape=(total_q, Hq), device=q.device, contiguous=False)
-            check_no_overlap("lse", lse, **_index_reads(q, k, v, page_table, kv_indices, runtime_metadata),
-                             kv_block_indexes=kv_block_indexes, max_score=max_score, out=out)
+            check_no_overlap("lse", lse, **reads, kv_block_indexes=kv_block_indexes, max_score=max_score, out=out)
         sm_scale = q.shape[-1] ** -0.5 if sm_scale is None else _float_arg("sm_scale", sm_scale)
         k_scale = _float_arg("k_scale", k_scale)
         v_scale = _float_arg("v_scale", v_scale)

@@ -524,8 +524,8 @@ def sparse_mla_fp8_decode(
     checks.check_value("sparse_mla_top_k", top_k == block_tables.shape[-1],
                        f"equal to block_tables.shape[-1] ({block_tables.shape[-1]})", top_k)
     checks.check_shape("block_tables", block_tables, [batch, q_len, top_k])
-    device = checks.check_same_device(query=query, kv_cache=kv_cache, block_tables=block_tables,
-                                      seq_lens=seq_lens, out=out, lse=lse)
+    reads = dict(query=query, kv_cache=kv_cache, block_tables=block_tables, seq_lens=seq_lens)  # what the kernels read
+    device = checks.check_same_device(**reads, out=out, lse=lse)
     seq_lens = _check_seq_lens(seq_lens, batch)
 
     if metadata is None:
@@ -540,13 +540,11 @@ def sparse_mla_fp8_decode(
         out = torch.empty((batch, q_len, heads, 512), dtype=torch.bfloat16, device=device)
     else:
         checks.check_out_tensor("out", out, shape=[batch, q_len, heads, 512], dtype=torch.bfloat16, device=device)
-        checks.check_no_overlap("out", out, query=query, kv_cache=kv_cache, block_tables=block_tables,
-                                seq_lens=seq_lens)
+        checks.check_no_overlap("out", out, **reads)
     if lse is not None:
         checks.check_tensor("lse", lse, dtype=torch.float32, ndim=(2, 3), contiguous=True)
         checks.check_shape("lse", lse, [batch * q_len, heads] if lse.dim() == 2 else [batch, q_len, heads])
-        checks.check_no_overlap("lse", lse, query=query, kv_cache=kv_cache, block_tables=block_tables,
-                                seq_lens=seq_lens, out=out)
+        checks.check_no_overlap("lse", lse, **reads, out=out)
         lse_buf = lse
     elif return_lse:
         lse = lse_buf = torch.empty((batch, q_len, heads), dtype=torch.float32, device=device)
