@@ -276,16 +276,14 @@ def _dual_first(q_ptr, kv_ptr, idx_ptr, seq_lens_ptr, out_ptr, lse_ptr, po_ptr, 
     l_b = xl.load(m_i.type.layout)
     m_new = gl.maximum(m_i, m_b)
     m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # both chains empty: weights 0, no NaN
-    w_a = gl.exp2(m_i - m_use - (8.0 if PV_FP8 else 0.0))  # FP8 P·V: the accumulators hold 2^8 O
-    w_b = gl.exp2(m_b - m_use - (8.0 if PV_FP8 else 0.0))
+    w_a = gl.exp2(m_i - m_use)
+    w_b = gl.exp2(m_b - m_use)
     O_L: gl.constexpr = acc0.type.layout
-    wa_o = gl.convert_layout(w_a, gl.SliceLayout(0, O_L))[None, :]
-    wb_o = gl.convert_layout(w_b, gl.SliceLayout(0, O_L))[None, :]
+    acc_scale: gl.constexpr = 0.00390625 if PV_FP8 else 1.0  # FP8 P·V: the accumulators hold 2^8 O
+    wa_o = gl.convert_layout(w_a * acc_scale, gl.SliceLayout(0, O_L))[None, :]
+    wb_o = gl.convert_layout(w_b * acc_scale, gl.SliceLayout(0, O_L))[None, :]
     acc0 = acc0 * wa_o + x0.load(O_L) * wb_o
     acc1 = acc1 * wa_o + x1.load(O_L) * wb_o
-    if PV_FP8:
-        w_a = w_a * 256.0
-        w_b = w_b * 256.0
     _store_halves(acc0, acc1, m_new, l_i * w_a + l_b * w_b, out_ptr, lse_ptr, po_ptr, plse_ptr, out_scale, H, bt,
                   pid_s, num_splits, SPLIT, BLOCK_H, D_V)
 
