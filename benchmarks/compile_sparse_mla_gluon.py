@@ -28,12 +28,13 @@ POINTERS = ("q_ptr", "kv_ptr", "idx_ptr", "seq_lens_ptr", "out_ptr", "lse_ptr", 
 PATTERN = re.compile(r"\b(QGMMA\.\S+|HGMMA\.\S+|LDGSTS\S*|BAR\.SYNC\S*|WARPGROUP\.DEPBAR\S*|STL\S*|LDL\S*)")
 
 
-def compile_decode(fn, split: bool, constexprs: dict, num_warps: int, out_dir: str, tag: str,
-                   pattern: re.Pattern, keep_text: bool = False, after: dict | None = None):
+def compile_decode(fn, split: bool, constexprs: dict, num_warps: int, out_dir: str | None, tag: str,
+                   pattern: re.Pattern | None, keep_text: bool = False, after: dict | None = None,
+                   ptxas: bool = False):
     """Compiles a Gluon decode kernel (the argument list the 64-head and small-H kernels share;
     ``constexprs`` before D_V / D_R, in the kernel's order; ``after``: constexprs after them) for
     sm_90. The pointers are 16-byte aligned, as the launcher guarantees (it falls back to the
-    plain kernel otherwise)."""
+    plain kernel otherwise). ``ptxas``: also collect ptxas's warnings (``compile_sm90``)."""
     sig = {"q_ptr": "*fp8e4nv", "kv_ptr": "*fp8e4nv", "idx_ptr": "*i32", "seq_lens_ptr": "*i32",
            "out_ptr": "*bf16", "lse_ptr": "*fp32", "po_ptr": "*fp16" if split else "*bf16", "plse_ptr": "*fp32",
            "num_tokens": "i32", "qk_scale_log2": "fp32", "out_scale": "fp32", "H": "i32", "q_len": "i32",
@@ -41,7 +42,8 @@ def compile_decode(fn, split: bool, constexprs: dict, num_warps: int, out_dir: s
     constexprs = {**constexprs, "D_V": HEAD_DIM_V, "D_R": HEAD_DIM_ROPE, **(after or {})}
     sig.update({k: "constexpr" for k in constexprs})
     src = GluonASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=divisibility_attrs(sig, POINTERS))
-    return compile_sm90(src, {"num_warps": num_warps}, pattern=pattern, out_dir=out_dir, tag=tag, keep_text=keep_text)
+    return compile_sm90(src, {"num_warps": num_warps}, pattern=pattern, out_dir=out_dir, tag=tag, keep_text=keep_text,
+                        ptxas=ptxas)
 
 
 def compile_one(split: bool, stages: int, out_dir: str) -> bool:

@@ -51,38 +51,26 @@ def test_small_h_perm_d_is_the_renaming_of_load_vt():
 
 
 _WG_SM90_BUILD = """
-import json
-from triton.experimental.gluon._runtime import GluonASTSource
-from mate.ops.sparse_mla import decode_gluon_small_h2 as dw
-from mate.ops.sparse_mla.metadata import HEAD_DIM_ROPE, HEAD_DIM_V
-from mate.testing.sass import compile_sm90, divisibility_attrs
+import json, os, sys
+import mate
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(mate.__file__)), "benchmarks"))
+from compile_sparse_mla_gluon import compile_decode  # the decode kernels' sm_90 build (signature, aligned pointers)
+from mate.ops.sparse_mla import decode_gluon_small_h as dg, decode_gluon_small_h2 as dw
 
-ptrs = ["q_ptr", "kv_ptr", "idx_ptr", "seq_lens_ptr", "out_ptr", "lse_ptr", "po_ptr", "plse_ptr"]
-for chains in (1, 2):
-    sig = {"q_ptr": "*fp8e4nv", "kv_ptr": "*fp8e4nv", "idx_ptr": "*i32", "seq_lens_ptr": "*i32",
-           "out_ptr": "*bf16", "lse_ptr": "*fp32", "po_ptr": "*fp16", "plse_ptr": "*fp32", "num_tokens": "i32",
-           "qk_scale_log2": "fp32", "out_scale": "fp32", "H": "i32", "q_len": "i32", "top_k": "i32",
-           "split_blocks": "i32", "num_splits": "i32"}
-    cx = {"SPLIT": True, "HAS_SEQ_LENS": True, "STAGES": 2, "BLOCK_H": 16, "BLOCK_N": dw.WG_BLOCK_N,
-          "D_V": HEAD_DIM_V, "D_R": HEAD_DIM_ROPE, "CHAINS": chains, "PV_FP8": dw.WG_PV_FP8}
-    sig.update({c: "constexpr" for c in cx})
-    rep = compile_sm90(GluonASTSource(fn=dw.sparse_mla_decode_small_h_wg_kernel, signature=sig, constexprs=cx,
-                                      attrs=divisibility_attrs(sig, ptrs)), {"num_warps": dw.WG_NUM_WARPS}, ptxas=True)
-    print(json.dumps(dict(chains=chains, regs=rep.registers, spills=rep.spills, shared=rep.shared,
+def report(rep, **key):
+    print(json.dumps(dict(**key, regs=rep.registers, spills=rep.spills, shared=rep.shared,
                           qgmma=rep.sass.count("QGMMA"), hgmma=rep.sass.count("HGMMA"),
                           serialized=[w for w in rep.ptxas_warnings if "serialized" in w])))
-from mate.ops.sparse_mla import decode_gluon_small_h as dg
+
+for chains in (1, 2):
+    cx = {"SPLIT": True, "HAS_SEQ_LENS": True, "STAGES": 2, "BLOCK_H": 16, "BLOCK_N": dw.WG_BLOCK_N}
+    report(compile_decode(dw.sparse_mla_decode_small_h_wg_kernel, True, cx, dw.WG_NUM_WARPS, None, "wg", None,
+                          after={"CHAINS": chains, "PV_FP8": dw.WG_PV_FP8}, ptxas=True), chains=chains)
 for block_h, stages in ((16, 2), (32, 3)):  # the 8-warp kernel's FP8 P·V
     cx = {"SPLIT": True, "HAS_SEQ_LENS": True, "STAGES": stages, "V_EARLY": False, "BLOCK_H": block_h,
-          "BLOCK_N": dg.SMALL_H_BLOCK_N, "D_V": HEAD_DIM_V, "D_R": HEAD_DIM_ROPE, "PV_FP8": True}
-    sig = {k: v for k, v in sig.items() if v != "constexpr"}
-    sig.update({c: "constexpr" for c in cx})
-    rep = compile_sm90(GluonASTSource(fn=dg.sparse_mla_decode_small_h_kernel, signature=sig, constexprs=cx,
-                                      attrs=divisibility_attrs(sig, ptrs)), {"num_warps": dg.SMALL_H_NUM_WARPS},
-                       ptxas=True)
-    print(json.dumps(dict(chains=0, block_h=block_h, regs=rep.registers, spills=rep.spills, shared=rep.shared,
-                          qgmma=rep.sass.count("QGMMA"), hgmma=rep.sass.count("HGMMA"),
-                          serialized=[w for w in rep.ptxas_warnings if "serialized" in w])))
+          "BLOCK_N": dg.SMALL_H_BLOCK_N}
+    report(compile_decode(dg.sparse_mla_decode_small_h_kernel, True, cx, dg.SMALL_H_NUM_WARPS, None, "8w", None,
+                          after={"PV_FP8": True}, ptxas=True), chains=0, block_h=block_h)
 """
 
 
