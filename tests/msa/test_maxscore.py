@@ -207,18 +207,30 @@ def test_kernel_offsets_and_overrides(causal, device, triton_backend, monkeypatc
         assert_close(got.cpu(), want, atol=ATOL, rtol=RTOL)
 
 
-def test_static_plan_runtime_metadata_and_mixed_plan(device, triton_backend):
-    """A static plan with runtime metadata and a mixed (decode + prefill) plan both equal
-    the single eager plan."""
-    q_lens, kv_lens = [1, 2, 150], [300, 129, 256]
-    info, q, k, kw = make_case(q_lens, kv_lens, 2, 2, 64, torch.bfloat16, device, layout="token_major")
-    _, ref = msa(q, k, None, info, output_o=False, **kw)
+_STATIC_Q_LENS, _STATIC_KV_LENS = [1, 2, 150], [300, 129, 256]
+
+
+def _static_case(device):
+    """Three paged requests (``_STATIC_Q_LENS`` / ``_STATIC_KV_LENS``, 2 KV heads) with their
+    eager plan, a static plan of the same capacity and its runtime metadata (the eager plan's
+    lengths, a 4-column page table): (info, q, k, kw, static, rt)."""
+    info, q, k, kw = make_case(_STATIC_Q_LENS, _STATIC_KV_LENS, 2, 2, 64, torch.bfloat16, device,
+                               layout="token_major")
     p = info.plan
     static = msa_plan(3, 150, 300, 2, num_kv_heads=2, page_size=BLK, output_maxscore=True)
     pt = torch.zeros(3, 4, dtype=torch.int32, device=device)
     pt[:, : kw["page_table"].shape[1]] = kw["page_table"]
     rt = MsaRuntimeMetadata(None, None, None, p.prefill_plan.cu_seqlens_q, p.prefill_plan.cu_seqlens_k,
                             page_table=pt, seqused_k=p.kv_lens)
+    return info, q, k, kw, static, rt
+
+
+def test_static_plan_runtime_metadata_and_mixed_plan(device, triton_backend):
+    """A static plan with runtime metadata and a mixed (decode + prefill) plan both equal
+    the single eager plan."""
+    info, q, k, kw, static, rt = _static_case(device)
+    q_lens, kv_lens = _STATIC_Q_LENS, _STATIC_KV_LENS
+    _, ref = msa(q, k, None, info, output_o=False, **kw)
     buf = poisoned(ref.shape, torch.float32, device)
     msa(q, k, None, static, output_o=False, runtime_metadata=rt, max_score=buf)
     assert_close(buf, ref, atol=0, rtol=0)
@@ -234,22 +246,17 @@ def test_static_plan_runtime_metadata_and_mixed_plan(device, triton_backend):
 def test_max_score_must_not_overlap_runtime_metadata(device):
     """A max_score buffer sharing memory with a runtime lengths tensor the pass reads raises,
     naming it (the kernels would race); the same call with separate buffers runs."""
-    q_lens, kv_lens = [1, 2, 150], [300, 129, 256]
-    info, q, k, kw = make_case(q_lens, kv_lens, 2, 2, 64, torch.bfloat16, device, layout="token_major")
-    p = info.plan
-    static = msa_plan(3, 150, 300, 2, num_kv_heads=2, page_size=BLK, output_maxscore=True)
-    pt = torch.zeros(3, 4, dtype=torch.int32, device=device)
-    pt[:, : kw["page_table"].shape[1]] = kw["page_table"]
+    info, q, k, kw, static, rt = _static_case(device)
     tiles = static.plan.max_k_tiles
-    store = torch.zeros(sum(q_lens) * 2 * tiles + 8, dtype=torch.float32, device=device)
-    buf = store[:-8].view(sum(q_lens), 2, tiles)
+    rows = sum(_STATIC_Q_LENS)
+    store = torch.zeros(rows * 2 * tiles + 8, dtype=torch.float32, device=device)
+    buf = store[:-8].view(rows, 2, tiles)
     seqused = store[-8:].view(torch.int32)[:3]  # disjoint from buf
-    seqused.copy_(p.kv_lens)
-    rt = MsaRuntimeMetadata(None, None, None, p.prefill_plan.cu_seqlens_q, p.prefill_plan.cu_seqlens_k,
-                            page_table=pt, seqused_k=seqused)
+    seqused.copy_(info.plan.kv_lens)
+    rt.seqused_k = seqused
     msa(q, k, None, static, output_o=False, runtime_metadata=rt, max_score=buf)
     inside = buf.view(-1)[-4:].view(torch.int32)[:3]  # the last elements of buf itself
-    inside.copy_(p.kv_lens)
+    inside.copy_(info.plan.kv_lens)
     rt.seqused_k = inside
     with pytest.raises(ValueError, match="max_score must not overlap runtime_metadata.seqused_k"):
         msa(q, k, None, static, output_o=False, runtime_metadata=rt, max_score=buf)
