@@ -27,7 +27,19 @@ H200 (session 23, call 1 of ``benchmarks/results/2026-11-30-h200-s23-probes.txt`
 deferred 80.9, lazy 1 80.8, lazy 4 81.2; token-major Triton 77.3 / 77.1, FP8 P·V 77.1, deferred
 77.1, lazy 1 76.9, lazy 4 77.3 (max |out - ref| 5.6e-4 against 1.3e-4, LSE identical, no NaN).
 No gain: with the widening, its byte gathers and ~180 instructions per tile gone, the loop takes
-the Triton kernel's time; removed after this run.
+the Triton kernel's time.
+
+``--trace``: a %globaltimer timeline of one launch (per program: start, block list built, prologue
+issued, first tile landed, key loop done, end; its SM), of this kernel and of a load-only variant
+(``LOAD_ONLY``: each tile released as soon as it lands). H200 (call 2; head-major, graph-timed
+Triton 71.4 us, this kernel 71.3, load-only 68.0): the launch spans 67.7 us from the first
+program's start; building the block list takes 1.8-2.5 us and the first tile lands 0.8-8.7 us
+later, so DRAM is nearly idle for the first ~3 us; the key loop of programs with the same 32
+tiles takes 41.7 to 61.3 us (median 55.7): programs on about a fifth of the SMs finish ~15 us
+before the rest, and for the last ~20 us of the launch 10-20% of the programs, then more, are
+done. The load-only kernel shows the same spread (loop 41.9-60.2 us, span 64.8), so the spread
+is the SMs' unequal share of the memory system, not the decode's compute. Balancing it by work
+stealing was slower (``probe_msa_decode_steal.py`` in git history, session 23).
 """
 
 from __future__ import annotations
@@ -165,6 +177,19 @@ def _stage_p8(p_buf, p, P_SCALE: gl.constexpr):
 
 
 @gluon.jit
+def _stamp(row, k: gl.constexpr, dep):
+    """Stores %globaltimer (ns) into ``row[k]`` (``dep``: any scalar, so the asm has an operand)."""
+    now = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [dep], dtype=gl.int64, is_pure=False,
+                                    pack=1)
+    gl.store(row + k, now)
+
+
+@gluon.jit
+def _smid(dep):
+    return gl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [dep], dtype=gl.int32, is_pure=True, pack=1)
+
+
+@gluon.jit
 def _issue_tile(k_desc, v_desc, k_ring, v_ring, ready, slot, page, tile, kvh, n_kvh,
                 KEYS: gl.constexpr, KPB: gl.constexpr, HEAD_MAJOR: gl.constexpr):
     """TMA loads of the K and V tile ``tile`` (keys (tile % KPB) * KEYS of page ``page``)."""
@@ -185,7 +210,7 @@ def _issue_tile(k_desc, v_desc, k_ring, v_ring, ready, slot, page, tile, kvh, n_
 def _tile(i, first, n_tiles, last, ubase, blk, m_i, l_k, acc, q_t, s_zero, offs_n, limit, qk_scale,
           k_desc, v_desc, k_ring, v_ring, ready, p_buf, f_buf, red_smem, u_page_ptr, u_blk_ptr, kvh, n_kvh,
           GP: gl.constexpr, KEYS: gl.constexpr, STAGES: gl.constexpr, HEAD_MAJOR: gl.constexpr,
-          LAZY: gl.constexpr, P_SCALE: gl.constexpr, PV_DEFER: gl.constexpr):
+          LAZY: gl.constexpr, P_SCALE: gl.constexpr, PV_DEFER: gl.constexpr, LOAD_ONLY: gl.constexpr = False):
     """Tile ``i`` of this program (P and the flags go to this parity's buffers). Returns (block
     of tile i + 1, m_i, l_k, acc); with ``PV_DEFER`` the P·V wgmmas are left in flight (waited
     for with the next tile's Sᵀ)."""
@@ -201,6 +226,12 @@ def _tile(i, first, n_tiles, last, ubase, blk, m_i, l_k, acc, q_t, s_zero, offs_
     blk_next = gl.load(u_blk_ptr + ubase + gl.minimum(tile + 1, last) // KPB)
     page_r = gl.load(u_page_ptr + ubase + gl.minimum(tile + STAGES, last) // KPB)  # of the refill
     mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
+    if LOAD_ONLY:  # the floor: the tile is released as soon as it landed (outputs meaningless)
+        gl.thread_barrier()
+        if i + STAGES < n_tiles:
+            _issue_tile(k_desc, v_desc, k_ring, v_ring, ready, slot, page_r, tile + STAGES, kvh, n_kvh,
+                        KEYS, KPB, HEAD_MAJOR)
+        return blk_next, m_i, l_k, acc
     s = warpgroup_mma(k_ring.index(slot), q_t, s_zero, use_acc=False, is_async=True)
     vt = _vt_e4m3_128(v_ring.index(slot).load(v_load_layout(KEYS)), A_L)
     if PV_DEFER:
@@ -255,11 +286,11 @@ def msa_decode_fp8_pv_kernel(
     op_ptr, lp_ptr,
     total_q, HQ, RATIO, qk_scale, v_scale,
     idx_ptr, stride_it, stride_ih, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, B, n_iter,
-    page_table_ptr, stride_pt, n_cols, kv_indices_ptr, kv_page_indptr_ptr, n_indices, num_pages, W,
+    page_table_ptr, stride_pt, n_cols, kv_indices_ptr, kv_page_indptr_ptr, n_indices, num_pages, W, trace_ptr,
     GP: gl.constexpr, C: gl.constexpr, NUM_SPLITS: gl.constexpr, CAUSAL: gl.constexpr,
     HEAD_MAJOR: gl.constexpr, KEYS: gl.constexpr = 64, STAGES: gl.constexpr = 3, BLOCK_W: gl.constexpr = 16,
     USE_PAGE_TABLE: gl.constexpr = True, HAS_QO_OFFSET: gl.constexpr = False, LAZY: gl.constexpr = 2,
-    PV_DEFER: gl.constexpr = False,
+    PV_DEFER: gl.constexpr = False, TRACE: gl.constexpr = False, LOAD_ONLY: gl.constexpr = False,
 ):
     """Grid (tokens, KV heads, splits), 4 warps; the arguments of ``msa_decode_t_kernel``
     (contiguous caches as 2D TMA views, e4m3 q / K / V)."""
@@ -270,6 +301,10 @@ def msa_decode_fp8_pv_kernel(
     kvh = gl.program_id(1)
     split = gl.program_id(2)
     n_kvh = gl.num_programs(1)
+    trace_row = trace_ptr + ((split * gl.num_programs(1) + kvh) * gl.num_programs(0) + t).to(gl.int64) * 8
+    if TRACE:
+        _stamp(trace_row, 0, t)
+        gl.store(trace_row + 7, _smid(t).to(gl.int64))
     KPB: gl.constexpr = 128 // KEYS
     Q_L: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
     Q_SL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
@@ -289,6 +324,8 @@ def msa_decode_fp8_pv_kernel(
         qo_offset_ptr, B, n_iter, page_table_ptr, stride_pt, n_cols, kv_indices_ptr, kv_page_indptr_ptr, n_indices,
         num_pages, W, u_page_ptr, u_blk_ptr, u_cnt_ptr + t * n_kvh + kvh, BLOCK_W, NUM_SPLITS, CAUSAL,
         USE_PAGE_TABLE, HAS_QO_OFFSET)
+    if TRACE:
+        _stamp(trace_row, 1, t)
     limit = kv_len - 1
     if CAUSAL:
         limit = gl.minimum(limit, pos)
@@ -325,18 +362,25 @@ def msa_decode_fp8_pv_kernel(
     s_zero = gl.zeros([KEYS, GP], gl.float32, layout=S_L)
     q_t = q_smem.permute((1, 0))
     blk = gl.load(u_blk_ptr + ubase + first // KPB, mask=n_tiles > 0, other=0)
+    if TRACE:
+        _stamp(trace_row, 2, t)
+        if n_tiles > 0:
+            mbarrier.wait(ready.index(0), 0)  # the first tile landed (the loop's wait then passes at once)
+        _stamp(trace_row, 3, t)
     for i0 in range(0, n_tiles, 2):  # unrolled by two: P / flag buffers of each parity
         blk, m_i, l_k, acc = _tile(i0, first, n_tiles, last, ubase, blk, m_i, l_k, acc, q_t, s_zero, offs_n, limit,
                                    qk_scale, k_desc, v_desc, k_ring, v_ring, ready, p0, f0, red_smem,
                                    u_page_ptr, u_blk_ptr, kvh, n_kvh, GP, KEYS, STAGES, HEAD_MAJOR, LAZY, P_SCALE,
-                                   PV_DEFER)
+                                   PV_DEFER, LOAD_ONLY)
         if i0 + 1 < n_tiles:
             blk, m_i, l_k, acc = _tile(i0 + 1, first, n_tiles, last, ubase, blk, m_i, l_k, acc, q_t, s_zero, offs_n,
                                        limit, qk_scale, k_desc, v_desc, k_ring, v_ring, ready, p1, f1, red_smem,
                                        u_page_ptr, u_blk_ptr, kvh, n_kvh, GP, KEYS, STAGES, HEAD_MAJOR, LAZY,
-                                       P_SCALE, PV_DEFER)
+                                       P_SCALE, PV_DEFER, LOAD_ONLY)
     if PV_DEFER:
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    if TRACE:
+        _stamp(trace_row, 4, t)
 
     l_i = gl.sum(l_k, axis=0)
     empty_row = l_i == 0.0
@@ -360,6 +404,9 @@ def msa_decode_fp8_pv_kernel(
         gl.store(op_ptr + prow[None, :] * HEAD_DIM + d[:, None], o, mask=hvalid[None, :])
         prow_s = (split.to(gl.int64) * total_q + t) * HQ + kvh * RATIO + hl_s
         gl.store(lp_ptr + prow_s, lse, mask=hl_s < RATIO)
+    if TRACE:
+        _stamp(trace_row, 5, t)
+        gl.store(trace_row + 6, n_tiles.to(gl.int64))
 
 
 class GluonSwap:
@@ -368,9 +415,10 @@ class GluonSwap:
     tensors (contiguous e4m3 caches, 2D views, [keys, 128] boxes)."""
 
     def __init__(self, keys: int = 64, stages: int = 3, lazy: int = 2, defer: bool = False,
-                 maxnreg: int | None = None):
-        self.keys, self.stages, self.lazy, self.defer = keys, stages, lazy, defer
+                 maxnreg: int | None = None, trace: torch.Tensor | None = None, load_only: bool = False):
+        self.keys, self.stages, self.lazy, self.defer, self.load_only = keys, stages, lazy, defer, load_only
         self.extra = {"maxnreg": maxnreg} if maxnreg else {}
+        self.trace = trace  # int64 [programs, 8]: timestamps 0-5, tiles, SM
 
     def __getitem__(self, grid):
         def launch(*args, **kw):
@@ -380,8 +428,10 @@ class GluonSwap:
             descs = [TensorDescriptor(dsc.base, list(dsc.shape), list(dsc.strides), [self.keys, 128], kv_sl)
                      for dsc in args[3:5]]
             assert kw["FLAT"] and kw["IS_FP8"], kw
+            trace = self.trace if self.trace is not None else args[0]
             msa_decode_fp8_pv_kernel[grid](
-                *args[:3], *descs, *args[5:], GP=kw["GP"], C=kw["C"], NUM_SPLITS=kw["NUM_SPLITS"],
+                *args[:3], *descs, *args[5:], trace, TRACE=self.trace is not None, LOAD_ONLY=self.load_only,
+                GP=kw["GP"], C=kw["C"], NUM_SPLITS=kw["NUM_SPLITS"],
                 CAUSAL=kw["CAUSAL"], HEAD_MAJOR=kw["HEAD_MAJOR"], KEYS=self.keys, STAGES=self.stages,
                 BLOCK_W=kw["BLOCK_W"], USE_PAGE_TABLE=kw["USE_PAGE_TABLE"], HAS_QO_OFFSET=kw["HAS_QO_OFFSET"],
                 LAZY=self.lazy, PV_DEFER=self.defer, num_warps=GLUON_WARPS, **self.extra)
@@ -391,7 +441,7 @@ class GluonSwap:
 
 def compile_sm90(keys: int = 64, stages: int = 3, splits: int = 1, gp: int = 16, head_major: bool = True,
                  lazy: int = 2, defer: bool = False, block_w: int = 16, maxnreg: int | None = None,
-                 out_dir: str | None = None):
+                 trace: bool = False, load_only: bool = False, out_dir: str | None = None):
     """Compiles the kernel for the H200 (sm_90) without a GPU (M3 tile, bf16 output, causal);
     returns :class:`mate.testing.sass.SassReport`."""
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -409,9 +459,10 @@ def compile_sm90(keys: int = 64, stages: int = 3, splits: int = 1, gp: int = 16,
            "idx_ptr": "*i32", "stride_it": "i32", "stride_ih": "i32", "qo_indptr_ptr": "*i32",
            "kv_lens_ptr": "*i32", "qo_offset_ptr": "*i32", "B": "i32", "n_iter": "i32", "page_table_ptr": "*i32",
            "stride_pt": "i32", "n_cols": "i32", "kv_indices_ptr": "*i32", "kv_page_indptr_ptr": "*i32",
-           "n_indices": "i32", "num_pages": "i32", "W": "i32"}
+           "n_indices": "i32", "num_pages": "i32", "W": "i32", "trace_ptr": "*i64"}
     ce = dict(GP=gp, C=block_w, NUM_SPLITS=splits, CAUSAL=True, HEAD_MAJOR=head_major, KEYS=keys, STAGES=stages,
-              BLOCK_W=block_w, USE_PAGE_TABLE=True, HAS_QO_OFFSET=False, LAZY=lazy, PV_DEFER=defer)
+              BLOCK_W=block_w, USE_PAGE_TABLE=True, HAS_QO_OFFSET=False, LAZY=lazy, PV_DEFER=defer,
+              TRACE=trace, LOAD_ONLY=load_only)
     sig.update({n: "constexpr" for n in ce})
     aligned = ("q_ptr", "u_page_ptr", "u_blk_ptr", "u_cnt_ptr", "o_ptr", "lse_ptr", "op_ptr", "lp_ptr", "stride_qt",
                "stride_qh", "stride_ot", "stride_oh", "stride_lt", "idx_ptr", "qo_indptr_ptr", "kv_lens_ptr",
@@ -445,10 +496,13 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--compile", action="store_true", help="sm_90 build report only (no GPU)")
     ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--trace", action="store_true", help="per-program %globaltimer timeline (H200)")
     args = ap.parse_args()
     if args.compile:
         _compile_report()
         return 0
+    if args.trace:
+        return trace_main()
     from bench_msa_attention import HKV, HQ, decode_inputs
     from bench_msa_fp8_decode_variants import reference
 
@@ -510,6 +564,78 @@ def main() -> int:
         err_t = (o.float() - outs[name.split()[0] + " triton"][0].float()).abs().max().item()
         print(f"{name:26} {t:8.1f} {nbytes / t / 1e3 / copy:6.1%} {err_o:13.2e} {err_l:13.2e} {err_t:16.2e} "
               f"{str(nan):>4}")
+    return 0
+
+
+def _pct(x: torch.Tensor, qs=(0.0, 0.1, 0.5, 0.9, 1.0)) -> str:
+    x = x.double()
+    return " / ".join(f"{torch.quantile(x, q).item() / 1e3:.2f}" for q in qs)
+
+
+def trace_main() -> int:
+    """Timeline of one decode launch per cache layout: per-program phases (us, quantiles 0 / 10 /
+    50 / 90 / 100 %), programs per SM, and how many programs are in their key loop over time."""
+    from bench_msa_attention import HKV, HQ, decode_inputs
+
+    from mate.ops.msa import sparse_decode as sd
+    from mate.ops.msa.sparse_attention import sparse_attention
+    from mate.testing.bench import time_interleaved
+
+    pb = decode_inputs(128, 65536, torch.float8_e4m3fn)
+    q, k, v, idx, table = pb["q"], pb["k"], pb["v"], pb["kv_block_indexes"], pb["page_table"]
+    qo, kvl = pb["qo_indptr"], pb["kv_lens"]
+    B = q.shape[0]
+    k_hm, v_hm = (x.permute(0, 2, 1, 3).contiguous() for x in (k, v))
+    real = sd.msa_decode_t_kernel
+    trace = torch.zeros(B * HKV, 8, dtype=torch.int64, device="cuda")
+    out = torch.empty(B, HQ, 128, device="cuda", dtype=torch.bfloat16)
+    lse = torch.empty(B, HQ, device="cuda")
+
+    def call(kernel, hm):
+        def run():
+            sd.msa_decode_t_kernel = kernel
+            try:
+                kk, vv = (k_hm, v_hm) if hm else (k, v)
+                sparse_attention(q, kk, vv, kv_block_indexes=idx, page_table=table, qo_indptr=qo, kv_lens=kvl,
+                                 out=out, lse=lse, causal=True, decode=True, num_kv_heads=HKV)
+            finally:
+                sd.msa_decode_t_kernel = real
+        return run
+
+    traced, plain = GluonSwap(trace=trace), GluonSwap()
+    floor, floor_traced = GluonSwap(load_only=True), GluonSwap(trace=trace, load_only=True)
+    cases = {f"{lay} {n}": call(kern, lay == "HND") for lay in ("HND", "NHD")
+             for n, kern in (("triton", real), ("gluon", plain), ("gluon traced", traced), ("load-only", floor))}
+    times = time_interleaved(cases, iters=30)
+    print("  ".join(f"{n} {t:.1f}" for n, t in times.items()))
+    for lay, kern in (("HND", traced), ("NHD", traced), ("HND load-only", floor_traced),
+                      ("NHD load-only", floor_traced)):
+        run = call(kern, lay.startswith("HND"))
+        for _ in range(3):
+            run()
+        torch.cuda.synchronize()
+        tr = trace.clone()
+        t0 = tr[:, 0].min()
+        ts = tr[:, :6] - t0
+        diffs = (tr[:, :6].flatten() % 1000)
+        print(f"{lay}: span {(ts[:, 5].max()).item() / 1e3:.2f} us; timer ns mod 1000 nonzero: "
+              f"{bool((diffs != 0).any())}; tiles {tr[:, 6].min().item()}-{tr[:, 6].max().item()}")
+        names = ("start", "list built", "prologue issued", "first tile", "loop end", "end")
+        for j in range(6):
+            print(f"  {names[j]:16} at {_pct(ts[:, j])}")
+        for j, n in ((1, "list"), (3, "first wait"), (4, "loop"), (5, "epilogue")):
+            print(f"  {n:16} takes {_pct(ts[:, j] - ts[:, j - 1 if j != 3 else 1])}")
+        sm = tr[:, 7]
+        per_sm = torch.bincount(sm, minlength=132)
+        print(f"  programs per SM: {torch.bincount(per_sm).tolist()} (count of SMs with 0, 1, 2, ...)")
+        for c in sorted(set(per_sm.tolist()) - {0}):
+            sel = per_sm[sm] == c
+            print(f"    SMs with {c}: end {_pct(ts[sel, 5])}, loop {_pct(ts[sel, 4] - ts[sel, 3])}")
+        edges = torch.arange(0, ts[:, 5].max().item() + 2000, 2000, device="cuda")
+        in_loop = [int(((ts[:, 3] <= e) & (ts[:, 4] > e)).sum()) for e in edges.tolist()]
+        alive = [int(((ts[:, 0] <= e) & (ts[:, 5] > e)).sum()) for e in edges.tolist()]
+        print(f"  every 2 us, programs in loop: {in_loop}")
+        print(f"  every 2 us, programs alive:   {alive}")
     return 0
 
 
