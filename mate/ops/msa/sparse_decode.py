@@ -102,7 +102,14 @@ removed after its run): V widened with 16-byte shared loads into an fp16 shared 
 wgmma of two shared operands (left in flight across the next tile's Sᵀ; 2 stages so that 4 programs
 fit, 128-register cap): 76.1 us against this kernel's 74.3 head-major, 77.7 against 76.7 token-major
 (the restored register-V Gluon port 74.9 / 78.3), bit-identical. The register operand's byte
-gathers and permutes are not what keeps the loop from the load-only floor."""
+gathers and permutes are not what keeps the loop from the load-only floor. Session 23
+(``benchmarks/probe_msa_decode_fp8_pv.py``): P·V on FP8 tensor cores in Gluon (Vᵀ kept e4m3 and
+byte-transposed into the 8-bit register operand, P as hi + lo e4m3 tiles; ~300 instead of 482
+instructions per tile) took the Triton kernel's time (80.9 / 77.1 us against 80.4 / 77.3 head- /
+token-major). Its %globaltimer timeline shows programs with equal work ending between 46 and 68
+us (their key loops 42-61 us, the load-only kernel alike): the SMs' shares of the memory system
+differ, and work stealing between programs to even them out was slower (87.5 against 76.0 us,
+``probe_msa_decode_steal.py`` in git history)."""
 
 
 def _env_overrides(text: str) -> dict:
