@@ -41,13 +41,14 @@ def test_small_h_module_imports():
     assert m.SMALL_H_NUM_WARPS == 8 and m.SMALL_H_BLOCK_N == 64
 
 
-def test_small_h_perm_d_is_the_renaming_of_load_vt():
-    """Row m of Oᵀ holds value _perm_d(m): the reshape + permute of ``_vt_operand`` on indices."""
+def test_small_h_perm_values_is_the_renaming_of_load_vt():
+    """Row m of Oᵀ holds value _perm_values(m, 512): the reshape + permute of ``_vt_operand`` on
+    indices (the 8-warp kernel's 512 value rows)."""
     d = torch.arange(512)
     renamed = d.view(8, 8, 4, 2).permute(2, 0, 3, 1).reshape(512)  # [D876, D543, D21, d0] -> m order
-    from mate.ops.sparse_mla.decode_gluon_small_h import _perm_d
+    from mate.ops.sparse_mla.decode_gluon_small_h import _perm_values
 
-    assert_equal(renamed, _perm_d.fn(torch.arange(512)))  # the kernel's own formula (its combine reads it)
+    assert_equal(renamed, _perm_values.fn(torch.arange(512), 512))  # the kernel's own formula (its combine reads it)
 
 
 _WG_SM90_BUILD = """
@@ -367,9 +368,10 @@ def test_small_h_one_warpgroup_launch_validated():
         sparse_mla_decode_gluon_small_h_wg(q, e, e, None, e, e, e, e, 1.0, 1.0, 8, 2, 16, 2)
 
 
-def test_small_h_one_warpgroup_perm_half_is_the_renaming_of_load_vt_half():
+def test_small_h_one_warpgroup_perm_values_is_the_renaming_of_load_vt_half():
+    """The same for an Oᵀ half of the one-warpgroup kernel (256 value rows)."""
     d = torch.arange(256)
     renamed = d.view(4, 8, 4, 2).permute(2, 0, 3, 1).reshape(256)
-    from mate.ops.sparse_mla.decode_gluon_small_h2 import _perm_half
+    from mate.ops.sparse_mla.decode_gluon_small_h import _perm_values
 
-    assert_equal(renamed, _perm_half.fn(torch.arange(256)))
+    assert_equal(renamed, _perm_values.fn(torch.arange(256), 256))

@@ -21,7 +21,7 @@ formulation of ``sparse_mla_decode_split_kernel_t``), so no tensor-core row is p
   Pᵀ from a shared tile, Vᵀ from registers: each thread reads 8 contiguous values of each of
   its rows from the ring (vector loads), widens them e4m3 -> fp16 (exact) and the tensor is
   relabelled (reshape + permute, a register-only renaming) into the wgmma A-operand layout.
-  This permutes the value dimension: output row m holds value ``_perm_d(m)``, undone when O
+  This permutes the value dimension: output row m holds value ``_perm_values(m, 512)``, undone when O
   is written. With ``V_EARLY`` the next block's Vᵀ is loaded into other registers while P·V
   runs (sm_90: 200 / 239 registers at 16 / 32 heads instead of 173 / 209, no spills).
 
@@ -163,8 +163,7 @@ def _vt_e4m3(v, A_L: gl.constexpr):
     that operand holds 4 rows (k) of one value (m), so each 4 x 4 block of rows and values a
     thread loaded is byte-transposed; the rest is a renaming of registers. The operand's k
     order (k bits, high to low: rows +32 +16 +4 +2 +1 +8) puts a thread's rows r and r + 8 of Pᵀ
-    side by side (``_stage_p``); its value rows are permuted as in ``_perm_d`` (N = 512) or
-    ``decode_gluon_small_h2._perm_half`` (N = 256)."""
+    side by side (``_stage_p``); its value rows are permuted as in ``_perm_values``."""
     N: gl.constexpr = v.shape[1]
     # rows r = 32 b5 + 16 b4 + 8 b3 + 4 b2 + 2 b1 + b0; word byte i = b3 + 2 b0
     v = gl.reshape(v, [2, 2, 2, 2, 2, 2, N])
@@ -197,17 +196,21 @@ def _issue_pv(vt, p_smem, buf, acc, PV_FP8: gl.constexpr):
 
 
 @gluon.jit
-def _perm_d(m):
-    """Value index held by row ``m`` of Oᵀ (bits of m, high to low:
-    d2 d1 | d8 d7 d6 | d0 | d5 d4 d3)."""
-    return ((m & 7) << 3) | ((m >> 3) & 1) | (((m >> 4) & 7) << 6) | (((m >> 7) & 1) << 1) | (((m >> 8) & 1) << 2)
+def _perm_values(m, N: gl.constexpr):
+    """Value index held by row ``m`` of an Oᵀ of N = 512 value rows (the 8-warp kernel) or of an
+    Oᵀ half of N = 256 (the one-warpgroup kernel, index within the half), as ``_vt_operand``
+    permutes them. Bits of m, high to low: d2 d1 | DH | d0 | d5 d4 d3, DH = d8 d7 d6 (512) or
+    d7 d6 (256)."""
+    HB: gl.constexpr = 3 if N == 512 else 2  # bits of DH
+    return ((m & 7) << 3) | ((m >> 3) & 1) | (((m >> 4) & (N // 64 - 1)) << 6) | (((m >> (4 + HB)) & 1) << 1) | (
+        ((m >> (5 + HB)) & 1) << 2)
 
 
 @gluon.jit
 def _vt_operand(v, A_L: gl.constexpr):
     """The e4m3 [64, N] values in layout ``VL_L`` (N = 256: a half of the one-warpgroup kernel;
     512: the 8-warp kernel) as the A operand of Vᵀ [N, 64] in registers, value rows permuted
-    (``_perm_d`` at N = 512, ``decode_gluon_small_h2._perm_half`` at 256): for an 8-bit ``A_L``
+    (``_perm_values``): for an 8-bit ``A_L``
     kept e4m3 (``_vt_e4m3``), else widened to fp16 and renamed. Widening before the renaming:
     each F2FP gives a (d, d + 1) pair of one row and one PRMT per register pairs the rows
     (sm_90, one-warpgroup kernel: 746 instructions per block); renaming the e4m3 bytes first and
@@ -386,13 +389,12 @@ def sparse_mla_decode_small_h_kernel(
 
     async_copy.wait_group(0)
     gl.thread_barrier()
-    if PV_FP8:  # the accumulator holds 2^8 O (see _stage_p)
-        acc = acc * 0.00390625
-    offs_d = _perm_d(gl.arange(0, D_V, layout=gl.SliceLayout(1, O_L)))  # row m of Oᵀ holds value _perm_d(m)
+    offs_d = _perm_values(gl.arange(0, D_V, layout=gl.SliceLayout(1, O_L)), D_V)  # row m's value
     offs_h = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, O_L))
     offs_hl = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, S_L))
     _store_result(acc, m_i, gl.sum(l_acc, 0), offs_h[None, :], offs_d[:, None], offs_hl, out_ptr, lse_ptr, po_ptr,
-                  plse_ptr, out_scale, H, bt, pid_s, num_splits, 1, SPLIT, D_V)
+                  plse_ptr, out_scale, H, bt, pid_s, num_splits, 1, SPLIT, D_V,
+                  256.0 if PV_FP8 else 1.0)  # FP8 P·V: the accumulator holds 2^8 O (see _stage_p)
 
 
 def check_small_h_block(H: int, block_h: int) -> None:

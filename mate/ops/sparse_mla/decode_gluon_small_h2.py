@@ -10,7 +10,7 @@ merges them. Plans select it for H <= 16 (``num_warps=4``; at 32 heads it spills
 
 Per 64-row block: Sᵀ [64, BLOCK_H] = K·Qᵀ (QGMMA, K-major operands in shared memory), the
 online softmax over the rows, and Oᵀ [512, BLOCK_H] += Vᵀ·Pᵀ in two halves of 256 value rows
-(Vᵀ from registers, value rows permuted, see ``_perm_half``). Sᵀ of block it + 1 is issued
+(Vᵀ from registers, value rows permuted, see ``_perm_values``). Sᵀ of block it + 1 is issued
 before the P·V of block it. P·V runs on FP8 tensor cores by default (``WG_PV_FP8``, session 22):
 Vᵀ stays e4m3 (each 4 x 4 block of rows and values a thread loads is byte-transposed with 8
 PRMT into the 8-bit A operand, ``decode_gluon_small_h._vt_e4m3``, instead of 128 F2FP widenings per block), and
@@ -122,6 +122,7 @@ from mate.ops.sparse_mla.decode_gluon_small_h import (
     _issue_qk,
     _load_vt,
     _online_softmax,
+    _perm_values,
     _stage_p,
     _vt_operand,
     check_small_h_block,
@@ -145,19 +146,12 @@ DUAL_WORKER_REGS = gl.constexpr(256)
 
 
 @gluon.jit
-def _perm_half(m):
-    """Value index (within its half of 256) held by row ``m`` of an Oᵀ half (bits of m, high
-    to low: d2 d1 | d7 d6 | d0 | d5 d4 d3)."""
-    return ((m & 7) << 3) | ((m >> 3) & 1) | (((m >> 4) & 3) << 6) | (((m >> 6) & 1) << 1) | (((m >> 7) & 1) << 2)
-
-
-@gluon.jit
 def _wg_chain(q_ptr, kv_ptr, idx_ptr, seq_lens_ptr, bt, pid_s, num_tokens, qk_scale_log2, H, q_len, top_k, split_blocks,
               HAS_SEQ_LENS: gl.constexpr, STAGES: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
               D_V: gl.constexpr, D_R: gl.constexpr, PV_FP8: gl.constexpr):
     """One warpgroup's chain over split ``pid_s`` (``split_blocks`` blocks of 64 top-k slots)
     of query position ``bt``: returns the two unnormalised Oᵀ halves [256, BLOCK_H] (value
-    rows permuted, see ``_perm_half``), the running max (log2 domain) and the row sums."""
+    rows permuted, see ``_perm_values``), the running max (log2 domain) and the row sums."""
     gl.static_assert(BLOCK_N == 64)
     gl.static_assert(D_V == 512)
     gl.static_assert((BLOCK_H == 16) or (BLOCK_H == 32))
@@ -232,16 +226,19 @@ def _wg_chain(q_ptr, kv_ptr, idx_ptr, seq_lens_ptr, bt, pid_s, num_tokens, qk_sc
 
 @gluon.jit
 def _store_halves(acc0, acc1, m_i, l_i, out_ptr, lse_ptr, po_ptr, plse_ptr, out_scale, H, bt, pid_s, num_splits,
-                  SPLIT: gl.constexpr, BLOCK_H: gl.constexpr, D_V: gl.constexpr):
-    """``_store_result`` of both Oᵀ halves of ``_wg_chain`` (value rows un-permuted)."""
+                  SPLIT: gl.constexpr, BLOCK_H: gl.constexpr, D_V: gl.constexpr, PV_FP8: gl.constexpr):
+    """``_store_result`` of both Oᵀ halves of ``_wg_chain`` (value rows un-permuted; with FP8 P·V
+    the accumulators hold 2^8 O, see ``_stage_p``)."""
     O_L: gl.constexpr = acc0.type.layout
     m_o = gl.arange(0, 256, layout=gl.SliceLayout(1, O_L))
     offs_h = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, O_L))
     offs_hl = gl.arange(0, BLOCK_H, layout=m_i.type.layout)
-    _store_result(acc0, m_i, l_i, offs_h[None, :], _perm_half(m_o)[:, None], offs_hl, out_ptr, lse_ptr, po_ptr,
-                  plse_ptr, out_scale, H, bt, pid_s, num_splits, 1, SPLIT, D_V)
-    _store_result(acc1, m_i, l_i, offs_h[None, :], 256 + _perm_half(m_o)[:, None], offs_hl, out_ptr, lse_ptr,
-                  po_ptr, plse_ptr, out_scale, H, bt, pid_s, num_splits, 1, SPLIT, D_V)
+    d_o = _perm_values(m_o, 256)
+    acc_scale: gl.constexpr = 256.0 if PV_FP8 else 1.0
+    _store_result(acc0, m_i, l_i, offs_h[None, :], d_o[:, None], offs_hl, out_ptr, lse_ptr, po_ptr,
+                  plse_ptr, out_scale, H, bt, pid_s, num_splits, 1, SPLIT, D_V, acc_scale)
+    _store_result(acc1, m_i, l_i, offs_h[None, :], 256 + d_o[:, None], offs_hl, out_ptr, lse_ptr,
+                  po_ptr, plse_ptr, out_scale, H, bt, pid_s, num_splits, 1, SPLIT, D_V, acc_scale)
 
 
 @gluon.jit
@@ -279,13 +276,12 @@ def _dual_first(q_ptr, kv_ptr, idx_ptr, seq_lens_ptr, out_ptr, lse_ptr, po_ptr, 
     w_a = gl.exp2(m_i - m_use)
     w_b = gl.exp2(m_b - m_use)
     O_L: gl.constexpr = acc0.type.layout
-    acc_scale: gl.constexpr = 0.00390625 if PV_FP8 else 1.0  # FP8 P·V: the accumulators hold 2^8 O
-    wa_o = gl.convert_layout(w_a * acc_scale, gl.SliceLayout(0, O_L))[None, :]
-    wb_o = gl.convert_layout(w_b * acc_scale, gl.SliceLayout(0, O_L))[None, :]
+    wa_o = gl.convert_layout(w_a, gl.SliceLayout(0, O_L))[None, :]
+    wb_o = gl.convert_layout(w_b, gl.SliceLayout(0, O_L))[None, :]
     acc0 = acc0 * wa_o + x0.load(O_L) * wb_o
     acc1 = acc1 * wa_o + x1.load(O_L) * wb_o
     _store_halves(acc0, acc1, m_new, l_i * w_a + l_b * w_b, out_ptr, lse_ptr, po_ptr, plse_ptr, out_scale, H, bt,
-                  pid_s, num_splits, SPLIT, BLOCK_H, D_V)
+                  pid_s, num_splits, SPLIT, BLOCK_H, D_V, PV_FP8)
 
 
 @gluon.jit
@@ -327,11 +323,8 @@ def sparse_mla_decode_small_h_wg_kernel(
         acc0, acc1, m_i, l_i = _wg_chain(q_ptr, kv_ptr, idx_ptr, seq_lens_ptr, bt, pid_s, num_tokens, qk_scale_log2,
                                          H, q_len, top_k, split_blocks, HAS_SEQ_LENS, STAGES, BLOCK_H, BLOCK_N, D_V,
                                          D_R, PV_FP8)
-        if PV_FP8:  # the accumulators hold 2^8 O (see _stage_p)
-            acc0 = acc0 * 0.00390625
-            acc1 = acc1 * 0.00390625
         _store_halves(acc0, acc1, m_i, l_i, out_ptr, lse_ptr, po_ptr, plse_ptr, out_scale, H, bt, pid_s, num_splits,
-                      SPLIT, BLOCK_H, D_V)
+                      SPLIT, BLOCK_H, D_V, PV_FP8)
     else:
         gl.static_assert(CHAINS == 2)
         # wgmma-layout accumulators: 8-float vectors (4 at 16 columns) XORed with row % 4, so a

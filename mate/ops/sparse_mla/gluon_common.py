@@ -107,16 +107,21 @@ def _gather_next(kv_ptr, idx_row, tok_g, tok_r, block, hi, num_tokens, k_ring, r
 
 @gluon.jit
 def _store_result(acc, m_i, l_i, h_o, d_o, h_l, out_ptr, lse_ptr, po_ptr, plse_ptr, out_scale, H, bt, pid_s,
-                  num_splits, H_AXIS: gl.constexpr, SPLIT: gl.constexpr, D_V: gl.constexpr):
+                  num_splits, H_AXIS: gl.constexpr, SPLIT: gl.constexpr, D_V: gl.constexpr,
+                  ACC_SCALE: gl.constexpr = 1.0):
     """Normalises the accumulator and writes it (bf16, or the split's partial rows) and the
     natural-log LSE (+inf for a head without a valid slot; -inf in a split's partial LSE).
 
     ``H_AXIS``: the accumulator dimension indexed by heads (0: [heads, 512], 1: [512,
     heads]); ``h_o`` / ``d_o``: head and value index of each accumulator element (tensors
-    that broadcast to its shape); ``h_l``: the heads in the layout of ``m_i`` / ``l_i``."""
+    that broadcast to its shape); ``h_l``: the heads in the layout of ``m_i`` / ``l_i``;
+    ``ACC_SCALE``: the accumulator holds ACC_SCALE O (a power of two: the FP8 P·V's 2^8), folded
+    into the row sums it is divided by."""
     empty = l_i == 0.0
     l_safe = gl.where(empty, 1.0, l_i)
     lse = gl.where(empty, float("inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)
+    if ACC_SCALE != 1.0:
+        l_safe = l_safe * ACC_SCALE
     o = acc / gl.expand_dims(gl.convert_layout(l_safe, gl.SliceLayout(1 - H_AXIS, acc.type.layout)), 1 - H_AXIS)
     h_mask_o = h_o < H
     if not SPLIT:
