@@ -61,13 +61,14 @@ def assert_close(
     out: torch.Tensor,
     ref: torch.Tensor,
     *,
-    atol: float | None = None,
+    atol: float | torch.Tensor | None = None,
     rtol: float | None = None,
     max_rel_error: float | None = None,
     name: str = "output",
 ) -> None:
-    """Every element within ``atol + rtol * |ref|`` (defaults by ``out.dtype``), no NaN
-    where the reference has none, and optionally a bound on the norm-wise relative error.
+    """Every element within ``atol + rtol * |ref|`` (defaults by ``out.dtype``; ``atol`` may be
+    a tensor of per-element bounds that broadcasts to ``ref``), no NaN where the reference has
+    none, and optionally a bound on the norm-wise relative error.
     """
     assert out.shape == ref.shape, f"{name}: shape {tuple(out.shape)} != {tuple(ref.shape)}"
     d_atol, d_rtol = DTYPE_TOL.get(out.dtype, (1e-5, 1e-5))
@@ -85,12 +86,17 @@ def assert_close(
         raise AssertionError(f"{name}: infinities differ from the reference")
     fin = ~(nan_r | inf_r)
     diff = (o[fin] - r[fin]).abs()
-    bound = atol + rtol * r[fin].abs()
+    if isinstance(atol, torch.Tensor):
+        atol_fin = atol.detach().double().cpu().expand_as(r)[fin]
+        atol_text = f"per element (max {atol_fin.max().item() if atol_fin.numel() else 0.0:.3g})"
+    else:
+        atol_fin, atol_text = atol, f"{atol}"
+    bound = atol_fin + rtol * r[fin].abs()
     bad = diff > bound
     if bool(bad.any()):
         idx = fin.nonzero()[bad.nonzero().flatten()[:5]].tolist()
         raise AssertionError(
-            f"{name}: {int(bad.sum())} of {fin.sum().item()} elements outside atol={atol}, rtol={rtol}; "
+            f"{name}: {int(bad.sum())} of {fin.sum().item()} elements outside atol={atol_text}, rtol={rtol}; "
             f"max abs diff {diff.max().item():.4g}; first at {idx}: "
             f"{[o[tuple(i)].item() for i in idx]} vs {[r[tuple(i)].item() for i in idx]}"
         )

@@ -43,6 +43,17 @@ def test_assert_close_catches_an_unwritten_poisoned_element(dtype):
     assert_close(out, ref)
 
 
+def test_assert_close_per_element_atol():
+    """A tensor atol bounds each element by its own value (broadcast to the reference)."""
+    ref = torch.zeros(4, 3)
+    out = ref.clone()
+    out[1, 2] = 0.5
+    atol = torch.tensor([0.1, 0.1, 0.6])  # broadcasts over rows: column 2 allows 0.6
+    assert_close(out, ref, atol=atol, rtol=0.0)
+    with pytest.raises(AssertionError, match=r"1 of 12 elements outside atol=per element \(max 0.45\)"):
+        assert_close(out, ref, atol=torch.tensor([0.1, 0.1, 0.45]), rtol=0.0)
+
+
 def test_assert_close_catches_a_nan_and_a_missing_nan():
     ref = torch.randn(100)
     out = ref.clone()

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from mate.ops.sparse_mla.metadata import DecodeMetadata, plan_decode
-from mate.ops.sparse_mla.reference import sparse_mla_decode_reference
+from mate.ops.sparse_mla.reference import sparse_mla_decode_reference, sparse_mla_decode_value_magnitude
 from mate.sparse_mla_interface import get_batch_decode_metadata_mla, sparse_mla_fp8_decode
 from mate.testing import assert_close, assert_equal, poisoned
 from mate.testing.graphs import capture_graph
@@ -37,6 +37,13 @@ LSE_TOL = dict(atol=1e-5, rtol=1e-5)
 # saw 1.4e-3 on 3 of 4M elements of the H >= 64 kernel), rtol 3e-2; lse atol 1.5e-2.
 GPU_OUT_TOL = dict(atol=3e-3, rtol=3e-2)
 GPU_LSE_TOL = dict(atol=1.5e-2, rtol=2e-3)
+# P·V on FP8 tensor cores (the one-warpgroup small-H kernel's default for H <= 16, an option of the
+# 8-warp kernel up to 32 heads) carries each softmax weight as hi + lo e4m3 tiles, ~2^-8 relative
+# (bf16's precision), so an output element may move by 2^-8 times the weighted mean |v| it sums
+# (``sparse_mla_decode_value_magnitude``), beyond GPU_OUT_TOL; twice that covers the residuals of
+# weights below e4m3's normal range. The H200 saw 4.4e-3 at an output of 5.8e-3 (2 of 1M elements
+# outside GPU_OUT_TOL, B=128 q1 H=16, bmm1_scale 0.05).
+PV_FP8_ROUNDING = 2.0 ** -7
 
 
 def _scales(device, random_s1: bool = True) -> tuple[float, float]:
@@ -88,10 +95,14 @@ def _make(B, q_len, H, top_k, *, pages=6, page_size=64, four_d=False, device="cp
 
 def _check(out, lse, q, kv, idx, sl, s1, s2):
     """Against the reference; on the GPU with GPU_OUT_TOL / GPU_LSE_TOL (measured at the scales of
-    ``_scales``)."""
-    ro, rl = sparse_mla_decode_reference(q.cpu(), kv.cpu(), idx.cpu(), None if sl is None else sl.cpu(), s1, s2)
+    ``_scales``), plus PV_FP8_ROUNDING for the heads that may run an FP8 P·V (H <= 32)."""
+    args = (q.cpu(), kv.cpu(), idx.cpu(), None if sl is None else sl.cpu(), s1, s2)
+    ro, rl = sparse_mla_decode_reference(*args)
     gpu = out.is_cuda
-    assert_close(out, ro, name="out", **(GPU_OUT_TOL if gpu else OUT_TOL))
+    tol = dict(GPU_OUT_TOL if gpu else OUT_TOL)
+    if gpu and q.shape[-2] <= 32:
+        tol["atol"] = tol["atol"] + PV_FP8_ROUNDING * sparse_mla_decode_value_magnitude(*args).reshape(ro.shape)
+    assert_close(out, ro, name="out", **tol)
     assert_close(lse.reshape(rl.shape), rl, name="lse", **(GPU_LSE_TOL if gpu else LSE_TOL))
 
 

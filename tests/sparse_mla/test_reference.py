@@ -7,7 +7,11 @@ import math
 import pytest
 import torch
 
-from mate.ops.sparse_mla.reference import mla_rope_quantize_fp8_reference, sparse_mla_decode_reference
+from mate.ops.sparse_mla.reference import (
+    mla_rope_quantize_fp8_reference,
+    sparse_mla_decode_reference,
+    sparse_mla_decode_value_magnitude,
+)
 
 E4M3_HALF_ULP = 2.0**-4  # e4m3 keeps 3 mantissa bits: rounding error <= 2**-4 relative (normals)
 E4M3_SUB_HALF = 2.0**-10  # half of the subnormal spacing 2**-9
@@ -72,7 +76,7 @@ def test_rope_quant_reference_matches_float64_loop(is_neox, cache_dtype):
     assert outs[2][0, 0, :4].float().tolist() == [448.0, -448.0, 448.0, -448.0]
 
 
-def _decode_loop(query, kv_cache, block_tables, seq_lens, s1, s2):
+def _decode_loop(query, kv_cache, block_tables, seq_lens, s1, s2, abs_values=False):
     B, q_len, H, D = query.shape
     rows = kv_cache.reshape(-1, D).double()
     n_rows = rows.shape[0]
@@ -98,7 +102,8 @@ def _decode_loop(query, kv_cache, block_tables, seq_lens, s1, s2):
                 lse[b, t, h] = m + math.log(z)
                 acc = torch.zeros(512, dtype=torch.float64)
                 for wj, j in zip(w, js):
-                    acc += (wj / z) * rows[int(block_tables[b, t, j]), :512]
+                    v = rows[int(block_tables[b, t, j]), :512]
+                    acc += (wj / z) * (v.abs() if abs_values else v)
                 out[b, t, h] = s2 * acc
     return out, lse
 
@@ -134,6 +139,27 @@ def test_decode_reference_matches_float64_loop(four_d, with_seq_lens):
     assert torch.isinf(lse[2, 1]).all() and (out[2, 1] == 0).all()
     if with_seq_lens:
         assert torch.isinf(lse[2]).all() and (out[2] == 0).all()
+
+
+def test_decode_value_magnitude_matches_float64_loop():
+    """|s2| * softmax @ |v| (the tests' bound on the FP8 P·V's rounding) against the float64
+    loop with |v|, fp32 kept; 0 where no slot is valid; at least |reference out|."""
+    B, q_len, H, topk, pages, page = 2, 2, 3, 8, 3, 4
+    n_rows = pages * page
+    query = (torch.randn(B, q_len, H, 576) * 2).to(torch.float8_e4m3fn)
+    kv = (torch.randn(pages, page, 576) * 2).to(torch.float8_e4m3fn)
+    bt = torch.randint(0, n_rows, (B, q_len, topk), dtype=torch.int32)
+    bt[0, 0, 1] = -1
+    bt[1, 1, :] = -1  # no valid slot
+    seq_lens = torch.tensor([topk, 5], dtype=torch.int32)
+    s1, s2 = 0.05, -1.3
+    mag = sparse_mla_decode_value_magnitude(query, kv, bt, seq_lens, s1, s2)
+    ref_mag, _ = _decode_loop(query, kv, bt, seq_lens, s1, abs(s2), abs_values=True)
+    assert mag.dtype == torch.float32 and mag.shape == (B, q_len, H, 512)
+    torch.testing.assert_close(mag.double(), ref_mag, rtol=1e-5, atol=1e-5)
+    assert (mag[1, 1] == 0).all()
+    out, _ = sparse_mla_decode_reference(query, kv, bt, seq_lens, s1, s2)
+    assert bool((mag.double() * (1 + 2.0**-8) + 1e-6 >= out.double().abs()).all())
 
 
 def test_decode_reference_duplicate_counts_twice():

@@ -21,6 +21,7 @@ __all__ = [
     "rope_fp32",
     "mla_rope_quantize_fp8_reference",
     "sparse_mla_decode_reference",
+    "sparse_mla_decode_value_magnitude",
 ]
 
 FP8_E4M3_MAX = 448.0
@@ -131,12 +132,34 @@ def sparse_mla_decode_reference(
     A slot is valid when ``j < seq_lens[b]`` and ``0 <= block_tables[b, t, j] < rows``;
     invalid slots are never read. A row listed in two valid slots counts twice.
     """
+    return _decode(query, kv_cache, block_tables, seq_lens, bmm1_scale, bmm2_scale, abs_values=False)
+
+
+def sparse_mla_decode_value_magnitude(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor | None,
+    bmm1_scale: float,
+    bmm2_scale: float,
+) -> torch.Tensor:
+    """``|bmm2_scale| * softmax(logits) @ |v|``, fp32 [B, q_len, H, 512] (0 where no slot is
+    valid): per output element, the softmax-weighted mean magnitude of the values it sums. A
+    P·V that rounds each softmax weight to a relative error r is off by at most r times it, which
+    is how the tests bound the FP8 P·V (``decode_gluon_small_h._stage_p``). Arguments as
+    :func:`sparse_mla_decode_reference`."""
+    return _decode(query, kv_cache, block_tables, seq_lens, bmm1_scale, abs(bmm2_scale), abs_values=True)[0]
+
+
+def _decode(query, kv_cache, block_tables, seq_lens, bmm1_scale, bmm2_scale, *, abs_values: bool):
+    """:func:`sparse_mla_decode_reference` (``abs_values`` False) or, with |v| in P·V and the
+    output kept fp32, :func:`sparse_mla_decode_value_magnitude`."""
     B, q_len, H, D = query.shape
     topk = block_tables.shape[-1]
     device = query.device
     rows = kv_cache.reshape(-1, D)
     num_rows = rows.shape[0]
-    out = torch.zeros(B, q_len, H, NOPE_DIM, dtype=torch.bfloat16, device=device)
+    out = torch.zeros(B, q_len, H, NOPE_DIM, dtype=torch.float32 if abs_values else torch.bfloat16, device=device)
     lse = torch.full((B, q_len, H), float("inf"), dtype=torch.float32, device=device)
     if B * q_len * H == 0 or topk == 0 or num_rows == 0:
         return out, lse
@@ -159,10 +182,11 @@ def sparse_mla_decode_reference(
         m = torch.where(empty[:, None, None], torch.zeros_like(m), m)
         p = torch.exp(logits - m)  # 0 at masked slots
         denom = p.sum(dim=-1, keepdim=True)
-        o = torch.matmul(p / torch.where(empty[:, None, None], 1.0, denom), kv[..., :NOPE_DIM]) * bmm2_scale
+        v = kv[..., :NOPE_DIM].abs() if abs_values else kv[..., :NOPE_DIM]
+        o = torch.matmul(p / torch.where(empty[:, None, None], 1.0, denom), v) * bmm2_scale
         l_ = (m + torch.log(denom)).squeeze(-1)
         o = torch.where(empty[:, None, None], 0.0, o)
         l_ = torch.where(empty[:, None], float("inf"), l_)
-        out_flat[s:e] = o.to(torch.bfloat16)
+        out_flat[s:e] = o.to(out.dtype)
         lse_flat[s:e] = l_
     return out, lse
