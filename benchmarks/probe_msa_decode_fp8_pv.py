@@ -492,6 +492,35 @@ def _compile_report() -> None:
               flush=True)
 
 
+def _decode_problem():
+    """The bar's decode inputs (B=128, 64K, M3, fp8) with a head-major copy of the cache, and
+    ``runner(kernel, head_major, out, lse)``: a call of ``sparse_attention`` with ``kernel``
+    standing in for ``sparse_decode.msa_decode_t_kernel``."""
+    from bench_msa_attention import HKV, decode_inputs
+
+    from mate.ops.msa import sparse_decode as sd
+    from mate.ops.msa.sparse_attention import sparse_attention
+
+    pb = decode_inputs(128, 65536, torch.float8_e4m3fn)
+    q, k, v, idx, table = pb["q"], pb["k"], pb["v"], pb["kv_block_indexes"], pb["page_table"]
+    qo, kvl = pb["qo_indptr"], pb["kv_lens"]
+    k_hm, v_hm = (x.permute(0, 2, 1, 3).contiguous() for x in (k, v))
+    real = sd.msa_decode_t_kernel
+
+    def runner(kernel, hm, out, lse):
+        def run():
+            sd.msa_decode_t_kernel = kernel
+            try:
+                kk, vv = (k_hm, v_hm) if hm else (k, v)
+                sparse_attention(q, kk, vv, kv_block_indexes=idx, page_table=table, qo_indptr=qo, kv_lens=kvl,
+                                 out=out, lse=lse, causal=True, decode=True, num_kv_heads=HKV)
+            finally:
+                sd.msa_decode_t_kernel = real
+        return run
+
+    return pb, real, runner
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--compile", action="store_true", help="sm_90 build report only (no GPU)")
@@ -503,38 +532,21 @@ def main() -> int:
         return 0
     if args.trace:
         return trace_main()
-    from bench_msa_attention import HKV, HQ, decode_inputs
+    from bench_msa_attention import HKV, HQ
     from bench_msa_fp8_decode_variants import reference
 
-    from mate.ops.msa import sparse_decode as sd
-    from mate.ops.msa.sparse_attention import sparse_attention
     from mate.testing.bench import measure_ceilings, time_interleaved
 
-    ceil = measure_ceilings()
-    copy = ceil["copy_GBps"]
-    pb = decode_inputs(128, 65536, torch.float8_e4m3fn)
-    q, k, v, idx, table = pb["q"], pb["k"], pb["v"], pb["kv_block_indexes"], pb["page_table"]
-    qo, kvl = pb["qo_indptr"], pb["kv_lens"]
-    B, sel = q.shape[0], idx.shape[-1]
+    copy = measure_ceilings()["copy_GBps"]
+    pb, real, runner = _decode_problem()
+    B, sel = pb["q"].shape[0], pb["kv_block_indexes"].shape[-1]
     nbytes = 2.0 * B * HKV * sel * 128 * 128
-    k_hm, v_hm = (x.permute(0, 2, 1, 3).contiguous() for x in (k, v))
-    real = sd.msa_decode_t_kernel
     outs = {}
 
     def call(name, kernel, hm):
-        out = torch.full((B, HQ, 128), float("nan"), device="cuda", dtype=torch.bfloat16)
-        lse = torch.full((B, HQ), float("nan"), device="cuda")
-        outs[name] = (out, lse)
-
-        def run():
-            sd.msa_decode_t_kernel = kernel
-            try:
-                kk, vv = (k_hm, v_hm) if hm else (k, v)
-                sparse_attention(q, kk, vv, kv_block_indexes=idx, page_table=table, qo_indptr=qo, kv_lens=kvl,
-                                 out=out, lse=lse, causal=True, decode=True, num_kv_heads=HKV)
-            finally:
-                sd.msa_decode_t_kernel = real
-        return run
+        outs[name] = (torch.full((B, HQ, 128), float("nan"), device="cuda", dtype=torch.bfloat16),
+                      torch.full((B, HQ), float("nan"), device="cuda"))
+        return runner(kernel, hm, *outs[name])
 
     variants = {"triton": real, "fp8pv 64k 3st": GluonSwap(64, 3), "fp8pv 64k 3st defer": GluonSwap(64, 3, defer=True),
                 "fp8pv 64k 3st lazy1": GluonSwap(64, 3, lazy=1), "fp8pv 64k 3st lazy4": GluonSwap(64, 3, lazy=4)}
@@ -575,32 +587,18 @@ def _pct(x: torch.Tensor, qs=(0.0, 0.1, 0.5, 0.9, 1.0)) -> str:
 def trace_main() -> int:
     """Timeline of one decode launch per cache layout: per-program phases (us, quantiles 0 / 10 /
     50 / 90 / 100 %), programs per SM, and how many programs are in their key loop over time."""
-    from bench_msa_attention import HKV, HQ, decode_inputs
+    from bench_msa_attention import HKV, HQ
 
-    from mate.ops.msa import sparse_decode as sd
-    from mate.ops.msa.sparse_attention import sparse_attention
     from mate.testing.bench import time_interleaved
 
-    pb = decode_inputs(128, 65536, torch.float8_e4m3fn)
-    q, k, v, idx, table = pb["q"], pb["k"], pb["v"], pb["kv_block_indexes"], pb["page_table"]
-    qo, kvl = pb["qo_indptr"], pb["kv_lens"]
-    B = q.shape[0]
-    k_hm, v_hm = (x.permute(0, 2, 1, 3).contiguous() for x in (k, v))
-    real = sd.msa_decode_t_kernel
+    pb, real, runner = _decode_problem()
+    B = pb["q"].shape[0]
     trace = torch.zeros(B * HKV, 8, dtype=torch.int64, device="cuda")
     out = torch.empty(B, HQ, 128, device="cuda", dtype=torch.bfloat16)
     lse = torch.empty(B, HQ, device="cuda")
 
     def call(kernel, hm):
-        def run():
-            sd.msa_decode_t_kernel = kernel
-            try:
-                kk, vv = (k_hm, v_hm) if hm else (k, v)
-                sparse_attention(q, kk, vv, kv_block_indexes=idx, page_table=table, qo_indptr=qo, kv_lens=kvl,
-                                 out=out, lse=lse, causal=True, decode=True, num_kv_heads=HKV)
-            finally:
-                sd.msa_decode_t_kernel = real
-        return run
+        return runner(kernel, hm, out, lse)
 
     traced, plain = GluonSwap(trace=trace), GluonSwap()
     floor, floor_traced = GluonSwap(load_only=True), GluonSwap(trace=trace, load_only=True)
