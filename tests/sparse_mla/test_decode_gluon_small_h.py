@@ -61,6 +61,7 @@ from mate.ops.sparse_mla import decode_gluon_small_h as dg, decode_gluon_small_h
 def report(rep, **key):
     print(json.dumps(dict(**key, regs=rep.registers, spills=rep.spills, shared=rep.shared,
                           qgmma=rep.sass.count("QGMMA"), hgmma=rep.sass.count("HGMMA"),
+                          stg128=rep.sass.count("STG.E.128"), stg16=rep.sass.count("STG.E.U16"),
                           serialized=[w for w in rep.ptxas_warnings if "serialized" in w])))
 
 for chains in (1, 2):
@@ -79,7 +80,8 @@ def test_small_h_fp8_pv_sm90_build():
     """The one-warpgroup kernel and its dual kernel compile for sm_90 on the CPU (a child process
     without the interpreter) with the default FP8 P·V: no spills, no wgmma serialization (reading
     an accumulator between a wgmma and its wait made ptxas serialize every wgmma of the dual
-    kernel), no HGMMA, 2 programs per SM (<= 113 KB shared memory; the dual kernel <= 227 KB).
+    kernel), no HGMMA, 2 programs per SM (<= 113 KB shared memory; the dual kernel <= 227 KB),
+    the output written with 16-byte stores.
     So does the 8-warp kernel's FP8 P·V (16 heads at 2 stages: <= 128 registers, 2 programs
     per SM)."""
     from mate.ops.sparse_mla.decode_gluon_small_h2 import WG_PV_FP8, WG_SMEM_LIMIT
@@ -95,6 +97,8 @@ def test_small_h_fp8_pv_sm90_build():
         assert rep["qgmma"] > 0 and rep["shared"] <= limit, rep
     assert reps[0]["regs"] <= 232, reps[0]  # 203 at this change (255 with the fp16 P·V)
     assert reps[2]["regs"] <= 128, reps[2]  # 128 (200 with the fp16 P·V)
+    for rep in reps[:2]:  # the output in 16-byte stores of 8 consecutive values (_store_halves)
+        assert rep["stg128"] > 0 and rep["stg16"] == 0, rep
 
 
 @interpreter_only

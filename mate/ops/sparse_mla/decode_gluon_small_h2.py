@@ -21,6 +21,15 @@ instead of 255 registers, 696 instead of 754 loop instructions; dual kernel 730 
 e4m3 operand is rebuilt each iteration: carried across the loop it took one register per byte
 (1069 instructions). The fp16 path (``pv_fp8=False``) stays selectable.
 
+The output (session 23): a per-program ``%globaltimer`` timeline of the dual kernel at B=128 q1
+(``benchmarks/probe_sparse_mla_timeline.py``) put 2.9-4.8 us (median 3.8, of a 46 us launch)
+between the two chains' end and the program's end: the merge and 64 two-byte stores per thread
+at the permuted value addresses. ``_store_halves`` now puts the value rows back in order by a
+register renaming and writes 8 consecutive values of a head per 16-byte store. H200,
+interleaved, bit-identical outputs (us): B=128 q1 48.5 -> 45.6, B=64 q2 47.3 -> 44.3, B=32 q2
+(2 dual programs + combine) 31.9 -> 28.7; the benchmark's B=128 q1 row 49.3 -> 45.2 us, 81% of
+copy.
+
 The ring keeps ``STAGES`` (2) whole 576-byte rows per slot. Gather first: Vᵀ half 1 of block it
 is read (e4m3 bytes, widened later) before the barrier that publishes P, so that barrier also
 frees block it's slot; the gather of block it + STAGES is issued right after P·V half 0, before
@@ -106,6 +115,7 @@ B=32 q2 64.1 against 32.5, B=64 q2 87.4 against 48.5.
 from __future__ import annotations
 
 import torch
+import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -122,7 +132,6 @@ from mate.ops.sparse_mla.decode_gluon_small_h import (
     _issue_qk,
     _load_vt,
     _online_softmax,
-    _perm_values,
     _stage_p,
     _vt_operand,
     check_small_h_block,
@@ -227,18 +236,49 @@ def _wg_chain(q_ptr, kv_ptr, idx_ptr, seq_lens_ptr, bt, pid_s, num_tokens, qk_sc
 @gluon.jit
 def _store_halves(acc0, acc1, m_i, l_i, out_ptr, lse_ptr, po_ptr, plse_ptr, out_scale, H, bt, pid_s, num_splits,
                   SPLIT: gl.constexpr, BLOCK_H: gl.constexpr, D_V: gl.constexpr, PV_FP8: gl.constexpr):
-    """``_store_result`` of both Oᵀ halves of ``_wg_chain`` (value rows un-permuted; with FP8 P·V
-    the accumulators hold 2^8 O, see ``_stage_p``)."""
-    O_L: gl.constexpr = acc0.type.layout
-    m_o = gl.arange(0, 256, layout=gl.SliceLayout(1, O_L))
-    offs_h = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, O_L))
+    """``_store_result`` of both Oᵀ halves of ``_wg_chain`` (with FP8 P·V the accumulators hold
+    2^8 O, see ``_stage_p``). The value rows are put back in order by a renaming
+    (``_natural_rows``) and the registers reordered (``natural_layout``), so that each thread
+    writes 8 consecutive values of a head with one 16-byte store instead of 8 two-byte stores at
+    permuted addresses. (Going through shared memory instead, by a layout conversion or the dual
+    kernel's merge buffers, made ptxas serialize every wgmma of the dual kernel.)"""
+    L: gl.constexpr = natural_layout(BLOCK_H)
+    acc0 = gl.convert_layout(_natural_rows(acc0), L)
+    acc1 = gl.convert_layout(_natural_rows(acc1), L)
+    d_o = gl.arange(0, 256, layout=gl.SliceLayout(1, L))
+    offs_h = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, L))
     offs_hl = gl.arange(0, BLOCK_H, layout=m_i.type.layout)
-    d_o = _perm_values(m_o, 256)
     acc_scale: gl.constexpr = 256.0 if PV_FP8 else 1.0
     _store_result(acc0, m_i, l_i, offs_h[None, :], d_o[:, None], offs_hl, out_ptr, lse_ptr, po_ptr,
                   plse_ptr, out_scale, H, bt, pid_s, num_splits, 1, SPLIT, D_V, acc_scale)
     _store_result(acc1, m_i, l_i, offs_h[None, :], 256 + d_o[:, None], offs_hl, out_ptr, lse_ptr,
                   po_ptr, plse_ptr, out_scale, H, bt, pid_s, num_splits, 1, SPLIT, D_V, acc_scale)
+
+
+@triton.constexpr_function
+def natural_layout(block_h: int) -> gl.DistributedLinearLayout:
+    """The layout of an Oᵀ half after ``_natural_rows`` [256 values, block_h heads], with the
+    wgmma accumulator's thread mapping and the registers reordered so that values +1, +2, +4 come
+    first: registers = values +1, +2, +4 and heads +1, +8 (, +16); lanes = heads +2, +4 and
+    values +8, +16, +32; warps = values +64, +128."""
+    return gl.DistributedLinearLayout(
+        reg_bases=[[1, 0], [2, 0], [4, 0], [0, 1], [0, 8]] + ([[0, 16]] if block_h == 32 else []),
+        lane_bases=[[0, 2], [0, 4], [8, 0], [16, 0], [32, 0]],
+        warp_bases=[[64, 0], [128, 0]],
+        block_bases=[],
+        shape=[256, block_h],
+    )
+
+
+@gluon.jit
+def _natural_rows(acc):
+    """An Oᵀ half [256, heads] with its rows in value order: row m holds value
+    ``_perm_values(m, 256)`` (bits of m, high to low: d2 d1 | d7 d6 | d0 | d5 d4 d3); a
+    reshape and permute, so no data moves."""
+    BLOCK_H: gl.constexpr = acc.shape[1]
+    acc = gl.reshape(acc, [2, 2, 4, 2, 8, BLOCK_H])  # [d2, d1, D76, d0, D543, h]
+    acc = gl.permute(acc, (2, 4, 0, 1, 3, 5))  # [D76, D543, d2, d1, d0, h]
+    return gl.reshape(acc, [256, BLOCK_H])
 
 
 @gluon.jit
