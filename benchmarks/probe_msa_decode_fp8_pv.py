@@ -62,7 +62,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from mate.ops.msa.softmax_helpers import split_entries
-from mate.ops.msa.sparse_decode import token_request
+from mate.ops.msa.sparse_decode import publish_entries, token_request
 from mate.ops.sparse_mla.decode_gluon_small_h import _transpose_bytes
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -122,17 +122,12 @@ def _token_block_list(t, split, ubase, idx_row, qo_indptr_ptr, kv_lens_ptr, qo_o
         t, tvalid, ids, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, B, n_iter, page_table_ptr, stride_pt, n_cols,
         kv_indices_ptr, kv_page_indptr_ptr, n_indices, num_pages, USE_PAGE_TABLE, HAS_QO_OFFSET, CAUSAL)
     dup = gl.max(((ids[:, None] == ids_c[None, :]) & (wc[None, :] < w[:, None])).to(gl.int32), axis=1)
-    first = (valid & (dup == 0)).to(gl.int32)
+    first = valid & (dup == 0)
     L1: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])  # scans need a plain layout
-    slot = gl.convert_layout(gl.associative_scan(gl.convert_layout(first, L1), 0, _add), LR) - 1
-    cnt = gl.sum(first, axis=0)
-    e0, e1 = split_entries(cnt, split, NUM_SPLITS)
-    mine = (first != 0) & (slot >= e0) & (slot < e1)
-    gl.store(u_page_ptr + ubase + slot, page, mask=mine)
-    gl.store(u_blk_ptr + ubase + slot, ids, mask=mine)
-    gl.store(cnt_ptr, cnt)
-    gl.thread_barrier()  # the loop's threads read entries other threads wrote
-    return pos, kv_len, gl.load(cnt_ptr)
+    slot = gl.convert_layout(gl.associative_scan(gl.convert_layout(first.to(gl.int32), L1), 0, _add), LR) - 1
+    cnt = gl.sum(first.to(gl.int32), axis=0)
+    return pos, kv_len, publish_entries(first, slot, cnt, page, ids, split, ubase, u_page_ptr, u_blk_ptr, cnt_ptr,
+                                        NUM_SPLITS)
 
 
 @gluon.jit

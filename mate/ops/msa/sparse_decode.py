@@ -26,7 +26,7 @@ from mate._core.triton_helpers import INTERPRET, dot_operand, finish_softmax, ne
 from mate.ops.msa.softmax_helpers import split_entries, token_position, visible_limit
 
 __all__ = ["DECODE_VARIANT", "msa_decode_t_kernel", "decode_t_heads", "t_config", "t_constexprs",
-           "t_programs_per_sm", "token_block_list", "load_kv_tile", "lazy_softmax_step"]
+           "t_programs_per_sm", "token_block_list", "publish_entries", "load_kv_tile", "lazy_softmax_step"]
 
 DECODE_VARIANT = {"kernel": "transposed", "keys": 64, "stages": 3, "maxnreg": None, "lazy": 8,
                   "fp8_keys": 64, "fp8_stages": 3, "fp8_maxnreg": 128, "fp8_lazy": 8}
@@ -267,13 +267,24 @@ def token_block_list(
     first = valid & (dup == 0)
     slot = tl.cumsum(first.to(tl.int32), axis=0) - 1
     cnt = tl.sum(first.to(tl.int32), axis=0)
+    return pos, kv_len, publish_entries(first, slot, cnt, page, ids, split, ubase, u_page_ptr, u_blk_ptr, cnt_ptr,
+                                        NUM_SPLITS)
+
+
+@triton.jit
+def publish_entries(first, slot, cnt, page, ids, split, ubase, u_page_ptr, u_blk_ptr, cnt_ptr,
+                    NUM_SPLITS: tl.constexpr):
+    """The end of :func:`token_block_list`: writes this split's share of the kept entries
+    (``first``: kept, ``slot``: their rank among the kept, ``cnt``: how many) to the union slots
+    ``ubase + slot`` and returns the count read back from ``cnt_ptr`` after a CTA barrier, which
+    also makes the entries visible to every thread. Layout-free (the Gluon probes call it)."""
     e0, e1 = split_entries(cnt, split, NUM_SPLITS)
     mine = first & (slot >= e0) & (slot < e1)
     tl.store(u_page_ptr + ubase + slot, page, mask=mine)
     tl.store(u_blk_ptr + ubase + slot, ids, mask=mine)
     tl.store(cnt_ptr, cnt)
     tl.debug_barrier()  # the loop's threads read entries other threads wrote
-    return pos, kv_len, tl.load(cnt_ptr)
+    return tl.load(cnt_ptr)
 
 
 @triton.jit
