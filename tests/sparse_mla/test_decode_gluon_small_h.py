@@ -83,7 +83,7 @@ def test_small_h_fp8_pv_sm90_build():
     kernel), no HGMMA, 2 programs per SM (<= 113 KB shared memory; the dual kernel <= 227 KB),
     the output written with 16-byte stores.
     So does the 8-warp kernel's FP8 P·V (16 heads at 2 stages: <= 128 registers, 2 programs
-    per SM)."""
+    per SM), its output also in 16-byte stores."""
     from mate.ops.sparse_mla.decode_gluon_small_h2 import WG_PV_FP8, WG_SMEM_LIMIT
     from mate.testing.sass import SMEM_LIMIT
     from tests._sm90 import sm90_build_reports
@@ -97,7 +97,7 @@ def test_small_h_fp8_pv_sm90_build():
         assert rep["qgmma"] > 0 and rep["shared"] <= limit, rep
     assert reps[0]["regs"] <= 232, reps[0]  # 203 at this change (255 with the fp16 P·V)
     assert reps[2]["regs"] <= 128, reps[2]  # 128 (200 with the fp16 P·V)
-    for rep in reps[:2]:  # the output in 16-byte stores of 8 consecutive values (_store_halves)
+    for rep in reps:  # the output in 16-byte stores of 8 consecutive values (natural_layout)
         assert rep["stg128"] > 0 and rep["stg16"] == 0, rep
 
 
@@ -379,3 +379,18 @@ def test_small_h_one_warpgroup_perm_values_is_the_renaming_of_load_vt_half():
     from mate.ops.sparse_mla.decode_gluon_small_h import _perm_values
 
     assert_equal(renamed, _perm_values.fn(torch.arange(256), 256))
+
+
+@pytest.mark.parametrize("N", [256, 512])
+def test_small_h_natural_rows_undoes_perm_values(N):
+    """``_natural_rows``' reshape + permute (the same index arithmetic on torch tensors) puts the
+    rows of an Oᵀ (N = 256: a one-warpgroup half; 512: the 8-warp kernel) back in value order, so
+    the store can write consecutive values; ``natural_layout`` then gives each thread 8 of them."""
+    from mate.ops.sparse_mla.decode_gluon_small_h import _perm_values, natural_layout
+
+    values = _perm_values.fn(torch.arange(N), N)  # value held by row m
+    ordered = values.view(2, 2, N // 64, 2, 8).permute(2, 4, 0, 1, 3).reshape(N)
+    assert_equal(ordered, torch.arange(N))
+    layout = natural_layout.fn(N, 32)
+    assert layout.reg_bases[:3] == [[1, 0], [2, 0], [4, 0]] and layout.shape == [N, 32]
+    assert 2 ** len(layout.warp_bases) == N // 64  # 4 warps for 256 rows, 8 for 512

@@ -22,8 +22,13 @@ formulation of ``sparse_mla_decode_split_kernel_t``), so no tensor-core row is p
   its rows from the ring (vector loads), widens them e4m3 -> fp16 (exact) and the tensor is
   relabelled (reshape + permute, a register-only renaming) into the wgmma A-operand layout.
   This permutes the value dimension: output row m holds value ``_perm_values(m, 512)``, undone when O
-  is written. With ``V_EARLY`` the next block's Vᵀ is loaded into other registers while P·V
-  runs (sm_90: 200 / 239 registers at 16 / 32 heads instead of 173 / 209, no spills).
+  is written by a register renaming (``_natural_rows``, ``natural_layout``): each thread then
+  stores 8 consecutive values of a head with one 16-byte store (session 24; the 2-byte stores at
+  the permuted addresses took 8 us of 80 at B=128 q1 H=32: H200, interleaved, bit-identical, us:
+  B=128 q1 H=32 79.9 -> 71.9, B=64 q2 80.0 -> 72.0, B=64 q1 (2 splits) 52.4 -> 43.5, B=32 q2
+  52.0 -> 43.3, B=128 q1 H=24 76.9 -> 71.5). With ``V_EARLY`` the next block's Vᵀ is loaded
+  into other registers while P·V runs (sm_90: 198 / 237 registers at 16 / 32 heads instead of
+  173 / 209, no spills).
 
 Measured and removed (H200, top-k 2048, interleaved, copy 4136 GB/s; us):
 * V widened into an fp16 shared tile (MN-major A operand, 3 stages): 75.7 against 67.9.
@@ -45,6 +50,7 @@ checked against the reference by the GPU tests of ``tests/sparse_mla/test_decode
 from __future__ import annotations
 
 import torch
+import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -67,7 +73,7 @@ from mate.ops.sparse_mla.gluon_common import (
 from mate.ops.sparse_mla.gluon_common import probe_in_subprocess as _probe
 
 __all__ = ["sparse_mla_decode_small_h_kernel", "sparse_mla_decode_gluon_small_h", "check_small_h_block",
-           "SMALL_H_NUM_WARPS", "SMALL_H_V_EARLY", "SMALL_H_PV_FP8"]
+           "SMALL_H_NUM_WARPS", "SMALL_H_V_EARLY", "SMALL_H_PV_FP8", "natural_layout"]
 
 SMALL_H_BLOCK_N = 64  # gathered rows per step (the wgmma M of Sᵀ)
 SMALL_H_NUM_WARPS = 8  # two warpgroups
@@ -204,6 +210,35 @@ def _perm_values(m, N: gl.constexpr):
     HB: gl.constexpr = 3 if N == 512 else 2  # bits of DH
     return ((m & 7) << 3) | ((m >> 3) & 1) | (((m >> 4) & (N // 64 - 1)) << 6) | (((m >> (4 + HB)) & 1) << 1) | (
         ((m >> (5 + HB)) & 1) << 2)
+
+
+@triton.constexpr_function
+def natural_layout(rows: int, block_h: int) -> gl.DistributedLinearLayout:
+    """The layout of an Oᵀ after ``_natural_rows`` [rows values, block_h heads]: a half of the
+    one-warpgroup kernel (256 rows, 4 warps) or the 8-warp kernel's whole Oᵀ (512 rows), with the
+    wgmma accumulator's thread mapping and the registers reordered so that values +1, +2, +4 come
+    first: registers = values +1, +2, +4 and heads +1, +8 (, +16); lanes = heads +2, +4 and
+    values +8, +16, +32; warps = values +64, +128 (, +256). Each thread then holds 8 consecutive
+    values of a head: one 16-byte store."""
+    return gl.DistributedLinearLayout(
+        reg_bases=[[1, 0], [2, 0], [4, 0], [0, 1], [0, 8]] + ([[0, 16]] if block_h == 32 else []),
+        lane_bases=[[0, 2], [0, 4], [8, 0], [16, 0], [32, 0]],
+        warp_bases=[[64, 0], [128, 0]] + ([[256, 0]] if rows == 512 else []),
+        block_bases=[],
+        shape=[rows, block_h],
+    )
+
+
+@gluon.jit
+def _natural_rows(acc):
+    """An Oᵀ [N, heads] (N = 256 or 512) with its rows in value order: row m holds value
+    ``_perm_values(m, N)`` (bits of m, high to low: d2 d1 | DH | d0 | d5 d4 d3); a reshape and
+    permute, so no data moves."""
+    N: gl.constexpr = acc.shape[0]
+    BLOCK_H: gl.constexpr = acc.shape[1]
+    acc = gl.reshape(acc, [2, 2, N // 64, 2, 8, BLOCK_H])  # [d2, d1, DH, d0, D543, h]
+    acc = gl.permute(acc, (2, 4, 0, 1, 3, 5))  # [DH, D543, d2, d1, d0, h]
+    return gl.reshape(acc, [N, BLOCK_H])
 
 
 @gluon.jit
@@ -389,8 +424,11 @@ def sparse_mla_decode_small_h_kernel(
 
     async_copy.wait_group(0)
     gl.thread_barrier()
-    offs_d = _perm_values(gl.arange(0, D_V, layout=gl.SliceLayout(1, O_L)), D_V)  # row m's value
-    offs_h = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, O_L))
+    # value rows back in order, 8 consecutive values of a head per thread: 16-byte stores
+    OUT_L: gl.constexpr = natural_layout(D_V, BLOCK_H)
+    acc = gl.convert_layout(_natural_rows(acc), OUT_L)
+    offs_d = gl.arange(0, D_V, layout=gl.SliceLayout(1, OUT_L))
+    offs_h = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, OUT_L))
     offs_hl = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, S_L))
     _store_result(acc, m_i, gl.sum(l_acc, 0), offs_h[None, :], offs_d[:, None], offs_hl, out_ptr, lse_ptr, po_ptr,
                   plse_ptr, out_scale, H, bt, pid_s, num_splits, 1, SPLIT, D_V,

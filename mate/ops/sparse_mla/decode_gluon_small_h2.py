@@ -115,7 +115,6 @@ B=32 q2 64.1 against 32.5, B=64 q2 87.4 against 48.5.
 from __future__ import annotations
 
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -131,10 +130,12 @@ from mate.ops.sparse_mla.decode_gluon_small_h import (
     _issue_pv,
     _issue_qk,
     _load_vt,
+    _natural_rows,
     _online_softmax,
     _stage_p,
     _vt_operand,
     check_small_h_block,
+    natural_layout,
 )
 from mate.ops.sparse_mla.gluon_common import (
     _gather_next,
@@ -242,7 +243,7 @@ def _store_halves(acc0, acc1, m_i, l_i, out_ptr, lse_ptr, po_ptr, plse_ptr, out_
     writes 8 consecutive values of a head with one 16-byte store instead of 8 two-byte stores at
     permuted addresses. (Going through shared memory instead, by a layout conversion or the dual
     kernel's merge buffers, made ptxas serialize every wgmma of the dual kernel.)"""
-    L: gl.constexpr = natural_layout(BLOCK_H)
+    L: gl.constexpr = natural_layout(256, BLOCK_H)
     acc0 = gl.convert_layout(_natural_rows(acc0), L)
     acc1 = gl.convert_layout(_natural_rows(acc1), L)
     d_o = gl.arange(0, 256, layout=gl.SliceLayout(1, L))
@@ -253,32 +254,6 @@ def _store_halves(acc0, acc1, m_i, l_i, out_ptr, lse_ptr, po_ptr, plse_ptr, out_
                   plse_ptr, out_scale, H, bt, pid_s, num_splits, 1, SPLIT, D_V, acc_scale)
     _store_result(acc1, m_i, l_i, offs_h[None, :], 256 + d_o[:, None], offs_hl, out_ptr, lse_ptr,
                   po_ptr, plse_ptr, out_scale, H, bt, pid_s, num_splits, 1, SPLIT, D_V, acc_scale)
-
-
-@triton.constexpr_function
-def natural_layout(block_h: int) -> gl.DistributedLinearLayout:
-    """The layout of an Oᵀ half after ``_natural_rows`` [256 values, block_h heads], with the
-    wgmma accumulator's thread mapping and the registers reordered so that values +1, +2, +4 come
-    first: registers = values +1, +2, +4 and heads +1, +8 (, +16); lanes = heads +2, +4 and
-    values +8, +16, +32; warps = values +64, +128."""
-    return gl.DistributedLinearLayout(
-        reg_bases=[[1, 0], [2, 0], [4, 0], [0, 1], [0, 8]] + ([[0, 16]] if block_h == 32 else []),
-        lane_bases=[[0, 2], [0, 4], [8, 0], [16, 0], [32, 0]],
-        warp_bases=[[64, 0], [128, 0]],
-        block_bases=[],
-        shape=[256, block_h],
-    )
-
-
-@gluon.jit
-def _natural_rows(acc):
-    """An Oᵀ half [256, heads] with its rows in value order: row m holds value
-    ``_perm_values(m, 256)`` (bits of m, high to low: d2 d1 | d7 d6 | d0 | d5 d4 d3); a
-    reshape and permute, so no data moves."""
-    BLOCK_H: gl.constexpr = acc.shape[1]
-    acc = gl.reshape(acc, [2, 2, 4, 2, 8, BLOCK_H])  # [d2, d1, D76, d0, D543, h]
-    acc = gl.permute(acc, (2, 4, 0, 1, 3, 5))  # [D76, D543, d2, d1, d0, h]
-    return gl.reshape(acc, [256, BLOCK_H])
 
 
 @gluon.jit
