@@ -256,3 +256,38 @@ def test_gpu_default_plans(gluon_ok, B, q_len, H, want):
         assert md.chains == (2 if "dual" in want else 1)
     else:
         assert not md.gluon and md.prefetch_idx and md.num_splits > 1 and md.split_blocks < GLUON_MIN_SPLIT_BLOCKS
+
+
+_SM90_BUILD_64 = """
+import json, os, sys
+import mate
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(mate.__file__)), "benchmarks"))
+from compile_sparse_mla_gluon import compile_decode
+from mate.ops.sparse_mla import decode_gluon as dg
+from mate.ops.sparse_mla.metadata import GLUON_STAGES
+for split in (False, True):
+    cx = {"SPLIT": split, "HAS_SEQ_LENS": True, "STAGES": GLUON_STAGES, "BLOCK_H": dg.GLUON_BLOCK_H,
+          "BLOCK_N": dg.GLUON_BLOCK_N}
+    rep = compile_decode(dg.sparse_mla_decode_gluon_kernel, split, cx, dg.GLUON_NUM_WARPS, None, "g", None, ptxas=True)
+    print(json.dumps(dict(split=split, regs=rep.registers, spills=rep.spills, shared=rep.shared,
+                          qgmma=rep.sass.count("QGMMA"), hgmma=rep.sass.count("HGMMA"),
+                          stg128=rep.sass.count("STG.E.128"), stg32=rep.sass.count("STG.E "),
+                          serialized=[w for w in rep.ptxas_warnings if "serialized" in w])))
+"""
+
+
+def test_gluon_sm90_build():
+    """The 64-head kernel compiles for sm_90 on the CPU (a child process without the
+    interpreter) at the default stages, with and without a split: QGMMA Q·Kᵀ and HGMMA P·V, no
+    spills, no wgmma serialization, within an SM's shared memory, and the output tile written
+    with 16-byte stores (8 consecutive values per thread; only the LSE, 2 per thread, in 4-byte
+    ones)."""
+    from mate.testing.sass import SMEM_LIMIT
+    from tests._sm90 import sm90_build_reports
+
+    reps = sm90_build_reports(_SM90_BUILD_64)
+    assert [r["split"] for r in reps] == [False, True]
+    for rep in reps:
+        assert rep["spills"] == 0 and not rep["serialized"] and rep["shared"] <= SMEM_LIMIT, rep
+        assert rep["qgmma"] > 0 and rep["hgmma"] > 0, rep
+        assert rep["stg128"] == 16 and rep["stg32"] == 2, rep

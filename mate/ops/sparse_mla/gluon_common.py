@@ -106,9 +106,18 @@ def _gather_next(kv_ptr, idx_row, tok_g, tok_r, block, hi, num_tokens, k_ring, r
 
 
 @gluon.jit
+def _to_layout(x, L: gl.constexpr):
+    """``x`` converted to layout ``L`` (None: unchanged)."""
+    if L is None:
+        return x
+    else:
+        return gl.convert_layout(x, L)
+
+
+@gluon.jit
 def _store_result(acc, m_i, l_i, h_o, d_o, h_l, out_ptr, lse_ptr, po_ptr, plse_ptr, out_scale, H, bt, pid_s,
                   num_splits, H_AXIS: gl.constexpr, SPLIT: gl.constexpr, D_V: gl.constexpr,
-                  ACC_SCALE: gl.constexpr = 1.0):
+                  ACC_SCALE: gl.constexpr = 1.0, OUT_L: gl.constexpr = None):
     """Normalises the accumulator and writes it (bf16, or the split's partial rows) and the
     natural-log LSE (+inf for a head without a valid slot; -inf in a split's partial LSE).
 
@@ -116,7 +125,8 @@ def _store_result(acc, m_i, l_i, h_o, d_o, h_l, out_ptr, lse_ptr, po_ptr, plse_p
     heads]); ``h_o`` / ``d_o``: head and value index of each accumulator element (tensors
     that broadcast to its shape); ``h_l``: the heads in the layout of ``m_i`` / ``l_i``;
     ``ACC_SCALE``: the accumulator holds ACC_SCALE O (a power of two: the FP8 P·V's 2^8), folded
-    into the row sums it is divided by."""
+    into the row sums it is divided by. ``OUT_L``: the layout the rounded output is converted to
+    before its store (``h_o`` / ``d_o`` then in it), None: the accumulator's."""
     empty = l_i == 0.0
     l_safe = gl.where(empty, 1.0, l_i)
     lse = gl.where(empty, float("inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)
@@ -126,11 +136,11 @@ def _store_result(acc, m_i, l_i, h_o, d_o, h_l, out_ptr, lse_ptr, po_ptr, plse_p
     h_mask_o = h_o < H
     if not SPLIT:
         o_idx = (bt * H + h_o.to(gl.int64)) * D_V + d_o
-        gl.store(out_ptr + o_idx, (o * out_scale).to(gl.bfloat16), mask=h_mask_o)
+        gl.store(out_ptr + o_idx, _to_layout((o * out_scale).to(gl.bfloat16), OUT_L), mask=h_mask_o)
         gl.store(lse_ptr + bt * H + h_l, lse, mask=h_l < H)
     else:
         p_idx = ((bt * num_splits + pid_s) * H + h_o.to(gl.int64)) * D_V + d_o
-        gl.store(po_ptr + p_idx, o.to(po_ptr.dtype.element_ty), mask=h_mask_o)
+        gl.store(po_ptr + p_idx, _to_layout(o.to(po_ptr.dtype.element_ty), OUT_L), mask=h_mask_o)
         pl_rows = (bt * num_splits + pid_s) * H + h_l.to(gl.int64)
         gl.store(plse_ptr + pl_rows, gl.where(empty, float("-inf"), lse), mask=h_l < H)
 
