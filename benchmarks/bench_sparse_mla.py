@@ -44,17 +44,18 @@ TOP_K = 2048
 PAGE = 64
 FULL = [(h, b, s) for h in (16, 32, 64, 128) for b in (1, 8, 32, 64, 128) for s in (1, 2)]
 # Plan variants timed beside the default in the quick and full runs (H, B, q_len) -> overrides.
-PIPE2 = dict(gluon=True, num_stages=2)  # the Gluon kernel with a 2-stage gather ring
+PIPE3 = dict(gluon=True, num_stages=3)  # the 64-head Gluon kernel with a 3-stage gather ring (default 2)
+PLAIN = dict(gluon=False, prefetch_idx=True)  # the plain kernel with prefetched indices
 VARIANTS = {(16, 128, 1): [dict(transposed=True, block_h=16), dict(chains=1)],
-            (128, 64, 1): [PIPE2, dict(prefetch_idx=True)],
-            (128, 8, 1): [dict(gluon=True), dict(prefetch_idx=True, num_splits=4)], (128, 128, 2): [PIPE2],
-            (64, 128, 1): [PIPE2], (32, 128, 1): [dict(transposed=True, block_h=32)]}
+            (128, 64, 1): [PIPE3, PLAIN],
+            (128, 8, 1): [PLAIN, dict(num_splits=4)], (128, 128, 2): [PIPE3],
+            (64, 128, 1): [PIPE3], (32, 128, 1): [dict(transposed=True, block_h=32)]}
 # Bar shapes (H, B, q_len) -> plan_decode overrides timed beside the default plan.
 BAR_CANDIDATES = {  # in order of interest, in case a run is cut short
-    (16, 128, 1): [dict(chains=1), dict(transposed=True, block_h=16), dict(block_h=64, **PIPE2)],
-    (128, 8, 1): [dict(gluon=True), dict(partial_dtype=torch.float32), dict(num_splits=4)],
-    (128, 64, 1): [PIPE2, dict(prefetch_idx=True)],
-    (128, 128, 2): [PIPE2],
+    (16, 128, 1): [dict(chains=1), dict(transposed=True, block_h=16), dict(block_h=64)],
+    (128, 8, 1): [PLAIN, dict(partial_dtype=torch.float32), dict(num_splits=4)],
+    (128, 64, 1): [PIPE3, PLAIN],
+    (128, 128, 2): [PIPE3],
 }
 QUICK = [(128, 64, 1), (128, 128, 2), (16, 128, 1), (128, 8, 1), (64, 128, 1), (32, 128, 1), (16, 32, 2)]
 

@@ -234,14 +234,16 @@ def test_gpu_gluon_repeated_decodes_bit_identical(gluon_ok):
 @pytest.mark.parametrize("B,q_len,H,want", [(64, 1, 128, "gluon"), (128, 2, 128, "gluon"),
                                             (128, 1, 16, "small_h dual"), (128, 1, 32, "small_h"),
                                             (64, 1, 16, "small_h dual split"),
-                                            (8, 1, 128, "plain"), (32, 2, 16, "small_h dual split"),
+                                            (8, 1, 128, "gluon split"), (1, 1, 128, "gluon split"),
+                                            (32, 2, 16, "small_h dual split"),
                                             (1, 1, 16, "small_h split"),
                                             (32, 1, 128, "gluon split"), (8, 2, 128, "gluon split"),
                                             (32, 2, 64, "gluon split")])
 def test_gpu_default_plans(gluon_ok, B, q_len, H, want):
     """Hopper defaults: H > 32 runs the 64-head Gluon kernel without a split or with splits of
-    at least GLUON_MIN_SPLIT_BLOCKS blocks, and the plain kernels with prefetched indices on
-    shorter splits; H <= 32 the small-H Gluon kernel (H <= 16: its one-warpgroup variant, as the
+    at least GLUON_MIN_SPLIT_BLOCKS blocks (every split of a top-k 2048 plan; shorter splits run
+    the plain kernels with prefetched indices, see test_split_plans_pick_the_kernel_by_split_length);
+    H <= 32 the small-H Gluon kernel (H <= 16: its one-warpgroup variant, as the
     dual kernel, two chains per program, where the plan has at least as many chains as SMs: B=128
     q1 then needs no split)."""
     md = plan_decode(B, q_len, H, 2048, "cuda")
@@ -255,7 +257,7 @@ def test_gpu_default_plans(gluon_ok, B, q_len, H, want):
         assert (md.num_splits > 1) == want.endswith("split")
         assert md.chains == (2 if "dual" in want else 1)
     else:
-        assert not md.gluon and md.prefetch_idx and md.num_splits > 1 and md.split_blocks < GLUON_MIN_SPLIT_BLOCKS
+        raise AssertionError(f"unknown expectation {want!r}")
 
 
 _SM90_BUILD_64 = """

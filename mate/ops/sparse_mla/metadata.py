@@ -17,19 +17,23 @@ import torch
 from mate._core import checks
 from mate._core.hopper import REGS_PER_SM, cuda_capability, planning_sm_count
 
-__all__ = ["DecodeMetadata", "plan_decode", "BLOCK_N", "HEAD_DIM_V", "HEAD_DIM_ROPE", "GLUON_STAGES",
+__all__ = ["DecodeMetadata", "plan_decode", "BLOCK_N", "HEAD_DIM_V", "HEAD_DIM_ROPE", "GLUON_STAGES", "GLUON_MAX_STAGES",
            "GLUON_SMALL_H_STAGES", "GLUON_WG_STAGES"]
 
 BLOCK_N = 64  # sparse_mla_top_k is a multiple of it; the 64-head kernel's rows per step
 HEAD_DIM_V = 512  # kv_lora_rank: the value part of each 576-value row
 HEAD_DIM_ROPE = 64  # qk_rope_head_dim: the rotary tail of each row
 
-# Shared-memory ring of the Gluon kernel (decode_gluon.py): 3 gathered tiles of 36 KB + the
-# query (36 KB) + fp16 V (two 32 KB halves) and two P (8 KB) tiles = 224 KB (H200 compile:
-# 248 registers, no spills); 4 stages would need 260 KB, over the 227 KB an SM offers. H200
-# (top-k 2048, interleaved): B=64 H=128 89.7 us at 3 stages, 90.5 at 2; B=128 q2 H=128
-# 348.1 / 339.4; B=128 H=64 92.3 / 90.8.
-GLUON_STAGES = 3
+# Shared-memory ring of the Gluon kernel (decode_gluon.py): 2 gathered tiles of 36 KB + the
+# query (36 KB) + fp16 V (two 32 KB halves) and two P (8 KB) tiles = 188 KB (H200 compile:
+# 250 registers, no spills); 3 stages (224 KB) are allowed, 4 would need 260 KB, over the 227
+# KB an SM offers. H200, session 24 (top-k 2048, interleaved, with the 16-byte output store;
+# us at 2 / 3 stages): B=64 q1 H=128 82.4 / 84.5, B=128 q2 H=128 316.1 / 323.9, B=128 q1 H=64
+# 83.2 / 86.6, B=128 q1 H=128 160.6 / 165.9, B=32 q1 H=128 (2 splits) 50.3 / 51.1, B=8 q1
+# H=128 (8 splits of 4 blocks) 22.2 / 23.2. Before the store change 3 stages were the default
+# (2026-11-29: B=64 H=128 89.7 at 3, 90.5 at 2; B=128 q2 348.1 / 339.4; B=128 H=64 92.3 / 90.8).
+GLUON_STAGES = 2
+GLUON_MAX_STAGES = 3
 # Ring of the small-H Gluon kernel (decode_gluon_small_h.py, Vᵀ from registers): 5 gathered
 # tiles of 36 KB + Q + two P tiles = 193 KB at 16 heads, 207 KB at 32 (H200 compile: 173 /
 # 209 registers, no spills).
@@ -42,11 +46,13 @@ GLUON_SMALL_H_STAGES = 5
 # 38.9 against 42.7). At 32 heads it spills (91.4 against 80.6).
 GLUON_WG_STAGES = 2
 # Split plans of H > 32 run the 64-head Gluon kernel from this many 64-key blocks per split,
-# the plain kernel with prefetched indices below (H200 2026-11-30, top-k 2048, interleaved,
-# plain / Gluon / FlashMLA in us: 16 blocks per split: B=32 q1 H=128 77.6 / 57.7 / 62.5, B=32 q2
-# H=64 79.3 / 57.6 / 74.3; 8 blocks: B=8 q2 H=128 43.9 / 38.6 / 38.6, B=32 q1 H=64 45.3 / 39.6 /
-# 46.4; 4 blocks: B=8 q1 H=128 28.7 / 31.4 / 26.3, B=8 q1 H=64 28.2 / 28.2, B=1 H=128 27.3 / 26.9).
-GLUON_MIN_SPLIT_BLOCKS = 8
+# the plain kernel with prefetched indices below (shorter splits were not measured). H200,
+# session 24 (top-k 2048, interleaved, the 16-byte output store; plain prefetched / Gluon at 2
+# stages in us; FlashMLA 26.2 at B=8 q1 H=128 in that session's benchmark): 4 blocks per split:
+# B=1 q1 H=128 24.5 / 20.1, B=8 q1 H=128 26.2 / 22.2, B=8 q1 H=64 25.0 / 20.7; 8 blocks: B=8
+# q2 H=128 43.1 / 31.4, B=16 q1 H=128 43.2 / 31.4; 16 blocks: B=32 q1 H=128 76.6 / 50.3. Before
+# the store change the threshold was 8 blocks (2026-11-30, 4 blocks: B=8 q1 H=128 28.7 / 31.4).
+GLUON_MIN_SPLIT_BLOCKS = 4
 
 # SM count assumed when planning for a device that is not a GPU (the interpreter): small,
 # so that CPU tests exercise the split + combine path with a handful of programs.
@@ -227,13 +233,13 @@ def plan_decode(
     chains per program; ``num_splits`` then counts programs) override the device-derived choices
     (tests and benchmarks: ``block_h=64`` pads a small H).
 
-    Defaults measured on the H200 (2026-11-29, top-k 2048, CUDA-graph replay): on Hopper,
-    plans without a split run the Gluon kernel at 3 stages on 64-head tiles,
-    H > 32 padded to 64-head tiles (B=64 q1 H=128: 89.7 us against 139.6 for the plain
-    kernel; B=128 q2 H=128: 348.1; B=128 H=64: 92.3; FlashMLA in the same run 94.9 /
-    378.1 / 117.1); split plans of H > 32 with fewer than ``GLUON_MIN_SPLIT_BLOCKS`` blocks
-    per split run the plain kernels with prefetched indices (B=8 H=128 split 8: 28.9 us, where
-    the Gluon kernels took 32.2-32.6), longer splits the Gluon kernel. H <= 32
+    Defaults measured on the H200 (top-k 2048, CUDA-graph replay): on Hopper, H > 32 runs
+    the Gluon kernel on 64-head tiles (H padded to them) at ``GLUON_STAGES`` (2) stages
+    (2026-11-29, 3 stages then: B=64 q1 H=128: 89.7 us against 139.6 for the plain kernel;
+    session 24, 2 stages: 82.4, B=128 q2 H=128 316.1, B=128 H=64 83.2), split or not; split
+    plans with fewer than ``GLUON_MIN_SPLIT_BLOCKS`` (4) blocks per split run the plain kernels
+    with prefetched indices (B=8 q1 H=128, 8 splits of 4 blocks: Gluon 22.2 us against 26.2
+    for the plain kernel and FlashMLA's 26.2). H <= 32
     runs the small-H Gluon kernel, split or not (B=128 q1 H=16: 67.9 us against 87.1 for
     the 64-head kernel on padded heads and 102.4 for the plain transposed kernel; H=32:
     79.2 against 87.9; B=64 q1 H=16, 2 splits: 43.2 against 57.8; B=64 q2 H=16: 65.8
@@ -409,7 +415,7 @@ def _check_gluon(device: torch.device, block_h: int, block_n: int | None, num_wa
                        prefetch_idx)
     if num_stages is not None:
         if not small_h:
-            stages = (2, GLUON_STAGES)
+            stages = tuple(range(2, GLUON_MAX_STAGES + 1))
         elif _gluon_warps(block_h, small_h, num_warps) == 4:
             stages = (2, 3)
         else:
