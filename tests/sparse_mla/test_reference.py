@@ -10,6 +10,7 @@ import torch
 from mate.ops.sparse_mla.reference import (
     mla_rope_quantize_fp8_reference,
     sparse_mla_decode_reference,
+    sparse_mla_decode_reference_with_magnitude,
     sparse_mla_decode_value_magnitude,
 )
 
@@ -158,8 +159,11 @@ def test_decode_value_magnitude_matches_float64_loop():
     assert mag.dtype == torch.float32 and mag.shape == (B, q_len, H, 512)
     torch.testing.assert_close(mag.double(), ref_mag, rtol=1e-5, atol=1e-5)
     assert (mag[1, 1] == 0).all()
-    out, _ = sparse_mla_decode_reference(query, kv, bt, seq_lens, s1, s2)
+    out, lse = sparse_mla_decode_reference(query, kv, bt, seq_lens, s1, s2)
     assert bool((mag.double() * (1 + 2.0**-8) + 1e-6 >= out.double().abs()).all())
+    # the tests' one-pass form gives the same three tensors
+    out2, lse2, mag2 = sparse_mla_decode_reference_with_magnitude(query, kv, bt, seq_lens, s1, s2)
+    assert torch.equal(out2, out) and torch.equal(lse2, lse) and torch.equal(mag2, mag)
 
 
 def test_decode_reference_duplicate_counts_twice():

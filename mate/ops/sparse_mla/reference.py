@@ -132,7 +132,7 @@ def sparse_mla_decode_reference(
     A slot is valid when ``j < seq_lens[b]`` and ``0 <= block_tables[b, t, j] < rows``;
     invalid slots are never read. A row listed in two valid slots counts twice.
     """
-    return _decode(query, kv_cache, block_tables, seq_lens, bmm1_scale, bmm2_scale, abs_values=False)
+    return _decode(query, kv_cache, block_tables, seq_lens, bmm1_scale, bmm2_scale)[:2]
 
 
 def sparse_mla_decode_value_magnitude(
@@ -148,21 +148,36 @@ def sparse_mla_decode_value_magnitude(
     P·V that rounds each softmax weight to a relative error r is off by at most r times it, which
     is how the tests bound the FP8 P·V (``decode_gluon_small_h._stage_p``). Arguments as
     :func:`sparse_mla_decode_reference`."""
-    return _decode(query, kv_cache, block_tables, seq_lens, bmm1_scale, abs(bmm2_scale), abs_values=True)[0]
+    return _decode(query, kv_cache, block_tables, seq_lens, bmm1_scale, bmm2_scale, magnitude=True)[2]
 
 
-def _decode(query, kv_cache, block_tables, seq_lens, bmm1_scale, bmm2_scale, *, abs_values: bool):
-    """:func:`sparse_mla_decode_reference` (``abs_values`` False) or, with |v| in P·V and the
-    output kept fp32, :func:`sparse_mla_decode_value_magnitude`."""
+def sparse_mla_decode_reference_with_magnitude(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor | None,
+    bmm1_scale: float,
+    bmm2_scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(out, lse, magnitude)``: :func:`sparse_mla_decode_reference` and
+    :func:`sparse_mla_decode_value_magnitude` from one gather and one softmax (what the tests'
+    bounds need on large shapes)."""
+    return _decode(query, kv_cache, block_tables, seq_lens, bmm1_scale, bmm2_scale, magnitude=True)
+
+
+def _decode(query, kv_cache, block_tables, seq_lens, bmm1_scale, bmm2_scale, *, magnitude: bool = False):
+    """(out bf16, lse, magnitude fp32 or None): :func:`sparse_mla_decode_reference` and, with
+    ``magnitude``, |bmm2_scale| P·|v| (:func:`sparse_mla_decode_value_magnitude`)."""
     B, q_len, H, D = query.shape
     topk = block_tables.shape[-1]
     device = query.device
     rows = kv_cache.reshape(-1, D)
     num_rows = rows.shape[0]
-    out = torch.zeros(B, q_len, H, NOPE_DIM, dtype=torch.float32 if abs_values else torch.bfloat16, device=device)
+    out = torch.zeros(B, q_len, H, NOPE_DIM, dtype=torch.bfloat16, device=device)
     lse = torch.full((B, q_len, H), float("inf"), dtype=torch.float32, device=device)
+    mag = torch.zeros(B, q_len, H, NOPE_DIM, dtype=torch.float32, device=device) if magnitude else None
     if B * q_len * H == 0 or topk == 0 or num_rows == 0:
-        return out, lse
+        return out, lse, mag
     valid = _valid_slots(block_tables, seq_lens, num_rows).reshape(B * q_len, topk)
     idx = torch.where(valid, block_tables.reshape(B * q_len, topk).long(), 0)
     q_all = query.reshape(B * q_len, H, D)
@@ -182,11 +197,14 @@ def _decode(query, kv_cache, block_tables, seq_lens, bmm1_scale, bmm2_scale, *, 
         m = torch.where(empty[:, None, None], torch.zeros_like(m), m)
         p = torch.exp(logits - m)  # 0 at masked slots
         denom = p.sum(dim=-1, keepdim=True)
-        v = kv[..., :NOPE_DIM].abs() if abs_values else kv[..., :NOPE_DIM]
-        o = torch.matmul(p / torch.where(empty[:, None, None], 1.0, denom), v) * bmm2_scale
+        w = p / torch.where(empty[:, None, None], 1.0, denom)
+        o = torch.matmul(w, kv[..., :NOPE_DIM]) * bmm2_scale
         l_ = (m + torch.log(denom)).squeeze(-1)
         o = torch.where(empty[:, None, None], 0.0, o)
         l_ = torch.where(empty[:, None], float("inf"), l_)
         out_flat[s:e] = o.to(out.dtype)
         lse_flat[s:e] = l_
-    return out, lse
+        if magnitude:
+            a = torch.matmul(w, kv[..., :NOPE_DIM].abs()) * abs(bmm2_scale)
+            mag.view(B * q_len, H, NOPE_DIM)[s:e] = torch.where(empty[:, None, None], 0.0, a)
+    return out, lse, mag
