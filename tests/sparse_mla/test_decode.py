@@ -40,7 +40,7 @@ GPU_LSE_TOL = dict(atol=1.5e-2, rtol=2e-3)
 # P·V on FP8 tensor cores (the one-warpgroup small-H kernel's default for H <= 16, an option of the
 # 8-warp kernel up to 32 heads) carries each softmax weight as hi + lo e4m3 tiles, ~2^-8 relative
 # (bf16's precision), so an output element may move by 2^-8 times the weighted mean |v| it sums
-# (``sparse_mla_decode_value_magnitude``), beyond GPU_OUT_TOL; twice that covers the residuals of
+# (``sparse_mla_decode_reference_with_magnitude``), beyond GPU_OUT_TOL; twice that covers the residuals of
 # weights below e4m3's normal range. The H200 saw 4.4e-3 at an output of 5.8e-3 (2 of 1M elements
 # outside GPU_OUT_TOL, B=128 q1 H=16, bmm1_scale 0.05).
 PV_FP8_ROUNDING = 2.0 ** -7

@@ -21,7 +21,7 @@ __all__ = [
     "rope_fp32",
     "mla_rope_quantize_fp8_reference",
     "sparse_mla_decode_reference",
-    "sparse_mla_decode_value_magnitude",
+    "sparse_mla_decode_reference_with_magnitude",
 ]
 
 FP8_E4M3_MAX = 448.0
@@ -135,22 +135,6 @@ def sparse_mla_decode_reference(
     return _decode(query, kv_cache, block_tables, seq_lens, bmm1_scale, bmm2_scale)[:2]
 
 
-def sparse_mla_decode_value_magnitude(
-    query: torch.Tensor,
-    kv_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor | None,
-    bmm1_scale: float,
-    bmm2_scale: float,
-) -> torch.Tensor:
-    """``|bmm2_scale| * softmax(logits) @ |v|``, fp32 [B, q_len, H, 512] (0 where no slot is
-    valid): per output element, the softmax-weighted mean magnitude of the values it sums. A
-    P·V that rounds each softmax weight to a relative error r is off by at most r times it, which
-    is how the tests bound the FP8 P·V (``decode_gluon_small_h._stage_p``). Arguments as
-    :func:`sparse_mla_decode_reference`."""
-    return _decode(query, kv_cache, block_tables, seq_lens, bmm1_scale, bmm2_scale, magnitude=True)[2]
-
-
 def sparse_mla_decode_reference_with_magnitude(
     query: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -159,15 +143,18 @@ def sparse_mla_decode_reference_with_magnitude(
     bmm1_scale: float,
     bmm2_scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(out, lse, magnitude)``: :func:`sparse_mla_decode_reference` and
-    :func:`sparse_mla_decode_value_magnitude` from one gather and one softmax (what the tests'
-    bounds need on large shapes)."""
+    """``(out, lse, magnitude)``: :func:`sparse_mla_decode_reference`'s two outputs and, from
+    the same gather and softmax, ``|bmm2_scale| * softmax(logits) @ |v|``, fp32 [B, q_len, H,
+    512] (0 where no slot is valid): per output element, the softmax-weighted mean magnitude of
+    the values it sums. A P·V that rounds each softmax weight to a relative error r is off by at
+    most r times it, which is how the tests bound the FP8 P·V (``decode_gluon_small_h._stage_p``).
+    Arguments as :func:`sparse_mla_decode_reference`."""
     return _decode(query, kv_cache, block_tables, seq_lens, bmm1_scale, bmm2_scale, magnitude=True)
 
 
 def _decode(query, kv_cache, block_tables, seq_lens, bmm1_scale, bmm2_scale, *, magnitude: bool = False):
     """(out bf16, lse, magnitude fp32 or None): :func:`sparse_mla_decode_reference` and, with
-    ``magnitude``, |bmm2_scale| P·|v| (:func:`sparse_mla_decode_value_magnitude`)."""
+    ``magnitude``, |bmm2_scale| P·|v| (:func:`sparse_mla_decode_reference_with_magnitude`)."""
     B, q_len, H, D = query.shape
     topk = block_tables.shape[-1]
     device = query.device
