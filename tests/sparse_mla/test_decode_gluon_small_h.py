@@ -48,7 +48,7 @@ def test_small_h_perm_values_is_the_renaming_of_load_vt():
     renamed = d.view(8, 8, 4, 2).permute(2, 0, 3, 1).reshape(512)  # [D876, D543, D21, d0] -> m order
     from mate.ops.sparse_mla.decode_gluon_small_h import _perm_values
 
-    assert_equal(renamed, _perm_values.fn(torch.arange(512), 512))  # the kernel's own formula (its combine reads it)
+    assert_equal(renamed, _perm_values(torch.arange(512), 512))
 
 
 _WG_SM90_BUILD = """
@@ -378,7 +378,7 @@ def test_small_h_one_warpgroup_perm_values_is_the_renaming_of_load_vt_half():
     renamed = d.view(4, 8, 4, 2).permute(2, 0, 3, 1).reshape(256)
     from mate.ops.sparse_mla.decode_gluon_small_h import _perm_values
 
-    assert_equal(renamed, _perm_values.fn(torch.arange(256), 256))
+    assert_equal(renamed, _perm_values(torch.arange(256), 256))
 
 
 @pytest.mark.parametrize("N", [256, 512])
@@ -388,7 +388,7 @@ def test_small_h_natural_rows_undoes_perm_values(N):
     the store can write consecutive values; ``natural_layout`` then gives each thread 8 of them."""
     from mate.ops.sparse_mla.decode_gluon_small_h import _perm_values, natural_layout
 
-    values = _perm_values.fn(torch.arange(N), N)  # value held by row m
+    values = _perm_values(torch.arange(N), N)  # value held by row m
     ordered = values.view(2, 2, N // 64, 2, 8).permute(2, 4, 0, 1, 3).reshape(N)
     assert_equal(ordered, torch.arange(N))
     layout = natural_layout.fn(N, 32)

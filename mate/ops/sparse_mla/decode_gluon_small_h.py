@@ -201,13 +201,13 @@ def _issue_pv(vt, p_smem, buf, acc, PV_FP8: gl.constexpr):
     return acc
 
 
-@gluon.jit
-def _perm_values(m, N: gl.constexpr):
-    """Value index held by row ``m`` of an Oᵀ of N = 512 value rows (the 8-warp kernel) or of an
-    Oᵀ half of N = 256 (the one-warpgroup kernel, index within the half), as ``_vt_operand``
-    permutes them. Bits of m, high to low: d2 d1 | DH | d0 | d5 d4 d3, DH = d8 d7 d6 (512) or
-    d7 d6 (256)."""
-    HB: gl.constexpr = 3 if N == 512 else 2  # bits of DH
+def _perm_values(m, N: int):
+    """Value index held by row ``m`` (ints or an integer tensor) of an Oᵀ of N = 512 value rows
+    (the 8-warp kernel) or of an Oᵀ half of N = 256 (the one-warpgroup kernel, index within the
+    half), as ``_vt_operand`` permutes them and ``_natural_rows`` undoes it before the store (the
+    map, in plain Python, that the tests check both against). Bits of m, high to low: d2 d1 | DH
+    | d0 | d5 d4 d3, DH = d8 d7 d6 (512) or d7 d6 (256)."""
+    HB = 3 if N == 512 else 2  # bits of DH
     return ((m & 7) << 3) | ((m >> 3) & 1) | (((m >> 4) & (N // 64 - 1)) << 6) | (((m >> (4 + HB)) & 1) << 1) | (
         ((m >> (5 + HB)) & 1) << 2)
 
