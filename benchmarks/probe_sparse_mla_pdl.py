@@ -24,14 +24,14 @@ start for the previous combine).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import inspect
 import math
 import os
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from patched_source import apply_edits, import_source  # noqa: E402
 
 from mate.ops.sparse_mla import decode as dmod  # noqa: E402
 from mate.ops.sparse_mla import decode_gluon as dg  # noqa: E402
@@ -55,41 +55,23 @@ def _pdl_wait(dep):
 '''
 
 
-def _load(name: str, source: str):
-    """Imports ``source`` as module ``name`` (from a file, so that the JIT can read it)."""
-    folder = tempfile.mkdtemp(prefix="mate_pdl_")
-    path = os.path.join(folder, f"{name}.py")
-    with open(path, "w") as f:
-        f.write(source)
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def _replace(src: str, old: str, new: str) -> str:
-    if src.count(old) != 1:
-        raise RuntimeError(f"patch anchor found {src.count(old)} times: {old[:60]!r}")
-    return src.replace(old, new)
-
-
 def combine_module():
     """The combine kernel with ``gdc_wait()`` before anything else, as ``combine_pdl_kernel``."""
-    src = inspect.getsource(dmod.sparse_mla_decode_combine_kernel.fn)
-    src = _replace(src, "def sparse_mla_decode_combine_kernel(", "def combine_pdl_kernel(")
     first = "    pid_h = tl.program_id(0)\n"
-    src = _replace(src, first, "    tl.extra.cuda.gdc_wait()\n" + first)
-    return _load("mate_combine_pdl", COMBINE_HEADER + src)
+    src = apply_edits(inspect.getsource(dmod.sparse_mla_decode_combine_kernel.fn),
+                      [("def sparse_mla_decode_combine_kernel(", "def combine_pdl_kernel("),
+                       (first, "    tl.extra.cuda.gdc_wait()\n" + first)])
+    return import_source("mate_combine_pdl", COMBINE_HEADER + src)
 
 
 def decode_module(wait: bool):
     """``decode_gluon.py`` with the 64-head kernel signalling its dependents at its start (and,
     with ``wait``, first waiting for the kernel before it)."""
-    src = inspect.getsource(dg)
-    src = _replace(src, "GLUON_BLOCK_H = 64", GLUON_HELPERS.lstrip("\n") + "\n\nGLUON_BLOCK_H = 64")
     start = "    bt = gl.program_id(2).to(gl.int64)  # query position b * q_len + t\n"
-    src = _replace(src, start, start + ("    _pdl_wait(bt)\n" if wait else "") + "    _pdl_signal(bt)\n")
-    return _load("mate_decode_pdl_wait" if wait else "mate_decode_pdl", src)
+    src = apply_edits(inspect.getsource(dg),
+                      [("GLUON_BLOCK_H = 64", GLUON_HELPERS.lstrip("\n") + "\n\nGLUON_BLOCK_H = 64"),
+                       (start, start + ("    _pdl_wait(bt)\n" if wait else "") + "    _pdl_signal(bt)\n")])
+    return import_source("mate_decode_pdl_wait" if wait else "mate_decode_pdl", src)
 
 
 def launch_combine_pdl(mod):

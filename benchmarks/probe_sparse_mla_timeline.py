@@ -25,18 +25,17 @@ bar shape from 48.5 to 45.6 us in an interleaved A/B, bit-identical.
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import math
 import os
 import sys
-import tempfile
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_sparse_mla import TOP_K, _bytes, _cache  # noqa: E402
+from patched_source import apply_edits, import_source  # noqa: E402
 
 from mate.ops.sparse_mla import decode_gluon_small_h2 as dw  # noqa: E402
 from mate.ops.sparse_mla.decode import decode_kernel_args  # noqa: E402
@@ -96,20 +95,11 @@ def _patched_source() -> str:
         ('''            (_dual_second, (q_ptr, kv_ptr, idx_ptr, seq_lens_ptr, bt,''',
          '''            (_dual_second, (q_ptr, kv_ptr, idx_ptr, seq_lens_ptr, po_ptr, bt,'''),
     ]
-    for old, new in edits:
-        assert src.count(old) == 1, f"patch anchor not found once: {old[:70]!r}"
-        src = src.replace(old, new)
-    return src
+    return apply_edits(src, edits)
 
 
 def _import_patched():
-    path = os.path.join(tempfile.mkdtemp(prefix="mate_timeline_"), "small_h2_traced.py")
-    with open(path, "w") as f:
-        f.write(_patched_source())
-    spec = importlib.util.spec_from_file_location("small_h2_traced", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return import_source("small_h2_traced", _patched_source())
 
 
 def _pct(x: torch.Tensor, qs=(0.0, 0.1, 0.5, 0.9, 1.0)) -> str:
