@@ -1,5 +1,5 @@
-"""Probe (prepared in session 24, not yet run): programmatic dependent launch (PDL) between the
-sparse MLA decode of a split plan and its combine kernel.
+"""Probe (prepared in session 24, run in session 25): programmatic dependent launch (PDL) between
+the sparse MLA decode of a split plan and its combine kernel.
 
     python benchmarks/probe_sparse_mla_pdl.py            # H200: interleaved A/B
     python benchmarks/probe_sparse_mla_pdl.py --compile  # CPU: sm_90 builds of the patched kernels
@@ -19,6 +19,12 @@ its cases are captured. Cases per shape (CUDA-graph replays, interleaved): ``mod
 launches), ``pdl combine`` (the combine with PDL, the decode unchanged), ``+ signal`` (the
 decode signals at its start), ``pdl both`` (also the decode launched with PDL, waiting at its
 start for the previous combine).
+
+H200, session 25 (``benchmarks/results/2026-11-30-h200-s25-probes.txt``; us, module / pdl combine /
++ signal / pdl both; bit-identical everywhere): B=1 q1 H=128 20.5 / 20.6 / 19.5 / 19.3; B=1 q2
+20.3 / 20.6 / 19.7 / 19.5; B=8 q1 H=128 22.3 / 22.2 / 23.8 / 23.6; B=8 q1 H=64 20.9 / 21.0 /
+20.3 / 20.1; B=16 q1 H=128 31.7 / 31.5 / 32.1 / 32.0; B=32 q1 H=128 50.3 / 50.4 / 50.2 / 50.1.
+About 1 us at B=1, 1.5 us lost at B=8 H=128: not adopted.
 """
 
 from __future__ import annotations
