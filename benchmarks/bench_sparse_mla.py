@@ -48,8 +48,9 @@ PIPE3 = dict(gluon=True, num_stages=3)  # the 64-head Gluon kernel with a 3-stag
 PLAIN = dict(gluon=False, prefetch_idx=True)  # the plain kernel with prefetched indices
 VARIANTS = {(16, 128, 1): [dict(transposed=True, block_h=16), dict(chains=1)],
             (128, 64, 1): [PIPE3, PLAIN],
-            (128, 8, 1): [PLAIN, dict(num_splits=4)], (128, 128, 2): [PIPE3],
-            (64, 128, 1): [PIPE3], (32, 128, 1): [dict(transposed=True, block_h=32)]}
+            (128, 8, 1): [PLAIN, dict(num_splits=4), dict(pdl=True)], (128, 128, 2): [PIPE3],
+            (64, 128, 1): [PIPE3], (32, 128, 1): [dict(transposed=True, block_h=32)],
+            (128, 1, 1): [dict(pdl=False)], (16, 1, 1): [dict(pdl=False)]}
 # Bar shapes (H, B, q_len) -> plan_decode overrides timed beside the default plan.
 BAR_CANDIDATES = {  # in order of interest, in case a run is cut short
     (16, 128, 1): [dict(chains=1), dict(transposed=True, block_h=16), dict(block_h=64)],
@@ -57,7 +58,8 @@ BAR_CANDIDATES = {  # in order of interest, in case a run is cut short
     (128, 64, 1): [PIPE3, PLAIN],
     (128, 128, 2): [PIPE3],
 }
-QUICK = [(128, 64, 1), (128, 128, 2), (16, 128, 1), (128, 8, 1), (64, 128, 1), (32, 128, 1), (16, 32, 2)]
+QUICK = [(128, 64, 1), (128, 128, 2), (16, 128, 1), (128, 8, 1), (64, 128, 1), (32, 128, 1), (16, 32, 2),
+         (128, 1, 1), (16, 1, 1)]
 
 
 def _variant_name(kw: dict) -> str:
@@ -161,7 +163,7 @@ def run(ceilings: dict, quick: bool = False) -> list[dict]:
                       dtype="e4m3", ceiling="copy_GBps")
         md0 = plan_decode(B, q_len, H, TOP_K, "cuda")  # sequential calls may share one plan
         note = (f"block_h={md0.block_h} block_n={md0.block_n} splits={md0.num_splits} warps={md0.num_warps} "
-                f"stages={md0.num_stages} maxnreg={md0.max_regs}")
+                f"stages={md0.num_stages} maxnreg={md0.max_regs}" + (" pdl=True" if md0.pdl else ""))
         # correctness on the first set against the naive reference (not timed)
         s0 = sets[0]
         _mate_fn(s0, kv, scale, md0)()
@@ -185,7 +187,7 @@ def run(ceilings: dict, quick: bool = False) -> list[dict]:
                 _mate_fn(s0, kv, scale, mdc)()
                 nc = (f"block_h={mdc.block_h} block_n={mdc.block_n} splits={mdc.num_splits} "
                       f"warps={mdc.num_warps} stages={mdc.num_stages} maxnreg={mdc.max_regs} "
-                      f"prefetch_idx={mdc.prefetch_idx} gluon={mdc.gluon}")
+                      f"prefetch_idx={mdc.prefetch_idx} gluon={mdc.gluon} pdl={mdc.pdl}")
                 if ref is not None:
                     err = rel_error(s0["out"], ref)
                     nc += f"; rel err vs naive {err:.1e}" + (" (FAILED)" if err > 2e-2 else "")

@@ -70,7 +70,7 @@ def main() -> int:
                                              return_lse=True, metadata=md)
             torch.cuda.synchronize()
             what = (f"B={B} q_len={q_len} H={H} top_k={top_k} tokens={tokens} splits={md.num_splits} gluon={gluon} "
-                    f"chains={md.chains}")
+                    f"chains={md.chains} pdl={md.pdl}")
             try:
                 assert_close(out, ref_o, atol=3e-3, rtol=3e-2, name="out")
                 assert_close(lse, ref_l, atol=1.5e-2, rtol=2e-3, name="lse")

@@ -260,6 +260,7 @@ def _sparse_mla_fp8_decode_op(
     prefetch_idx: bool,
     gluon: bool = False,
     chains: int = 1,
+    pdl: bool = False,
 ) -> None:
     backend = select_backend(query.device)
     if backend == "triton" and gluon and query.is_cuda and transposed:
@@ -267,12 +268,12 @@ def _sparse_mla_fp8_decode_op(
 
         sparse_mla_decode_gluon_small_h(query, kv_rows, block_tables, seq_lens, out, lse, partial_o, partial_lse,
                                         bmm1_scale, bmm2_scale, block_h, num_splits, split_blocks, num_stages,
-                                        num_warps=num_warps, chains=chains)
+                                        num_warps=num_warps, chains=chains, pdl=pdl)
     elif backend == "triton" and gluon and query.is_cuda:
         from mate.ops.sparse_mla.decode_gluon import sparse_mla_decode_gluon
 
         sparse_mla_decode_gluon(query, kv_rows, block_tables, seq_lens, out, lse, partial_o, partial_lse,
-                                bmm1_scale, bmm2_scale, num_splits, split_blocks, num_stages)
+                                bmm1_scale, bmm2_scale, num_splits, split_blocks, num_stages, pdl=pdl)
     elif backend == "triton":
         from mate.ops.sparse_mla.decode import sparse_mla_decode_triton
 
@@ -555,5 +556,5 @@ def sparse_mla_fp8_decode(
                               metadata.partial_o, metadata.partial_lse, bmm1_scale, bmm2_scale, metadata.block_h,
                               metadata.num_splits, metadata.split_blocks, metadata.num_warps, metadata.num_stages,
                               metadata.block_n, metadata.transposed, metadata.max_regs, metadata.prefetch_idx,
-                              metadata.gluon, metadata.chains)
+                              metadata.gluon, metadata.chains, metadata.pdl)
     return (out, lse) if return_lse else out

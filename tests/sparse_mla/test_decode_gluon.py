@@ -230,6 +230,49 @@ def test_gpu_gluon_repeated_decodes_bit_identical(gluon_ok):
     assert count_unequal_repeats(8, 1, 128, 2048, md, 200) == 0
 
 
+def _pdl_cases():
+    """(B, q_len, H) of split plans whose decode grid is small enough for the PDL combine: the
+    64-head kernel, the one-warpgroup small-H kernel and the 8-warp one."""
+    return [(1, 1, 128), (2, 2, 64), (1, 1, 16), (1, 2, 32)]
+
+
+@gpu
+@pytest.mark.parametrize("B,q_len,H", _pdl_cases())
+def test_gpu_pdl_combine_bit_identical_and_graph_safe(gluon_ok, B, q_len, H):
+    """A split plan with a small decode grid launches its combine as a programmatic dependent
+    (the decode signals at its start, the combine waits before its first load): the outputs
+    are bit for bit those of the same plan with ``pdl=False``, match the reference, and the
+    launch pair is captured and replayed in a CUDA graph."""
+    top_k = 2048
+    md = plan_decode(B, q_len, H, top_k, "cuda")
+    assert md.gluon and md.num_splits > 1 and md.pdl, md
+    plain = plan_decode(B, q_len, H, top_k, "cuda", pdl=False)
+    assert not plain.pdl and (plain.num_splits, plain.split_blocks, plain.chains) == (md.num_splits, md.split_blocks,
+                                                                                      md.chains)
+    q, kv, idx, sl = _make(B, q_len, H, top_k, pages=64, page_size=64, device="cuda")
+    out, lse = _run(q, kv, idx, sl, top_k, md)
+    _check(out, lse, q, kv, idx, sl, S1, 1.25)
+    plain_out, plain_lse = _run(q, kv, idx, sl, top_k, plain)
+    assert_equal(out, plain_out)
+    assert_equal(lse, plain_lse)
+    check_graph_replay(B, q_len, H, top_k, md)
+
+
+def test_pdl_combine_rule(monkeypatch):
+    """A split Gluon plan launches its combine as a programmatic dependent when the decode grid
+    has at most PDL_MAX_GRID_FRACTION of the SMs in programs; 0 turns it off. Off the GPU no
+    plan asks for it, and ``pdl=True`` needs a split Gluon plan."""
+    from mate.ops.sparse_mla import metadata
+
+    assert metadata.PDL_MAX_GRID_FRACTION == 0.5
+    assert [metadata.pdl_combine(n, 132) for n in (1, 16, 66, 67, 128, 1024)] == [True] * 3 + [False] * 3
+    assert not plan_decode(1, 1, 128, 2048, "cpu").pdl
+    with pytest.raises(ValueError, match="pdl=True needs a split Gluon plan"):
+        plan_decode(1, 1, 128, 2048, "cpu", pdl=True)
+    monkeypatch.setattr(metadata, "PDL_MAX_GRID_FRACTION", 0.0)
+    assert not metadata.pdl_combine(1, 132)
+
+
 @gpu
 @pytest.mark.parametrize("B,q_len,H,want", [(64, 1, 128, "gluon"), (128, 2, 128, "gluon"),
                                             (128, 1, 16, "small_h dual"), (128, 1, 32, "small_h"),
@@ -245,7 +288,8 @@ def test_gpu_default_plans(gluon_ok, B, q_len, H, want):
     the plain kernels with prefetched indices, see test_split_plans_pick_the_kernel_by_split_length);
     H <= 32 the small-H Gluon kernel (H <= 16: its one-warpgroup variant, as the
     dual kernel, two chains per program, where the plan has at least as many chains as SMs: B=128
-    q1 then needs no split)."""
+    q1 then needs no split). A split plan whose decode grid fills at most half the SMs launches
+    its combine as a programmatic dependent (B=1 here)."""
     md = plan_decode(B, q_len, H, 2048, "cuda")
     if want.startswith("gluon"):
         assert md.gluon and md.block_h == 64 and (md.num_splits > 1) == want.endswith("split")
@@ -258,6 +302,8 @@ def test_gpu_default_plans(gluon_ok, B, q_len, H, want):
         assert md.chains == (2 if "dual" in want else 1)
     else:
         raise AssertionError(f"unknown expectation {want!r}")
+    programs = md.num_head_tiles * md.num_splits * B * q_len
+    assert md.pdl == (md.num_splits > 1 and 2 * programs <= torch.cuda.get_device_properties(0).multi_processor_count)
 
 
 _SM90_BUILD_64 = """
@@ -267,13 +313,15 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(mate.__file__)),
 from compile_sparse_mla_gluon import compile_decode
 from mate.ops.sparse_mla import decode_gluon as dg
 from mate.ops.sparse_mla.metadata import GLUON_STAGES
-for split in (False, True):
+for split, pdl in ((False, False), (True, False), (True, True)):
     cx = {"SPLIT": split, "HAS_SEQ_LENS": True, "STAGES": GLUON_STAGES, "BLOCK_H": dg.GLUON_BLOCK_H,
           "BLOCK_N": dg.GLUON_BLOCK_N}
-    rep = compile_decode(dg.sparse_mla_decode_gluon_kernel, split, cx, dg.GLUON_NUM_WARPS, None, "g", None, ptxas=True)
-    print(json.dumps(dict(split=split, regs=rep.registers, spills=rep.spills, shared=rep.shared,
+    rep = compile_decode(dg.sparse_mla_decode_gluon_kernel, split, cx, dg.GLUON_NUM_WARPS, None, "g", None,
+                         after={"PDL": pdl}, ptxas=True)
+    print(json.dumps(dict(split=split, pdl=pdl, regs=rep.registers, spills=rep.spills, shared=rep.shared,
                           qgmma=rep.sass.count("QGMMA"), hgmma=rep.sass.count("HGMMA"),
                           stg128=rep.sass.count("STG.E.128"), stg32=rep.sass.count("STG.E "),
+                          signal=rep.kernel.asm["ptx"].count("griddepcontrol.launch_dependents"),
                           serialized=[w for w in rep.ptxas_warnings if "serialized" in w])))
 """
 
@@ -288,8 +336,35 @@ def test_gluon_sm90_build():
     from tests._sm90 import sm90_build_reports
 
     reps = sm90_build_reports(_SM90_BUILD_64)
-    assert [r["split"] for r in reps] == [False, True]
+    assert [(r["split"], r["pdl"]) for r in reps] == [(False, False), (True, False), (True, True)]
     for rep in reps:
         assert rep["spills"] == 0 and not rep["serialized"] and rep["shared"] <= SMEM_LIMIT, rep
         assert rep["qgmma"] > 0 and rep["hgmma"] > 0, rep
         assert rep["stg128"] == 16 and rep["stg32"] == 2, rep
+        assert rep["signal"] == int(rep["pdl"]), rep  # the PDL build signals its dependents once
+
+
+_SM90_BUILD_COMBINE = """
+import json
+from triton.compiler import ASTSource
+from mate.ops.sparse_mla.decode import sparse_mla_decode_combine_kernel
+from mate.testing.sass import compile_sm90, divisibility_attrs
+sig = {"po_ptr": "*fp16", "plse_ptr": "*fp32", "out_ptr": "*bf16", "lse_ptr": "*fp32", "out_scale": "fp32", "H": "i32"}
+for pdl in (False, True):
+    cx = {"NUM_SPLITS": 8, "SPLITS_P2": 8, "BLOCK_HC": 16, "BLOCK_D": 128, "D_V": 512, "PDL": pdl}
+    s = {**sig, **{k: "constexpr" for k in cx}}
+    rep = compile_sm90(ASTSource(fn=sparse_mla_decode_combine_kernel, signature=s, constexprs=cx,
+                                 attrs=divisibility_attrs(s, ("po_ptr", "plse_ptr", "out_ptr", "lse_ptr"))),
+                       {"num_warps": 4, "launch_pdl": pdl})
+    ptx = rep.kernel.asm["ptx"]
+    print(json.dumps(dict(pdl=pdl, regs=rep.registers, spills=rep.spills, wait=ptx.count("griddepcontrol.wait"))))
+"""
+
+
+def test_combine_pdl_sm90_build():
+    """The split combine compiles for sm_90 with and without PDL; the PDL build waits for the
+    decode (``griddepcontrol.wait``) once, before its loads, and the plain one never."""
+    from tests._sm90 import sm90_build_reports
+
+    reps = sm90_build_reports(_SM90_BUILD_COMBINE)
+    assert [(r["pdl"], r["wait"], r["spills"]) for r in reps] == [(False, 0, 0), (True, 1, 0)], reps

@@ -62,17 +62,20 @@ def report(rep, **key):
     print(json.dumps(dict(**key, regs=rep.registers, spills=rep.spills, shared=rep.shared,
                           qgmma=rep.sass.count("QGMMA"), hgmma=rep.sass.count("HGMMA"),
                           stg128=rep.sass.count("STG.E.128"), stg16=rep.sass.count("STG.E.U16"),
+                          signal=rep.kernel.asm["ptx"].count("griddepcontrol.launch_dependents"),
                           serialized=[w for w in rep.ptxas_warnings if "serialized" in w])))
 
-for chains in (1, 2):
+for chains in (1, 2):  # the one-warpgroup kernel's split build also signals a PDL combine
     cx = {"SPLIT": True, "HAS_SEQ_LENS": True, "STAGES": 2, "BLOCK_H": 16, "BLOCK_N": dw.WG_BLOCK_N}
     report(compile_decode(dw.sparse_mla_decode_small_h_wg_kernel, True, cx, dw.WG_NUM_WARPS, None, "wg", None,
-                          after={"CHAINS": chains, "PV_FP8": dw.WG_PV_FP8}, ptxas=True), chains=chains)
+                          after={"CHAINS": chains, "PV_FP8": dw.WG_PV_FP8, "PDL": chains == 1}, ptxas=True),
+           chains=chains, pdl=chains == 1)
 for block_h, stages in ((16, 2), (32, 3)):  # the 8-warp kernel's FP8 P·V
     cx = {"SPLIT": True, "HAS_SEQ_LENS": True, "STAGES": stages, "V_EARLY": False, "BLOCK_H": block_h,
           "BLOCK_N": dg.SMALL_H_BLOCK_N}
     report(compile_decode(dg.sparse_mla_decode_small_h_kernel, True, cx, dg.SMALL_H_NUM_WARPS, None, "8w", None,
-                          after={"PV_FP8": True}, ptxas=True), chains=0, block_h=block_h)
+                          after={"PV_FP8": True, "PDL": block_h == 32}, ptxas=True), chains=0, block_h=block_h,
+           pdl=block_h == 32)
 """
 
 
@@ -83,7 +86,8 @@ def test_small_h_fp8_pv_sm90_build():
     kernel), no HGMMA, 2 programs per SM (<= 113 KB shared memory; the dual kernel <= 227 KB),
     the output written with 16-byte stores.
     So does the 8-warp kernel's FP8 P·V (16 heads at 2 stages: <= 128 registers, 2 programs
-    per SM), its output also in 16-byte stores."""
+    per SM), its output also in 16-byte stores. The PDL builds (a split plan with a small grid)
+    execute ``griddepcontrol.launch_dependents`` once, the others never."""
     from mate.ops.sparse_mla.decode_gluon_small_h2 import WG_PV_FP8, WG_SMEM_LIMIT
     from mate.testing.sass import SMEM_LIMIT
     from tests._sm90 import sm90_build_reports
@@ -99,6 +103,7 @@ def test_small_h_fp8_pv_sm90_build():
     assert reps[2]["regs"] <= 128, reps[2]  # 128 (200 with the fp16 P·V)
     for rep in reps:  # the output in 16-byte stores of 8 consecutive values (natural_layout)
         assert rep["stg128"] > 0 and rep["stg16"] == 0, rep
+        assert rep["signal"] == int(rep["pdl"]), rep  # a PDL build signals its dependents once
 
 
 @interpreter_only

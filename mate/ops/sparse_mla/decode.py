@@ -301,10 +301,14 @@ def sparse_mla_decode_combine_kernel(
     BLOCK_HC: tl.constexpr,
     BLOCK_D: tl.constexpr,
     D_V: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """Merges the splits of ``BLOCK_HC`` heads x ``BLOCK_D`` value columns of one query
     position (LSE-weighted). The split count is a constexpr, so the loop unrolls and no load
-    waits on another: one memory latency for the LSEs, one for the partial outputs."""
+    waits on another: one memory latency for the LSEs, one for the partial outputs. ``PDL``
+    (launched as a programmatic dependent of the decode): waits for the decode first."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
     pid_h = tl.program_id(0)
     pid_d = tl.program_id(1)
     bt = tl.program_id(2).to(tl.int64)
@@ -345,9 +349,10 @@ def combine_tiling(H: int, num_splits: int) -> tuple[int, int]:
 
 
 def launch_combine(partial_o: torch.Tensor, partial_lse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-                   bmm2_scale: float, H: int, num_splits: int, rows: int) -> None:
+                   bmm2_scale: float, H: int, num_splits: int, rows: int, pdl: bool = False) -> None:
     """Merges a split plan's partial outputs into ``out`` / ``lse`` (the combine step shared
-    by the plain and Gluon decode launchers)."""
+    by the plain and Gluon decode launchers); ``pdl``: launched as a programmatic dependent
+    of the decode launched just before it (which signals its dependents)."""
     block_hc, block_d = combine_tiling(H, num_splits)
     sparse_mla_decode_combine_kernel[(cdiv(H, block_hc), HEAD_DIM_V // block_d, rows)](
         partial_o,
@@ -361,7 +366,9 @@ def launch_combine(partial_o: torch.Tensor, partial_lse: torch.Tensor, out: torc
         BLOCK_HC=block_hc,
         BLOCK_D=block_d,
         D_V=HEAD_DIM_V,
+        PDL=pdl,
         num_warps=4,
+        **({"launch_pdl": True} if pdl else {}),
     )
 
 

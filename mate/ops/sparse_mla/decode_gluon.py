@@ -62,6 +62,7 @@ from mate.ops.sparse_mla.gluon_common import (
     _gather_next,
     _gather_prologue,
     _load_query,
+    _signal_dependents,
     _split_slots,
     _store_result,
     assert_matches_reference,
@@ -154,6 +155,7 @@ def sparse_mla_decode_gluon_kernel(
     BLOCK_N: gl.constexpr,
     D_V: gl.constexpr,
     D_R: gl.constexpr,
+    PDL: gl.constexpr = False,
 ):
     """One program: ``BLOCK_H`` (64) heads of one query position over ``split_blocks``
     blocks of ``BLOCK_N`` (64) top-k slots; grid (head tiles, splits, B * q_len)."""
@@ -190,6 +192,7 @@ def sparse_mla_decode_gluon_kernel(
     pid_h = gl.program_id(0)
     pid_s = gl.program_id(1)
     bt = gl.program_id(2).to(gl.int64)  # query position b * q_len + t
+    _signal_dependents(bt, PDL)  # a split plan's combine may launch (PDL)
 
     q_smem, qr_smem = _load_query(q_ptr, bt, H, pid_h * BLOCK_H, BLOCK_H, D_V, D_R, G_L, R_L, K_SL, R_SL)
 
@@ -294,18 +297,19 @@ def sparse_mla_decode_gluon(
     num_splits: int,
     split_blocks: int,
     num_stages: int = GLUON_STAGES,
+    pdl: bool = False,
 ) -> None:
     """Launches the Gluon decode on validated CUDA tensors (same contract as
     ``sparse_mla_decode_triton`` with ``block_h`` 64): ``query`` [B, q_len, H, 576] e4m3,
     ``kv_rows`` [tokens, 576] e4m3, ``block_tables`` int32 [B, q_len, top_k], ``seq_lens``
     int32 [B] or None, ``out`` bf16 [B, q_len, H, 512], ``lse`` fp32 (B * q_len * H), all
     contiguous; ``partial_o`` / ``partial_lse`` the plan's split scratch (used when
-    ``num_splits > 1``, merged by the plain-Triton combine kernel). No allocation, no host
-    sync."""
+    ``num_splits > 1``, merged by the plain-Triton combine kernel; with ``pdl`` launched as a
+    programmatic dependent of the decode). No allocation, no host sync."""
     launch_decode(sparse_mla_decode_gluon_kernel, (cdiv(query.shape[2], GLUON_BLOCK_H),), query, kv_rows,
                   block_tables, seq_lens, out, lse, partial_o, partial_lse, bmm1_scale, bmm2_scale, num_splits,
                   split_blocks, (GLUON_BLOCK_H, GLUON_NUM_WARPS, 5, GLUON_BLOCK_N, False), GLUON_NUM_WARPS,
-                  STAGES=num_stages, BLOCK_H=GLUON_BLOCK_H, BLOCK_N=GLUON_BLOCK_N)
+                  pdl=pdl, STAGES=num_stages, BLOCK_H=GLUON_BLOCK_H, BLOCK_N=GLUON_BLOCK_N)
 
 
 def _self_check() -> None:

@@ -64,6 +64,7 @@ from mate.ops.sparse_mla.gluon_common import (
     _gather_next,
     _gather_prologue,
     _load_query,
+    _signal_dependents,
     _split_slots,
     _store_result,
     assert_matches_reference,
@@ -345,6 +346,7 @@ def sparse_mla_decode_small_h_kernel(
     D_V: gl.constexpr,
     D_R: gl.constexpr,
     PV_FP8: gl.constexpr = False,
+    PDL: gl.constexpr = False,
 ):
     """One program: ``BLOCK_H`` (16 or 32, >= H) heads of one query position over
     ``split_blocks`` blocks of ``BLOCK_N`` (64) top-k slots; grid (splits, B * q_len).
@@ -381,6 +383,7 @@ def sparse_mla_decode_small_h_kernel(
 
     pid_s = gl.program_id(0)
     bt = gl.program_id(1).to(gl.int64)  # query position b * q_len + t
+    _signal_dependents(bt, PDL)  # a split plan's combine may launch (PDL)
 
     # Block 0: Sᵀ, softmax, P and Vᵀ staged. Then per iteration: Sᵀ of block it + 1 is
     # issued before Oᵀ += Vᵀ·Pᵀ of block it, so the softmax of it + 1 overlaps the P·V.
@@ -462,6 +465,7 @@ def sparse_mla_decode_gluon_small_h(
     num_warps: int = SMALL_H_NUM_WARPS,
     chains: int = 1,
     pv_fp8: bool | None = None,
+    pdl: bool = False,
 ) -> None:
     """Launches the small-H Gluon decode on validated CUDA tensors (contract of
     ``sparse_mla_decode_gluon``; ``block_h`` 16 or 32, >= H). A cache view that is not
@@ -472,7 +476,8 @@ def sparse_mla_decode_gluon_small_h(
     as its dual kernel (two chains of ``split_blocks`` blocks per program). ``v_early`` (8
     warps): Vᵀ of the next block is loaded while the current P·V runs. ``pv_fp8``: P·V on FP8
     tensor cores (``_stage_p``); None: each kernel's default (the one-warpgroup kernel's
-    ``WG_PV_FP8``, the 8-warp kernel's ``SMALL_H_PV_FP8``). No allocation, no host sync."""
+    ``WG_PV_FP8``, the 8-warp kernel's ``SMALL_H_PV_FP8``). ``pdl``: a split plan's combine
+    as a programmatic dependent (``DecodeMetadata.pdl``). No allocation, no host sync."""
     check_small_h_block(query.shape[2], block_h)
     if num_warps not in (4, SMALL_H_NUM_WARPS):
         raise ValueError(f"num_warps must be 4 or {SMALL_H_NUM_WARPS} for the small-H Gluon kernel, got {num_warps}")
@@ -483,11 +488,12 @@ def sparse_mla_decode_gluon_small_h(
 
         sparse_mla_decode_gluon_small_h_wg(query, kv_rows, block_tables, seq_lens, out, lse, partial_o, partial_lse,
                                            bmm1_scale, bmm2_scale, block_h, num_splits, split_blocks, num_stages,
-                                           chains=chains, **({} if pv_fp8 is None else {"pv_fp8": pv_fp8}))
+                                           chains=chains, pdl=pdl,
+                                           **({} if pv_fp8 is None else {"pv_fp8": pv_fp8}))
         return
     launch_decode(sparse_mla_decode_small_h_kernel, (), query, kv_rows, block_tables, seq_lens, out, lse, partial_o,
                   partial_lse, bmm1_scale, bmm2_scale, num_splits, split_blocks, (block_h, 8, 6, 64, True),
-                  SMALL_H_NUM_WARPS, STAGES=num_stages, V_EARLY=v_early, BLOCK_H=block_h, BLOCK_N=SMALL_H_BLOCK_N,
+                  SMALL_H_NUM_WARPS, pdl=pdl, STAGES=num_stages, V_EARLY=v_early, BLOCK_H=block_h, BLOCK_N=SMALL_H_BLOCK_N,
                   PV_FP8=SMALL_H_PV_FP8 if pv_fp8 is None else bool(pv_fp8))
 
 

@@ -139,6 +139,7 @@ from mate.ops.sparse_mla.decode_gluon_small_h import (
 )
 from mate.ops.sparse_mla.gluon_common import (
     _gather_next,
+    _signal_dependents,
     _store_result,
     launch_decode,
 )
@@ -326,6 +327,7 @@ def sparse_mla_decode_small_h_wg_kernel(
     D_R: gl.constexpr,
     CHAINS: gl.constexpr = 1,
     PV_FP8: gl.constexpr = False,
+    PDL: gl.constexpr = False,
 ):
     """One program (one warpgroup): ``BLOCK_H`` (16 or 32, >= H) heads of one query position
     over ``split_blocks`` blocks of 64 top-k slots; grid (splits, B * q_len). ``CHAINS`` 2: the
@@ -334,6 +336,7 @@ def sparse_mla_decode_small_h_wg_kernel(
     memory, so a plan that needs two chains per query position runs no combine kernel."""
     pid_s = gl.program_id(0)
     bt = gl.program_id(1).to(gl.int64)
+    _signal_dependents(bt, PDL)  # a split plan's combine may launch (PDL)
     if CHAINS == 1:
         acc0, acc1, m_i, l_i = _wg_chain(q_ptr, kv_ptr, idx_ptr, seq_lens_ptr, bt, pid_s, num_tokens, qk_scale_log2,
                                          H, q_len, top_k, split_blocks, HAS_SEQ_LENS, STAGES, BLOCK_H, BLOCK_N, D_V,
@@ -379,6 +382,7 @@ def sparse_mla_decode_gluon_small_h_wg(
     num_stages: int = 2,
     chains: int = 1,
     pv_fp8: bool = WG_PV_FP8,
+    pdl: bool = False,
 ) -> None:
     """Launches the one-warpgroup small-H decode (contract of
     ``sparse_mla_decode_gluon_small_h``; ``num_stages`` 2 or 3), or with ``chains`` 2 the dual
@@ -392,5 +396,5 @@ def sparse_mla_decode_gluon_small_h_wg(
         raise ValueError(f"the dual kernel needs num_stages 2 (two rings of 3 do not fit), got {num_stages}")
     launch_decode(sparse_mla_decode_small_h_wg_kernel, (), query, kv_rows, block_tables, seq_lens, out, lse, partial_o,
                   partial_lse, bmm1_scale, bmm2_scale, num_splits, split_blocks, (block_h, 8, 6, 64, True),
-                  WG_NUM_WARPS, plain_split_blocks=chains * split_blocks, STAGES=num_stages, BLOCK_H=block_h,
+                  WG_NUM_WARPS, plain_split_blocks=chains * split_blocks, pdl=pdl, STAGES=num_stages, BLOCK_H=block_h,
                   BLOCK_N=WG_BLOCK_N, CHAINS=chains, PV_FP8=bool(pv_fp8))

@@ -18,6 +18,15 @@ from mate.ops.sparse_mla.metadata import HEAD_DIM_ROPE, HEAD_DIM_V
 
 
 @gluon.jit
+def _signal_dependents(dep, PDL: gl.constexpr):
+    """``griddepcontrol.launch_dependents`` when ``PDL`` (``dep``: any scalar of the program,
+    the asm's operand): a dependent launched with PDL may start once every program has run it."""
+    if PDL:
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; mov.u32 $0, 0;", "=r,r", [dep.to(gl.int32)],
+                                  dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
 def _load_query(q_ptr, bt, H, h0, BLOCK_H: gl.constexpr, D_V: gl.constexpr, D_R: gl.constexpr,
                 G_L: gl.constexpr, R_L: gl.constexpr, K_SL: gl.constexpr, R_SL: gl.constexpr):
     """Heads [h0, h0 + BLOCK_H) of query position ``bt`` (e4m3, padded heads read as 0) into
@@ -149,9 +158,10 @@ def launch_decode(kernel, head_tiles: tuple, query: torch.Tensor, kv_rows: torch
                   seq_lens: torch.Tensor | None, out: torch.Tensor, lse: torch.Tensor, partial_o: torch.Tensor,
                   partial_lse: torch.Tensor, bmm1_scale: float, bmm2_scale: float, num_splits: int,
                   split_blocks: int, plain_config: tuple, num_warps: int, plain_split_blocks: int | None = None,
-                  **constexprs) -> None:
+                  pdl: bool = False, **constexprs) -> None:
     """Launches a Gluon decode ``kernel`` (the argument list both kernels share) on grid
-    ``(*head_tiles, num_splits, B * q_len)``, then the combine kernel of a split plan;
+    ``(*head_tiles, num_splits, B * q_len)``, then the combine kernel of a split plan (with
+    ``pdl``, the plan's ``DecodeMetadata.pdl``, as a programmatic dependent of the decode);
     nothing for an empty batch.
     cp.async moves 16-byte pieces: a cache view that is not 16-byte aligned (rows are 576
     bytes, so only the base matters) takes ``sparse_mla_decode_triton`` with the same plan
@@ -170,6 +180,7 @@ def launch_decode(kernel, head_tiles: tuple, query: torch.Tensor, kv_rows: torch
                                  stages, block_n, transposed, 0, False)
         return
     split = num_splits > 1
+    pdl = pdl and split
     kernel[(*head_tiles, num_splits, rows)](
         *decode_kernel_args(query, kv_rows, block_tables, seq_lens, out, lse, partial_o, partial_lse, bmm1_scale,
                             bmm2_scale, split_blocks, num_splits),
@@ -177,11 +188,12 @@ def launch_decode(kernel, head_tiles: tuple, query: torch.Tensor, kv_rows: torch
         HAS_SEQ_LENS=seq_lens is not None,
         D_V=HEAD_DIM_V,
         D_R=HEAD_DIM_ROPE,
+        PDL=pdl,
         num_warps=num_warps,
         **constexprs,
     )
     if split:
-        launch_combine(partial_o, partial_lse, out, lse, bmm2_scale, H, num_splits, rows)
+        launch_combine(partial_o, partial_lse, out, lse, bmm2_scale, H, num_splits, rows, pdl=pdl)
 
 
 def self_check_problem(B: int, q_len: int, H: int, top_k: int, tokens: int = 4096):

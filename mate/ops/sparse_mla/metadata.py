@@ -17,8 +17,8 @@ import torch
 from mate._core import checks
 from mate._core.hopper import REGS_PER_SM, cuda_capability, planning_sm_count
 
-__all__ = ["DecodeMetadata", "plan_decode", "BLOCK_N", "HEAD_DIM_V", "HEAD_DIM_ROPE", "GLUON_STAGES", "GLUON_MAX_STAGES",
-           "GLUON_SMALL_H_STAGES", "GLUON_WG_STAGES"]
+__all__ = ["DecodeMetadata", "plan_decode", "pdl_combine", "BLOCK_N", "HEAD_DIM_V", "HEAD_DIM_ROPE", "GLUON_STAGES",
+           "GLUON_MAX_STAGES", "GLUON_SMALL_H_STAGES", "GLUON_WG_STAGES", "PDL_MAX_GRID_FRACTION"]
 
 BLOCK_N = 64  # sparse_mla_top_k is a multiple of it; the 64-head kernel's rows per step
 HEAD_DIM_V = 512  # kv_lora_rank: the value part of each 576-value row
@@ -53,6 +53,19 @@ GLUON_WG_STAGES = 2
 # q2 H=128 43.1 / 31.4, B=16 q1 H=128 43.2 / 31.4; 16 blocks: B=32 q1 H=128 76.6 / 50.3. Before
 # the store change the threshold was 8 blocks (2026-11-30, 4 blocks: B=8 q1 H=128 28.7 / 31.4).
 GLUON_MIN_SPLIT_BLOCKS = 4
+
+PDL_MAX_GRID_FRACTION = 0.5
+"""A split Gluon plan launches its combine as a programmatic dependent of the decode
+(:attr:`DecodeMetadata.pdl`) when the decode grid has at most this fraction of the GPU's SMs
+in programs (0: never). The decode executes ``griddepcontrol.launch_dependents`` at its start
+and the combine ``griddepcontrol.wait`` before its first load, so the combine reads nothing
+early and its programs wait, already resident, on the SMs the decode leaves idle. With a grid
+that fills the GPU they crowd onto the few idle SMs and the combine runs slower. H200,
+session 25 (``benchmarks/probe_sparse_mla_pdl.py``, us, without / with, bit-identical): B=1 q1
+H=128 (16 programs) 20.5 / 19.5, B=1 q2 20.3 / 19.7, B=8 q1 H=64 (64) 20.9 / 20.3; B=8 q1
+H=128 (128 programs) 22.3 / 23.8, B=16 q1 H=128 (128) 31.7 / 32.1, B=32 q1 H=128 (128) 50.3 /
+50.2. Benchmark run 15 (the plan's choice against ``pdl=False`` / ``True``): B=1 q1 H=128 19.3
+/ 20.2, B=1 q1 H=16 (one-warpgroup kernel, 8 programs) 11.8 / 12.2, B=8 q1 H=128 22.2 / 23.8."""
 
 # SM count assumed when planning for a device that is not a GPU (the interpreter): small,
 # so that CPU tests exercise the split + combine path with a handful of programs.
@@ -107,6 +120,13 @@ class DecodeMetadata:
         37.7 -> 34.5, B=64 q2 53.3 -> 49.6, B=32 q2 35.6 -> 33.5; B=1 q1, 8 chains, 14.6 ->
         18.9: there pairing chains halves the SMs that gather). ``plan_decode(...,
         chains=2)`` forces it (the one-warpgroup kernel only), ``chains=1`` keeps one chain.
+    pdl : bool
+        Launch the combine of a split Gluon plan as a programmatic dependent of the decode
+        (programmatic dependent launch: the combine's programs become resident while the
+        decode runs and wait for it to complete before their first load). The default when the
+        decode grid has at most ``PDL_MAX_GRID_FRACTION`` of the SMs in programs
+        (:func:`pdl_combine`); ``plan_decode(..., pdl=False)`` turns it off, ``pdl=True``
+        forces it on a split Gluon plan.
     gluon : bool
         Run the Gluon kernel (``decode_gluon.py``; 64 heads per program on Hopper, Q·Kᵀ
         split across the two warpgroups and issued ahead of P·V, cp.async gather ring)
@@ -152,6 +172,7 @@ class DecodeMetadata:
     prefetch_idx: bool
     gluon: bool
     chains: int
+    pdl: bool
     # scratch space, not part of the plan's value (dumps record only its shape)
     partial_o: torch.Tensor = dataclasses.field(compare=False)
     partial_lse: torch.Tensor = dataclasses.field(compare=False)
@@ -223,6 +244,7 @@ def plan_decode(
     prefetch_idx: bool | None = None,
     gluon: bool | None = None,
     chains: int | None = None,
+    pdl: bool | None = None,
 ) -> DecodeMetadata:
     """Builds the plan; ``num_sms`` / ``num_splits`` / ``block_h`` / ``num_stages`` /
     ``partial_dtype`` (fp16 or fp32 split outputs) / ``block_n`` / ``num_warps`` /
@@ -230,8 +252,9 @@ def plan_decode(
     Sᵀ = K·Qᵀ small-H kernel, default for ``block_h`` <= 32; False: mma.sync) /
     ``prefetch_idx`` (indices loaded one step ahead, more gather buffers) / ``gluon``
     (the Gluon kernel, see :class:`DecodeMetadata`) / ``chains`` (2: two one-warpgroup
-    chains per program; ``num_splits`` then counts programs) override the device-derived choices
-    (tests and benchmarks: ``block_h=64`` pads a small H).
+    chains per program; ``num_splits`` then counts programs) / ``pdl`` (the split combine as a
+    programmatic dependent) override the device-derived choices (tests and benchmarks:
+    ``block_h=64`` pads a small H).
 
     Defaults measured on the H200 (top-k 2048, CUDA-graph replay): on Hopper, H > 32 runs
     the Gluon kernel on 64-head tiles (H padded to them) at ``GLUON_STAGES`` (2) stages
@@ -250,7 +273,7 @@ def plan_decode(
     if (gluon is None and block_h is None and transposed is None and prefetch_idx is None
             and num_stages is None and not explicit_launch and num_heads <= 32 and _is_hopper(device)):
         # small H: the transposed small-H Gluon kernel, split or not
-        common = dict(num_sms=num_sms, num_splits=num_splits, partial_dtype=partial_dtype, chains=chains)
+        common = dict(num_sms=num_sms, num_splits=num_splits, partial_dtype=partial_dtype, chains=chains, pdl=pdl)
         return plan_decode(batch_size, q_len, num_heads, top_k, device, gluon=True, transposed=True, **common)
     auto_gluon = gluon is None
     if auto_gluon:
@@ -314,8 +337,8 @@ def plan_decode(
     num_stages = int(num_stages)
     n_blocks = top_k // block_n
     rows = batch_size * q_len
+    sms = planning_sm_count(device, _CPU_VIRTUAL_SMS) if num_sms is None else num_sms
     if num_splits is None:
-        sms = planning_sm_count(device, _CPU_VIRTUAL_SMS) if num_sms is None else num_sms
         # Fill every SM with `per_sm` programs when the query positions alone do not; on
         # the GPU keep at least 256 slots per split so that the combine step and the
         # per-program prologue stay cheap (64 on the CPU, to test splits on small lists).
@@ -347,6 +370,11 @@ def plan_decode(
         # split count does not depend on the kernel: both run one program per SM)
         gluon, prefetch_idx = False, True
         num_stages = 4 if user_stages is None else int(user_stages)
+    split_gluon = bool(gluon) and num_splits > 1
+    if pdl is None:
+        pdl = split_gluon and pdl_combine(num_head_tiles * num_splits * rows, sms)
+    elif pdl and not split_gluon:
+        raise ValueError(f"pdl=True needs a split Gluon plan, got gluon={bool(gluon)}, num_splits={num_splits}")
     if num_splits > 1:
         partial_o = torch.empty((rows, num_splits, num_heads, HEAD_DIM_V), dtype=partial_dtype, device=device)
         partial_lse = torch.empty((rows, num_splits, num_heads), dtype=torch.float32, device=device)
@@ -372,10 +400,17 @@ def plan_decode(
         prefetch_idx=bool(prefetch_idx),
         gluon=bool(gluon),
         chains=chains,
+        pdl=bool(pdl),
         partial_o=partial_o,
         partial_lse=partial_lse,
         lse_scratch=lse_scratch,
     )
+
+
+def pdl_combine(decode_programs: int, num_sms: int) -> bool:
+    """Whether a split Gluon plan whose decode grid has ``decode_programs`` programs launches
+    its combine as a programmatic dependent (:data:`PDL_MAX_GRID_FRACTION` of ``num_sms``)."""
+    return PDL_MAX_GRID_FRACTION > 0 and decode_programs <= PDL_MAX_GRID_FRACTION * num_sms
 
 
 def _cuda_capability(device: torch.device | str) -> tuple[int, int] | None:
