@@ -24,7 +24,10 @@ H200, session 25 (``benchmarks/results/2026-11-30-h200-s25-probes.txt``; us, mod
 + signal / pdl both; bit-identical everywhere): B=1 q1 H=128 20.5 / 20.6 / 19.5 / 19.3; B=1 q2
 20.3 / 20.6 / 19.7 / 19.5; B=8 q1 H=128 22.3 / 22.2 / 23.8 / 23.6; B=8 q1 H=64 20.9 / 21.0 /
 20.3 / 20.1; B=16 q1 H=128 31.7 / 31.5 / 32.1 / 32.0; B=32 q1 H=128 50.3 / 50.4 / 50.2 / 50.1.
-About 1 us at B=1, 1.5 us lost at B=8 H=128: not adopted.
+About 1 us at B=1, 1.5 us lost at B=8 H=128 (a grid that fills the GPU: the combine's early
+programs crowd onto the few idle SMs). Adopted for grids with at most half as many programs as
+SMs (``metadata.PDL_MAX_GRID_FRACTION``, ``DecodeMetadata.pdl``); this probe's ``module`` case
+launches without it.
 """
 
 from __future__ import annotations
