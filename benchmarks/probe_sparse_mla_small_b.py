@@ -6,7 +6,17 @@ splits did not help). This times, interleaved: the default decode; the same with
 (the 32 blocks of a head tile in one program: the per-block chain of a program alone on an
 SM); and FlashMLA.
 
-    python benchmarks/probe_sparse_mla_small_b.py
+    python benchmarks/probe_sparse_mla_small_b.py            # the breakdown above
+    python benchmarks/probe_sparse_mla_small_b.py --splits   # shorter Gluon splits (session 25)
+    python benchmarks/probe_sparse_mla_small_b.py --plans    # the plans against a rounded split model
+
+Session 25 (H200, us; ``--plans`` as first run: the rounded model with 2-block Gluon splits
+against the plans before the session, FlashMLA in parentheses): B=1 q1 H=128 16 x 2 16.5 / 8 x
+4 19.3 (17.8); B=4 q1 H=128 16 x 2 19.7 / 8 x 4 20.0 (19.6); B=6 q1 H=128 11 x 3 22.0 / 8 x 4
+21.3 (22.8); B=3 q2 H=128 11 x 3 22.2 / 8 x 4 21.3 (22.7); B=12 q2 H=128 8 x 4 58.7 / 5 x 7 53.3
+(51.6); B=8 q1 H=64 16 x 2 19.9 / 8 x 4 20.1 (21.0); B=24 q1 H=64 11 x 3 42.2 / 5 x 7 29.2
+(38.0); B=48 q2 H=16 4 x 4 dual 52.6 / 3 x 7 dual 56.2 (107.7). So the plans keep the old split
+model and take 2-block Gluon splits only where they fit in one wave.
 """
 
 from __future__ import annotations
@@ -50,7 +60,72 @@ def _shape(B: int, H: int) -> str:
     return bm.probe_line(f"B={B} H={H}", cases, sets, kv, B, H, scale)
 
 
+def _splits(B: int, q_len: int, H: int) -> str:
+    """The default plan against the Gluon kernel on shorter splits (16 and 32 splits of 2 and 1
+    blocks; the plan stops at 4 blocks) and the plain kernel on 16, all with the plan's PDL rule."""
+    kv = bm._cache(B)
+    sets = bm._sets(B, q_len, H, kv.shape[0] * bm.PAGE)
+    scale = 1 / math.sqrt(576)
+    md = plan_decode(B, q_len, H, bm.TOP_K, "cuda")
+    plans = {f"default ({md.num_splits} x {md.split_blocks}, gluon={md.gluon}, pdl={md.pdl})": md}
+    for kw in (dict(gluon=True, num_splits=16), dict(gluon=True, num_splits=32), dict(num_splits=16)):
+        mdk = plan_decode(B, q_len, H, bm.TOP_K, "cuda", **kw)
+        plans[f"{mdk.num_splits} x {mdk.split_blocks} gluon={mdk.gluon} pdl={mdk.pdl}"] = mdk
+    cases = {name: [bm._mate_fn(s, kv, scale, m) for s in sets] for name, m in plans.items()}
+    outs = []
+    for fns in cases.values():
+        fns[0]()
+        outs.append(sets[0]["out"].clone())
+    err = max(float((o.float() - outs[0].float()).abs().max()) for o in outs)
+    cases[next(iter(cases))][0]()  # mate's default output in sets[0]["out"] for FlashMLA's note
+    return bm.probe_line(f"B={B} q{q_len} H={H} (max |diff| to default {err:.1e})", cases, sets, kv, B, H, scale)
+
+
+def _rounded_choose_splits(base: int, slots: int, n_blocks: int, max_splits: int) -> int:
+    """The split model session 25 measured and dropped: the blocks per split rounded up
+    (ceil(n_blocks / s)) and the splits that leaves, times the waves."""
+    def cost(s: int) -> int:
+        blocks = -(-n_blocks // s)
+        return -(-base * -(-n_blocks // blocks) // slots) * blocks
+
+    best, best_cost = 1, cost(1)
+    for s in range(2, max_splits + 1):
+        if cost(s) < 0.9 * best_cost:
+            best, best_cost = s, cost(s)
+    return best
+
+
+def _plans(B: int, q_len: int, H: int) -> str:
+    """The plan against the splits of the rounded model (with 2-block splits allowed), both
+    with the PDL rule. Session 25 ran it with the roles the other way round ("new" the rounded
+    model, "old" the plan before the session, which kept 4-block splits)."""
+    kv = bm._cache(B)
+    sets = bm._sets(B, q_len, H, kv.shape[0] * bm.PAGE)
+    scale = 1 / math.sqrt(576)
+    md = plan_decode(B, q_len, H, bm.TOP_K, "cuda")
+    n_blocks, base = bm.TOP_K // 64, B * q_len * md.num_head_tiles
+    per_sm = 2 if md.num_warps == 4 and md.gluon else 1
+    splits = _rounded_choose_splits(base, 132 * per_sm, n_blocks, n_blocks // 2)
+    old = plan_decode(B, q_len, H, bm.TOP_K, "cuda", num_splits=splits)
+
+    def name(m):
+        return f"{m.num_splits} x {m.split_blocks} chains={m.chains} gluon={m.gluon} pdl={m.pdl}"
+    cases = {f"plan {name(md)}": [bm._mate_fn(s, kv, scale, md) for s in sets],
+             f"rounded model {name(old)}": [bm._mate_fn(s, kv, scale, old) for s in sets]}
+    cases[next(iter(cases))][0]()
+    return bm.probe_line(f"B={B} q{q_len} H={H}", cases, sets, kv, B, H, scale)
+
+
 def main() -> None:
+    if "--plans" in sys.argv:  # session 25: the plans against a split model with rounded blocks
+        for B, q_len, H in ((1, 1, 128), (4, 1, 128), (6, 1, 128), (3, 2, 128), (12, 2, 128), (8, 1, 64),
+                            (24, 1, 64), (48, 2, 16)):
+            print(_plans(B, q_len, H), flush=True)
+        return
+    if "--splits" in sys.argv:  # session 25: shorter Gluon splits at small B
+        for B, q_len, H in ((1, 1, 128), (1, 2, 128), (2, 1, 128), (4, 1, 128), (1, 1, 64), (2, 1, 64)):
+            print(_splits(B, q_len, H), flush=True)
+        return
     for B, H in ((1, 128), (8, 128), (1, 64)):
         print(_shape(B, H), flush=True)
 

@@ -258,6 +258,20 @@ def test_gpu_pdl_combine_bit_identical_and_graph_safe(gluon_ok, B, q_len, H):
     check_graph_replay(B, q_len, H, top_k, md)
 
 
+@gpu
+@pytest.mark.parametrize("B,q_len,H,splits,pdl", [(1, 1, 128, 16, True), (1, 2, 128, 16, True), (2, 1, 64, 16, True),
+                                                  (4, 1, 128, 16, False), (8, 1, 128, 8, False),
+                                                  (32, 1, 128, 2, False)])
+def test_gpu_small_batch_split_plans(gluon_ok, B, q_len, H, splits, pdl):
+    """The 64-head plans split the top-k list down to GLUON_MIN_SPLIT_BLOCKS (2) blocks while
+    one wave of programs fits the H200's 132 SMs, and launch the combine as a programmatic
+    dependent when the grid has at most half as many programs as SMs."""
+    if torch.cuda.get_device_properties(0).multi_processor_count != 132:
+        pytest.skip("split counts are those of a 132-SM GPU (the H200 they were measured on)")
+    md = plan_decode(B, q_len, H, 2048, "cuda")
+    assert md.gluon and (md.num_splits, md.split_blocks, md.pdl) == (splits, 32 // splits, pdl), md
+
+
 def test_pdl_combine_rule(monkeypatch):
     """A split Gluon plan launches its combine as a programmatic dependent when the decode grid
     has at most PDL_MAX_GRID_FRACTION of the SMs in programs; 0 turns it off. Off the GPU no

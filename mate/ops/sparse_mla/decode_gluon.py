@@ -1,7 +1,7 @@
 """Gluon kernel of the FP8 sparse MLA decode for Hopper (sm_90), 64 heads per program.
 
 On Hopper, ``plan_decode`` selects it for H > 32 without a split or with splits of at least
-``GLUON_MIN_SPLIT_BLOCKS`` blocks (``gluon=True`` forces it); the plain-Triton kernels of
+``GLUON_MIN_SPLIT_BLOCKS`` (2) blocks (``gluon=True`` forces it); the plain-Triton kernels of
 ``decode.py`` run shorter splits and every other device. Gluon
 cannot run under Triton's interpreter, so on the CPU the plan option falls back to the
 plain kernel; the kernel is checked against the reference by the GPU tests in

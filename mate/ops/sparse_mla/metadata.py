@@ -46,13 +46,19 @@ GLUON_SMALL_H_STAGES = 5
 # 38.9 against 42.7). At 32 heads it spills (91.4 against 80.6).
 GLUON_WG_STAGES = 2
 # Split plans of H > 32 run the 64-head Gluon kernel from this many 64-key blocks per split,
-# the plain kernel with prefetched indices below (shorter splits were not measured). H200,
-# session 24 (top-k 2048, interleaved, the 16-byte output store; plain prefetched / Gluon at 2
+# the plain kernel with prefetched indices below; when splits of this many blocks keep the grid
+# within one wave (B * q_len * head tiles <= 8 at top-k 2048 on 132 SMs), the planner takes them
+# (plan_decode). H200, session 25 (``probe_sparse_mla_small_b.py --splits``, top-k 2048,
+# interleaved, us; 8 Gluon splits of 4 blocks / 16 of 2 / 32 of 1 / the plain kernel on 16 of 2,
+# FlashMLA in parentheses): B=1 q1 H=128 19.2 / 16.5 / 25.0 / 18.6 (17.8), B=1 q2 H=128 19.6 /
+# 17.8 / 26.9 / 19.3 (17.2), B=2 q1 H=128 19.6 / 17.8 / 27.1 / 19.0 (17.1), B=4 q1 H=128 20.1 /
+# 19.7 / 54.3 / 21.2 (19.6), B=1 q1 H=64 19.0 / 15.9 / 20.1 / 18.0 (18.0), B=2 q1 H=64 19.4 /
+# 16.5 / 25.0 / 18.5 (18.6). Session 24 (top-k 2048, interleaved, the 16-byte output store; plain prefetched / Gluon at 2
 # stages in us; FlashMLA 26.2 at B=8 q1 H=128 in that session's benchmark): 4 blocks per split:
 # B=1 q1 H=128 24.5 / 20.1, B=8 q1 H=128 26.2 / 22.2, B=8 q1 H=64 25.0 / 20.7; 8 blocks: B=8
 # q2 H=128 43.1 / 31.4, B=16 q1 H=128 43.2 / 31.4; 16 blocks: B=32 q1 H=128 76.6 / 50.3. Before
 # the store change the threshold was 8 blocks (2026-11-30, 4 blocks: B=8 q1 H=128 28.7 / 31.4).
-GLUON_MIN_SPLIT_BLOCKS = 4
+GLUON_MIN_SPLIT_BLOCKS = 2
 
 PDL_MAX_GRID_FRACTION = 0.5
 """A split Gluon plan launches its combine as a programmatic dependent of the decode
@@ -260,9 +266,11 @@ def plan_decode(
     the Gluon kernel on 64-head tiles (H padded to them) at ``GLUON_STAGES`` (2) stages
     (2026-11-29, 3 stages then: B=64 q1 H=128: 89.7 us against 139.6 for the plain kernel;
     session 24, 2 stages: 82.4, B=128 q2 H=128 316.1, B=128 H=64 83.2), split or not; split
-    plans with fewer than ``GLUON_MIN_SPLIT_BLOCKS`` (4) blocks per split run the plain kernels
+    plans with fewer than ``GLUON_MIN_SPLIT_BLOCKS`` (2) blocks per split run the plain kernels
     with prefetched indices (B=8 q1 H=128, 8 splits of 4 blocks: Gluon 22.2 us against 26.2
-    for the plain kernel and FlashMLA's 26.2). H <= 32
+    for the plain kernel and FlashMLA's 26.2), and a 64-head plan whose splits of that many
+    blocks fit in one wave takes them (B=1 q1 H=128: 16 splits of 2 blocks, 16.5 us against 19.3
+    for 8 of 4 and FlashMLA's 17.8; B=4 q1 H=128 19.7 against 20.0). H <= 32
     runs the small-H Gluon kernel, split or not (B=128 q1 H=16: 67.9 us against 87.1 for
     the 64-head kernel on padded heads and 102.4 for the plain transposed kernel; H=32:
     79.2 against 87.9; B=64 q1 H=16, 2 splits: 43.2 against 57.8; B=64 q2 H=16: 65.8
@@ -345,14 +353,10 @@ def plan_decode(
         base = max(1, rows * num_head_tiles)
         slots = sms * per_sm
         min_blocks = max(1, (256 if device.type == "cuda" else 64) // block_n)
-        max_splits = max(1, n_blocks // min_blocks)
-        # Relative makespan of s splits: waves of programs times the length of one program.
-        # A larger s must win by more than 10% (the combine step and prologues cost).
-        best, best_cost = 1, float(-(-base // slots))
-        for s in range(2, max_splits + 1):
-            cost = -(-base * s // slots) / s
-            if cost < 0.9 * best_cost:
-                best, best_cost = s, cost
+        best = _choose_splits(base, slots, max(1, n_blocks // min_blocks))
+        short = -(-n_blocks // GLUON_MIN_SPLIT_BLOCKS)
+        if gluon and block_h == 64 and device.type == "cuda" and best < short and base * short <= slots:
+            best = short  # the 64-head Gluon kernel: one wave of GLUON_MIN_SPLIT_BLOCKS-block splits
         num_splits = best
         if (auto_chains and gluon and small_h_gluon and num_warps == 4 and num_stages == 2 and best > 1
                 and base * best >= sms):
@@ -405,6 +409,22 @@ def plan_decode(
         partial_lse=partial_lse,
         lse_scratch=lse_scratch,
     )
+
+
+def _choose_splits(base: int, slots: int, max_splits: int) -> int:
+    """Split count for ``base`` programs per split on ``slots`` resident program slots: the
+    relative makespan of s splits is waves of programs times the length of one program, and a
+    larger s must win by more than 10% (the combine step and prologues cost). Session 25
+    measured a model with the blocks per split rounded up (ceil(n_blocks / s)) slower where it
+    differs from this one: B=24 q1 H=64 11 splits of 3 blocks 42.2 us against 5 of 7 29.2,
+    B=12 q2 H=128 8 of 4 58.7 against 5 of 7 53.3, B=6 q1 H=128 11 of 3 22.0 against 8 of 4
+    21.3 (``probe_sparse_mla_small_b.py --plans``)."""
+    best, best_cost = 1, float(-(-base // slots))
+    for s in range(2, max_splits + 1):
+        cost = -(-base * s // slots) / s
+        if cost < 0.9 * best_cost:
+            best, best_cost = s, cost
+    return best
 
 
 def pdl_combine(decode_programs: int, num_sms: int) -> bool:
