@@ -493,8 +493,8 @@ def sparse_mla_decode_gluon_small_h(
         return
     launch_decode(sparse_mla_decode_small_h_kernel, (), query, kv_rows, block_tables, seq_lens, out, lse, partial_o,
                   partial_lse, bmm1_scale, bmm2_scale, num_splits, split_blocks, (block_h, 8, 6, 64, True),
-                  SMALL_H_NUM_WARPS, pdl=pdl, STAGES=num_stages, V_EARLY=v_early, BLOCK_H=block_h, BLOCK_N=SMALL_H_BLOCK_N,
-                  PV_FP8=SMALL_H_PV_FP8 if pv_fp8 is None else bool(pv_fp8))
+                  SMALL_H_NUM_WARPS, pdl=pdl, STAGES=num_stages, V_EARLY=v_early, BLOCK_H=block_h,
+                  BLOCK_N=SMALL_H_BLOCK_N, PV_FP8=SMALL_H_PV_FP8 if pv_fp8 is None else bool(pv_fp8))
 
 
 def _self_check() -> None:

@@ -53,8 +53,9 @@ GLUON_WG_STAGES = 2
 # FlashMLA in parentheses): B=1 q1 H=128 19.2 / 16.5 / 25.0 / 18.6 (17.8), B=1 q2 H=128 19.6 /
 # 17.8 / 26.9 / 19.3 (17.2), B=2 q1 H=128 19.6 / 17.8 / 27.1 / 19.0 (17.1), B=4 q1 H=128 20.1 /
 # 19.7 / 54.3 / 21.2 (19.6), B=1 q1 H=64 19.0 / 15.9 / 20.1 / 18.0 (18.0), B=2 q1 H=64 19.4 /
-# 16.5 / 25.0 / 18.5 (18.6). Session 24 (top-k 2048, interleaved, the 16-byte output store; plain prefetched / Gluon at 2
-# stages in us; FlashMLA 26.2 at B=8 q1 H=128 in that session's benchmark): 4 blocks per split:
+# 16.5 / 25.0 / 18.5 (18.6). Session 24 (top-k 2048, interleaved, the 16-byte output store;
+# plain prefetched / Gluon at 2 stages in us; FlashMLA 26.2 at B=8 q1 H=128 in that session's
+# benchmark): 4 blocks per split:
 # B=1 q1 H=128 24.5 / 20.1, B=8 q1 H=128 26.2 / 22.2, B=8 q1 H=64 25.0 / 20.7; 8 blocks: B=8
 # q2 H=128 43.1 / 31.4, B=16 q1 H=128 43.2 / 31.4; 16 blocks: B=32 q1 H=128 76.6 / 50.3. Before
 # the store change the threshold was 8 blocks (2026-11-30, 4 blocks: B=8 q1 H=128 28.7 / 31.4).
@@ -71,7 +72,8 @@ session 25 (``benchmarks/probe_sparse_mla_pdl.py``, us, without / with, bit-iden
 H=128 (16 programs) 20.5 / 19.5, B=1 q2 20.3 / 19.7, B=8 q1 H=64 (64) 20.9 / 20.3; B=8 q1
 H=128 (128 programs) 22.3 / 23.8, B=16 q1 H=128 (128) 31.7 / 32.1, B=32 q1 H=128 (128) 50.3 /
 50.2. Benchmark run 15 (the plan's choice against ``pdl=False`` / ``True``): B=1 q1 H=128 19.3
-/ 20.2, B=1 q1 H=16 (one-warpgroup kernel, 8 programs) 11.8 / 12.2, B=8 q1 H=128 22.2 / 23.8."""
+/ 20.2, B=1 q1 H=16 (one-warpgroup kernel, 8 programs) 11.8 / 12.2, B=8 q1 H=128 22.2 / 23.8;
+run 16, with 16 splits of 2 blocks at B=1 q1 H=128 (32 programs): 16.4 / 17.1."""
 
 # SM count assumed when planning for a device that is not a GPU (the interpreter): small,
 # so that CPU tests exercise the split + combine path with a handful of programs.
