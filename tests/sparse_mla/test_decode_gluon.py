@@ -371,7 +371,8 @@ for pdl in (False, True):
                                  attrs=divisibility_attrs(s, ("po_ptr", "plse_ptr", "out_ptr", "lse_ptr"))),
                        {"num_warps": 4, "launch_pdl": pdl})
     ptx = rep.kernel.asm["ptx"]
-    print(json.dumps(dict(pdl=pdl, regs=rep.registers, spills=rep.spills, wait=ptx.count("griddepcontrol.wait"))))
+    print(json.dumps(dict(pdl=pdl, regs=rep.registers, spills=rep.spills, wait=ptx.count("griddepcontrol.wait"),
+                          wait_first=-1 < ptx.find("griddepcontrol.wait") < ptx.find("ld.global"))))
 """
 
 
@@ -382,3 +383,4 @@ def test_combine_pdl_sm90_build():
 
     reps = sm90_build_reports(_SM90_BUILD_COMBINE)
     assert [(r["pdl"], r["wait"], r["spills"]) for r in reps] == [(False, 0, 0), (True, 1, 0)], reps
+    assert reps[1]["wait_first"], reps  # the wait precedes every global load
