@@ -452,7 +452,10 @@ def sparse_mla_fp8_decode(
         Accepted only at their defaults (None, None, True, None, None):
         ``NotImplementedError`` otherwise, since ignoring them would change the result.
     enable_pdl, backend, is_var_seq, cute_dsl_impl, kv_scale_format, multi_ctas_kv_counter_buffer
-        Ignored whatever their value (they only steer performance or storage).
+        Ignored whatever their value (they only steer performance or storage). The decode is
+        launched plainly after whatever precedes it; inside the call, a split plan with a small
+        grid launches its combine as a programmatic dependent of the decode (the plan's
+        ``pdl``, see :class:`~mate.ops.sparse_mla.metadata.DecodeMetadata`).
     lse : torch.Tensor, optional
         Contiguous fp32 [B * q_len, H] or [B, q_len, H], written in place.
     return_lse : bool
