@@ -9,6 +9,7 @@ SM); and FlashMLA.
     python benchmarks/probe_sparse_mla_small_b.py            # the breakdown above
     python benchmarks/probe_sparse_mla_small_b.py --splits   # shorter Gluon splits (session 25)
     python benchmarks/probe_sparse_mla_small_b.py --plans    # the plans against a rounded split model
+    python benchmarks/probe_sparse_mla_small_b.py --small-h  # shorter splits of the small-H kernels
 
 Session 25 (H200, us; ``--plans`` as first run: the rounded model with 2-block Gluon splits
 against the plans before the session, FlashMLA in parentheses): B=1 q1 H=128 16 x 2 16.5 / 8 x
@@ -116,7 +117,26 @@ def _plans(B: int, q_len: int, H: int) -> str:
     return bm.probe_line(f"B={B} q{q_len} H={H}", cases, sets, kv, B, H, scale)
 
 
+def _small_h(B: int, q_len: int, H: int) -> str:
+    """The small-H default plan against 16 and 32 splits (2 and 1 blocks) of the same kernel."""
+    kv = bm._cache(B)
+    sets = bm._sets(B, q_len, H, kv.shape[0] * bm.PAGE)
+    scale = 1 / math.sqrt(576)
+    md = plan_decode(B, q_len, H, bm.TOP_K, "cuda")
+    plans = {f"default {md.num_splits} x {md.split_blocks} chains={md.chains} pdl={md.pdl}": md}
+    for splits in (16, 32):
+        m = plan_decode(B, q_len, H, bm.TOP_K, "cuda", num_splits=splits)
+        plans[f"{m.num_splits} x {m.split_blocks} chains={m.chains} pdl={m.pdl}"] = m
+    cases = {name: [bm._mate_fn(s, kv, scale, m) for s in sets] for name, m in plans.items()}
+    cases[next(iter(cases))][0]()
+    return bm.probe_line(f"B={B} q{q_len} H={H}", cases, sets, kv, B, H, scale)
+
+
 def main() -> None:
+    if "--small-h" in sys.argv:  # session 25: shorter splits for the small-H kernels at small B
+        for B, q_len, H in ((1, 1, 16), (1, 2, 16), (2, 1, 16), (4, 1, 16), (1, 1, 32), (2, 1, 32)):
+            print(_small_h(B, q_len, H), flush=True)
+        return
     if "--plans" in sys.argv:  # session 25: the plans against a split model with rounded blocks
         for B, q_len, H in ((1, 1, 128), (4, 1, 128), (6, 1, 128), (3, 2, 128), (12, 2, 128), (8, 1, 64),
                             (24, 1, 64), (48, 2, 16)):

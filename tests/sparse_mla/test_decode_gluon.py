@@ -233,7 +233,7 @@ def test_gpu_gluon_repeated_decodes_bit_identical(gluon_ok):
 def _pdl_cases():
     """(B, q_len, H) of split plans whose decode grid is small enough for the PDL combine: the
     64-head kernel, the one-warpgroup small-H kernel and the 8-warp one."""
-    return [(1, 1, 128), (2, 2, 64), (1, 1, 16), (1, 2, 32)]
+    return [(1, 1, 128), (2, 2, 64), (1, 1, 16), (1, 2, 32), (2, 1, 32), (4, 1, 16)]
 
 
 @gpu
@@ -261,11 +261,12 @@ def test_gpu_pdl_combine_bit_identical_and_graph_safe(gluon_ok, B, q_len, H):
 @gpu
 @pytest.mark.parametrize("B,q_len,H,splits,pdl", [(1, 1, 128, 16, True), (1, 2, 128, 16, True), (2, 1, 64, 16, True),
                                                   (4, 1, 128, 16, False), (8, 1, 128, 8, False),
-                                                  (32, 1, 128, 2, False)])
+                                                  (32, 1, 128, 2, False), (1, 1, 16, 16, True), (4, 1, 16, 16, True),
+                                                  (2, 1, 32, 16, True), (16, 1, 16, 8, False)])
 def test_gpu_small_batch_split_plans(gluon_ok, B, q_len, H, splits, pdl):
-    """The 64-head plans split the top-k list down to GLUON_MIN_SPLIT_BLOCKS (2) blocks while
-    one wave of programs fits the H200's 132 SMs, and launch the combine as a programmatic
-    dependent when the grid has at most half as many programs as SMs."""
+    """Gluon plans split the top-k list down to GLUON_MIN_SPLIT_BLOCKS (2) blocks while that
+    needs at most one program per SM of the H200's 132, and launch the combine as a
+    programmatic dependent when the grid has at most half as many programs as SMs."""
     if torch.cuda.get_device_properties(0).multi_processor_count != 132:
         pytest.skip("split counts are those of a 132-SM GPU (the H200 they were measured on)")
     md = plan_decode(B, q_len, H, 2048, "cuda")

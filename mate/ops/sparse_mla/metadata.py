@@ -46,9 +46,12 @@ GLUON_SMALL_H_STAGES = 5
 # 38.9 against 42.7). At 32 heads it spills (91.4 against 80.6).
 GLUON_WG_STAGES = 2
 # Split plans of H > 32 run the 64-head Gluon kernel from this many 64-key blocks per split,
-# the plain kernel with prefetched indices below; when splits of this many blocks keep the grid
-# within one wave (B * q_len * head tiles <= 8 at top-k 2048 on 132 SMs), the planner takes them
-# (plan_decode). H200, session 25 (``probe_sparse_mla_small_b.py --splits``, top-k 2048,
+# the plain kernel with prefetched indices below; when splits of this many blocks need at most
+# one program per SM (B * q_len * head tiles <= 8 at top-k 2048 on 132 SMs), a Gluon plan takes
+# them (plan_decode; the small-H kernels too: B=1 q1 H=16 16 splits of 2 blocks 10.7 us against
+# 8 of 4 11.7, B=1 q2 H=16 11.1 / 12.2, B=2 q1 H=16 11.0 / 12.3, B=4 q1 H=16 11.6 / 12.3, B=1
+# q1 H=32 13.7 / 16.2, B=2 q1 H=32 14.2 / 17.4; 32 of 1 block slower, 14.5-18.1; FlashMLA
+# 17.9-18.7, ``probe_sparse_mla_small_b.py --small-h``). H200, session 25 (``probe_sparse_mla_small_b.py --splits``, top-k 2048,
 # interleaved, us; 8 Gluon splits of 4 blocks / 16 of 2 / 32 of 1 / the plain kernel on 16 of 2,
 # FlashMLA in parentheses): B=1 q1 H=128 19.2 / 16.5 / 25.0 / 18.6 (17.8), B=1 q2 H=128 19.6 /
 # 17.8 / 26.9 / 19.3 (17.2), B=2 q1 H=128 19.6 / 17.8 / 27.1 / 19.0 (17.1), B=4 q1 H=128 20.1 /
@@ -270,9 +273,10 @@ def plan_decode(
     session 24, 2 stages: 82.4, B=128 q2 H=128 316.1, B=128 H=64 83.2), split or not; split
     plans with fewer than ``GLUON_MIN_SPLIT_BLOCKS`` (2) blocks per split run the plain kernels
     with prefetched indices (B=8 q1 H=128, 8 splits of 4 blocks: Gluon 22.2 us against 26.2
-    for the plain kernel and FlashMLA's 26.2), and a 64-head plan whose splits of that many
-    blocks fit in one wave takes them (B=1 q1 H=128: 16 splits of 2 blocks, 16.5 us against 19.3
-    for 8 of 4 and FlashMLA's 17.8; B=4 q1 H=128 19.7 against 20.0). H <= 32
+    for the plain kernel and FlashMLA's 26.2), and a Gluon plan whose splits of that many blocks
+    need at most one program per SM takes them (B=1 q1 H=128: 16 splits of 2 blocks, 16.5 us
+    against 19.3 for 8 of 4 and FlashMLA's 17.8; B=4 q1 H=128 19.7 against 20.0; B=1 q1 H=32
+    13.7 against 16.2). H <= 32
     runs the small-H Gluon kernel, split or not (B=128 q1 H=16: 67.9 us against 87.1 for
     the 64-head kernel on padded heads and 102.4 for the plain transposed kernel; H=32:
     79.2 against 87.9; B=64 q1 H=16, 2 splits: 43.2 against 57.8; B=64 q2 H=16: 65.8
@@ -357,8 +361,8 @@ def plan_decode(
         min_blocks = max(1, (256 if device.type == "cuda" else 64) // block_n)
         best = _choose_splits(base, slots, max(1, n_blocks // min_blocks))
         short = -(-n_blocks // GLUON_MIN_SPLIT_BLOCKS)
-        if gluon and block_h == 64 and device.type == "cuda" and best < short and base * short <= slots:
-            best = short  # the 64-head Gluon kernel: one wave of GLUON_MIN_SPLIT_BLOCKS-block splits
+        if gluon and device.type == "cuda" and best < short and base * short <= sms:
+            best = short  # a Gluon kernel: GLUON_MIN_SPLIT_BLOCKS-block splits, one program per SM at most
         num_splits = best
         if (auto_chains and gluon and small_h_gluon and num_warps == 4 and num_stages == 2 and best > 1
                 and base * best >= sms):
