@@ -61,25 +61,36 @@ def _shape(B: int, H: int) -> str:
     return bm.probe_line(f"B={B} H={H}", cases, sets, kv, B, H, scale)
 
 
-def _splits(B: int, q_len: int, H: int) -> str:
-    """The default plan against the Gluon kernel on shorter splits (16 and 32 splits of 2 and 1
-    blocks; the plan stops at 4 blocks) and the plain kernel on 16, all with the plan's PDL rule."""
+def _plan_name(m) -> str:
+    return f"{m.num_splits} x {m.split_blocks} chains={m.chains} gluon={m.gluon} pdl={m.pdl}"
+
+
+def _time_plans(B: int, q_len: int, H: int, plans: dict) -> str:
+    """``plans`` (name -> DecodeMetadata; the first the reference) timed interleaved beside
+    FlashMLA on one shape, with the largest output difference to the first plan."""
     kv = bm._cache(B)
     sets = bm._sets(B, q_len, H, kv.shape[0] * bm.PAGE)
     scale = 1 / math.sqrt(576)
-    md = plan_decode(B, q_len, H, bm.TOP_K, "cuda")
-    plans = {f"default ({md.num_splits} x {md.split_blocks}, gluon={md.gluon}, pdl={md.pdl})": md}
-    for kw in (dict(gluon=True, num_splits=16), dict(gluon=True, num_splits=32), dict(num_splits=16)):
-        mdk = plan_decode(B, q_len, H, bm.TOP_K, "cuda", **kw)
-        plans[f"{mdk.num_splits} x {mdk.split_blocks} gluon={mdk.gluon} pdl={mdk.pdl}"] = mdk
     cases = {name: [bm._mate_fn(s, kv, scale, m) for s in sets] for name, m in plans.items()}
     outs = []
     for fns in cases.values():
         fns[0]()
         outs.append(sets[0]["out"].clone())
     err = max(float((o.float() - outs[0].float()).abs().max()) for o in outs)
-    cases[next(iter(cases))][0]()  # mate's default output in sets[0]["out"] for FlashMLA's note
-    return bm.probe_line(f"B={B} q{q_len} H={H} (max |diff| to default {err:.1e})", cases, sets, kv, B, H, scale)
+    cases[next(iter(cases))][0]()  # the first plan's output in sets[0]["out"] for FlashMLA's note
+    return bm.probe_line(f"B={B} q{q_len} H={H} (max |diff| to the first {err:.1e})", cases, sets, kv, B, H, scale)
+
+
+def _splits(B: int, q_len: int, H: int) -> str:
+    """The default plan against the Gluon kernel on 16 and 32 splits (2 and 1 blocks) and the
+    plain kernel on 16, all with the plan's PDL rule (session 25 ran it when the plan stopped at
+    4 blocks per split)."""
+    md = plan_decode(B, q_len, H, bm.TOP_K, "cuda")
+    plans = {f"default {_plan_name(md)}": md}
+    for kw in (dict(gluon=True, num_splits=16), dict(gluon=True, num_splits=32), dict(num_splits=16)):
+        mdk = plan_decode(B, q_len, H, bm.TOP_K, "cuda", **kw)
+        plans[_plan_name(mdk)] = mdk
+    return _time_plans(B, q_len, H, plans)
 
 
 def _rounded_choose_splits(base: int, slots: int, n_blocks: int, max_splits: int) -> int:
@@ -100,36 +111,25 @@ def _plans(B: int, q_len: int, H: int) -> str:
     """The plan against the splits of the rounded model (with 2-block splits allowed), both
     with the PDL rule. Session 25 ran it with the roles the other way round ("new" the rounded
     model, "old" the plan before the session, which kept 4-block splits)."""
-    kv = bm._cache(B)
-    sets = bm._sets(B, q_len, H, kv.shape[0] * bm.PAGE)
-    scale = 1 / math.sqrt(576)
+    from mate._core.hopper import cuda_sm_count
+
     md = plan_decode(B, q_len, H, bm.TOP_K, "cuda")
     n_blocks, base = bm.TOP_K // 64, B * q_len * md.num_head_tiles
     per_sm = 2 if md.num_warps == 4 and md.gluon else 1
-    splits = _rounded_choose_splits(base, 132 * per_sm, n_blocks, n_blocks // 2)
-    old = plan_decode(B, q_len, H, bm.TOP_K, "cuda", num_splits=splits)
-
-    def name(m):
-        return f"{m.num_splits} x {m.split_blocks} chains={m.chains} gluon={m.gluon} pdl={m.pdl}"
-    cases = {f"plan {name(md)}": [bm._mate_fn(s, kv, scale, md) for s in sets],
-             f"rounded model {name(old)}": [bm._mate_fn(s, kv, scale, old) for s in sets]}
-    cases[next(iter(cases))][0]()
-    return bm.probe_line(f"B={B} q{q_len} H={H}", cases, sets, kv, B, H, scale)
+    slots = cuda_sm_count(torch.device("cuda")) * per_sm
+    rounded = plan_decode(B, q_len, H, bm.TOP_K, "cuda",
+                          num_splits=_rounded_choose_splits(base, slots, n_blocks, n_blocks // 2))
+    return _time_plans(B, q_len, H, {f"plan {_plan_name(md)}": md, f"rounded model {_plan_name(rounded)}": rounded})
 
 
 def _small_h(B: int, q_len: int, H: int) -> str:
     """The small-H default plan against 16 and 32 splits (2 and 1 blocks) of the same kernel."""
-    kv = bm._cache(B)
-    sets = bm._sets(B, q_len, H, kv.shape[0] * bm.PAGE)
-    scale = 1 / math.sqrt(576)
     md = plan_decode(B, q_len, H, bm.TOP_K, "cuda")
-    plans = {f"default {md.num_splits} x {md.split_blocks} chains={md.chains} pdl={md.pdl}": md}
+    plans = {f"default {_plan_name(md)}": md}
     for splits in (16, 32):
         m = plan_decode(B, q_len, H, bm.TOP_K, "cuda", num_splits=splits)
-        plans[f"{m.num_splits} x {m.split_blocks} chains={m.chains} pdl={m.pdl}"] = m
-    cases = {name: [bm._mate_fn(s, kv, scale, m) for s in sets] for name, m in plans.items()}
-    cases[next(iter(cases))][0]()
-    return bm.probe_line(f"B={B} q{q_len} H={H}", cases, sets, kv, B, H, scale)
+        plans[_plan_name(m)] = m
+    return _time_plans(B, q_len, H, plans)
 
 
 def main() -> None:

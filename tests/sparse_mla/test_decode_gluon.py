@@ -230,14 +230,10 @@ def test_gpu_gluon_repeated_decodes_bit_identical(gluon_ok):
     assert count_unequal_repeats(8, 1, 128, 2048, md, 200) == 0
 
 
-def _pdl_cases():
-    """(B, q_len, H) of split plans whose decode grid is small enough for the PDL combine: the
-    64-head kernel, the one-warpgroup small-H kernel and the 8-warp one."""
-    return [(1, 1, 128), (2, 2, 64), (1, 1, 16), (1, 2, 32), (2, 1, 32), (4, 1, 16)]
-
-
 @gpu
-@pytest.mark.parametrize("B,q_len,H", _pdl_cases())
+# split plans whose decode grid is small enough for the PDL combine: the 64-head kernel, the
+# one-warpgroup small-H kernel and the 8-warp one
+@pytest.mark.parametrize("B,q_len,H", [(1, 1, 128), (2, 2, 64), (1, 1, 16), (1, 2, 32), (2, 1, 32), (4, 1, 16)])
 def test_gpu_pdl_combine_bit_identical_and_graph_safe(gluon_ok, B, q_len, H):
     """A split plan with a small decode grid launches its combine as a programmatic dependent
     (the decode signals at its start, the combine waits before its first load): the outputs
