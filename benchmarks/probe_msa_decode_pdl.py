@@ -99,7 +99,8 @@ def compile_only() -> int:
 
 
 def run_layout(dtype, layout: str, launches: dict, plain, copy: float, iters: int) -> None:
-    """Times 1 and 8 decodes per replay, with and without PDL, on one cache dtype and layout."""
+    """Times 1 and 8 decodes per replay for each of ``launches`` (name -> stand-in for the
+    kernel; "" the plain one) on one cache dtype and layout."""
     import torch
     from bench_msa_attention import BLK, HKV, HQ, TOPK, D, decode_inputs, decode_selection
 
@@ -140,14 +141,14 @@ def run_layout(dtype, layout: str, launches: dict, plain, copy: float, iters: in
         call(1, pdl)()
         torch.cuda.synchronize()
         res[pdl] = [x.clone() for x in outs + lses]
-    same = all(torch.equal(a, b) for a, b in zip(res[""], res[" pdl"]))
+    same = {name.strip(): all(torch.equal(a, b) for a, b in zip(res[""], res[name])) for name in launches if name}
     cases = {}
     for pdl in launches:
         cases["1 call" + pdl] = [call(0, pdl)]
         cases["8 calls" + pdl] = [call(i % 2, pdl) for i in range(8)]
     times = time_interleaved(cases, iters=iters)
     tag = f"{'fp8' if dtype != torch.bfloat16 else 'bf16'} {layout}"
-    print(f"--- {tag}: {nbytes / 1e6:.1f} MB selected, outputs bit-identical with PDL: {same}")
+    print(f"--- {tag}: {nbytes / 1e6:.1f} MB selected, outputs bit-identical to the plain launch: {same}")
     for name, t_us in times.items():
         if isinstance(t_us, Exception):
             print(f"  {name:16s} failed: {t_us}"[:300])
