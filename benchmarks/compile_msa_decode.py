@@ -6,8 +6,7 @@ A SPEC is ``dtype:stages:warps[:key=value...]`` with dtype bf16, fp16 or fp8 and
 ``keys`` (keys per TMA tile), ``splits``, ``maxnreg``, ``flat`` (0/1: 2D views of contiguous
 caches), ``layout`` (NHD or HND), ``bw`` (ids per list padded: 16, the default, for
 ``bench_msa_attention``'s 16 blocks, 32 for 17), ``pt`` (0/1: page table or flat page list)
-``qoff`` (0/1), ``lazy`` (the lazy-rescale threshold, 0 = off) and ``fast`` (0/1: the
-kernel's ``FAST_START``); without one it
+``qoff`` (0/1) and ``lazy`` (the lazy-rescale threshold, 0 = off); without one it
 compiles the module defaults (:data:`mate.ops.msa.sparse_decode.DECODE_VARIANT`) for bf16 and fp8.
 Per spec it prints
 registers, local memory, spill instructions, shared memory, the SASS instruction count, the
@@ -61,7 +60,7 @@ def compile_one(spec: str, out_dir: str | None) -> None:
     ce = dict(FLAT=flat, KEYS=keys, GP=16, C=bw, HEAD_DIM=128, NUM_SPLITS=int(kw.get("splits", 1)), CAUSAL=True,
               IS_FP8=dt == "fp8e4nv", HEAD_MAJOR=layout == "HND", BLOCK_W=bw,
               USE_PAGE_TABLE=bool(int(kw.get("pt", 1))), HAS_QO_OFFSET=bool(int(kw.get("qoff", 0))),
-              LAZY=int(kw.get("lazy", 0)), FAST_START=bool(int(kw.get("fast", 0))))
+              LAZY=int(kw.get("lazy", 0)))
     sig = signature(dt, layout, "fp16" if dt == "fp16" else "bf16", flat, keys)
     sig.update({k: "constexpr" for k in ce})
     src = ASTSource(fn=sd.msa_decode_t_kernel, signature=sig, constexprs=ce, attrs=divisibility_attrs(sig, ALIGNED))

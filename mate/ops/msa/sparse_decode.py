@@ -112,7 +112,9 @@ differ, and work stealing between programs to even them out was slower (87.5 aga
 ``probe_msa_decode_steal.py`` in git history). Taking the list's count from its reduction and
 the first entry from registers (no global round trip between the list and the first tile's
 loads; key loop 517 instead of 482 instructions) did not move the time either: 81.5 against
-81.2 / 81.3 us, fixed cost 5.7 against 5.6 (bf16 144.9 against 145.2 / 145.3)."""
+81.2 / 81.3 us, fixed cost 5.7 against 5.6 (bf16 144.9 against 145.2 / 145.3). Session 26: the
+ids loaded beside ``qo_indptr[B]`` and the page-table row prefetched into L1 (one global round
+trip before the page lookups instead of three; 7b3abc8) timed within 0.4 us either way."""
 
 
 def _env_overrides(text: str) -> dict:
@@ -238,23 +240,13 @@ def token_request(t, tvalid, ids, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, B, 
 
 
 @triton.jit
-def _prefetch_row_l1(page_table_ptr, req, stride_pt, n_cols):
-    """``prefetch.global.L1`` of the first 32 lines (1024 pages) of ``page_table[req]``."""
-    if n_cols > 0:
-        col = tl.minimum(tl.arange(0, 32) * 32, n_cols - 1)
-        tl.inline_asm_elementwise("{ prefetch.global.L1 [$1]; mov.u32 $0, 0; }", "=r,l",
-                                  [page_table_ptr + req.to(tl.int64) * stride_pt + col], dtype=tl.int32,
-                                  is_pure=False, pack=1)
-
-
-@triton.jit
 def token_block_list(
     t, kvh, split, ubase,
     idx_ptr, stride_it, stride_ih, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, B, n_iter,
     page_table_ptr, stride_pt, n_cols, kv_indices_ptr, kv_page_indptr_ptr, n_indices, num_pages, W,
     u_page_ptr, u_blk_ptr, cnt_ptr,
     BLOCK_W: tl.constexpr, NUM_SPLITS: tl.constexpr, CAUSAL: tl.constexpr, USE_PAGE_TABLE: tl.constexpr,
-    HAS_QO_OFFSET: tl.constexpr, FAST_START: tl.constexpr = False,
+    HAS_QO_OFFSET: tl.constexpr,
 ):
     """``_msa_union_kernel`` for one token and KV head, inside the decode program: maps the
     token's block ids through its request's pages, drops -1, out-of-range and causally
@@ -264,22 +256,10 @@ def token_block_list(
     through ``cnt_ptr`` (the splits of a token and KV head store the same value there): read
     back from one address it is warp-uniform for ptxas, so the loop keeps its bounds, list
     addresses and TMA coordinates in uniform registers (sm_90 fp8: 468 instead of 439 loop
-    instructions with the reduction's value, 29 R2UR; bf16 400 instead of 320).
-
-    ``FAST_START``: the ids are loaded beside ``qo_indptr[B]`` instead of after it (the grid has
-    one program row per query row, so row ``t`` is in bounds whatever ``tvalid``), and the page
-    table row of the token's request guess is prefetched into L1 while the ids load, so that
-    the list waits for one global round trip instead of three before its page lookups."""
+    instructions with the reduction's value, 29 R2UR; bf16 400 instead of 320)."""
+    tvalid = t < tl.load(qo_indptr_ptr + B)
     w = tl.arange(0, BLOCK_W)
-    if FAST_START:
-        if USE_PAGE_TABLE and not INTERPRET:
-            _prefetch_row_l1(page_table_ptr, tl.minimum(t, B - 1), stride_pt, n_cols)
-        ids = tl.load(idx_ptr + t.to(tl.int64) * stride_it + kvh * stride_ih + w, mask=w < W, other=-1)
-        tvalid = t < tl.load(qo_indptr_ptr + B)
-        ids = tl.where(tvalid, ids, -1)
-    else:
-        tvalid = t < tl.load(qo_indptr_ptr + B)
-        ids = tl.load(idx_ptr + t.to(tl.int64) * stride_it + kvh * stride_ih + w, mask=tvalid & (w < W), other=-1)
+    ids = tl.load(idx_ptr + t.to(tl.int64) * stride_it + kvh * stride_ih + w, mask=tvalid & (w < W), other=-1)
     pos, kv_len, page, valid = token_request(
         t, tvalid, ids, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, B, n_iter, page_table_ptr, stride_pt, n_cols,
         kv_indices_ptr, kv_page_indptr_ptr, n_indices, num_pages, USE_PAGE_TABLE, HAS_QO_OFFSET, CAUSAL)
@@ -371,7 +351,7 @@ def msa_decode_t_kernel(
     GP: tl.constexpr, C: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
     CAUSAL: tl.constexpr, IS_FP8: tl.constexpr, HEAD_MAJOR: tl.constexpr, FLAT: tl.constexpr = True,
     KEYS: tl.constexpr = 128, BLOCK_W: tl.constexpr = 16, USE_PAGE_TABLE: tl.constexpr = True,
-    HAS_QO_OFFSET: tl.constexpr = False, LAZY: tl.constexpr = 0, FAST_START: tl.constexpr = False,
+    HAS_QO_OFFSET: tl.constexpr = False, LAZY: tl.constexpr = 0,
 ):
     t = tl.program_id(0)  # grid (tokens, KV heads, splits)
     kvh = tl.program_id(1)
@@ -391,7 +371,7 @@ def msa_decode_t_kernel(
         t, kvh, split, ubase, idx_ptr, stride_it, stride_ih, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, B,
         n_iter, page_table_ptr, stride_pt, n_cols, kv_indices_ptr, kv_page_indptr_ptr, n_indices, num_pages,
         W, u_page_ptr, u_blk_ptr, u_cnt_ptr + t * n_kvh + kvh, BLOCK_W, NUM_SPLITS, CAUSAL, USE_PAGE_TABLE,
-        HAS_QO_OFFSET, FAST_START)
+        HAS_QO_OFFSET)
     qt = dot_operand(qt)
     limit = visible_limit(pos, kv_len, CAUSAL)
     e0, e1 = split_entries(cnt, split, NUM_SPLITS)
