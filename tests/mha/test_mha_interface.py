@@ -136,6 +136,36 @@ def test_prefill_variants_match_reference(device, triton_backend, monkeypatch, v
     check_kvcache(device, paged=False, sq=70)
 
 
+@pytest.mark.parametrize("block_m,block_n", [(16, 16), (32, 16)])
+def test_prefill_tma_matches_reference(device, triton_backend, monkeypatch, block_m, block_n):
+    """The ragged dense prefill kernel (``prefill_tma``: TMA tiles, one query head per program),
+    on small tiles so the interpreter runs it: causal, full and right-window attention, GQA,
+    fp16 / bf16, D 64 / 128, a request without queries, offsets outside the tensors, lengths
+    near INT32_MAX; every eligible call goes through it (counted)."""
+    from mate.ops.mha import attention, prefill_tma
+
+    for key, value in (("block_m", block_m), ("block_n", block_n), ("min_seqlen_q", 1)):
+        monkeypatch.setitem(prefill_tma.PREFILL_TMA, key, value)
+    calls = []
+    real = attention.attention_prefill_tma
+    monkeypatch.setattr(attention, "attention_prefill_tma", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    check_varlen_dense(device, torch.bfloat16, 8, 2, 64, True, (-1, -1), False)
+    check_varlen_dense(device, torch.float16, 4, 4, 128, False, (-1, -1), False)
+    check_varlen_dense(device, torch.bfloat16, 4, 2, 64, False, (-1, 5), False)
+    check_varlen_dense(device, torch.float16, 6, 3, 64, True, (-1, 0), False)
+    assert len(calls) == 4
+    check_varlen_dense(device, torch.float16, 2, 1, 64, False, (5, 3), False)  # left window: the other kernel
+    assert len(calls) == 4
+    check_offsets_outside_the_tensors(device)
+    assert len(calls) == 6  # the two calls without seqused_k
+    qr = torch.randn(1, 4, 64).to(torch.bfloat16).to(device)
+    k = torch.randn(128, 1, 64).to(torch.bfloat16).to(device)
+    ck = torch.tensor([-2**31 + 150, 100], dtype=torch.int32, device=device)
+    o, lse = flash_attn_varlen_func(qr, k, k, cu([1], device), ck, 1, 128, return_softmax_lse=True)
+    assert (o == 0).all() and torch.isinf(lse).all() and (lse < 0).all()
+    assert len(calls) == 7
+
+
 @pytest.mark.parametrize("page_size", [16, 64, 128])
 def test_varlen_paged_matches_reference(device, triton_backend, page_size):
     g = torch.Generator().manual_seed(torch.seed() % 2**31)
@@ -287,6 +317,11 @@ def test_varlen_offsets_outside_the_tensors(device, triton_backend):
     """Ragged offsets past q / k (a request running past total_q, a key range starting before
     row 0 or ending past total_k, seqused_k past its range): rows outside q are neither read nor
     written, keys outside k are skipped; every row inside q matches the reference."""
+    check_offsets_outside_the_tensors(device)
+
+
+def check_offsets_outside_the_tensors(device):
+    """The body of :func:`test_varlen_offsets_outside_the_tensors`."""
     g = torch.Generator().manual_seed(torch.seed() % 2**31)
     hq, hkv, d = 4, 2, 64
     q = torch.randn(10, hq, d, generator=g).to(torch.bfloat16).to(device)
@@ -375,6 +410,36 @@ def test_varlen_gpu_random_lengths(causal, window, variant, monkeypatch):
     o, lse = flash_attn_varlen_func(q, k, v, cu(q_lens, "cuda"), cu(k_lens, "cuda"), max(q_lens), max(k_lens),
                                     seqused_k=su, causal=causal, window_size=window, return_softmax_lse=True)
     ro, rl = attention_varlen_reference(q.cpu(), k.cpu(), v.cpu(), cu(q_lens, "cpu"), used,
+                                        k_starts=cu(k_lens, "cpu").tolist()[:-1], causal=causal, window_size=window)
+    assert_close(o, ro, atol=2e-2, rtol=2e-2)
+    assert_close(lse, rl, name="lse", **LSE_TOL)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal,window", [(True, (-1, -1)), (False, (-1, -1)), (False, (-1, 300))])
+@pytest.mark.parametrize("hq,hkv,d", [(32, 8, 128), (16, 16, 64)])
+def test_prefill_tma_gpu(causal, window, hq, hkv, d):
+    """The ragged dense prefill kernel at its default tiles: random lengths (one request without
+    queries, one shorter than its keys), q / k / v as head slices of one fused qkv tensor (row
+    stride (hq + 2 hkv) * d), against the reference; the call is counted to take that kernel."""
+    from unittest import mock
+
+    from mate.ops.mha import attention
+
+    g = torch.Generator().manual_seed(torch.seed() % 2**31)
+    q_lens = [int(x) for x in torch.randint(128, 1500, (5,), generator=g)]
+    q_lens[1] = 0
+    k_lens = list(q_lens)
+    k_lens[2] += 333
+    total = max(sum(q_lens), sum(k_lens))
+    qkv = torch.randn(total, hq + 2 * hkv, d, generator=g).to(torch.bfloat16).cuda()
+    q, k, v = qkv[:sum(q_lens), :hq], qkv[:sum(k_lens), hq:hq + hkv], qkv[:sum(k_lens), hq + hkv:]
+    out = poisoned((sum(q_lens), hq, d), torch.bfloat16, "cuda")
+    with mock.patch.object(attention, "attention_prefill_tma", wraps=attention.attention_prefill_tma) as spy:
+        o, lse = flash_attn_varlen_func(q, k, v, cu(q_lens, "cuda"), cu(k_lens, "cuda"), max(q_lens), max(k_lens),
+                                        causal=causal, window_size=window, return_softmax_lse=True, out=out)
+    assert spy.call_count == 1
+    ro, rl = attention_varlen_reference(q.cpu(), k.cpu(), v.cpu(), cu(q_lens, "cpu"), k_lens,
                                         k_starts=cu(k_lens, "cpu").tolist()[:-1], causal=causal, window_size=window)
     assert_close(o, ro, atol=2e-2, rtol=2e-2)
     assert_close(lse, rl, name="lse", **LSE_TOL)

@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from mate._core.triton_helpers import INTERPRET, cdiv, dot_operand, next_power_of_2, online_softmax_step, to_out_dtype
+from mate.ops.mha.prefill_tma import attention_prefill_tma, prefill_tma_supported
 
 __all__ = ["mha_tiling", "attention_triton", "mha_fwd_op", "PREFILL_VARIANT"]
 
@@ -205,7 +206,8 @@ def attention_triton(
     batch: int = 0,
     k_uniform: int = 0,
 ) -> None:
-    """Launches ``_mha_fwd_kernel``; inputs validated by the caller.
+    """Launches ``_mha_fwd_kernel`` (or, for ragged dense prefill, ``prefill_tma``'s kernel);
+    inputs validated by the caller.
 
     q [total_q, Hq, D]; k/v ragged [total_k, Hkv, D] (``cu_seqlens_k``), batched
     [B, S, Hkv, D] (``batched``) or paged [pages, page_size, Hkv, D] (``page_table``);
@@ -226,8 +228,15 @@ def attention_triton(
         batch = cu_seqlens_q.shape[0] - 1
     if total_q == 0 or batch == 0 or max_seqlen_q <= 0:
         return
-    tm, gp, block_m = mha_tiling(ratio, max_seqlen_q, PREFILL_VARIANT["rows"])
     paged = page_table is not None
+    if cu_seqlens_q is not None and prefill_tma_supported(
+            q, k, v, max_seqlen_q=max_seqlen_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
+            page_table=page_table, batched=batched, window_left=window_left):
+        attention_prefill_tma(q, k, v, out, lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                              max_seqlen_q=max_seqlen_q, softmax_scale=softmax_scale,
+                              window_right=window_right, skip_whole=skip_whole)
+        return
+    tm, gp, block_m = mha_tiling(ratio, max_seqlen_q, PREFILL_VARIANT["rows"])
     if paged:
         skb, skt, skh = k.stride(0), k.stride(1), k.stride(2)
         svb, svt, svh = v.stride(0), v.stride(1), v.stride(2)

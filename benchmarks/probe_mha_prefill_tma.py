@@ -1,0 +1,107 @@
+"""Probe (session 26): the ragged dense prefill kernel (``mate/ops/mha/prefill_tma.py``: TMA
+tiles, one query head per program) against the packed-heads kernel it replaces for prefill and
+one cuDNN SDPA call per sequence, interleaved.
+
+    python benchmarks/probe_mha_prefill_tma.py
+
+Cases (bf16, d 128 unless marked): 8 x 2048 causal with 32 heads (the benchmark's ragged row) and with 32 / 8
+GQA heads, the same batch without the causal mask, one 16K causal sequence with the LSE (the
+kernel's route when the cuDNN LSE op is off), a ragged batch of 8 lengths from 100 to 7000, and
+8 x 2048 causal at d 64 (32 / 8 heads).
+Tile configurations of ``PREFILL_TMA`` (block_m, block_n, warps, stages) are timed beside the
+default; each case's output is compared with the old kernel's (max |difference|).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mate import mha_interface
+from mate.mha_interface import flash_attn_varlen_func
+from mate.ops.mha import prefill_tma
+from mate.testing.bench import time_interleaved
+
+CONFIGS = {"tma 64x64 w4 s3": dict(block_m=64, block_n=64, warps=4, stages=3),
+           "tma 64x64 w4 s2": dict(block_m=64, block_n=64, warps=4, stages=2),
+           "tma 64x64 w4 s4": dict(block_m=64, block_n=64, warps=4, stages=4),
+           "tma 64x128 w4 s2": dict(block_m=64, block_n=128, warps=4, stages=2),
+           "tma 128x64 w8 s3": dict(block_m=128, block_n=64, warps=8, stages=3)}
+
+
+def _with(cfg: dict, fn):
+    def run():
+        saved = dict(prefill_tma.PREFILL_TMA)
+        prefill_tma.PREFILL_TMA.update(cfg)
+        try:
+            return fn()
+        finally:
+            prefill_tma.PREFILL_TMA.clear()
+            prefill_tma.PREFILL_TMA.update(saved)
+    return run
+
+
+def case(name: str, lens: list[int], hq: int, hkv: int, causal: bool, lse: bool, D: int = 128) -> None:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    T = sum(lens)
+    q = torch.randn(T, hq, D, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(T, hkv, D, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(T, hkv, D, device="cuda", dtype=torch.bfloat16)
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    out = torch.empty_like(q)
+    flops = sum(4.0 * D * hq * n * ((n + 1) / 2 if causal else n) for n in lens)
+
+    def mate():
+        return flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=causal, out=out,
+                                      return_softmax_lse=lse)
+
+    qt, kt, vt = (x.transpose(0, 1)[None] for x in (q, k, v))
+    starts = cu.tolist()
+
+    def sdpa_per_sequence():
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            for i in range(len(lens)):
+                sl = slice(starts[i], starts[i + 1])
+                torch.nn.functional.scaled_dot_product_attention(qt[:, :, sl], kt[:, :, sl], vt[:, :, sl],
+                                                                 is_causal=causal, enable_gqa=hq != hkv)
+
+    old = _with({"enabled": False}, mate)
+    cases = {"old kernel": old, **{n: _with(c, mate) for n, c in CONFIGS.items()}}
+    if not lse:
+        cases["cuDNN per sequence"] = sdpa_per_sequence
+    single = mha_interface.SDPA_WITH_LSE
+    mha_interface.SDPA_WITH_LSE = False  # the 16K case with the LSE: the kernel, not cuDNN's op
+    try:
+        with torch.no_grad():
+            old()
+            ref = out.clone()
+            diffs = {}
+            for n, c in CONFIGS.items():
+                out.fill_(float("nan"))
+                _with(c, mate)()
+                diffs[n] = (out.float() - ref.float()).abs().max().item()
+            times = time_interleaved(cases, rounds=4, iters=16)
+    finally:
+        mha_interface.SDPA_WITH_LSE = single
+    print(f"--- {name}: {len(lens)} requests, {T} tokens, {hq}/{hkv} heads, d {D}, causal={causal}, lse={lse}",
+          flush=True)
+    for n, t in times.items():
+        if isinstance(t, Exception):
+            print(f"  {n:22s} failed: {t}"[:200])
+            continue
+        d = f"  max|diff| vs old {diffs[n]:.3g}" if n in diffs else ""
+        print(f"  {n:22s} {t:8.1f} us  {flops / t / 1e6:5.0f} TFLOP/s{d}", flush=True)
+
+
+def main() -> None:
+    print(torch.cuda.get_device_name(), flush=True)
+    case("8 x 2048", [2048] * 8, 32, 32, True, False)
+    case("8 x 2048 GQA", [2048] * 8, 32, 8, True, False)
+    case("8 x 2048 full", [2048] * 8, 32, 32, False, False)
+    case("ragged", [3000, 500, 1200, 7000, 100, 2000, 900, 1500], 32, 8, True, False)
+    case("16K with LSE", [16384], 32, 32, True, True)
+    case("8 x 2048 d64", [2048] * 8, 32, 8, True, False, D=64)
+
+
+if __name__ == "__main__":
+    main()
