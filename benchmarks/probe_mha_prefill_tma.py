@@ -7,12 +7,16 @@ one cuDNN SDPA call per sequence, interleaved.
 Cases (bf16, d 128 unless marked): 8 x 2048 causal with 32 heads (the benchmark's ragged row) and with 32 / 8
 GQA heads, the same batch without the causal mask, one 16K causal sequence with the LSE (the
 kernel's route when the cuDNN LSE op is off), a ragged batch of 8 lengths from 100 to 7000, and
-8 x 2048 causal at d 64 (32 / 8 heads).
+8 x 2048 causal at d 64 (32 / 8 heads), and two of them over a shuffled paged cache (pages of
+128 and 64 keys, ``seqused_k``; cuDNN on the contiguous keys). ``PROBE_TILES=1`` adds the tile
+sweep of session 26.
 Tile configurations of ``PREFILL_TMA`` (block_m, block_n, warps, stages) are timed beside the
 default; each case's output is compared with the old kernel's (max |difference|).
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -21,11 +25,12 @@ from mate.mha_interface import flash_attn_varlen_func
 from mate.ops.mha import prefill_tma
 from mate.testing.bench import time_interleaved
 
-CONFIGS = {"tma 64x64 w4 s3": dict(block_m=64, block_n=64, warps=4, stages=3),
-           "tma 64x64 w4 s2": dict(block_m=64, block_n=64, warps=4, stages=2),
-           "tma 64x64 w4 s4": dict(block_m=64, block_n=64, warps=4, stages=4),
-           "tma 64x128 w4 s2": dict(block_m=64, block_n=128, warps=4, stages=2),
-           "tma 128x64 w8 s3": dict(block_m=128, block_n=64, warps=8, stages=3)}
+CONFIGS = {"tma (default)": {}}
+if os.environ.get("PROBE_TILES"):  # the tile sweep of session 26's second call
+    CONFIGS.update({"tma 64x64 w4 s2": dict(block_m=64, block_n=64, warps=4, stages=2),
+                    "tma 64x64 w4 s4": dict(block_m=64, block_n=64, warps=4, stages=4),
+                    "tma 64x128 w4 s2": dict(block_m=64, block_n=128, warps=4, stages=2),
+                    "tma 128x64 w8 s3": dict(block_m=128, block_n=64, warps=8, stages=3)})
 
 
 def _with(cfg: dict, fn):
@@ -40,7 +45,8 @@ def _with(cfg: dict, fn):
     return run
 
 
-def case(name: str, lens: list[int], hq: int, hkv: int, causal: bool, lse: bool, D: int = 128) -> None:
+def case(name: str, lens: list[int], hq: int, hkv: int, causal: bool, lse: bool, D: int = 128,
+         page: int = 0) -> None:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     T = sum(lens)
@@ -51,9 +57,30 @@ def case(name: str, lens: list[int], hq: int, hkv: int, causal: bool, lse: bool,
     out = torch.empty_like(q)
     flops = sum(4.0 * D * hq * n * ((n + 1) / 2 if causal else n) for n in lens)
 
-    def mate():
-        return flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=causal, out=out,
-                                      return_softmax_lse=lse)
+    if page:  # the same keys in a shuffled paged cache, read through seqused_k
+        npages = [-(-n // page) for n in lens]
+        perm = torch.randperm(sum(npages), device="cuda")
+        kc = torch.zeros(sum(npages), page, hkv, D, device="cuda", dtype=torch.bfloat16)
+        vc = torch.zeros_like(kc)
+        table = torch.zeros(len(lens), max(npages), dtype=torch.int32, device="cuda")
+        p0, r0 = 0, 0
+        for i, n in enumerate(lens):
+            pages = perm[p0:p0 + npages[i]]
+            table[i, :npages[i]] = pages.to(torch.int32)
+            pad = npages[i] * page - n
+            for src, dst in ((k, kc), (v, vc)):
+                rows = torch.cat([src[r0:r0 + n], src.new_zeros(pad, hkv, D)])
+                dst[pages] = rows.view(npages[i], page, hkv, D)
+            p0, r0 = p0 + npages[i], r0 + n
+        used = torch.tensor(lens, dtype=torch.int32, device="cuda")
+
+        def mate():
+            return flash_attn_varlen_func(q, kc, vc, cu, None, max(lens), None, seqused_k=used, page_table=table,
+                                          causal=causal, out=out, return_softmax_lse=lse)
+    else:
+        def mate():
+            return flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=causal, out=out,
+                                          return_softmax_lse=lse)
 
     qt, kt, vt = (x.transpose(0, 1)[None] for x in (q, k, v))
     starts = cu.tolist()
@@ -83,8 +110,8 @@ def case(name: str, lens: list[int], hq: int, hkv: int, causal: bool, lse: bool,
             times = time_interleaved(cases, rounds=4, iters=16)
     finally:
         mha_interface.SDPA_WITH_LSE = single
-    print(f"--- {name}: {len(lens)} requests, {T} tokens, {hq}/{hkv} heads, d {D}, causal={causal}, lse={lse}",
-          flush=True)
+    print(f"--- {name}: {len(lens)} requests, {T} tokens, {hq}/{hkv} heads, d {D}, causal={causal}, lse={lse}"
+          + (f", paged {page}" if page else ""), flush=True)
     for n, t in times.items():
         if isinstance(t, Exception):
             print(f"  {n:22s} failed: {t}"[:200])
@@ -101,6 +128,8 @@ def main() -> None:
     case("ragged", [3000, 500, 1200, 7000, 100, 2000, 900, 1500], 32, 8, True, False)
     case("16K with LSE", [16384], 32, 32, True, True)
     case("8 x 2048 d64", [2048] * 8, 32, 8, True, False, D=64)
+    case("8 x 2048 paged 128", [2048] * 8, 32, 8, True, False, page=128)
+    case("ragged paged 64", [3000, 500, 1200, 7000, 100, 2000, 900, 1500], 32, 8, True, False, page=64)
 
 
 if __name__ == "__main__":

@@ -6,13 +6,14 @@ keep FA3's signatures. Conventions: causal and window masks are bottom-right ali
 i + k_len - q_len), GQA by head groups (query head h uses KV head h // (Hq / Hkv)), the
 LSE is natural-log fp32, and a query that sees no key gets output 0 and LSE -inf.
 
-CUDA tensors run Triton kernels: ragged dense prefill (fp16 / bf16, head dims 64 and 128,
-no ``seqused_k`` or left window, queries of 128 tokens or more) a TMA kernel with one query
-head per program (``mate.ops.mha.prefill_tma``), everything else (``seqused_k``, batched or
-paged caches, decode, left windows) a kernel that packs the GQA heads of a KV head into its
-MMA rows; a single dense sequence goes to torch's fused SDPA (with the LSE through aten's
-cuDNN op), which is as fast as it gets there. CPU tensors run the fp32 PyTorch reference. Arguments listed as not
-implemented raise ``NotImplementedError`` when given a non-default value.
+CUDA tensors run Triton kernels: prefill (fp16 / bf16, head dims 64 and 128, no left window,
+queries of 128 tokens or more; ragged, batched or paged K/V with pages of 64 keys or a
+multiple) a TMA kernel with one query head per program (``mate.ops.mha.prefill_tma``),
+everything else (decode, left windows, smaller pages, other head dims) a kernel that packs
+the GQA heads of a KV head into its MMA rows; a single dense sequence goes to torch's fused
+SDPA (with the LSE through aten's cuDNN op), which is as fast as it gets there. CPU tensors
+run the fp32 PyTorch reference. Arguments listed as not implemented raise
+``NotImplementedError`` when given a non-default value.
 """
 
 from __future__ import annotations

@@ -29,6 +29,9 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "MATE_MSA_DECODE_VARIANT": ("", "key=value,... overrides of the MSA decode kernel config "
                                 "(mate.ops.msa.sparse_decode.DECODE_VARIANT keys, e.g. fp8_stages=2,"
                                 "fp8_maxnreg=none) for benchmarks; read at import"),
+    "MATE_MHA_PREFILL_TMA": ("", "key=value,... overrides of the TMA prefill attention settings "
+                             "(mate.ops.mha.prefill_tma.PREFILL_TMA keys, e.g. enabled=0 or stages=2) for "
+                             "benchmarks; read at import"),
     # read by the scripts in benchmarks/, not by the library
     "MATE_BENCH_BUDGET_S": ("150", "benchmarks: time budget of bench_gemm.py in seconds (later shapes get a note)"),
     "MATE_BENCH_FLEX": ("", "benchmarks: 1 adds the compiled FlexAttention peer to bench_msa_attention.py"),

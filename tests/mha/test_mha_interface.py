@@ -138,10 +138,12 @@ def test_prefill_variants_match_reference(device, triton_backend, monkeypatch, v
 
 @pytest.mark.parametrize("block_m,block_n", [(16, 16), (32, 16)])
 def test_prefill_tma_matches_reference(device, triton_backend, monkeypatch, block_m, block_n):
-    """The ragged dense prefill kernel (``prefill_tma``: TMA tiles, one query head per program),
-    on small tiles so the interpreter runs it: causal, full and right-window attention, GQA,
-    fp16 / bf16, D 64 / 128, a request without queries, offsets outside the tensors, lengths
-    near INT32_MAX; every eligible call goes through it (counted)."""
+    """The TMA prefill kernel (``prefill_tma``: one query head per program), on small tiles so the
+    interpreter runs it, through the checks of the other kernel: ragged, seqused_k, batched and
+    paged caches (page sizes multiples of the key tile; pages outside the cache), causal, full and
+    right-window attention, GQA, fp16 / bf16, D 64 / 128, requests without queries, offsets outside
+    the tensors, lengths near INT32_MAX. Every check makes at least one call through it (counted);
+    left windows and page sizes below the key tile keep the other kernel."""
     from mate.ops.mha import attention, prefill_tma
 
     for key, value in (("block_m", block_m), ("block_n", block_n), ("min_seqlen_q", 1)):
@@ -149,25 +151,35 @@ def test_prefill_tma_matches_reference(device, triton_backend, monkeypatch, bloc
     calls = []
     real = attention.attention_prefill_tma
     monkeypatch.setattr(attention, "attention_prefill_tma", lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    check_varlen_dense(device, torch.bfloat16, 8, 2, 64, True, (-1, -1), False)
-    check_varlen_dense(device, torch.float16, 4, 4, 128, False, (-1, -1), False)
-    check_varlen_dense(device, torch.bfloat16, 4, 2, 64, False, (-1, 5), False)
-    check_varlen_dense(device, torch.float16, 6, 3, 64, True, (-1, 0), False)
-    assert len(calls) == 4
-    check_varlen_dense(device, torch.float16, 2, 1, 64, False, (5, 3), False)  # left window: the other kernel
-    assert len(calls) == 4
-    check_offsets_outside_the_tensors(device)
-    assert len(calls) == 6  # the two calls without seqused_k
-    qr = torch.randn(1, 4, 64).to(torch.bfloat16).to(device)
-    k = torch.randn(128, 1, 64).to(torch.bfloat16).to(device)
-    ck = torch.tensor([-2**31 + 150, 100], dtype=torch.int32, device=device)
-    o, lse = flash_attn_varlen_func(qr, k, k, cu([1], device), ck, 1, 128, return_softmax_lse=True)
-    assert (o == 0).all() and torch.isinf(lse).all() and (lse < 0).all()
-    assert len(calls) == 7
+    checks = [
+        lambda: check_varlen_dense(device, torch.bfloat16, 8, 2, 64, True, (-1, -1), False),
+        lambda: check_varlen_dense(device, torch.float16, 4, 4, 128, False, (-1, -1), True),
+        lambda: check_varlen_dense(device, torch.bfloat16, 4, 2, 64, False, (-1, 5), True),
+        lambda: check_varlen_dense(device, torch.float16, 6, 3, 64, True, (-1, 0), False),
+        lambda: check_offsets_outside_the_tensors(device),
+        lambda: check_kvcache(device, paged=False, sq=3),
+        lambda: check_kvcache(device, paged=True, sq=3),
+        lambda: check_varlen_paged(device, 16),
+        lambda: check_varlen_paged(device, 64),
+        lambda: check_paged_bad_pages(device),
+        lambda: check_lengths_near_int32_max(device),
+    ]
+    for i, check in enumerate(checks):
+        before = len(calls)
+        check()
+        assert len(calls) > before, f"check {i} did not reach the TMA kernel"
+    before = len(calls)
+    check_varlen_dense(device, torch.float16, 2, 1, 64, False, (5, 3), True)  # a left window: the other kernel
+    assert len(calls) == before
 
 
 @pytest.mark.parametrize("page_size", [16, 64, 128])
 def test_varlen_paged_matches_reference(device, triton_backend, page_size):
+    check_varlen_paged(device, page_size)
+
+
+def check_varlen_paged(device, page_size):
+    """Paged varlen (seqused_k) over a shuffled cache, against the reference."""
     g = torch.Generator().manual_seed(torch.seed() % 2**31)
     q_lens, k_lens = [1, 6, 3], [100, 200, 3]
     hq, hkv, d = 8, 2, 64
@@ -446,6 +458,38 @@ def test_prefill_tma_gpu(causal, window, hq, hkv, d):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("page_size", [64, 128, None])
+@pytest.mark.parametrize("causal", [True, False])
+def test_prefill_tma_cache_gpu(page_size, causal):
+    """The TMA prefill kernel over a shuffled paged cache (``page_size``; a page outside the cache
+    in one request) or a batched one (None) through ``flash_attn_with_kvcache``: 200 new queries
+    per request over 150-1100 cached keys, 32 / 8 heads, d 128, against the reference."""
+    from unittest import mock
+
+    from mate.ops.mha import attention
+
+    g = torch.Generator().manual_seed(torch.seed() % 2**31)
+    b, sq, hq, hkv, d = 4, 200, 32, 8, 128
+    lens = [int(x) for x in torch.randint(150, 1100, (b,), generator=g)]
+    q = torch.randn(b, sq, hq, d, generator=g).to(torch.bfloat16).cuda()
+    seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    with mock.patch.object(attention, "attention_prefill_tma", wraps=attention.attention_prefill_tma) as spy:
+        if page_size:
+            kc, vc, table = paged_cache(lens, hkv, d, page_size, torch.bfloat16, "cuda", g)
+            table[1, 1] = 10**6  # keys page_size..2 page_size - 1 of request 1 are skipped
+            o = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, page_table=table, causal=causal)
+            ro, _ = attention_varlen_reference(q.reshape(b * sq, hq, d).cpu(), kc.cpu(), vc.cpu(), cu([sq] * b, "cpu"),
+                                               lens, page_table=table.cpu(), causal=causal)
+        else:
+            kc, vc = (torch.randn(b, 1100, hkv, d, generator=g).to(torch.bfloat16).cuda() for _ in range(2))
+            o = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, causal=causal)
+            ro, _ = attention_varlen_reference(q.reshape(b * sq, hq, d).cpu(), kc.cpu(), vc.cpu(), cu([sq] * b, "cpu"),
+                                               lens, batched=True, causal=causal)
+    assert spy.call_count == 1
+    assert_close(o.reshape(b * sq, hq, d), ro, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("page_size", [16, 128])
 def test_paged_decode_gpu(page_size):
     g = torch.Generator().manual_seed(torch.seed() % 2**31)
@@ -555,6 +599,11 @@ def test_single_sequence_without_keys(triton_backend, monkeypatch):
 
 def test_paged_bad_pages_are_skipped(device, triton_backend):
     """Pages outside the cache and keys past the table's width are skipped, never read."""
+    check_paged_bad_pages(device)
+
+
+def check_paged_bad_pages(device):
+    """The body of :func:`test_paged_bad_pages_are_skipped`."""
     g = torch.Generator().manual_seed(torch.seed() % 2**31)
     lens = [100, 70]
     kc, vc, table = paged_cache(lens, 1, 64, 16, torch.float16, device, g)
@@ -615,6 +664,11 @@ def test_lengths_near_int32_max_end_at_the_tensors(device, triton_backend):
     """Lengths near INT32_MAX (they count as 2**30) over a paged table of 2 pages and a ragged key
     range starting 2**31 - 150 rows before k: the key loops end at the table / k (no wrapped
     int32 counter, no work proportional to the length); the paged rows equal 32-key attention."""
+    check_lengths_near_int32_max(device)
+
+
+def check_lengths_near_int32_max(device):
+    """The body of :func:`test_lengths_near_int32_max_end_at_the_tensors`."""
     g = torch.Generator().manual_seed(torch.seed() % 2**31)
     kc, vc = (torch.randn(4, 16, 1, 64, generator=g).to(torch.float16).to(device) for _ in range(2))
     table = torch.tensor([[0, 1], [3, 2]], dtype=torch.int32, device=device)
@@ -657,3 +711,12 @@ def test_flags_and_max_seqlen_q_are_checked(device, monkeypatch):
 def test_scheduler_dtype_is_checked():
     with pytest.raises(TypeError, match="qkv_dtype must be a torch.dtype, got str"):
         get_scheduler_metadata(1, 1, 1, 4, 1, 64, qkv_dtype="bf16")
+
+
+def test_prefill_tma_env_overrides():
+    from mate.ops.mha import prefill_tma
+
+    assert prefill_tma._env_overrides("enabled=0, block_n=128,stages=2") == {"enabled": False, "block_n": 128,
+                                                                             "stages": 2}
+    with pytest.raises(ValueError, match="MATE_MHA_PREFILL_TMA: unknown key 'rows'"):
+        prefill_tma._env_overrides("rows=64")

@@ -229,12 +229,12 @@ def attention_triton(
     if total_q == 0 or batch == 0 or max_seqlen_q <= 0:
         return
     paged = page_table is not None
-    if cu_seqlens_q is not None and prefill_tma_supported(
-            q, k, v, max_seqlen_q=max_seqlen_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
-            page_table=page_table, batched=batched, window_left=window_left):
+    if prefill_tma_supported(q, k, v, max_seqlen_q=max_seqlen_q, page_table=page_table, batched=batched,
+                             window_left=window_left):
         attention_prefill_tma(q, k, v, out, lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                              max_seqlen_q=max_seqlen_q, softmax_scale=softmax_scale,
-                              window_right=window_right, skip_whole=skip_whole)
+                              seqused_k=seqused_k, page_table=page_table, batched=batched,
+                              max_seqlen_q=max_seqlen_q, softmax_scale=softmax_scale, window_right=window_right,
+                              skip_whole=skip_whole, batch=batch, k_uniform=k_uniform)
         return
     tm, gp, block_m = mha_tiling(ratio, max_seqlen_q, PREFILL_VARIANT["rows"])
     if paged:

@@ -1,9 +1,11 @@
-"""Triton prefill attention over ragged dense K/V with TMA tiles (Hopper), for
-``mate.mha_interface``'s varlen path.
+"""Triton prefill attention with TMA tiles (Hopper) for ``mate.mha_interface``: ragged,
+batched or paged K/V (``seqused_k`` included).
 
 One program owns BLOCK_M query tokens of one request and one query head; K and V tiles of
-its KV head stream in through TMA descriptors over 2D views ``[tokens, heads * D]`` (the
-pipeliner keeps ``stages`` tiles in flight). The key loop runs in two parts: the tiles every
+its KV head stream in through TMA descriptors (the pipeliner keeps ``stages`` tiles in
+flight): over 2D views ``[tokens, heads * D]`` of ragged or batched K/V, or over a paged cache
+``[pages, page_size, heads, D]`` whose page size is a multiple of the key tile, each tile's
+page looked up one tile ahead. The key loop runs in two parts: the tiles every
 valid row sees whole, without masks, then the rest (the causal diagonal or right window, the
 request's last partial tile, keys outside the tensors) with masks. Programs take their query
 blocks last first, so the longest causal rows start first. Rows outside the request or the
@@ -37,7 +39,10 @@ kernel and one cuDNN SDPA call per sequence: 8 x 2048 causal, 32 heads, d 128: 6
 885.5; a ragged batch of 8 lengths 100-7000 (32 / 8 heads) 1184.5 / 1502.1 / 1071.6; one 16K
 causal sequence with the LSE 4204.0 / 6002.9; d 64 (32 / 8 heads) 411.4 / 482.1 / 467.0 (2
 stages 393.3). Other tiles, 8 x 2048 causal: 128x64 on 8 warps 778.6-792.0, 128x128 2-3 stages
-745.0-835.1, 64x64 with 2 stages 786.3, with 4 (one program per SM) 935.1, 64x128 1064.8."""
+745.0-835.1, 64x64 with 2 stages 786.3, with 4 (one program per SM) 935.1, 64x128 1064.8.
+Paged caches (the same keys in shuffled pages, ``seqused_k``): 8 x 2048 causal, 32 / 8 heads,
+pages of 128: 679.0 us against 1492.5 on the packed-heads kernel (cuDNN on the contiguous keys
+664.2); the ragged batch in pages of 64: 1248.9 against 2860.4 (1063.1)."""
 
 
 def _env_overrides(text: str) -> dict:
@@ -54,11 +59,35 @@ PREFILL_TMA.update(_env_overrides(os.environ.get("MATE_MHA_PREFILL_TMA", "")))
 
 
 @triton.jit
-def _tile(q, k_desc, v_desc, k_row, n0, kcol, rows, m_i, l_i, acc, qk_scale, key_lo, key_hi, right_bound,
-          BLOCK_N: tl.constexpr, MASKED: tl.constexpr, HAS_RIGHT: tl.constexpr):
+def _page(page_table_ptr, req, stride_pt, n_cols, n0, PAGE_SIZE: tl.constexpr):
+    """The page holding key ``n0`` of request ``req`` (-1 past the table's ``n_cols`` pages)."""
+    return tl.load(page_table_ptr + req.to(tl.int64) * stride_pt + n0 // PAGE_SIZE, mask=n0 // PAGE_SIZE < n_cols,
+                   other=-1)
+
+
+@triton.jit
+def _kv_load(desc, k_row, n0, kcol, kvh, page, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+             PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr):
+    """The [BLOCK_N, HEAD_DIM] tile of keys n0.. of one KV head: rows ``k_row + n0`` of a 2D view
+    [tokens, heads * D], or (PAGED) offset n0 % PAGE_SIZE of ``page`` of a [pages, PAGE_SIZE, heads,
+    D] cache."""
+    if PAGED:
+        return tl.reshape(desc.load([page, n0 % PAGE_SIZE, kvh, 0]), [BLOCK_N, HEAD_DIM])
+    else:
+        return desc.load([k_row + n0, kcol])
+
+
+@triton.jit
+def _tile(q, k_desc, v_desc, k_row, n0, kcol, kvh, page, num_pages, rows, m_i, l_i, acc, qk_scale, key_lo, key_hi,
+          right_bound, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, MASKED: tl.constexpr, HAS_RIGHT: tl.constexpr,
+          PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr):
     """Keys [n0, n0 + BLOCK_N) of the request into the online softmax. MASKED: a key counts
-    when key_lo <= n < key_hi and (HAS_RIGHT) n <= right_bound[row]."""
-    kt = k_desc.load([k_row + n0, kcol])
+    when key_lo <= n < key_hi and (HAS_RIGHT) n <= right_bound[row]. PAGED: a tile in a page
+    outside the cache counts for nothing (its page 0 is read instead)."""
+    if PAGED:
+        page_ok = (page >= 0) & (page < num_pages)
+        page = tl.where(page_ok, page, 0)
+    kt = _kv_load(k_desc, k_row, n0, kcol, kvh, page, BLOCK_N, HEAD_DIM, PAGED, PAGE_SIZE)
     s = tl.dot(q, tl.trans(dot_operand(kt))) * qk_scale
     if MASKED:
         n = n0 + tl.arange(0, BLOCK_N)
@@ -66,8 +95,10 @@ def _tile(q, k_desc, v_desc, k_row, n0, kcol, rows, m_i, l_i, acc, qk_scale, key
         if HAS_RIGHT:
             vis = vis & (n[None, :] <= right_bound[:, None])
         s = tl.where(vis, s, float("-inf"))
+    if PAGED:
+        s = tl.where(page_ok, s, float("-inf"))
     m_new, p, alpha, l_i = online_softmax_step(s, m_i, l_i)
-    vt = v_desc.load([k_row + n0, kcol])
+    vt = _kv_load(v_desc, k_row, n0, kcol, kvh, page, BLOCK_N, HEAD_DIM, PAGED, PAGE_SIZE)
     acc = acc * alpha[:, None] + tl.dot(dot_operand(p.to(vt.dtype)), dot_operand(vt))
     return m_new, l_i, acc
 
@@ -75,32 +106,51 @@ def _tile(q, k_desc, v_desc, k_row, n0, kcol, rows, m_i, l_i, acc, qk_scale, key
 @triton.jit
 def _mha_prefill_tma_kernel(
     q_desc, k_desc, v_desc, o_ptr, stride_ot, stride_oh, lse_ptr, stride_lh, stride_lt,
-    cu_q_ptr, cu_k_ptr, RATIO, qk_scale, window_right, q_rows, k_rows,
+    cu_q_ptr, cu_k_ptr, seqused_k_ptr, page_table_ptr, stride_pt, n_cols, num_pages,
+    RATIO, qk_scale, window_right, q_rows, k_rows, q_uniform, k_uniform,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HAS_RIGHT: tl.constexpr,
-    SKIP_WHOLE: tl.constexpr,
+    SKIP_WHOLE: tl.constexpr, HAS_CU_Q: tl.constexpr = True, HAS_CU_K: tl.constexpr = True,
+    HAS_SEQUSED: tl.constexpr = False, PAGED: tl.constexpr = False, PAGE_SIZE: tl.constexpr = 1,
 ):
     mblk = tl.num_programs(0) - 1 - tl.program_id(0)  # the last (longest causal) query blocks first
     req = tl.program_id(1)
     h = tl.program_id(2)
     kvh = h // RATIO
-    q_start = tl.load(cu_q_ptr + req)
-    q_len = tl.load(cu_q_ptr + req + 1) - q_start
+    if HAS_CU_Q:
+        q_start = tl.load(cu_q_ptr + req)
+        q_len = tl.load(cu_q_ptr + req + 1) - q_start
+    else:  # every request has q_uniform queries
+        q_start = req * q_uniform
+        q_len = q_uniform
     m0 = mblk * BLOCK_M
     if m0 >= q_len:
         return
-    k_start = tl.load(cu_k_ptr + req)
-    k_len = tl.load(cu_k_ptr + req + 1) - k_start
+    if HAS_CU_K:  # ragged: rows k_start.. of k
+        k_start = tl.load(cu_k_ptr + req)
+        k_len = tl.load(cu_k_ptr + req + 1) - k_start
+    else:  # batched (rows req * k_rows.. of the [B * S] view, k_rows = S) or paged (k_start unused)
+        k_start = req * k_rows
+        k_len = k_uniform
     if SKIP_WHOLE:  # noqa: SIM102 (a constexpr guard): the caller computed a request spanning q and k whole
         if (q_start == 0) & (q_len == q_rows) & (k_start == 0) & (k_len == k_rows):
             return
+    if HAS_SEQUSED:
+        k_len = tl.load(seqused_k_ptr + req)
     # the block's rows inside q (64-bit: adversarial offsets); a block wholly outside q does nothing
     q_row = q_start.to(tl.int64) + m0
     if (q_row >= q_rows) | (q_row + BLOCK_M <= 0):
         return
     k_len = tl.minimum(k_len, 1 << 30)  # as attention.py: no cache holds more keys
-    # the request's keys inside k: [key_lo, key_hi)
-    key_lo = tl.minimum(tl.maximum(-k_start.to(tl.int64), 0), 1 << 30).to(tl.int32)
-    key_hi = tl.maximum(tl.minimum(k_len.to(tl.int64), k_rows - k_start.to(tl.int64)), 0).to(tl.int32)
+    # the request's keys inside k (the table): [key_lo, key_hi)
+    if PAGED:
+        key_lo = 0
+        key_hi = tl.maximum(tl.minimum(k_len.to(tl.int64), PAGE_SIZE * n_cols.to(tl.int64)), 0).to(tl.int32)
+    elif HAS_CU_K:
+        key_lo = tl.minimum(tl.maximum(-k_start.to(tl.int64), 0), 1 << 30).to(tl.int32)
+        key_hi = tl.maximum(tl.minimum(k_len.to(tl.int64), k_rows - k_start.to(tl.int64)), 0).to(tl.int32)
+    else:
+        key_lo = 0
+        key_hi = tl.maximum(tl.minimum(k_len, k_rows), 0)
     rows = m0 + tl.arange(0, BLOCK_M)
     t = q_start.to(tl.int64) + rows
     rvalid = (rows < q_len) & (t >= 0) & (t < q_rows)
@@ -120,12 +170,28 @@ def _mha_prefill_tma_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    # PAGED: each tile's page is loaded one tile ahead (a loop-carried coordinate lets the
+    # pipeliner give the TMA loads their stages); the last valid tile's page stands in past the end
+    n_last = tl.maximum(hi - 1, 0)
+    page_n = 0
+    if PAGED:
+        page_n = _page(page_table_ptr, req, stride_pt, n_cols, tl.minimum(lo, n_last), PAGE_SIZE)
     for n0 in range(lo, full_hi, BLOCK_N):
-        m_i, l_i, acc = _tile(q, k_desc, v_desc, k_start, n0, kcol, rows_m, m_i, l_i, acc, qk_scale, key_lo,
-                              key_hi, right_bound, BLOCK_N, False, HAS_RIGHT)
+        page = page_n
+        if PAGED:
+            page_n = _page(page_table_ptr, req, stride_pt, n_cols, tl.minimum(n0 + BLOCK_N, n_last), PAGE_SIZE)
+        m_i, l_i, acc = _tile(q, k_desc, v_desc, k_start, n0, kcol, kvh, page, num_pages, rows_m, m_i, l_i, acc,
+                              qk_scale, key_lo, key_hi, right_bound, BLOCK_N, HEAD_DIM, False, HAS_RIGHT, PAGED,
+                              PAGE_SIZE)
+    if PAGED:
+        page_n = _page(page_table_ptr, req, stride_pt, n_cols, tl.minimum(full_hi, n_last), PAGE_SIZE)
     for n0 in range(full_hi, hi, BLOCK_N):
-        m_i, l_i, acc = _tile(q, k_desc, v_desc, k_start, n0, kcol, rows_m, m_i, l_i, acc, qk_scale, key_lo,
-                              key_hi, right_bound, BLOCK_N, True, HAS_RIGHT)
+        page = page_n
+        if PAGED:
+            page_n = _page(page_table_ptr, req, stride_pt, n_cols, tl.minimum(n0 + BLOCK_N, n_last), PAGE_SIZE)
+        m_i, l_i, acc = _tile(q, k_desc, v_desc, k_start, n0, kcol, kvh, page, num_pages, rows_m, m_i, l_i, acc,
+                              qk_scale, key_lo, key_hi, right_bound, BLOCK_N, HEAD_DIM, True, HAS_RIGHT, PAGED,
+                              PAGE_SIZE)
     l_safe, lse = finish_softmax(m_i, l_i)
     offs_d = tl.arange(0, HEAD_DIM)
     o = acc / l_safe[:, None]
@@ -134,44 +200,77 @@ def _mha_prefill_tma_kernel(
     tl.store(lse_ptr + h.to(tl.int64) * stride_lh + t * stride_lt, lse, mask=rvalid)
 
 
+def _aligned(x: torch.Tensor, dims) -> bool:
+    """16-byte aligned base and strides of ``dims``, unit stride in the last dimension."""
+    es = x.element_size()
+    return x.stride(-1) == 1 and x.data_ptr() % 16 == 0 and all((x.stride(i) * es) % 16 == 0 for i in dims)
+
+
 def _tma_view_ok(x: torch.Tensor) -> bool:
     """x [tokens, heads, D] as a 2D TMA view [tokens, heads * D]: heads and D packed, 16-byte
     aligned base and row stride."""
-    es = x.element_size()
-    return (x.stride(2) == 1 and x.stride(1) == x.shape[2] and x.data_ptr() % 16 == 0
-            and (x.stride(0) * es) % 16 == 0 and x.shape[0] > 0)
+    return x.shape[0] > 0 and x.stride(1) == x.shape[2] and _aligned(x, (0,))
 
 
-def prefill_tma_supported(q, k, v, *, max_seqlen_q: int, cu_seqlens_k, seqused_k, page_table, batched: bool,
-                          window_left: int) -> bool:
-    """Whether ``attention_triton``'s call can run this kernel: ragged dense K/V (``cu_seqlens_k``,
-    no ``seqused_k``), no left window, fp16/bf16, D 64 or 128, TMA-compatible views, prefill-sized
-    queries, a CUDA device (or the interpreter)."""
-    return (PREFILL_TMA["enabled"] and cu_seqlens_k is not None and seqused_k is None and page_table is None
-            and not batched and window_left < 0 and q.dtype in (torch.float16, torch.bfloat16)
+def _kv_ok(x: torch.Tensor, *, paged: bool, batched: bool) -> bool:
+    """K or V as the kernel reads it: a ragged [tokens, heads, D] or batched [B, S, heads, D]
+    tensor as a 2D view [tokens, heads * D] (batches back to back), or a paged cache [pages,
+    page_size, heads, D] whose page size is a multiple of the key tile."""
+    if x.numel() == 0:
+        return False
+    if paged:
+        return x.shape[1] % int(PREFILL_TMA["block_n"]) == 0 and _aligned(x, (0, 1, 2))
+    if batched:
+        return (x.stride(0) == x.shape[1] * x.stride(1) and x.shape[0] * x.shape[1] < 2**31
+                and _tma_view_ok(x.flatten(0, 1)))
+    return _tma_view_ok(x)
+
+
+def prefill_tma_supported(q, k, v, *, max_seqlen_q: int, page_table, batched: bool, window_left: int) -> bool:
+    """Whether ``attention_triton``'s call can run this kernel: fp16/bf16, D 64 or 128, no left
+    window, prefill-sized queries, TMA-compatible tensors (see :func:`_kv_ok`), a CUDA device (or
+    the interpreter)."""
+    paged = page_table is not None
+    return (PREFILL_TMA["enabled"] and window_left < 0 and q.dtype in (torch.float16, torch.bfloat16)
             and q.shape[2] in (64, 128) and max_seqlen_q >= PREFILL_TMA["min_seqlen_q"]
-            and (q.is_cuda or INTERPRET) and all(_tma_view_ok(x) for x in (q, k, v)))
+            and (q.is_cuda or INTERPRET) and _tma_view_ok(q)
+            and all(_kv_ok(x, paged=paged, batched=batched) for x in (k, v)))
 
 
-def attention_prefill_tma(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, softmax_scale: float,
-                          window_right: int, skip_whole: bool) -> None:
+def attention_prefill_tma(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, seqused_k, page_table, batched: bool,
+                          max_seqlen_q: int, softmax_scale: float, window_right: int, skip_whole: bool, batch: int,
+                          k_uniform: int) -> None:
     """Launches ``_mha_prefill_tma_kernel`` (arguments as ``attention_triton``'s; the caller
     checked :func:`prefill_tma_supported`)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     total_q, hq, d = q.shape
-    hkv = k.shape[1]
-    batch = cu_seqlens_q.shape[0] - 1
+    hkv = k.shape[-2]
+    if cu_seqlens_q is not None:
+        batch = cu_seqlens_q.shape[0] - 1
     cfg = PREFILL_TMA
     bm, bn = int(cfg["block_m"]), int(cfg["block_n"])
     q_desc = TensorDescriptor(q, [total_q, hq * d], [q.stride(0), 1], [bm, d])
-    k_desc = TensorDescriptor(k, [k.shape[0], hkv * d], [k.stride(0), 1], [bn, d])
-    v_desc = TensorDescriptor(v, [v.shape[0], hkv * d], [v.stride(0), 1], [bn, d])
+    paged = page_table is not None
+    if paged:
+        k_desc, v_desc = (TensorDescriptor(x, list(x.shape), list(x.stride()), [1, bn, 1, d]) for x in (k, v))
+        k_rows, page_size = 0, k.shape[1]
+    else:
+        flat = [x.flatten(0, 1) if batched else x for x in (k, v)]
+        k_desc, v_desc = (TensorDescriptor(x, [x.shape[0], hkv * d], [x.stride(0), 1], [bn, d]) for x in flat)
+        k_rows, page_size = (k.shape[1] if batched else k.shape[0]), 1
+    dummy = cu_seqlens_q if cu_seqlens_q is not None else lse  # for absent pointers (never read)
     window_right = min(window_right, (1 << 30) - 1)
     grid = (cdiv(min(max_seqlen_q, total_q), bm), batch, hq)
     _mha_prefill_tma_kernel[grid](
         q_desc, k_desc, v_desc, out, out.stride(0), out.stride(1), lse, lse.stride(0), lse.stride(1),
-        cu_seqlens_q, cu_seqlens_k, hq // hkv, softmax_scale * 1.4426950408889634, window_right, total_q, k.shape[0],
-        BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=d, HAS_RIGHT=window_right >= 0, SKIP_WHOLE=skip_whole,
+        dummy, cu_seqlens_k if cu_seqlens_k is not None else dummy, seqused_k if seqused_k is not None else dummy,
+        page_table if paged else dummy, page_table.stride(0) if paged else 0, page_table.shape[1] if paged else 0,
+        k.shape[0], hq // hkv, softmax_scale * 1.4426950408889634, window_right, total_q, k_rows, max_seqlen_q,
+        k_uniform,
+        BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=d, HAS_RIGHT=window_right >= 0,
+        SKIP_WHOLE=skip_whole and cu_seqlens_k is not None and seqused_k is None and not paged and not batched,
+        HAS_CU_Q=cu_seqlens_q is not None, HAS_CU_K=cu_seqlens_k is not None, HAS_SEQUSED=seqused_k is not None,
+        PAGED=paged, PAGE_SIZE=page_size,
         num_warps=int(cfg["warps"]), num_stages=1 if INTERPRET else int(cfg["stages"]),
     )
