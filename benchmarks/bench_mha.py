@@ -6,6 +6,8 @@
   plus the same call returning the LSE (aten's cuDNN attention op, ``SDPA_WITH_LSE``), the
   Triton kernel on that problem (``SDPA_WITH_LSE`` off), all interleaved; and a ragged batch
   of 8 x 2K sequences (Triton) against one cuDNN SDPA call per sequence.
+- Paged prefill: 8 x 2K new tokens over a shuffled cache of 128-key pages (32 / 8 heads,
+  causal) against one cuDNN SDPA call per sequence on the same keys laid out contiguously.
 - Paged decode, B = 128, q_len 1, 8K context, 32 q heads / 8 KV heads, page 128 and 16,
   bf16, through ``flash_attn_with_kvcache``: GB/s of the K/V bytes read, against the
   measured copy bandwidth.
@@ -98,6 +100,45 @@ def _prefill_rows(ceilings: dict) -> list[dict]:
     return rows
 
 
+def _paged_prefill_rows(ceilings: dict, page: int) -> list[dict]:
+    """8 x 2048 new tokens (32 / 8 heads, d 128, causal) whose keys sit in a shuffled paged cache
+    (``seqused_k``), against one cuDNN SDPA call per sequence on the same keys laid out contiguously."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    B, S, HQ, HKV, D = 8, 2048, 32, 8, 128
+    npg = S // page
+    q = torch.randn(B * S, HQ, D, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(B, S, HKV, D, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    table = torch.randperm(B * npg, device="cuda").to(torch.int32).view(B, npg).contiguous()
+    kc = torch.empty(B * npg, page, HKV, D, device="cuda", dtype=torch.bfloat16)
+    vc = torch.empty_like(kc)
+    kc[table.flatten().long()] = k.view(B * npg, page, HKV, D)
+    vc[table.flatten().long()] = v.view(B * npg, page, HKV, D)
+    cu = torch.arange(0, B * S + 1, S, dtype=torch.int32, device="cuda")
+    used = torch.full((B,), S, dtype=torch.int32, device="cuda")
+    out = torch.empty_like(q)
+    qt = q.view(B, S, HQ, D).transpose(1, 2)
+    kt, vt = (x.transpose(1, 2) for x in (k, v))
+
+    def sdpa_per_sequence():
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            for i in range(B):
+                torch.nn.functional.scaled_dot_product_attention(qt[i:i + 1], kt[i:i + 1], vt[i:i + 1], is_causal=True,
+                                                                 enable_gqa=True)
+
+    times = time_interleaved({
+        "mate": lambda: flash_attn_varlen_func(q, kc, vc, cu, None, S, None, seqused_k=used, page_table=table,
+                                               causal=True, out=out),
+        "torch SDPA CUDNN_ATTENTION, one call per sequence (contiguous keys)": sdpa_per_sequence,
+    }, rounds=6, iters=20)
+    flops = 4.0 * D * HQ * B * S * (S + 1) / 2
+    return [record(ceilings, family=FAMILY, op="paged_prefill", shape=f"{B} x {S} Hq={HQ} Hkv={HKV} d={D} page={page} "
+                   "causal", impl=label, time_us=t if isinstance(t, float) else None, flops=flops, dtype="bf16",
+                   ceiling="cublas_bf16_TFLOPs", note="" if isinstance(t, float) else str(t)[:150])
+            for label, t in times.items()]
+
+
 def _decode_rows(ceilings: dict, page: int) -> list[dict]:
     B, ctx, HQ, HKV, D = 128, 8192, 32, 8, 128
     npg = ctx // page
@@ -117,8 +158,10 @@ def _decode_rows(ceilings: dict, page: int) -> list[dict]:
 
 def run(ceilings: dict, quick: bool = False) -> list[dict]:
     rows: list[dict] = []
-    for op, job in (("varlen_prefill", lambda: _prefill_rows(ceilings)), ("paged_decode", lambda: _decode_rows(
-            ceilings, 128)), ("paged_decode", lambda: _decode_rows(ceilings, 16))):
+    for op, job in (("varlen_prefill", lambda: _prefill_rows(ceilings)),
+                    ("paged_prefill", lambda: _paged_prefill_rows(ceilings, 128)),
+                    ("paged_decode", lambda: _decode_rows(ceilings, 128)),
+                    ("paged_decode", lambda: _decode_rows(ceilings, 16))):
         try:
             rows += job()
         except Exception as exc:
