@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from mate._core.triton_helpers import INTERPRET, cdiv, dot_operand, next_power_of_2, online_softmax_step, to_out_dtype
-from mate.ops.mha.prefill_tma import attention_prefill_tma, prefill_tma_supported
+from mate.ops.mha.prefill_tma import attention_prefill_tma, prefill_tma_supported, request_queries
 
 __all__ = ["mha_tiling", "attention_triton", "mha_fwd_op", "PREFILL_VARIANT"]
 
@@ -80,12 +80,7 @@ def _mha_fwd_kernel(
     mblk = tl.program_id(0)
     req = tl.program_id(1)
     kvh = tl.program_id(2)
-    if HAS_CU_Q:
-        q_start = tl.load(cu_q_ptr + req)
-        q_len = tl.load(cu_q_ptr + req + 1) - q_start
-    else:  # every request has q_uniform queries
-        q_start = req * q_uniform
-        q_len = q_uniform
+    q_start, q_len = request_queries(cu_q_ptr, req, q_uniform, HAS_CU_Q)
     if mblk * TM >= q_len:
         return
     if HAS_CU_K:

@@ -23,7 +23,7 @@ import triton.language as tl
 
 from mate._core.triton_helpers import INTERPRET, cdiv, dot_operand, finish_softmax, online_softmax_step, to_out_dtype
 
-__all__ = ["PREFILL_TMA", "prefill_tma_supported", "attention_prefill_tma"]
+__all__ = ["PREFILL_TMA", "prefill_tma_supported", "attention_prefill_tma", "request_queries"]
 
 PREFILL_TMA = {"enabled": True, "block_m": 64, "block_n": 64, "warps": 4, "stages": 3, "min_seqlen_q": 128}
 """Ragged-prefill kernel settings: ``enabled`` (``attention_triton`` routes eligible calls
@@ -56,6 +56,17 @@ def _env_overrides(text: str) -> dict:
 
 
 PREFILL_TMA.update(_env_overrides(os.environ.get("MATE_MHA_PREFILL_TMA", "")))
+
+
+@triton.jit
+def request_queries(cu_q_ptr, req, q_uniform, HAS_CU_Q: tl.constexpr):
+    """(first query row, query count) of request ``req``: from ``cu_seqlens_q``, or (not HAS_CU_Q)
+    ``q_uniform`` queries per request."""
+    if HAS_CU_Q:
+        q_start = tl.load(cu_q_ptr + req)
+        return q_start, tl.load(cu_q_ptr + req + 1) - q_start
+    else:
+        return req * q_uniform, q_uniform + 0 * req
 
 
 @triton.jit
@@ -116,12 +127,7 @@ def _mha_prefill_tma_kernel(
     req = tl.program_id(1)
     h = tl.program_id(2)
     kvh = h // RATIO
-    if HAS_CU_Q:
-        q_start = tl.load(cu_q_ptr + req)
-        q_len = tl.load(cu_q_ptr + req + 1) - q_start
-    else:  # every request has q_uniform queries
-        q_start = req * q_uniform
-        q_len = q_uniform
+    q_start, q_len = request_queries(cu_q_ptr, req, q_uniform, HAS_CU_Q)
     m0 = mblk * BLOCK_M
     if m0 >= q_len:
         return
@@ -173,25 +179,18 @@ def _mha_prefill_tma_kernel(
     # PAGED: each tile's page is loaded one tile ahead (a loop-carried coordinate lets the
     # pipeliner give the TMA loads their stages); the last valid tile's page stands in past the end
     n_last = tl.maximum(hi - 1, 0)
-    page_n = 0
-    if PAGED:
-        page_n = _page(page_table_ptr, req, stride_pt, n_cols, tl.minimum(lo, n_last), PAGE_SIZE)
-    for n0 in range(lo, full_hi, BLOCK_N):
-        page = page_n
+    for masked in tl.static_range(2):  # 0: the tiles every row sees whole [lo, full_hi), 1: [full_hi, hi)
+        n_start = lo if masked == 0 else full_hi
+        page_n = 0
         if PAGED:
-            page_n = _page(page_table_ptr, req, stride_pt, n_cols, tl.minimum(n0 + BLOCK_N, n_last), PAGE_SIZE)
-        m_i, l_i, acc = _tile(q, k_desc, v_desc, k_start, n0, kcol, kvh, page, num_pages, rows_m, m_i, l_i, acc,
-                              qk_scale, key_lo, key_hi, right_bound, BLOCK_N, HEAD_DIM, False, HAS_RIGHT, PAGED,
-                              PAGE_SIZE)
-    if PAGED:
-        page_n = _page(page_table_ptr, req, stride_pt, n_cols, tl.minimum(full_hi, n_last), PAGE_SIZE)
-    for n0 in range(full_hi, hi, BLOCK_N):
-        page = page_n
-        if PAGED:
-            page_n = _page(page_table_ptr, req, stride_pt, n_cols, tl.minimum(n0 + BLOCK_N, n_last), PAGE_SIZE)
-        m_i, l_i, acc = _tile(q, k_desc, v_desc, k_start, n0, kcol, kvh, page, num_pages, rows_m, m_i, l_i, acc,
-                              qk_scale, key_lo, key_hi, right_bound, BLOCK_N, HEAD_DIM, True, HAS_RIGHT, PAGED,
-                              PAGE_SIZE)
+            page_n = _page(page_table_ptr, req, stride_pt, n_cols, tl.minimum(n_start, n_last), PAGE_SIZE)
+        for n0 in range(n_start, full_hi if masked == 0 else hi, BLOCK_N):
+            page = page_n
+            if PAGED:
+                page_n = _page(page_table_ptr, req, stride_pt, n_cols, tl.minimum(n0 + BLOCK_N, n_last), PAGE_SIZE)
+            m_i, l_i, acc = _tile(q, k_desc, v_desc, k_start, n0, kcol, kvh, page, num_pages, rows_m, m_i, l_i, acc,
+                                  qk_scale, key_lo, key_hi, right_bound, BLOCK_N, HEAD_DIM, masked == 1, HAS_RIGHT,
+                                  PAGED, PAGE_SIZE)
     l_safe, lse = finish_softmax(m_i, l_i)
     offs_d = tl.arange(0, HEAD_DIM)
     o = acc / l_safe[:, None]
