@@ -9,7 +9,8 @@ GQA heads, the same batch without the causal mask, one 16K causal sequence with 
 kernel's route when the cuDNN LSE op is off), a ragged batch of 8 lengths from 100 to 7000, and
 8 x 2048 causal at d 64 (32 / 8 heads), and two of them over a shuffled paged cache (pages of
 128 and 64 keys, ``seqused_k``; cuDNN on the contiguous keys). ``PROBE_TILES=1`` adds the tile
-sweep of session 26.
+sweep of session 26; ``PROBE_CHUNKS=1`` times chunked prefill (new queries at the end of an
+8K paged context, 64 / 4 heads) on both kernels, for the ``min_seqlen_q`` crossover.
 Tile configurations of ``PREFILL_TMA`` (block_m, block_n, warps, stages) are timed beside the
 default; each case's output is compared with the old kernel's (max |difference|).
 """
@@ -25,7 +26,7 @@ from mate.mha_interface import flash_attn_varlen_func
 from mate.ops.mha import prefill_tma
 from mate.testing.bench import time_interleaved
 
-CONFIGS = {"tma (default)": {}}
+CONFIGS = {"tma (default)": {}, "tma heads inner": {"heads_inner": 1}}
 if os.environ.get("PROBE_TILES"):  # the tile sweep of session 26's second call
     CONFIGS.update({"tma 64x64 w4 s2": dict(block_m=64, block_n=64, warps=4, stages=2),
                     "tma 64x64 w4 s4": dict(block_m=64, block_n=64, warps=4, stages=4),
@@ -120,8 +121,37 @@ def case(name: str, lens: list[int], hq: int, hkv: int, causal: bool, lse: bool,
         print(f"  {n:22s} {t:8.1f} us  {flops / t / 1e6:5.0f} TFLOP/s{d}", flush=True)
 
 
+def chunk_case(B: int, q_len: int, ctx: int, hq: int, hkv: int, page: int) -> None:
+    """Chunked prefill: ``q_len`` new queries per request at the end of ``ctx`` keys in a
+    shuffled paged cache (causal), the TMA kernel against the packed-heads kernel."""
+    D = 128
+    npg = ctx // page
+    q = torch.randn(B * q_len, hq, D, device="cuda", dtype=torch.bfloat16)
+    kc = torch.randn(B * npg, page, hkv, D, device="cuda", dtype=torch.bfloat16)
+    vc = torch.randn_like(kc)
+    table = torch.randperm(B * npg, device="cuda").to(torch.int32).view(B, npg).contiguous()
+    cu = torch.arange(0, B * q_len + 1, q_len, dtype=torch.int32, device="cuda")
+    used = torch.full((B,), ctx, dtype=torch.int32, device="cuda")
+    out = torch.empty_like(q)
+
+    def mate():
+        return flash_attn_varlen_func(q, kc, vc, cu, None, q_len, None, seqused_k=used, page_table=table,
+                                      causal=True, out=out)
+
+    times = time_interleaved({"packed-heads": _with({"enabled": False}, mate),
+                              "tma": _with({"min_seqlen_q": 1, "heads_inner": 0}, mate),
+                              "tma heads inner": _with({"min_seqlen_q": 1, "heads_inner": 1}, mate)},
+                             rounds=4, iters=16)
+    flops = 4.0 * D * hq * B * q_len * (ctx - q_len / 2)
+    line = "  ".join(f"{n} {t:7.1f} us {flops / t / 1e6:4.0f} TF" for n, t in times.items())
+    print(f"--- chunk B={B} q_len={q_len} ctx={ctx} {hq}/{hkv} heads page {page}: {line}", flush=True)
+
+
 def main() -> None:
     print(torch.cuda.get_device_name(), flush=True)
+    if os.environ.get("PROBE_CHUNKS"):  # the min_seqlen_q crossover (M3 heads, 8K context in 128-key pages)
+        for q_len in (16, 64, 128, 256, 1024):
+            chunk_case(max(1, 4096 // q_len), q_len, 8192, 64, 4, 128)
     case("8 x 2048", [2048] * 8, 32, 32, True, False)
     case("8 x 2048 GQA", [2048] * 8, 32, 8, True, False)
     case("8 x 2048 full", [2048] * 8, 32, 32, False, False)

@@ -7,7 +7,7 @@ i + k_len - q_len), GQA by head groups (query head h uses KV head h // (Hq / Hkv
 LSE is natural-log fp32, and a query that sees no key gets output 0 and LSE -inf.
 
 CUDA tensors run Triton kernels: prefill (fp16 / bf16, head dims 64 and 128, no left window,
-queries of 128 tokens or more; ragged, batched or paged K/V with pages of 64 keys or a
+queries of 64 tokens or more; ragged, batched or paged K/V with pages of 64 keys or a
 multiple) a TMA kernel with one query head per program (``mate.ops.mha.prefill_tma``),
 everything else (decode, left windows, smaller pages, other head dims) a kernel that packs
 the GQA heads of a KV head into its MMA rows; a single dense sequence goes to torch's fused

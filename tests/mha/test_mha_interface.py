@@ -117,15 +117,17 @@ def check_varlen_dense(device, dtype, hq, hkv, d, causal, window, seqused):
     assert_close(lse, rl, name="lse", **LSE_TOL)
 
 
-@pytest.mark.parametrize("variant", [{"rows": 64, "split_loop": False}, {"rows": 128, "split_loop": True},
+@pytest.mark.parametrize("variant", [{}, {"rows": 64, "split_loop": False}, {"rows": 128, "split_loop": True},
                                      {"rows": 128, "split_loop": False}])
 def test_prefill_variants_match_reference(device, triton_backend, monkeypatch, variant):
-    """The prefill tilings of ``PREFILL_VARIANT`` besides the default (64-row programs whose
-    fully visible key tiles run without masks): 128-row programs, and every key tile masked
-    (causal, full and right-window attention, seqused_k, GQA, the batched cache of
-    flash_attn_with_kvcache; left windows keep the masked loop)."""
-    from mate.ops.mha import attention
+    """The packed-heads kernel on prefill (the TMA kernel turned off) in the tilings of
+    ``PREFILL_VARIANT``: the default (64-row programs whose fully visible key tiles run without
+    masks), 128-row programs, and every key tile masked (causal, full and right-window
+    attention, seqused_k, GQA, the batched cache of flash_attn_with_kvcache; left windows keep
+    the masked loop)."""
+    from mate.ops.mha import attention, prefill_tma
 
+    monkeypatch.setitem(prefill_tma.PREFILL_TMA, "enabled", False)
     for key, value in variant.items():
         monkeypatch.setitem(attention.PREFILL_VARIANT, key, value)
     check_varlen_dense(device, torch.bfloat16, 8, 2, 64, True, (-1, -1), False)
@@ -136,8 +138,8 @@ def test_prefill_variants_match_reference(device, triton_backend, monkeypatch, v
     check_kvcache(device, paged=False, sq=70)
 
 
-@pytest.mark.parametrize("block_m,block_n", [(16, 16), (32, 16)])
-def test_prefill_tma_matches_reference(device, triton_backend, monkeypatch, block_m, block_n):
+@pytest.mark.parametrize("block_m,block_n,heads_inner", [(16, 16, False), (32, 16, True)])
+def test_prefill_tma_matches_reference(device, triton_backend, monkeypatch, block_m, block_n, heads_inner):
     """The TMA prefill kernel (``prefill_tma``: one query head per program), on small tiles so the
     interpreter runs it, through the checks of the other kernel: ragged, seqused_k, batched and
     paged caches (page sizes multiples of the key tile; pages outside the cache), causal, full and
@@ -146,7 +148,7 @@ def test_prefill_tma_matches_reference(device, triton_backend, monkeypatch, bloc
     left windows and page sizes below the key tile keep the other kernel."""
     from mate.ops.mha import attention, prefill_tma
 
-    for key, value in (("block_m", block_m), ("block_n", block_n), ("min_seqlen_q", 1)):
+    for key, value in (("block_m", block_m), ("block_n", block_n), ("min_seqlen_q", 1), ("heads_inner", heads_inner)):
         monkeypatch.setitem(prefill_tma.PREFILL_TMA, key, value)
     calls = []
     real = attention.attention_prefill_tma
@@ -404,10 +406,13 @@ def test_kvcache_ragged_q(device, triton_backend):
 @pytest.mark.parametrize("variant", [None, {"rows": 128, "split_loop": True}, {"rows": 64, "split_loop": False}])
 @pytest.mark.parametrize("causal,window", [(True, (-1, -1)), (False, (-1, -1)), (True, (300, -1))])
 def test_varlen_gpu_random_lengths(causal, window, variant, monkeypatch):
-    """Random ragged lengths with seqused_k at the M3 head shape, with the default prefill
-    tiling and the other ``PREFILL_VARIANT`` ones (128-row programs, every key tile masked)."""
-    from mate.ops.mha import attention
+    """Random ragged lengths with seqused_k at the M3 head shape: the default routing (the TMA
+    kernel unless a left window), and the packed-heads kernel in the ``PREFILL_VARIANT`` tilings
+    (128-row programs, every key tile masked)."""
+    from mate.ops.mha import attention, prefill_tma
 
+    if variant is not None:
+        monkeypatch.setitem(prefill_tma.PREFILL_TMA, "enabled", False)
     for key, value in (variant or {}).items():
         monkeypatch.setitem(attention.PREFILL_VARIANT, key, value)
     g = torch.Generator().manual_seed(torch.seed() % 2**31)

@@ -25,12 +25,24 @@ from mate._core.triton_helpers import INTERPRET, cdiv, dot_operand, finish_softm
 
 __all__ = ["PREFILL_TMA", "prefill_tma_supported", "attention_prefill_tma", "request_queries"]
 
-PREFILL_TMA = {"enabled": True, "block_m": 64, "block_n": 64, "warps": 4, "stages": 3, "min_seqlen_q": 128}
+PREFILL_TMA = {"enabled": True, "block_m": 64, "block_n": 64, "warps": 4, "stages": 3, "min_seqlen_q": 64,
+               "heads_inner": True}
 """Ragged-prefill kernel settings: ``enabled`` (``attention_triton`` routes eligible calls
-here), tile rows / keys, warps, pipelining stages, and the longest query below which the
-packed-heads kernel of ``attention.py`` keeps the call (it fills MMA rows with GQA heads; the
-crossover is not measured). ``MATE_MHA_PREFILL_TMA="block_n=128,stages=2"`` updates these keys
-at import.
+here), tile rows / keys, warps, pipelining stages, the grid order (``heads_inner``: the query
+heads of a query block launched next to each other, else a head's blocks), and the longest
+query below which the
+packed-heads kernel of ``attention.py`` keeps the call (it fills MMA rows with GQA heads and reads
+a KV head's keys once; this kernel reads them once per query head, from L2 when the heads of a
+KV head run together). ``MATE_MHA_PREFILL_TMA="block_n=128,stages=2"`` updates these keys at
+import.
+
+Chunked prefill (H200, session 26, ``PROBE_CHUNKS=1``: q_len new queries at the end of an 8K
+context in shuffled 128-key pages, 64 / 4 heads, d 128, causal; packed-heads / this kernel /
+this kernel with ``heads_inner``, us): q_len 16 (B=256) 5976.5 / 15392.8 / 10900.6, 64 (B=64)
+5768.1 / 3175.3 / 2545.4, 128 (B=32) 5471.0 / 2495.0 / 2380.4, 256 (B=16) 5187.6 / 2344.8 /
+2305.3, 1024 (B=4) 4857.2 / 2180.4 / 2213.9; on the cases below ``heads_inner`` moved the time
+by -2.4% to +2.6%. A batch that mixes decode requests into a prefill runs them here too (its
+longest query decides), at the q_len 16 row's cost per decode query.
 
 H200, session 26 (``benchmarks/probe_mha_prefill_tma.py``, bf16, interleaved, us): 64x64 tiles on
 4 warps with 3 stages (112 KB of shared memory: two programs per SM) against the packed-heads
@@ -122,10 +134,17 @@ def _mha_prefill_tma_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HAS_RIGHT: tl.constexpr,
     SKIP_WHOLE: tl.constexpr, HAS_CU_Q: tl.constexpr = True, HAS_CU_K: tl.constexpr = True,
     HAS_SEQUSED: tl.constexpr = False, PAGED: tl.constexpr = False, PAGE_SIZE: tl.constexpr = 1,
+    HEADS_INNER: tl.constexpr = False,
 ):
-    mblk = tl.num_programs(0) - 1 - tl.program_id(0)  # the last (longest causal) query blocks first
-    req = tl.program_id(1)
-    h = tl.program_id(2)
+    # the last (longest causal) query blocks first; HEADS_INNER: the query heads of one block
+    # next to each other in launch order, so the heads of a KV head read its tiles from L2
+    if HEADS_INNER:
+        h = tl.program_id(0)
+        mblk = tl.num_programs(1) - 1 - tl.program_id(1)
+    else:
+        mblk = tl.num_programs(0) - 1 - tl.program_id(0)
+        h = tl.program_id(2)
+    req = tl.program_id(2) if HEADS_INNER else tl.program_id(1)
     kvh = h // RATIO
     q_start, q_len = request_queries(cu_q_ptr, req, q_uniform, HAS_CU_Q)
     m0 = mblk * BLOCK_M
@@ -260,7 +279,9 @@ def attention_prefill_tma(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, sequ
         k_rows, page_size = (k.shape[1] if batched else k.shape[0]), 1
     dummy = cu_seqlens_q if cu_seqlens_q is not None else lse  # for absent pointers (never read)
     window_right = min(window_right, (1 << 30) - 1)
-    grid = (cdiv(min(max_seqlen_q, total_q), bm), batch, hq)
+    n_mblk = cdiv(min(max_seqlen_q, total_q), bm)
+    heads_inner = bool(cfg["heads_inner"])
+    grid = (hq, n_mblk, batch) if heads_inner else (n_mblk, batch, hq)
     _mha_prefill_tma_kernel[grid](
         q_desc, k_desc, v_desc, out, out.stride(0), out.stride(1), lse, lse.stride(0), lse.stride(1),
         dummy, cu_seqlens_k if cu_seqlens_k is not None else dummy, seqused_k if seqused_k is not None else dummy,
@@ -270,6 +291,6 @@ def attention_prefill_tma(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, sequ
         BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=d, HAS_RIGHT=window_right >= 0,
         SKIP_WHOLE=skip_whole and cu_seqlens_k is not None and seqused_k is None and not paged and not batched,
         HAS_CU_Q=cu_seqlens_q is not None, HAS_CU_K=cu_seqlens_k is not None, HAS_SEQUSED=seqused_k is not None,
-        PAGED=paged, PAGE_SIZE=page_size,
+        PAGED=paged, PAGE_SIZE=page_size, HEADS_INNER=heads_inner,
         num_warps=int(cfg["warps"]), num_stages=1 if INTERPRET else int(cfg["stages"]),
     )
