@@ -78,7 +78,7 @@ def request_queries(cu_q_ptr, req, q_uniform, HAS_CU_Q: tl.constexpr):
         q_start = tl.load(cu_q_ptr + req)
         return q_start, tl.load(cu_q_ptr + req + 1) - q_start
     else:
-        return req * q_uniform, q_uniform + 0 * req
+        return req * q_uniform, q_uniform
 
 
 @triton.jit
