@@ -138,8 +138,10 @@ def test_prefill_variants_match_reference(device, triton_backend, monkeypatch, v
     check_kvcache(device, paged=False, sq=70)
 
 
-@pytest.mark.parametrize("block_m,block_n,heads_inner", [(16, 16, False), (32, 16, True)])
-def test_prefill_tma_matches_reference(device, triton_backend, monkeypatch, block_m, block_n, heads_inner):
+@pytest.mark.parametrize("block_m,block_n,heads_inner,virtual_grid", [(16, 16, False, True), (32, 16, True, True),
+                                                                      (16, 16, True, False)])
+def test_prefill_tma_matches_reference(device, triton_backend, monkeypatch, block_m, block_n, heads_inner,
+                                       virtual_grid):
     """The TMA prefill kernel (``prefill_tma``: one query head per program), on small tiles so the
     interpreter runs it, through the checks of the other kernel: ragged, seqused_k, batched and
     paged caches (page sizes multiples of the key tile; pages outside the cache), causal, full and
@@ -148,7 +150,8 @@ def test_prefill_tma_matches_reference(device, triton_backend, monkeypatch, bloc
     left windows and page sizes below the key tile keep the other kernel."""
     from mate.ops.mha import attention, prefill_tma
 
-    for key, value in (("block_m", block_m), ("block_n", block_n), ("min_seqlen_q", 1), ("heads_inner", heads_inner)):
+    for key, value in (("block_m", block_m), ("block_n", block_n), ("min_seqlen_q", 1), ("heads_inner", heads_inner),
+                       ("virtual_grid", virtual_grid)):
         monkeypatch.setitem(prefill_tma.PREFILL_TMA, key, value)
     calls = []
     real = attention.attention_prefill_tma
@@ -173,6 +176,71 @@ def test_prefill_tma_matches_reference(device, triton_backend, monkeypatch, bloc
     before = len(calls)
     check_varlen_dense(device, torch.float16, 2, 1, 64, False, (5, 3), True)  # a left window: the other kernel
     assert len(calls) == before
+
+
+@pytest.mark.parametrize("paged,tma", [(False, True), (True, True), (True, False)])
+def test_mixed_batch_splits_short_requests(device, triton_backend, monkeypatch, paged, tma):
+    """A ragged batch mixing decode rows and short chunks into a prefill: the TMA kernel takes the
+    requests of ``min_seqlen_q`` queries or more and skips the rest (left poisoned when it runs
+    alone); the packed-heads kernel fills in the rest in two launches, the decode rows and the
+    longer requests, each tiled for its class. With the TMA kernel off the packed-heads kernel's
+    two launches cover the batch. The whole call matches the reference."""
+    from mate.ops.mha import attention, prefill_tma
+
+    for key, value in (("block_m", 16), ("block_n", 16), ("min_seqlen_q", 16), ("enabled", tma)):
+        monkeypatch.setitem(prefill_tma.PREFILL_TMA, key, value)
+    g = torch.Generator().manual_seed(torch.seed() % 2**31)
+    q_lens, k_lens = [5, 0, 40, 1, 16, 15, 9], [37, 9, 70, 20, 16, 64, 30]
+    hq, hkv, d = 4, 2, 64
+    q = torch.randn(sum(q_lens), hq, d, generator=g).to(torch.bfloat16).to(device)
+    cq = cu(q_lens, device)
+    if paged:
+        kc, vc, table = paged_cache(k_lens, hkv, d, 16, torch.bfloat16, device, g)
+        kv = dict(k=kc, v=vc, cu_seqlens_k=None, max_seqlen_k=None, page_table=table,
+                  seqused_k=torch.tensor(k_lens, dtype=torch.int32, device=device))
+        ref_kv = dict(k=kc.cpu(), v=vc.cpu(), page_table=table.cpu())
+    else:
+        k = torch.randn(sum(k_lens), hkv, d, generator=g).to(torch.bfloat16).to(device)
+        v = torch.randn(sum(k_lens), hkv, d, generator=g).to(torch.bfloat16).to(device)
+        kv = dict(k=k, v=v, cu_seqlens_k=cu(k_lens, device), max_seqlen_k=max(k_lens))
+        ref_kv = dict(k=k.cpu(), v=v.cpu(), k_starts=cu(k_lens, "cpu").tolist()[:-1])
+    ro, rl = attention_varlen_reference(q.cpu(), cu_seqlens_q=cu(q_lens, "cpu"), k_lens=k_lens, causal=True,
+                                        **ref_kv)
+    bounds = cq.tolist()
+
+    def rows(keep):
+        return torch.cat([torch.arange(a, b) for a, b, n in zip(bounds[:-1], bounds[1:], q_lens) if keep(n)])
+
+    min_qs, packed = [], []
+    real_tma, real_packed = attention.attention_prefill_tma, attention._launch_packed
+
+    def tma_alone(*args, **kw):  # the TMA kernel alone into a poisoned output: short rows stay NaN
+        min_qs.append(kw["min_q"])
+        alone = poisoned(args[3].shape, args[3].dtype, device)
+        real_tma(args[0], args[1], args[2], alone, args[4].clone(), **kw)
+        assert torch.isnan(alone[rows(lambda n: n < 16).to(device)]).all()
+        assert_close(alone[rows(lambda n: n >= 16).to(device)], ro[rows(lambda n: n >= 16)], atol=2e-2, rtol=2e-2)
+        return real_tma(*args, **kw)
+
+    def packed_launch(*args, **kw):  # alone into a poisoned output: only its class's rows are written
+        lo, hi = kw["q_len_min"], kw["q_len_max"]
+        packed.append((lo, hi, kw["tile_q"]))
+        alone = poisoned(args[3].shape, args[3].dtype, device)
+        real_packed(args[0], args[1], args[2], alone, args[4].clone(), **kw)
+        mine = rows(lambda n: lo <= n <= hi and n > 0)
+        assert torch.isnan(alone[rows(lambda n: not lo <= n <= hi).to(device)]).all()
+        assert_close(alone[mine.to(device)], ro[mine], atol=2e-2, rtol=2e-2)
+        return real_packed(*args, **kw)
+
+    monkeypatch.setattr(attention, "attention_prefill_tma", tma_alone)
+    monkeypatch.setattr(attention, "_launch_packed", packed_launch)
+    out = poisoned((sum(q_lens), hq, d), torch.bfloat16, device)
+    o, lse = flash_attn_varlen_func(q, cu_seqlens_q=cq, max_seqlen_q=max(q_lens), causal=True,
+                                    return_softmax_lse=True, out=out, **kv)
+    assert min_qs == ([16] if tma else [])
+    assert packed == ([(0, 1, 1), (2, 15, 15)] if tma else [(0, 1, 1), (2, 2**31 - 1, 40)])
+    assert_close(o, ro, atol=2e-2, rtol=2e-2)
+    assert_close(lse, rl, name="lse", **LSE_TOL)
 
 
 @pytest.mark.parametrize("page_size", [16, 64, 128])
@@ -492,6 +560,34 @@ def test_prefill_tma_cache_gpu(page_size, causal):
                                                lens, batched=True, causal=causal)
     assert spy.call_count == 1
     assert_close(o.reshape(b * sq, hq, d), ro, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("hq,hkv", [(64, 4), (32, 8)])
+@pytest.mark.parametrize("paged", [False, True])
+def test_mixed_batch_gpu(paged, hq, hkv):
+    """Decode rows and short chunks mixed into a prefill at the default thresholds (d 128,
+    causal): the TMA kernel takes the requests of 64 queries or more, the packed-heads kernel
+    the rest in two launches (the decode rows and the longer requests), against the reference."""
+    g = torch.Generator().manual_seed(torch.seed() % 2**31)
+    q_lens = [1, 300, 1, 17, 63, 64, 1, 700, 4, 3]
+    k_lens = [int(torch.randint(n, n + 1500, (1,), generator=g)) for n in q_lens]
+    d = 128
+    q = torch.randn(sum(q_lens), hq, d, generator=g).to(torch.bfloat16).cuda()
+    if paged:
+        kc, vc, table = paged_cache(k_lens, hkv, d, 128, torch.bfloat16, "cuda", g)
+        kv = dict(k=kc, v=vc, page_table=table, seqused_k=torch.tensor(k_lens, dtype=torch.int32, device="cuda"))
+        ref_kv = dict(k=kc.cpu(), v=vc.cpu(), page_table=table.cpu())
+    else:
+        k, v = (torch.randn(sum(k_lens), hkv, d, generator=g).to(torch.bfloat16).cuda() for _ in range(2))
+        kv = dict(k=k, v=v, cu_seqlens_k=cu(k_lens, "cuda"), max_seqlen_k=max(k_lens))
+        ref_kv = dict(k=k.cpu(), v=v.cpu(), k_starts=cu(k_lens, "cpu").tolist()[:-1])
+    out = poisoned((sum(q_lens), hq, d), torch.bfloat16, "cuda")
+    o, lse = flash_attn_varlen_func(q, cu_seqlens_q=cu(q_lens, "cuda"), max_seqlen_q=max(q_lens), causal=True,
+                                    return_softmax_lse=True, out=out, **kv)
+    ro, rl = attention_varlen_reference(q.cpu(), cu_seqlens_q=cu(q_lens, "cpu"), k_lens=k_lens, causal=True, **ref_kv)
+    assert_close(o, ro, atol=2e-2, rtol=2e-2)
+    assert_close(lse, rl, name="lse", **LSE_TOL)
 
 
 @pytest.mark.gpu

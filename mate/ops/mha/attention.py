@@ -14,11 +14,20 @@ import triton
 import triton.language as tl
 
 from mate._core.triton_helpers import INTERPRET, cdiv, dot_operand, next_power_of_2, online_softmax_step, to_out_dtype
-from mate.ops.mha.prefill_tma import attention_prefill_tma, prefill_tma_supported, request_queries
+from mate.ops.mha.prefill_tma import (
+    PREFILL_TMA,
+    VIRTUAL_MAX_BATCH,
+    attention_prefill_tma,
+    prefill_tma_supported,
+    request_queries,
+    virtual_block,
+    virtual_grid_blocks,
+)
 
 __all__ = ["mha_tiling", "attention_triton", "mha_fwd_op", "PREFILL_VARIANT"]
 
 LOG2E = 1.4426950408889634
+INT32_MAX = 2**31 - 1
 
 
 @triton.jit
@@ -71,17 +80,24 @@ def _mha_fwd_kernel(
     k_ptr, v_ptr, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
     cu_q_ptr, cu_k_ptr, seqused_k_ptr, page_table_ptr, stride_pt, n_cols, num_pages,
     o_ptr, stride_ot, stride_oh, lse_ptr, stride_lh, stride_lt,
-    RATIO, qk_scale, window_left, window_right, q_rows, k_rows, q_uniform, k_uniform,
+    RATIO, qk_scale, window_left, window_right, q_rows, k_rows, q_uniform, k_uniform, q_len_min, q_len_max,
+    batch, n_mblk,
     TM: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
     PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, HAS_CU_K: tl.constexpr, HAS_SEQUSED: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SKIP_WHOLE: tl.constexpr = False,
-    SPLIT_LOOP: tl.constexpr = False, HAS_CU_Q: tl.constexpr = True,
+    SPLIT_LOOP: tl.constexpr = False, HAS_CU_Q: tl.constexpr = True, BLOCK_B: tl.constexpr = 0,
 ):
-    mblk = tl.program_id(0)
-    req = tl.program_id(1)
     kvh = tl.program_id(2)
-    q_start, q_len = request_queries(cu_q_ptr, req, q_uniform, HAS_CU_Q)
-    if mblk * TM >= q_len:
+    if BLOCK_B > 0:  # one grid axis over the query blocks of the batch's requests (virtual_block)
+        req, mblk, q_start, q_len = virtual_block(cu_q_ptr, tl.program_id(0), batch, q_rows, q_len_min, q_len_max,
+                                                  n_mblk, TM, BLOCK_B)
+        if req < 0:
+            return
+    else:
+        mblk = tl.program_id(0)
+        req = tl.program_id(1)
+        q_start, q_len = request_queries(cu_q_ptr, req, q_uniform, HAS_CU_Q)
+    if (mblk * TM >= q_len) | (q_len < q_len_min) | (q_len > q_len_max):  # another launch's request
         return
     if HAS_CU_K:
         k_start = tl.load(cu_k_ptr + req)
@@ -201,8 +217,10 @@ def attention_triton(
     batch: int = 0,
     k_uniform: int = 0,
 ) -> None:
-    """Launches ``_mha_fwd_kernel`` (or, for ragged dense prefill, ``prefill_tma``'s kernel);
-    inputs validated by the caller.
+    """Launches ``_mha_fwd_kernel`` (or, for prefill, ``prefill_tma``'s kernel, and then this one
+    for a ragged batch's requests of fewer than ``PREFILL_TMA["min_seqlen_q"]`` queries; in a
+    ragged batch, once for the decode rows and once for the longer requests, see
+    ``PREFILL_TMA["split_short"]``); inputs validated by the caller.
 
     q [total_q, Hq, D]; k/v ragged [total_k, Hkv, D] (``cu_seqlens_k``), batched
     [B, S, Hkv, D] (``batched``) or paged [pages, page_size, Hkv, D] (``page_table``);
@@ -216,22 +234,52 @@ def attention_triton(
     offsets or lengths past the tensors, a batched length past ``S``) are skipped, never
     accessed.
     """
-    total_q, hq, d = q.shape
-    hkv = k.shape[-2]
-    ratio = hq // hkv
+    total_q = q.shape[0]
     if cu_seqlens_q is not None:
         batch = cu_seqlens_q.shape[0] - 1
     if total_q == 0 or batch == 0 or max_seqlen_q <= 0:
         return
-    paged = page_table is not None
+    ragged_batch = cu_seqlens_q is not None and batch > 1  # its requests' lengths are known on the device only
+    split = ragged_batch and bool(PREFILL_TMA["split_short"])
+    max_short, upper = max_seqlen_q, INT32_MAX  # the packed-heads kernel's longest request, and its bound
     if prefill_tma_supported(q, k, v, max_seqlen_q=max_seqlen_q, page_table=page_table, batched=batched,
                              window_left=window_left):
+        # a ragged batch may mix short requests (decode rows) into a prefill: they run below
+        min_tma = max(1, int(PREFILL_TMA["min_seqlen_q"])) if split else 0
         attention_prefill_tma(q, k, v, out, lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                               seqused_k=seqused_k, page_table=page_table, batched=batched,
                               max_seqlen_q=max_seqlen_q, softmax_scale=softmax_scale, window_right=window_right,
-                              skip_whole=skip_whole, batch=batch, k_uniform=k_uniform)
-        return
-    tm, gp, block_m = mha_tiling(ratio, max_seqlen_q, PREFILL_VARIANT["rows"])
+                              skip_whole=skip_whole, batch=batch, k_uniform=k_uniform, min_q=min_tma)
+        if min_tma <= 1:
+            return
+        max_short = upper = min(max_seqlen_q, min_tma - 1)
+    # the packed-heads kernel's tile holds TM tokens of GP heads, TM fitted to the longest query:
+    # in a ragged batch the decode rows (one query) get a launch of their own, tiled as a decode
+    # call, so that a longer request does not widen their tiles. (A class of the requests that
+    # fill the 16-row tile, 4 queries at GP 4, ran its decode rows 13% slower than the one-query
+    # build: 136 registers against 128, three programs per SM instead of four.)
+    if split and max_short > 1:
+        classes = ((0, 1, 1), (2, upper, max_short))
+    else:
+        classes = ((0, upper, max_short),)
+    for q_len_min, q_len_max, tile_q in classes:
+        _launch_packed(q, k, v, out, lse, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, q_len_min=q_len_min,
+                       q_len_max=q_len_max, tile_q=tile_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
+                       page_table=page_table, batched=batched, softmax_scale=softmax_scale, window_left=window_left,
+                       window_right=window_right, skip_whole=skip_whole, batch=batch, k_uniform=k_uniform)
+
+
+def _launch_packed(q, k, v, out, lse, *, cu_seqlens_q, max_seqlen_q: int, q_len_min: int, q_len_max: int,
+                   tile_q: int, cu_seqlens_k, seqused_k, page_table, batched: bool, softmax_scale: float,
+                   window_left: int, window_right: int, skip_whole: bool, batch: int, k_uniform: int) -> None:
+    """``_mha_fwd_kernel`` over the requests of ``q_len_min`` to ``q_len_max`` queries, tiled and
+    gridded for ``tile_q`` queries (``max_seqlen_q``: the uniform query count without
+    ``cu_seqlens_q``)."""
+    total_q, hq, d = q.shape
+    hkv = k.shape[-2]
+    ratio = hq // hkv
+    paged = page_table is not None
+    tm, gp, block_m = mha_tiling(ratio, tile_q, PREFILL_VARIANT["rows"])
     if paged:
         skb, skt, skh = k.stride(0), k.stride(1), k.stride(2)
         svb, svt, svh = v.stride(0), v.stride(1), v.stride(2)
@@ -250,7 +298,15 @@ def attention_triton(
     window_left, window_right = min(window_left, 1 << 30), min(window_right, (1 << 30) - 1)
     block_n = 64
     num_warps = mha_num_warps(block_m)
-    grid = (cdiv(min(max_seqlen_q, total_q), tm), batch, hkv)  # no request has more rows inside q
+    n_mblk = cdiv(min(tile_q, total_q), tm)  # no request has more rows inside q
+    n_virtual = virtual_grid_blocks(total_q, batch, tm, q_len_min)
+    block_b = 0
+    if (PREFILL_TMA["virtual_grid"] and cu_seqlens_q is not None and batch + 1 <= VIRTUAL_MAX_BATCH
+            and n_virtual < n_mblk * batch):  # most programs of a per-request block axis would return
+        block_b = max(16, triton.next_power_of_2(batch + 1))
+        grid = (n_virtual, 1, hkv)
+    else:
+        grid = (n_mblk, batch, hkv)
     _mha_fwd_kernel[grid](
         q, q.stride(0), q.stride(1),
         k, v, skb, skt, skh, svb, svt, svh,
@@ -260,13 +316,13 @@ def attention_triton(
         page_table.shape[1] if paged else 0, k.shape[0],
         out, out.stride(0), out.stride(1), lse, lse.stride(0), lse.stride(1),
         ratio, softmax_scale * LOG2E, window_left, window_right, total_q, k.shape[1] if batched else k.shape[0],
-        max_seqlen_q, k_uniform,
+        max_seqlen_q, k_uniform, q_len_min, q_len_max, batch, n_mblk,
         TM=tm, GP=gp, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=d, PAGE_SIZE=page_size, PAGED=paged,
         HAS_CU_K=cu_seqlens_k is not None, HAS_SEQUSED=seqused_k is not None,
         HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0,
         SKIP_WHOLE=skip_whole and cu_seqlens_k is not None and seqused_k is None and not paged and not batched,
         SPLIT_LOOP=bool(PREFILL_VARIANT["split_loop"]) and not paged and window_left < 0,
-        HAS_CU_Q=cu_seqlens_q is not None, num_warps=num_warps, num_stages=1 if INTERPRET else 2,
+        HAS_CU_Q=cu_seqlens_q is not None, BLOCK_B=block_b, num_warps=num_warps, num_stages=1 if INTERPRET else 2,
     )
 
 

@@ -23,26 +23,48 @@ import triton.language as tl
 
 from mate._core.triton_helpers import INTERPRET, cdiv, dot_operand, finish_softmax, online_softmax_step, to_out_dtype
 
-__all__ = ["PREFILL_TMA", "prefill_tma_supported", "attention_prefill_tma", "request_queries"]
+__all__ = ["PREFILL_TMA", "VIRTUAL_MAX_BATCH", "prefill_tma_supported", "attention_prefill_tma", "request_queries",
+           "virtual_block", "virtual_grid_blocks"]
 
 PREFILL_TMA = {"enabled": True, "block_m": 64, "block_n": 64, "warps": 4, "stages": 3, "min_seqlen_q": 64,
-               "heads_inner": True}
+               "heads_inner": True, "split_short": True, "virtual_grid": True}
 """Ragged-prefill kernel settings: ``enabled`` (``attention_triton`` routes eligible calls
 here), tile rows / keys, warps, pipelining stages, the grid order (``heads_inner``: the query
 heads of a query block launched next to each other, else a head's blocks), and the longest
-query below which the
-packed-heads kernel of ``attention.py`` keeps the call (it fills MMA rows with GQA heads and reads
-a KV head's keys once; this kernel reads them once per query head, from L2 when the heads of a
-KV head run together). ``MATE_MHA_PREFILL_TMA="block_n=128,stages=2"`` updates these keys at
-import.
+query below which the packed-heads kernel of ``attention.py`` keeps the call (it fills MMA rows
+with GQA heads and reads a KV head's keys once; this kernel reads them once per query head, from
+L2 when the heads of a KV head run together).
+
+``split_short``: in a ragged batch that this kernel takes, the requests with fewer than
+``min_seqlen_q`` queries (decode rows mixed into a prefill) go to the packed-heads kernel, each
+kernel skipping the other's requests on the device (no host sync); the packed-heads kernel then
+runs two launches, the decode rows (one query) and the longer requests, so that decode rows keep
+decode tiles (also when this kernel does not take the call). ``virtual_grid``: a ragged batch's
+query blocks on one grid axis (:func:`virtual_block`) when that is shorter than a block axis per
+request, whose programs for short requests would mostly return at once, each holding one of an
+SM's two slots while it does. ``MATE_MHA_PREFILL_TMA="block_n=128,stages=2"`` updates these keys
+at import.
+
+Mixed batches (H200, session 27, ``PROBE_MIXED=1``: decode rows and prefill chunks, each at the
+end of an 8K context in shuffled 128-key pages, causal, d 128; one call / ``virtual_grid`` off /
+without ``split_short`` / the packed-heads kernel alone / the caller's two calls, us): 64 decode
+rows + a 2048-query chunk, 64 / 4 heads: 1386.8 / 1486.4 / 3354.7 / 2639.7 / 1364.2; 128 + two
+512-query chunks: 1110.6 / 1176.0 / 5289.0 / 1819.3 / 1087.9; 127 + 2048, 32 / 8 heads: 1521.7 /
+1622.4 / 2937.6 / 2351.1 / 1502.8; 16 + 4096: 1173.3 / 1207.4 / 1181.5 / 2519.4 / 1161.5. A
+decode class of the requests that fill the 16-row tile (4 queries at 32 / 8) ran the 127 decode
+rows in 1105.0 us against 977.7 for a decode call in the same run (one-query class: 956.4 against
+955.8): 136 registers against 128, three programs per SM instead of four. The split's
+two extra launches cost 3-4 us where nothing is split (8 x 2048: 644.4 against 640.0). On the
+ragged batch below the virtual grid timed 1200.7 against 1166.6 without it (its requests run in
+request order instead of the longest blocks first), in pages of 64 1244.0 against 1297.9.
 
 Chunked prefill (H200, session 26, ``PROBE_CHUNKS=1``: q_len new queries at the end of an 8K
 context in shuffled 128-key pages, 64 / 4 heads, d 128, causal; packed-heads / this kernel /
 this kernel with ``heads_inner``, us): q_len 16 (B=256) 5976.5 / 15392.8 / 10900.6, 64 (B=64)
 5768.1 / 3175.3 / 2545.4, 128 (B=32) 5471.0 / 2495.0 / 2380.4, 256 (B=16) 5187.6 / 2344.8 /
 2305.3, 1024 (B=4) 4857.2 / 2180.4 / 2213.9; on the cases below ``heads_inner`` moved the time
-by -2.4% to +2.6%. A batch that mixes decode requests into a prefill runs them here too (its
-longest query decides), at the q_len 16 row's cost per decode query.
+by -2.4% to +2.6%. Before ``split_short``, a batch that mixed decode requests into a prefill ran
+them here too (its longest query decided), at the q_len 16 row's cost per decode query.
 
 H200, session 26 (``benchmarks/probe_mha_prefill_tma.py``, bf16, interleaved, us): 64x64 tiles on
 4 warps with 3 stages (112 KB of shared memory: two programs per SM) against the packed-heads
@@ -57,13 +79,19 @@ pages of 128: 679.0 us against 1492.5 on the packed-heads kernel (cuDNN on the c
 664.2); the ragged batch in pages of 64: 1248.9 against 2860.4 (1063.1)."""
 
 
+VIRTUAL_MAX_BATCH = 2048
+"""Most requests (plus one) whose ``cu_seqlens_q`` one program loads whole to find its block's
+request (:func:`virtual_block`); larger batches keep a grid axis per request."""
+
+
 def _env_overrides(text: str) -> dict:
     out = {}
     for item in filter(None, (x.strip() for x in text.split(","))):
         key, _, val = item.partition("=")
         if key.strip() not in PREFILL_TMA:
             raise ValueError(f"MATE_MHA_PREFILL_TMA: unknown key {key.strip()!r} (known: {sorted(PREFILL_TMA)})")
-        out[key.strip()] = bool(int(val)) if key.strip() == "enabled" else int(val)
+        flag = key.strip() in ("enabled", "split_short", "heads_inner", "virtual_grid")
+        out[key.strip()] = bool(int(val)) if flag else int(val)
     return out
 
 
@@ -79,6 +107,41 @@ def request_queries(cu_q_ptr, req, q_uniform, HAS_CU_Q: tl.constexpr):
         return q_start, tl.load(cu_q_ptr + req + 1) - q_start
     else:
         return req * q_uniform, q_uniform
+
+
+@triton.jit
+def virtual_block(cu_q_ptr, vblk, batch, q_rows, q_len_min, q_len_max, n_mblk, TOKENS: tl.constexpr,
+                  BLOCK_B: tl.constexpr):
+    """(request, query block, first row, query count) of block ``vblk`` of a ragged batch whose
+    blocks are numbered one after another: the blocks of TOKENS queries with a row inside q
+    (rows 0 .. ``q_rows`` - 1; at most ``n_mblk`` per request) of each request of ``q_len_min``
+    to ``q_len_max`` queries, in request order. One vector load of ``cu_seqlens_q`` (``batch`` + 1
+    <= BLOCK_B entries); request -1 past the last block. A request's blocks keep their numbers
+    within it (the first may be > 0 when it starts before row 0)."""
+    b = tl.arange(0, BLOCK_B)
+    cu = tl.load(cu_q_ptr + b, mask=b <= batch, other=0).to(tl.int64)
+    cu_next = tl.load(cu_q_ptr + b + 1, mask=b < batch, other=0).to(tl.int64)
+    q_len = cu_next - cu
+    take = (b < batch) & (q_len >= q_len_min) & (q_len <= q_len_max) & (q_len > 0)
+    j0 = tl.maximum(-cu, 0) // TOKENS  # blocks wholly before row 0
+    end = tl.minimum(tl.maximum(tl.minimum(cu_next, q_rows) - cu, 0), n_mblk * TOKENS)
+    n_blk = tl.where(take, tl.maximum((end + TOKENS - 1) // TOKENS - j0, 0), 0)
+    first = tl.cumsum(n_blk, axis=0) - n_blk
+    req = tl.max(tl.where((first <= vblk) & (n_blk > 0), b, -1), axis=0)
+    mine = b == req
+    off = vblk - tl.sum(tl.where(mine, first, 0), axis=0)
+    req = tl.where(off < tl.sum(tl.where(mine, n_blk, 0), axis=0), req, -1)
+    mblk = tl.sum(tl.where(mine, j0, 0), axis=0) + off
+    return (req, mblk.to(tl.int32), tl.sum(tl.where(mine, cu, 0), axis=0).to(tl.int32),
+            tl.sum(tl.where(mine, q_len, 0), axis=0).to(tl.int32))
+
+
+def virtual_grid_blocks(total_q: int, batch: int, tokens: int, q_len_min: int) -> int:
+    """Blocks :func:`virtual_block` numbers at most: each request of ``q_len_min`` queries or more
+    with rows inside q adds its rows there / ``tokens``, plus one for its partial block; the first
+    and the last may also straddle q's ends."""
+    requests = min(batch, total_q // max(q_len_min, 1) + 2)
+    return total_q // tokens + requests + 2
 
 
 @triton.jit
@@ -130,25 +193,32 @@ def _tile(q, k_desc, v_desc, k_row, n0, kcol, kvh, page, num_pages, rows, m_i, l
 def _mha_prefill_tma_kernel(
     q_desc, k_desc, v_desc, o_ptr, stride_ot, stride_oh, lse_ptr, stride_lh, stride_lt,
     cu_q_ptr, cu_k_ptr, seqused_k_ptr, page_table_ptr, stride_pt, n_cols, num_pages,
-    RATIO, qk_scale, window_right, q_rows, k_rows, q_uniform, k_uniform,
+    RATIO, qk_scale, window_right, q_rows, k_rows, q_uniform, k_uniform, min_q, batch, n_mblk,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HAS_RIGHT: tl.constexpr,
     SKIP_WHOLE: tl.constexpr, HAS_CU_Q: tl.constexpr = True, HAS_CU_K: tl.constexpr = True,
     HAS_SEQUSED: tl.constexpr = False, PAGED: tl.constexpr = False, PAGE_SIZE: tl.constexpr = 1,
-    HEADS_INNER: tl.constexpr = False,
+    HEADS_INNER: tl.constexpr = False, BLOCK_B: tl.constexpr = 0,
 ):
     # the last (longest causal) query blocks first; HEADS_INNER: the query heads of one block
     # next to each other in launch order, so the heads of a KV head read its tiles from L2
     if HEADS_INNER:
         h = tl.program_id(0)
-        mblk = tl.num_programs(1) - 1 - tl.program_id(1)
+        blk = tl.num_programs(1) - 1 - tl.program_id(1)
     else:
-        mblk = tl.num_programs(0) - 1 - tl.program_id(0)
+        blk = tl.num_programs(0) - 1 - tl.program_id(0)
         h = tl.program_id(2)
-    req = tl.program_id(2) if HEADS_INNER else tl.program_id(1)
     kvh = h // RATIO
-    q_start, q_len = request_queries(cu_q_ptr, req, q_uniform, HAS_CU_Q)
+    if BLOCK_B > 0:  # one grid axis over the query blocks of the batch's requests (virtual_block)
+        req, mblk, q_start, q_len = virtual_block(cu_q_ptr, blk, batch, q_rows, min_q, 2147483647, n_mblk,
+                                                  BLOCK_M, BLOCK_B)
+        if req < 0:
+            return
+    else:
+        req = tl.program_id(2) if HEADS_INNER else tl.program_id(1)
+        mblk = blk
+        q_start, q_len = request_queries(cu_q_ptr, req, q_uniform, HAS_CU_Q)
     m0 = mblk * BLOCK_M
-    if m0 >= q_len:
+    if (m0 >= q_len) | (q_len < min_q):  # fewer than min_q queries: the packed-heads kernel's request
         return
     if HAS_CU_K:  # ragged: rows k_start.. of k
         k_start = tl.load(cu_k_ptr + req)
@@ -257,9 +327,10 @@ def prefill_tma_supported(q, k, v, *, max_seqlen_q: int, page_table, batched: bo
 
 def attention_prefill_tma(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, seqused_k, page_table, batched: bool,
                           max_seqlen_q: int, softmax_scale: float, window_right: int, skip_whole: bool, batch: int,
-                          k_uniform: int) -> None:
+                          k_uniform: int, min_q: int = 0) -> None:
     """Launches ``_mha_prefill_tma_kernel`` (arguments as ``attention_triton``'s; the caller
-    checked :func:`prefill_tma_supported`)."""
+    checked :func:`prefill_tma_supported`); requests with fewer than ``min_q`` queries are
+    skipped."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     total_q, hq, d = q.shape
@@ -281,16 +352,26 @@ def attention_prefill_tma(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, sequ
     window_right = min(window_right, (1 << 30) - 1)
     n_mblk = cdiv(min(max_seqlen_q, total_q), bm)
     heads_inner = bool(cfg["heads_inner"])
-    grid = (hq, n_mblk, batch) if heads_inner else (n_mblk, batch, hq)
+    # a ragged batch of short and long requests: one axis over the requests' query blocks, not
+    # n_mblk per request, most of which would return at once (two programs fit an SM, so each
+    # idle one holds a slot)
+    n_virtual = virtual_grid_blocks(total_q, batch, bm, min_q)
+    block_b = 0
+    if (cfg["virtual_grid"] and cu_seqlens_q is not None and batch + 1 <= VIRTUAL_MAX_BATCH
+            and n_virtual < n_mblk * batch):
+        block_b = max(16, triton.next_power_of_2(batch + 1))
+        grid = (hq, n_virtual, 1) if heads_inner else (n_virtual, 1, hq)
+    else:
+        grid = (hq, n_mblk, batch) if heads_inner else (n_mblk, batch, hq)
     _mha_prefill_tma_kernel[grid](
         q_desc, k_desc, v_desc, out, out.stride(0), out.stride(1), lse, lse.stride(0), lse.stride(1),
         dummy, cu_seqlens_k if cu_seqlens_k is not None else dummy, seqused_k if seqused_k is not None else dummy,
         page_table if paged else dummy, page_table.stride(0) if paged else 0, page_table.shape[1] if paged else 0,
         k.shape[0], hq // hkv, softmax_scale * 1.4426950408889634, window_right, total_q, k_rows, max_seqlen_q,
-        k_uniform,
+        k_uniform, min_q, batch, n_mblk,
         BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=d, HAS_RIGHT=window_right >= 0,
         SKIP_WHOLE=skip_whole and cu_seqlens_k is not None and seqused_k is None and not paged and not batched,
         HAS_CU_Q=cu_seqlens_q is not None, HAS_CU_K=cu_seqlens_k is not None, HAS_SEQUSED=seqused_k is not None,
-        PAGED=paged, PAGE_SIZE=page_size, HEADS_INNER=heads_inner,
+        PAGED=paged, PAGE_SIZE=page_size, HEADS_INNER=heads_inner, BLOCK_B=block_b,
         num_warps=int(cfg["warps"]), num_stages=1 if INTERPRET else int(cfg["stages"]),
     )
