@@ -8,6 +8,11 @@
   of 8 x 2K sequences (Triton) against one cuDNN SDPA call per sequence.
 - Paged prefill: 8 x 2K new tokens over a shuffled cache of 128-key pages (32 / 8 heads,
   causal) against one cuDNN SDPA call per sequence on the same keys laid out contiguously.
+- A mixed batch: 127 decode requests and one 2048-token prefill chunk, each at the end of an
+  8K context in 128-key pages (32 / 8 heads, causal), through one ``flash_attn_varlen_func``
+  call (as vLLM's FlashAttention backend issues it): the default (the chunk on the TMA kernel,
+  the decode rows on the packed-heads kernel), without ``split_short`` (every row on the TMA
+  kernel), and the caller's split into two calls.
 - Paged decode, B = 128, q_len 1, 8K context, 32 q heads / 8 KV heads, page 128 and 16,
   bf16, through ``flash_attn_with_kvcache``: GB/s of the K/V bytes read, against the
   measured copy bandwidth.
@@ -21,6 +26,7 @@ import torch
 
 from mate.mha_interface import flash_attn_varlen_func, flash_attn_with_kvcache
 from mate.testing.bench import record, time_fn, time_interleaved
+from mate.testing.inputs import paged_chunk_batch
 
 FAMILY = "mha"
 
@@ -139,6 +145,39 @@ def _paged_prefill_rows(ceilings: dict, page: int) -> list[dict]:
             for label, t in times.items()]
 
 
+def _mixed_rows(ceilings: dict) -> list[dict]:
+    from mate.ops.mha import prefill_tma
+
+    n_dec, chunk, ctx, page, HQ, HKV, D = 127, 2048, 8192, 128, 32, 8, 128
+    q_lens = [1] * n_dec + [chunk]
+    inp = paged_chunk_batch(q_lens, ctx, HQ, HKV, page, D)
+    q, kc, vc, table, cu, used = (inp[n] for n in ("q", "k_cache", "v_cache", "page_table", "cu_seqlens_q",
+                                                   "seqused_k"))
+    out = torch.empty_like(q)
+
+    def one_call():
+        return flash_attn_varlen_func(q, kc, vc, cu, None, chunk, None, seqused_k=used, page_table=table,
+                                      causal=True, out=out)
+
+    cu_dec, cu_chunk = cu[:n_dec + 1], torch.tensor([0, chunk], dtype=torch.int32, device="cuda")
+
+    def two_calls():
+        flash_attn_varlen_func(q[:n_dec], kc, vc, cu_dec, None, 1, None, seqused_k=used[:n_dec],
+                               page_table=table[:n_dec], causal=True, out=out[:n_dec])
+        flash_attn_varlen_func(q[n_dec:], kc, vc, cu_chunk, None, chunk, None, seqused_k=used[n_dec:],
+                               page_table=table[n_dec:], causal=True, out=out[n_dec:])
+
+    unsplit = mock.patch.dict(prefill_tma.PREFILL_TMA, {"split_short": False})(one_call)
+    times = time_interleaved({"mate (one call)": one_call, "mate (one call, split_short off)": unsplit,
+                              "mate (two calls: decode rows, then the chunk)": two_calls}, rounds=6, iters=20)
+    flops = sum(4.0 * D * HQ * n * (ctx - (n - 1) / 2) for n in q_lens)
+    shape = f"{n_dec} decodes + {chunk}-token chunk, ctx={ctx} Hq={HQ} Hkv={HKV} page={page} causal"
+    return [record(ceilings, family=FAMILY, op="mixed_batch", shape=shape, impl=label,
+                   time_us=t if isinstance(t, float) else None, flops=flops, dtype="bf16",
+                   ceiling="cublas_bf16_TFLOPs", note="" if isinstance(t, float) else str(t)[:150])
+            for label, t in times.items()]
+
+
 def _decode_rows(ceilings: dict, page: int) -> list[dict]:
     B, ctx, HQ, HKV, D = 128, 8192, 32, 8, 128
     npg = ctx // page
@@ -160,6 +199,7 @@ def run(ceilings: dict, quick: bool = False) -> list[dict]:
     rows: list[dict] = []
     for op, job in (("varlen_prefill", lambda: _prefill_rows(ceilings)),
                     ("paged_prefill", lambda: _paged_prefill_rows(ceilings, 128)),
+                    ("mixed_batch", lambda: _mixed_rows(ceilings)),
                     ("paged_decode", lambda: _decode_rows(ceilings, 128)),
                     ("paged_decode", lambda: _decode_rows(ceilings, 16))):
         try:

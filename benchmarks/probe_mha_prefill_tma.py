@@ -10,7 +10,12 @@ kernel's route when the cuDNN LSE op is off), a ragged batch of 8 lengths from 1
 8 x 2048 causal at d 64 (32 / 8 heads), and two of them over a shuffled paged cache (pages of
 128 and 64 keys, ``seqused_k``; cuDNN on the contiguous keys). ``PROBE_TILES=1`` adds the tile
 sweep of session 26; ``PROBE_CHUNKS=1`` times chunked prefill (new queries at the end of an
-8K paged context, 64 / 4 heads) on both kernels, for the ``min_seqlen_q`` crossover.
+8K paged context, 64 / 4 heads) on both kernels, for the ``min_seqlen_q`` crossover;
+``PROBE_MIXED=1`` (session 27) times batches mixing decode rows into a chunked prefill with
+``split_short`` on and off, ``virtual_grid`` off and the TMA kernel off, and the extra launches'
+cost on the benchmark's 8 x 2048 ragged batch (``split_short`` on and off; nothing to split
+there); ``PROBE_MIXED=only`` adds just the two ragged cases. ``PROBE_PARTS=1`` times a mixed
+batch's launches one by one beside the caller's two calls.
 Tile configurations of ``PREFILL_TMA`` (block_m, block_n, warps, stages) are timed beside the
 default; each case's output is compared with the old kernel's (max |difference|).
 """
@@ -25,8 +30,9 @@ from mate import mha_interface
 from mate.mha_interface import flash_attn_varlen_func
 from mate.ops.mha import prefill_tma
 from mate.testing.bench import time_interleaved
+from mate.testing.inputs import paged_chunk_batch
 
-CONFIGS = {"tma (default)": {}, "tma heads inner": {"heads_inner": 1}}
+CONFIGS = {"tma (default)": {}, "tma heads outer": {"heads_inner": 0}, "tma virtual_grid off": {"virtual_grid": 0}}
 if os.environ.get("PROBE_TILES"):  # the tile sweep of session 26's second call
     CONFIGS.update({"tma 64x64 w4 s2": dict(block_m=64, block_n=64, warps=4, stages=2),
                     "tma 64x64 w4 s4": dict(block_m=64, block_n=64, warps=4, stages=4),
@@ -44,6 +50,11 @@ def _with(cfg: dict, fn):
             prefill_tma.PREFILL_TMA.clear()
             prefill_tma.PREFILL_TMA.update(saved)
     return run
+
+
+def _chunk_inputs(q_lens: list[int], ctx: int, hq: int, hkv: int, page: int):
+    inp = paged_chunk_batch(q_lens, ctx, hq, hkv, page)
+    return tuple(inp[n] for n in ("q", "k_cache", "v_cache", "page_table", "cu_seqlens_q", "seqused_k"))
 
 
 def case(name: str, lens: list[int], hq: int, hkv: int, causal: bool, lse: bool, D: int = 128,
@@ -125,13 +136,7 @@ def chunk_case(B: int, q_len: int, ctx: int, hq: int, hkv: int, page: int) -> No
     """Chunked prefill: ``q_len`` new queries per request at the end of ``ctx`` keys in a
     shuffled paged cache (causal), the TMA kernel against the packed-heads kernel."""
     D = 128
-    npg = ctx // page
-    q = torch.randn(B * q_len, hq, D, device="cuda", dtype=torch.bfloat16)
-    kc = torch.randn(B * npg, page, hkv, D, device="cuda", dtype=torch.bfloat16)
-    vc = torch.randn_like(kc)
-    table = torch.randperm(B * npg, device="cuda").to(torch.int32).view(B, npg).contiguous()
-    cu = torch.arange(0, B * q_len + 1, q_len, dtype=torch.int32, device="cuda")
-    used = torch.full((B,), ctx, dtype=torch.int32, device="cuda")
+    q, kc, vc, table, cu, used = _chunk_inputs([q_len] * B, ctx, hq, hkv, page)
     out = torch.empty_like(q)
 
     def mate():
@@ -147,8 +152,124 @@ def chunk_case(B: int, q_len: int, ctx: int, hq: int, hkv: int, page: int) -> No
     print(f"--- chunk B={B} q_len={q_len} ctx={ctx} {hq}/{hkv} heads page {page}: {line}", flush=True)
 
 
+def mixed_case(n_dec: int, chunks: list[int], ctx: int, hq: int, hkv: int, page: int = 128) -> None:
+    """``n_dec`` decode requests (one query each) and prefill chunks of ``chunks`` new queries,
+    every request at the end of ``ctx`` keys in a shuffled paged cache (causal): the split
+    launch, the TMA kernel alone and the packed-heads kernel alone."""
+    q_lens = [1] * n_dec + chunks
+    q, kc, vc, table, cu, used = _chunk_inputs(q_lens, ctx, hq, hkv, page)
+    out = torch.empty_like(q)
+
+    def mate():
+        return flash_attn_varlen_func(q, kc, vc, cu, None, max(q_lens), None, seqused_k=used, page_table=table,
+                                      causal=True, out=out)
+
+    nd = n_dec
+    cu_chunks = cu[nd:] - cu[nd]
+
+    def two_calls():  # the decode rows, then the chunks: the caller's split
+        flash_attn_varlen_func(q[:nd], kc, vc, cu[:nd + 1], None, 1, None, seqused_k=used[:nd], page_table=table[:nd],
+                               causal=True, out=out[:nd])
+        flash_attn_varlen_func(q[nd:], kc, vc, cu_chunks, None, max(chunks), None, seqused_k=used[nd:],
+                               page_table=table[nd:], causal=True, out=out[nd:])
+
+    cases = {"split (default)": mate, "virtual_grid off": _with({"virtual_grid": False}, mate),
+             "tma alone": _with({"split_short": False}, mate), "packed-heads alone": _with({"enabled": False}, mate),
+             "two calls": two_calls}
+    with torch.no_grad():
+        _with({"enabled": False}, mate)()
+        ref = out.clone()
+        out.fill_(float("nan"))
+        mate()
+        diff = (out.float() - ref.float()).abs().max().item()
+        times = time_interleaved(cases, rounds=4, iters=16)
+    line = "  ".join(f"{n} {t:7.1f} us" for n, t in times.items())
+    print(f"--- mixed {n_dec} decodes + chunks {chunks} ctx={ctx} {hq}/{hkv} heads page {page}: {line}  "
+          f"max|diff| split vs packed {diff:.3g}", flush=True)
+
+
+def mixed_parts(n_dec: int, chunk: int, ctx: int, hq: int, hkv: int, page: int = 128) -> None:
+    """The mixed batch's launches timed one by one (the others patched out) beside the caller's
+    two calls, to place the one call's extra time."""
+    from unittest import mock
+
+    from mate.ops.mha import attention
+
+    q, kc, vc, table, cu, used = _chunk_inputs([1] * n_dec + [chunk], ctx, hq, hkv, page)
+    out = torch.empty_like(q)
+    real_packed = attention._launch_packed
+
+    def one(tma=True, classes=(0, 1, 2)):
+        def packed(*a, **kw):
+            cls = 0 if kw["q_len_min"] == 0 else 1
+            if cls in classes:
+                real_packed(*a, **kw)
+
+        def run():
+            with mock.patch.object(attention, "_launch_packed", packed):
+                if tma:
+                    return flash_attn_varlen_func(q, kc, vc, cu, None, chunk, None, seqused_k=used, page_table=table,
+                                                  causal=True, out=out)
+                with mock.patch.object(attention, "attention_prefill_tma", lambda *a, **kw: None):
+                    return flash_attn_varlen_func(q, kc, vc, cu, None, chunk, None, seqused_k=used,
+                                                  page_table=table, causal=True, out=out)
+        return run
+
+    nd = n_dec
+    cu_chunk = cu[nd:] - cu[nd]
+    cases = {
+        "one call": one(),
+        "its TMA launch": one(classes=()),
+        "its packed class A": one(tma=False, classes=(0,)),
+        "its packed class B": one(tma=False, classes=(1,)),
+        "decode call": lambda: flash_attn_varlen_func(q[:nd], kc, vc, cu[:nd + 1], None, 1, None, seqused_k=used[:nd],
+                                                      page_table=table[:nd], causal=True, out=out[:nd]),
+        "chunk call": lambda: flash_attn_varlen_func(q[nd:], kc, vc, cu_chunk, None, chunk, None,
+                                                     seqused_k=used[nd:], page_table=table[nd:], causal=True,
+                                                     out=out[nd:]),
+    }
+    with torch.no_grad():
+        times = time_interleaved(cases, rounds=4, iters=16)
+    line = "  ".join(f"{n} {t:7.1f}" for n, t in times.items())
+    print(f"--- parts {n_dec} decodes + {chunk} ctx={ctx} {hq}/{hkv}: {line} us", flush=True)
+
+
+def split_overhead(lens: list[int], hq: int, hkv: int) -> None:
+    """The split launch's cost on a ragged prefill with no short request (the second kernel's
+    programs all return at once)."""
+    D = 128
+    T = sum(lens)
+    q, k, v = (torch.randn(T, h, D, device="cuda", dtype=torch.bfloat16) for h in (hq, hkv, hkv))
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    out = torch.empty_like(q)
+
+    def mate():
+        return flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=True, out=out)
+
+    with torch.no_grad():
+        times = time_interleaved({"split (default)": mate, "no split": _with({"split_short": False}, mate)},
+                                 rounds=4, iters=16)
+    line = "  ".join(f"{n} {t:7.1f} us" for n, t in times.items())
+    print(f"--- split overhead {len(lens)} x {lens[0]} {hq}/{hkv} heads: {line}", flush=True)
+
+
 def main() -> None:
     print(torch.cuda.get_device_name(), flush=True)
+    if os.environ.get("PROBE_PARTS"):  # the mixed batch's launches one by one (session 27)
+        mixed_parts(127, 2048, 8192, 32, 8)
+        mixed_parts(64, 2048, 8192, 64, 4)
+        return
+    if os.environ.get("PROBE_MIXED"):  # decode rows inside a prefill batch (session 27)
+        mixed_case(64, [2048], 8192, 64, 4)
+        mixed_case(128, [512, 512], 8192, 64, 4)
+        mixed_case(127, [2048], 8192, 32, 8)
+        mixed_case(16, [4096], 8192, 32, 8)
+        split_overhead([2048] * 8, 32, 32)
+        split_overhead([128] * 4, 32, 8)
+        if os.environ.get("PROBE_MIXED") == "only":  # and the ragged batches (the virtual grid's other cases)
+            case("ragged", [3000, 500, 1200, 7000, 100, 2000, 900, 1500], 32, 8, True, False)
+            case("ragged paged 64", [3000, 500, 1200, 7000, 100, 2000, 900, 1500], 32, 8, True, False, page=64)
+            return
     if os.environ.get("PROBE_CHUNKS"):  # the min_seqlen_q crossover (M3 heads, 8K context in 128-key pages)
         for q_len in (16, 64, 128, 256, 1024):
             chunk_case(max(1, 4096 // q_len), q_len, 8192, 64, 4, 128)

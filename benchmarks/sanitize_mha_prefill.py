@@ -5,8 +5,10 @@
 Runs the mha tests' checks on the GPU with every prefill routed to the TMA kernel
 (``min_seqlen_q=1``): ragged GQA causal, seqused_k, a right window, ragged offsets outside q and
 k, a batched cache, paged caches of 64- and 128-key pages, lengths near INT32_MAX; each compared
-with the reference, each counted to reach the kernel. Exits non-zero on a failed check. H200,
-session 26: every check passed, 10 calls, 0 memcheck errors (the session's probes file).
+with the reference, each counted to reach the kernel. Then (session 27) the GPU test's mixed
+batches at the default ``min_seqlen_q`` (64): decode rows and short chunks on the packed-heads
+kernel beside the TMA kernel's requests, ragged and paged. Exits non-zero on a failed check.
+H200, session 26: every check passed, 10 calls, 0 memcheck errors (the session's probes file).
 """
 import os
 import sys
@@ -16,7 +18,7 @@ sys.path.insert(0, ".")
 import torch  # noqa: E402
 
 import tests.mha.test_mha_interface as t  # noqa: E402
-from mate.ops.mha import attention  # noqa: E402
+from mate.ops.mha import attention, prefill_tma  # noqa: E402
 
 calls = []
 real = attention.attention_prefill_tma
@@ -31,6 +33,19 @@ checks = {
     "paged 128": lambda: t.check_varlen_paged("cuda", 128),
     "INT32_MAX lengths": lambda: t.check_lengths_near_int32_max("cuda"),
 }
+
+
+def _mixed(paged: bool):
+    def run():
+        prefill_tma.PREFILL_TMA["min_seqlen_q"] = 64
+        try:
+            t.test_mixed_batch_gpu(paged, 32, 8)
+        finally:
+            prefill_tma.PREFILL_TMA["min_seqlen_q"] = 1
+    return run
+
+
+checks.update({"mixed batch ragged": _mixed(False), "mixed batch paged": _mixed(True)})
 bad = 0
 for name, fn in checks.items():
     before = len(calls)

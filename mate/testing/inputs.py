@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 
 __all__ = ["randn", "rand_fp8", "poisoned", "moe_contiguous_operands", "moe_masked_operands",
-           "grouped_contiguous_operands"]
+           "grouped_contiguous_operands", "paged_chunk_batch"]
 
 
 def randn(shape: Sequence[int], dtype: torch.dtype = torch.bfloat16, device="cpu", scale: float = 1.0,
@@ -85,3 +85,23 @@ def grouped_contiguous_operands(rows, n: int, k: int, device="cpu", tail: int = 
     b = rand_fp8((G, n, k), device=device, scale=2.0)
     sb = torch.rand(G, -(-n // 128), k // 128, device=device) * 0.02 + 0.005
     return idx, a, sa, b, sb
+
+
+def paged_chunk_batch(q_lens: Sequence[int], ctx: int, hq: int, hkv: int, page: int, head_dim: int = 128,
+                      dtype: torch.dtype = torch.bfloat16, device="cuda") -> dict[str, torch.Tensor]:
+    """Benchmark inputs of chunked prefill and decode over a paged cache: ``q_lens[i]`` new
+    queries of request i at the end of its ``ctx`` keys, each request's ``ctx // page`` pages
+    drawn at random from one cache. Returns q [sum(q_lens), hq, D], k_cache / v_cache [pages,
+    page, hkv, D], page_table [B, ctx // page] int32, cu_seqlens_q [B + 1] int32 and seqused_k
+    [B] int32 (``ctx`` each)."""
+    batch, pages = len(q_lens), ctx // page
+    k_cache = torch.randn(batch * pages, page, hkv, head_dim, device=device, dtype=dtype)
+    offsets = torch.tensor([0, *torch.tensor(list(q_lens)).cumsum(0).tolist()], dtype=torch.int32)
+    return {
+        "q": torch.randn(sum(q_lens), hq, head_dim, device=device, dtype=dtype),
+        "k_cache": k_cache,
+        "v_cache": torch.randn_like(k_cache),
+        "page_table": torch.randperm(batch * pages, device=device).to(torch.int32).view(batch, pages).contiguous(),
+        "cu_seqlens_q": offsets.to(device),
+        "seqused_k": torch.full((batch,), ctx, dtype=torch.int32, device=device),
+    }
