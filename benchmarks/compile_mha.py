@@ -71,7 +71,7 @@ def build_tma(page_size: int, block_b: int = 0) -> str:
     src = ASTSource(fn=pt._mha_prefill_tma_kernel, signature=sig, constexprs=cx,
                     attrs=divisibility_attrs(sig, ("o_ptr", "lse_ptr", "cu_q_ptr", "cu_k_ptr", "stride_ot",
                                                    "stride_oh")))
-    rep = compile_sm90(src, {"num_warps": int(cfg["warps"]), "num_stages": int(cfg["stages"])})
+    rep = compile_sm90(src, {"num_warps": int(cfg["warps"]), "num_stages": pt.prefill_stages(d)})
     ops = opcode_counts(rep.sass)
     tc = {o: c for o, c in ops.items() if "GMMA" in o or "UTMALDG" in o}
     digest = hashlib.md5(rep.sass.encode()).hexdigest()[:10]

@@ -15,7 +15,8 @@ sweep of session 26; ``PROBE_CHUNKS=1`` times chunked prefill (new queries at th
 ``split_short`` on and off, ``virtual_grid`` off and the TMA kernel off, and the extra launches'
 cost on the benchmark's 8 x 2048 ragged batch (``split_short`` on and off; nothing to split
 there); ``PROBE_MIXED=only`` adds just the two ragged cases. ``PROBE_PARTS=1`` times a mixed
-batch's launches one by one beside the caller's two calls.
+batch's launches one by one beside the caller's two calls. ``PROBE_CASES=a,b`` runs only those
+cases; ``PROBE_TILES=2`` times 2 stages and larger tiles instead of the default's variants.
 Tile configurations of ``PREFILL_TMA`` (block_m, block_n, warps, stages) are timed beside the
 default; each case's output is compared with the old kernel's (max |difference|).
 """
@@ -38,6 +39,12 @@ if os.environ.get("PROBE_TILES"):  # the tile sweep of session 26's second call
                     "tma 64x64 w4 s4": dict(block_m=64, block_n=64, warps=4, stages=4),
                     "tma 64x128 w4 s2": dict(block_m=64, block_n=128, warps=4, stages=2),
                     "tma 128x64 w8 s3": dict(block_m=128, block_n=64, warps=8, stages=3)})
+if os.environ.get("PROBE_TILES") == "2":  # session 27: d 64 stages, and larger tiles without the causal mask
+    CONFIGS = {"tma (default)": {}, "tma 64x64 w4 s2": dict(stages=2, stages_d64=2),
+               "tma 64x64 w4 s3": dict(stages=3, stages_d64=3),
+               "tma 128x64 w8 s3": dict(block_m=128, block_n=64, warps=8, stages=3),
+               "tma 128x128 w8 s2": dict(block_m=128, block_n=128, warps=8, stages=2),
+               "tma 64x128 w4 s2": dict(block_m=64, block_n=128, warps=4, stages=2)}
 
 
 def _with(cfg: dict, fn):
@@ -273,14 +280,19 @@ def main() -> None:
     if os.environ.get("PROBE_CHUNKS"):  # the min_seqlen_q crossover (M3 heads, 8K context in 128-key pages)
         for q_len in (16, 64, 128, 256, 1024):
             chunk_case(max(1, 4096 // q_len), q_len, 8192, 64, 4, 128)
-    case("8 x 2048", [2048] * 8, 32, 32, True, False)
-    case("8 x 2048 GQA", [2048] * 8, 32, 8, True, False)
-    case("8 x 2048 full", [2048] * 8, 32, 32, False, False)
-    case("ragged", [3000, 500, 1200, 7000, 100, 2000, 900, 1500], 32, 8, True, False)
-    case("16K with LSE", [16384], 32, 32, True, True)
-    case("8 x 2048 d64", [2048] * 8, 32, 8, True, False, D=64)
-    case("8 x 2048 paged 128", [2048] * 8, 32, 8, True, False, page=128)
-    case("ragged paged 64", [3000, 500, 1200, 7000, 100, 2000, 900, 1500], 32, 8, True, False, page=64)
+    ragged = [3000, 500, 1200, 7000, 100, 2000, 900, 1500]
+    cases = {"8 x 2048": ([2048] * 8, 32, 32, True, False, {}),
+             "8 x 2048 GQA": ([2048] * 8, 32, 8, True, False, {}),
+             "8 x 2048 full": ([2048] * 8, 32, 32, False, False, {}),
+             "ragged": (ragged, 32, 8, True, False, {}),
+             "16K with LSE": ([16384], 32, 32, True, True, {}),
+             "8 x 2048 d64": ([2048] * 8, 32, 8, True, False, {"D": 64}),
+             "8 x 2048 paged 128": ([2048] * 8, 32, 8, True, False, {"page": 128}),
+             "ragged paged 64": (ragged, 32, 8, True, False, {"page": 64})}
+    wanted = os.environ.get("PROBE_CASES")  # a comma list of the names above (all by default)
+    for name, (lens, hq, hkv, causal, lse, kw) in cases.items():
+        if not wanted or name in wanted.split(","):
+            case(name, lens, hq, hkv, causal, lse, **kw)
 
 
 if __name__ == "__main__":

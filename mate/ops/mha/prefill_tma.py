@@ -23,13 +23,13 @@ import triton.language as tl
 
 from mate._core.triton_helpers import INTERPRET, cdiv, dot_operand, finish_softmax, online_softmax_step, to_out_dtype
 
-__all__ = ["PREFILL_TMA", "VIRTUAL_MAX_BATCH", "prefill_tma_supported", "attention_prefill_tma", "request_queries",
-           "virtual_block", "virtual_grid_blocks"]
+__all__ = ["PREFILL_TMA", "VIRTUAL_MAX_BATCH", "prefill_stages", "prefill_tma_supported", "attention_prefill_tma",
+           "request_queries", "virtual_block", "virtual_grid_blocks"]
 
-PREFILL_TMA = {"enabled": True, "block_m": 64, "block_n": 64, "warps": 4, "stages": 3, "min_seqlen_q": 64,
-               "heads_inner": True, "split_short": True, "virtual_grid": True}
+PREFILL_TMA = {"enabled": True, "block_m": 64, "block_n": 64, "warps": 4, "stages": 3, "stages_d64": 2,
+               "min_seqlen_q": 64, "heads_inner": True, "split_short": True, "virtual_grid": True}
 """Ragged-prefill kernel settings: ``enabled`` (``attention_triton`` routes eligible calls
-here), tile rows / keys, warps, pipelining stages, the grid order (``heads_inner``: the query
+here), tile rows / keys, warps, pipelining stages (``stages_d64`` for head dim 64), the grid order (``heads_inner``: the query
 heads of a query block launched next to each other, else a head's blocks), and the longest
 query below which the packed-heads kernel of ``attention.py`` keeps the call (it fills MMA rows
 with GQA heads and reads a KV head's keys once; this kernel reads them once per query head, from
@@ -72,8 +72,13 @@ kernel and one cuDNN SDPA call per sequence: 8 x 2048 causal, 32 heads, d 128: 6
 878.9 and 673.8; the same with 32 / 8 heads 627.6 / 816.4 / 664.5; non-causal 1148.8 / 1560.6 /
 885.5; a ragged batch of 8 lengths 100-7000 (32 / 8 heads) 1184.5 / 1502.1 / 1071.6; one 16K
 causal sequence with the LSE 4204.0 / 6002.9; d 64 (32 / 8 heads) 411.4 / 482.1 / 467.0 (2
-stages 393.3). Other tiles, 8 x 2048 causal: 128x64 on 8 warps 778.6-792.0, 128x128 2-3 stages
+stages 393.3; session 27, three calls: 2 stages 385.1 / 389.0 / 389.3 against 3 stages 405.8 /
+410.8 / 410.0, cuDNN per sequence 468.1 / 472.2 / 471.9, so ``stages_d64`` is 2; at d 128 2 stages lost: non-causal 1493.2 against 1166.7, the ragged batch
+1338.4 against 1184.7). Other tiles, 8 x 2048 causal: 128x64 on 8 warps 778.6-792.0, 128x128 2-3 stages
 745.0-835.1, 64x64 with 2 stages 786.3, with 4 (one program per SM) 935.1, 64x128 1064.8.
+Without the causal mask (session 27, 8 x 2048, 32 heads) the default tile stays the fastest:
+1166.7-1170.4 us against 128x64 on 8 warps 1333.9-1344.8, 128x128 (2 stages) 1483.6-1496.3,
+64x128 1896.9-1923.5 (cuDNN per sequence 874.9-883.2).
 Paged caches (the same keys in shuffled pages, ``seqused_k``): 8 x 2048 causal, 32 / 8 heads,
 pages of 128: 679.0 us against 1492.5 on the packed-heads kernel (cuDNN on the contiguous keys
 664.2); the ragged batch in pages of 64: 1248.9 against 2860.4 (1063.1)."""
@@ -90,7 +95,7 @@ def _env_overrides(text: str) -> dict:
         key, _, val = item.partition("=")
         if key.strip() not in PREFILL_TMA:
             raise ValueError(f"MATE_MHA_PREFILL_TMA: unknown key {key.strip()!r} (known: {sorted(PREFILL_TMA)})")
-        flag = key.strip() in ("enabled", "split_short", "heads_inner", "virtual_grid")
+        flag = key.strip() in ("enabled", "split_short", "heads_inner", "virtual_grid")  # the rest: ints
         out[key.strip()] = bool(int(val)) if flag else int(val)
     return out
 
@@ -314,6 +319,11 @@ def _kv_ok(x: torch.Tensor, *, paged: bool, batched: bool) -> bool:
     return _tma_view_ok(x)
 
 
+def prefill_stages(head_dim: int) -> int:
+    """Pipelining stages of the kernel's key loop at this head dim (``PREFILL_TMA``)."""
+    return int(PREFILL_TMA["stages_d64" if head_dim == 64 else "stages"])
+
+
 def prefill_tma_supported(q, k, v, *, max_seqlen_q: int, page_table, batched: bool, window_left: int) -> bool:
     """Whether ``attention_triton``'s call can run this kernel: fp16/bf16, D 64 or 128, no left
     window, prefill-sized queries, TMA-compatible tensors (see :func:`_kv_ok`), a CUDA device (or
@@ -373,5 +383,5 @@ def attention_prefill_tma(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, sequ
         SKIP_WHOLE=skip_whole and cu_seqlens_k is not None and seqused_k is None and not paged and not batched,
         HAS_CU_Q=cu_seqlens_q is not None, HAS_CU_K=cu_seqlens_k is not None, HAS_SEQUSED=seqused_k is not None,
         PAGED=paged, PAGE_SIZE=page_size, HEADS_INNER=heads_inner, BLOCK_B=block_b,
-        num_warps=int(cfg["warps"]), num_stages=1 if INTERPRET else int(cfg["stages"]),
+        num_warps=int(cfg["warps"]), num_stages=1 if INTERPRET else prefill_stages(d),
     )
