@@ -39,7 +39,7 @@ def _mixed(paged: bool):
     def run():
         prefill_tma.PREFILL_TMA["min_seqlen_q"] = 64
         try:
-            t.test_mixed_batch_gpu(paged, 32, 8)
+            t.test_mixed_batch_gpu(paged, 32, 8, None, None)
         finally:
             prefill_tma.PREFILL_TMA["min_seqlen_q"] = 1
     return run

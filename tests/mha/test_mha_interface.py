@@ -138,8 +138,8 @@ def test_prefill_variants_match_reference(device, triton_backend, monkeypatch, v
     check_kvcache(device, paged=False, sq=70)
 
 
-@pytest.mark.parametrize("block_m,block_n,heads_inner,virtual_grid", [(16, 16, False, True), (32, 16, True, True),
-                                                                      (16, 16, True, False)])
+@pytest.mark.parametrize("block_m,block_n,heads_inner,virtual_grid", [(16, 16, False, 1), (32, 16, True, 1),
+                                                                      (16, 16, True, 0)])
 def test_prefill_tma_matches_reference(device, triton_backend, monkeypatch, block_m, block_n, heads_inner,
                                        virtual_grid):
     """The TMA prefill kernel (``prefill_tma``: one query head per program), on small tiles so the
@@ -187,7 +187,7 @@ def test_mixed_batch_splits_short_requests(device, triton_backend, monkeypatch, 
     two launches cover the batch. The whole call matches the reference."""
     from mate.ops.mha import attention, prefill_tma
 
-    for key, value in (("block_m", 16), ("block_n", 16), ("min_seqlen_q", 16), ("enabled", tma)):
+    for key, value in (("block_m", 16), ("block_n", 16), ("min_seqlen_q", 16), ("enabled", tma), ("virtual_grid", 1)):
         monkeypatch.setitem(prefill_tma.PREFILL_TMA, key, value)
     g = torch.Generator().manual_seed(torch.seed() % 2**31)
     q_lens, k_lens = [5, 0, 40, 1, 16, 15, 9], [37, 9, 70, 20, 16, 64, 30]
@@ -565,10 +565,17 @@ def test_prefill_tma_cache_gpu(page_size, causal):
 @pytest.mark.gpu
 @pytest.mark.parametrize("hq,hkv", [(64, 4), (32, 8)])
 @pytest.mark.parametrize("paged", [False, True])
-def test_mixed_batch_gpu(paged, hq, hkv):
+@pytest.mark.parametrize("virtual_grid", [None, 1])
+def test_mixed_batch_gpu(paged, hq, hkv, virtual_grid, monkeypatch):
     """Decode rows and short chunks mixed into a prefill at the default thresholds (d 128,
     causal): the TMA kernel takes the requests of 64 queries or more, the packed-heads kernel
-    the rest in two launches (the decode rows and the longer requests), against the reference."""
+    the rest in two launches (the decode rows and the longer requests), against the reference;
+    also with both kernels on the one axis of query blocks (``virtual_grid`` 1; the default
+    keeps per-request axes for this batch)."""
+    from mate.ops.mha import prefill_tma
+
+    if virtual_grid is not None:
+        monkeypatch.setitem(prefill_tma.PREFILL_TMA, "virtual_grid", virtual_grid)
     g = torch.Generator().manual_seed(torch.seed() % 2**31)
     q_lens = [1, 300, 1, 17, 63, 64, 1, 700, 4, 3]
     k_lens = [int(torch.randint(n, n + 1500, (1,), generator=g)) for n in q_lens]

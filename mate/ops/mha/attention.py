@@ -16,10 +16,10 @@ import triton.language as tl
 from mate._core.triton_helpers import INTERPRET, cdiv, dot_operand, next_power_of_2, online_softmax_step, to_out_dtype
 from mate.ops.mha.prefill_tma import (
     PREFILL_TMA,
-    VIRTUAL_MAX_BATCH,
     attention_prefill_tma,
     prefill_tma_supported,
     request_queries,
+    use_virtual_grid,
     virtual_block,
     virtual_grid_blocks,
 )
@@ -301,8 +301,7 @@ def _launch_packed(q, k, v, out, lse, *, cu_seqlens_q, max_seqlen_q: int, q_len_
     n_mblk = cdiv(min(tile_q, total_q), tm)  # no request has more rows inside q
     n_virtual = virtual_grid_blocks(total_q, batch, tm, q_len_min)
     block_b = 0
-    if (PREFILL_TMA["virtual_grid"] and cu_seqlens_q is not None and batch + 1 <= VIRTUAL_MAX_BATCH
-            and n_virtual < n_mblk * batch):  # most programs of a per-request block axis would return
+    if use_virtual_grid(cu_seqlens_q, batch, n_mblk, n_virtual):  # most per-request programs would return
         block_b = max(16, triton.next_power_of_2(batch + 1))
         grid = (n_virtual, 1, hkv)
     else:

@@ -24,10 +24,10 @@ import triton.language as tl
 from mate._core.triton_helpers import INTERPRET, cdiv, dot_operand, finish_softmax, online_softmax_step, to_out_dtype
 
 __all__ = ["PREFILL_TMA", "VIRTUAL_MAX_BATCH", "prefill_stages", "prefill_tma_supported", "attention_prefill_tma",
-           "request_queries", "virtual_block", "virtual_grid_blocks"]
+           "request_queries", "use_virtual_grid", "virtual_block", "virtual_grid_blocks"]
 
 PREFILL_TMA = {"enabled": True, "block_m": 64, "block_n": 64, "warps": 4, "stages": 3, "stages_d64": 2,
-               "min_seqlen_q": 64, "heads_inner": True, "split_short": True, "virtual_grid": True}
+               "min_seqlen_q": 64, "heads_inner": True, "split_short": True, "virtual_grid": 8}
 """Ragged-prefill kernel settings: ``enabled`` (``attention_triton`` routes eligible calls
 here), tile rows / keys, warps, pipelining stages (``stages_d64`` for head dim 64), the grid order (``heads_inner``: the query
 heads of a query block launched next to each other, else a head's blocks), and the longest
@@ -40,9 +40,10 @@ L2 when the heads of a KV head run together).
 kernel skipping the other's requests on the device (no host sync); the packed-heads kernel then
 runs two launches, the decode rows (one query) and the longer requests, so that decode rows keep
 decode tiles (also when this kernel does not take the call). ``virtual_grid``: a ragged batch's
-query blocks on one grid axis (:func:`virtual_block`) when that is shorter than a block axis per
-request, whose programs for short requests would mostly return at once, each holding one of an
-SM's two slots while it does. ``MATE_MHA_PREFILL_TMA="block_n=128,stages=2"`` updates these keys
+query blocks on one grid axis (:func:`virtual_block`) when a block axis per request would be at
+least this many times longer (0: never), its programs for short requests mostly returning at once,
+each holding one of an SM's two slots while it does; the search for its block costs each program
+of the one axis a few percent where few programs would idle (see below). ``MATE_MHA_PREFILL_TMA="block_n=128,stages=2"`` updates these keys
 at import.
 
 Mixed batches (H200, session 27, ``PROBE_MIXED=1``: decode rows and prefill chunks, each at the
@@ -55,8 +56,11 @@ decode class of the requests that fill the 16-row tile (4 queries at 32 / 8) ran
 rows in 1105.0 us against 977.7 for a decode call in the same run (one-query class: 956.4 against
 955.8): 136 registers against 128, three programs per SM instead of four. The split's
 two extra launches cost 3-4 us where nothing is split (8 x 2048: 644.4 against 640.0). On the
-ragged batch below the virtual grid timed 1200.7 against 1166.6 without it (its requests run in
-request order instead of the longest blocks first), in pages of 64 1244.0 against 1297.9.
+ragged batch below (880 per-request blocks against 263 on one axis) one axis took 1200.7 /
+1204.9 / 1257.2 us against 1166.6 / 1172.7 / 1225.9 in three calls, in pages of 64 1244.0 /
+1259.8 / 1303.1 against 1297.9 / 1283.7 / 1288.6, whether the axis ran request by request or
+the last blocks of every request first; the mixed batches above have 16 to 127 times more
+per-request blocks than blocks, hence the factor 8.
 
 Chunked prefill (H200, session 26, ``PROBE_CHUNKS=1``: q_len new queries at the end of an 8K
 context in shuffled 128-key pages, 64 / 4 heads, d 128, causal; packed-heads / this kernel /
@@ -95,7 +99,7 @@ def _env_overrides(text: str) -> dict:
         key, _, val = item.partition("=")
         if key.strip() not in PREFILL_TMA:
             raise ValueError(f"MATE_MHA_PREFILL_TMA: unknown key {key.strip()!r} (known: {sorted(PREFILL_TMA)})")
-        flag = key.strip() in ("enabled", "split_short", "heads_inner", "virtual_grid")  # the rest: ints
+        flag = key.strip() in ("enabled", "split_short", "heads_inner")  # the rest: ints
         out[key.strip()] = bool(int(val)) if flag else int(val)
     return out
 
@@ -139,6 +143,14 @@ def virtual_block(cu_q_ptr, vblk, batch, q_rows, q_len_min, q_len_max, n_mblk, T
     mblk = tl.sum(tl.where(mine, j0, 0), axis=0) + off
     return (req, mblk.to(tl.int32), tl.sum(tl.where(mine, cu, 0), axis=0).to(tl.int32),
             tl.sum(tl.where(mine, q_len, 0), axis=0).to(tl.int32))
+
+
+def use_virtual_grid(cu_seqlens_q, batch: int, n_mblk: int, n_virtual: int) -> bool:
+    """Whether a launch over ``batch`` ragged requests of up to ``n_mblk`` blocks each takes the
+    one axis of ``n_virtual`` blocks (``PREFILL_TMA["virtual_grid"]``)."""
+    gain = int(PREFILL_TMA["virtual_grid"])
+    return (gain > 0 and cu_seqlens_q is not None and batch + 1 <= VIRTUAL_MAX_BATCH
+            and n_mblk * batch >= gain * n_virtual)
 
 
 def virtual_grid_blocks(total_q: int, batch: int, tokens: int, q_len_min: int) -> int:
@@ -367,8 +379,7 @@ def attention_prefill_tma(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, sequ
     # idle one holds a slot)
     n_virtual = virtual_grid_blocks(total_q, batch, bm, min_q)
     block_b = 0
-    if (cfg["virtual_grid"] and cu_seqlens_q is not None and batch + 1 <= VIRTUAL_MAX_BATCH
-            and n_virtual < n_mblk * batch):
+    if use_virtual_grid(cu_seqlens_q, batch, n_mblk, n_virtual):
         block_b = max(16, triton.next_power_of_2(batch + 1))
         grid = (hq, n_virtual, 1) if heads_inner else (n_virtual, 1, hq)
     else:
