@@ -105,3 +105,20 @@ def test_virtual_block_adversarial_offsets(monkeypatch):
         assert 0 <= req < len(cu) - 1 and (q_start, q_len) == (cu[req], cu[req + 1] - cu[req])
         assert mblk >= 0 and mblk * 16 < q_len and (req, mblk) not in seen
         seen.add((req, mblk))
+
+
+def test_use_virtual_grid_rule(monkeypatch):
+    """The one axis only for ragged batches whose per-request axes are ``virtual_grid`` times
+    longer, at most VIRTUAL_MAX_BATCH - 1 requests, within the grid axis's limit; 0 turns it off."""
+    from mate.ops.mha import prefill_tma
+    from mate.ops.mha.prefill_tma import use_virtual_grid
+
+    cu = torch.zeros(3, dtype=torch.int32)
+    monkeypatch.setitem(prefill_tma.PREFILL_TMA, "virtual_grid", 8)
+    assert use_virtual_grid(cu, 128, 32, 70)  # 127 decode rows + a 2048-query chunk: 4096 >= 560
+    assert not use_virtual_grid(cu, 8, 110, 263)  # ragged lengths 100-7000: 880 < 2104
+    assert not use_virtual_grid(None, 128, 32, 70)
+    assert not use_virtual_grid(cu, prefill_tma.VIRTUAL_MAX_BATCH, 32, 70)
+    assert not use_virtual_grid(cu, 1000, 2000, 70000, axis_limit=65535)
+    monkeypatch.setitem(prefill_tma.PREFILL_TMA, "virtual_grid", 0)
+    assert not use_virtual_grid(cu, 128, 32, 70)

@@ -29,11 +29,11 @@ __all__ = ["PREFILL_TMA", "VIRTUAL_MAX_BATCH", "prefill_stages", "prefill_tma_su
 PREFILL_TMA = {"enabled": True, "block_m": 64, "block_n": 64, "warps": 4, "stages": 3, "stages_d64": 2,
                "min_seqlen_q": 64, "heads_inner": True, "split_short": True, "virtual_grid": 8}
 """Ragged-prefill kernel settings: ``enabled`` (``attention_triton`` routes eligible calls
-here), tile rows / keys, warps, pipelining stages (``stages_d64`` for head dim 64), the grid order (``heads_inner``: the query
-heads of a query block launched next to each other, else a head's blocks), and the longest
-query below which the packed-heads kernel of ``attention.py`` keeps the call (it fills MMA rows
-with GQA heads and reads a KV head's keys once; this kernel reads them once per query head, from
-L2 when the heads of a KV head run together).
+here), tile rows / keys, warps, pipelining stages (``stages_d64`` for head dim 64), the grid
+order (``heads_inner``: the query heads of a query block launched next to each other, else a
+head's blocks), and the longest query below which the packed-heads kernel of ``attention.py``
+keeps the call (it fills MMA rows with GQA heads and reads a KV head's keys once; this kernel
+reads them once per query head, from L2 when the heads of a KV head run together).
 
 ``split_short``: in a ragged batch that this kernel takes, the requests with fewer than
 ``min_seqlen_q`` queries (decode rows mixed into a prefill) go to the packed-heads kernel, each
@@ -43,8 +43,8 @@ decode tiles (also when this kernel does not take the call). ``virtual_grid``: a
 query blocks on one grid axis (:func:`virtual_block`) when a block axis per request would be at
 least this many times longer (0: never), its programs for short requests mostly returning at once,
 each holding one of an SM's two slots while it does; the search for its block costs each program
-of the one axis a few percent where few programs would idle (see below). ``MATE_MHA_PREFILL_TMA="block_n=128,stages=2"`` updates these keys
-at import.
+of the one axis a few percent where few programs would idle (see below).
+``MATE_MHA_PREFILL_TMA="block_n=128,stages=2"`` updates these keys at import.
 
 Mixed batches (H200, session 27, ``PROBE_MIXED=1``: decode rows and prefill chunks, each at the
 end of an 8K context in shuffled 128-key pages, causal, d 128; one call / ``virtual_grid`` off /
@@ -77,9 +77,10 @@ kernel and one cuDNN SDPA call per sequence: 8 x 2048 causal, 32 heads, d 128: 6
 885.5; a ragged batch of 8 lengths 100-7000 (32 / 8 heads) 1184.5 / 1502.1 / 1071.6; one 16K
 causal sequence with the LSE 4204.0 / 6002.9; d 64 (32 / 8 heads) 411.4 / 482.1 / 467.0 (2
 stages 393.3; session 27, three calls: 2 stages 385.1 / 389.0 / 389.3 against 3 stages 405.8 /
-410.8 / 410.0, cuDNN per sequence 468.1 / 472.2 / 471.9, so ``stages_d64`` is 2; at d 128 2 stages lost: non-causal 1493.2 against 1166.7, the ragged batch
-1338.4 against 1184.7). Other tiles, 8 x 2048 causal: 128x64 on 8 warps 778.6-792.0, 128x128 2-3 stages
-745.0-835.1, 64x64 with 2 stages 786.3, with 4 (one program per SM) 935.1, 64x128 1064.8.
+410.8 / 410.0, cuDNN per sequence 468.1 / 472.2 / 471.9, so ``stages_d64`` is 2; at d 128 2
+stages lost: non-causal 1493.2 against 1166.7, the ragged batch 1338.4 against 1184.7). Other
+tiles, 8 x 2048 causal: 128x64 on 8 warps 778.6-792.0, 128x128 2-3 stages 745.0-835.1, 64x64
+with 2 stages 786.3, with 4 (one program per SM) 935.1, 64x128 1064.8.
 Without the causal mask (session 27, 8 x 2048, 32 heads) the default tile stays the fastest:
 1166.7-1170.4 us against 128x64 on 8 warps 1333.9-1344.8, 128x128 (2 stages) 1483.6-1496.3,
 64x128 1896.9-1923.5 (cuDNN per sequence 874.9-883.2).
@@ -145,12 +146,13 @@ def virtual_block(cu_q_ptr, vblk, batch, q_rows, q_len_min, q_len_max, n_mblk, T
             tl.sum(tl.where(mine, q_len, 0), axis=0).to(tl.int32))
 
 
-def use_virtual_grid(cu_seqlens_q, batch: int, n_mblk: int, n_virtual: int) -> bool:
+def use_virtual_grid(cu_seqlens_q, batch: int, n_mblk: int, n_virtual: int, axis_limit: int = 2**31 - 1) -> bool:
     """Whether a launch over ``batch`` ragged requests of up to ``n_mblk`` blocks each takes the
-    one axis of ``n_virtual`` blocks (``PREFILL_TMA["virtual_grid"]``)."""
+    one axis of ``n_virtual`` blocks (``PREFILL_TMA["virtual_grid"]``; ``axis_limit``: the most
+    programs the grid axis it goes on takes, 65535 on y and z)."""
     gain = int(PREFILL_TMA["virtual_grid"])
     return (gain > 0 and cu_seqlens_q is not None and batch + 1 <= VIRTUAL_MAX_BATCH
-            and n_mblk * batch >= gain * n_virtual)
+            and n_mblk * batch >= gain * n_virtual and n_virtual <= axis_limit)
 
 
 def virtual_grid_blocks(total_q: int, batch: int, tokens: int, q_len_min: int) -> int:
@@ -379,7 +381,7 @@ def attention_prefill_tma(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, sequ
     # idle one holds a slot)
     n_virtual = virtual_grid_blocks(total_q, batch, bm, min_q)
     block_b = 0
-    if use_virtual_grid(cu_seqlens_q, batch, n_mblk, n_virtual):
+    if use_virtual_grid(cu_seqlens_q, batch, n_mblk, n_virtual, 65535 if heads_inner else 2**31 - 1):
         block_b = max(16, triton.next_power_of_2(batch + 1))
         grid = (hq, n_virtual, 1) if heads_inner else (n_virtual, 1, hq)
     else:
