@@ -25,6 +25,7 @@ import torch
 
 from mate._core import checks
 from mate._core.dispatch import select_backend
+from mate._core.hopper import GRID_YZ_MAX
 from mate.api_logging import mate_api
 
 __all__ = ["MhaSchedulerMetadata", "flash_attn_varlen_func", "flash_attn_with_kvcache", "get_scheduler_metadata"]
@@ -124,6 +125,10 @@ def _run(q, k, v, out, lse, *, cu_seqlens_q, max_seqlen_q, cu_seqlens_k, seqused
         return
     from mate.ops.mha.attention import mha_fwd_op
 
+    # the requests are a launch-grid y / z axis of both kernels
+    requests = batch if cu_seqlens_q is None else cu_seqlens_q.shape[0] - 1
+    checks.check_value("cu_seqlens_q" if cu_seqlens_q is not None else "q.shape[0] (batch)", requests <= GRID_YZ_MAX,
+                       f"at most {GRID_YZ_MAX} requests per call", requests)
     mha_fwd_op(q, k, v, out, lse, cu_seqlens_q, int(max_seqlen_q), cu_seqlens_k, seqused_k, page_table,
                bool(batched), float(softmax_scale), int(window[0]), int(window[1]), bool(skip_whole), int(batch),
                int(k_uniform))

@@ -12,6 +12,7 @@ import torch
 from mate._core import checks
 from mate._core.custom_op import mate_custom_op
 from mate._core.dispatch import select_backend
+from mate._core.hopper import GRID_YZ_MAX
 from mate.api_logging import mate_api
 from mate.ops.sparse_mla.reference import mla_rope_quantize_fp8_reference
 
@@ -234,7 +235,7 @@ from mate.ops.sparse_mla.metadata import DecodeMetadata, plan_decode  # noqa: E4
 
 _FP8 = torch.float8_e4m3fn
 _ROW = 576  # kv_lora_rank + qk_rope_head_dim
-_MAX_ROWS = 65535  # CUDA's limit on a launch grid's y and z axes
+_MAX_ROWS = GRID_YZ_MAX
 
 
 @mate_custom_op("sparse_mla_fp8_decode", mutates_args=("out", "lse", "partial_o", "partial_lse"))

@@ -6,8 +6,8 @@ import functools
 
 import torch
 
-__all__ = ["SMEM_PER_PROGRAM", "SMEM_PER_SM", "SMEM_RESERVED_PER_PROGRAM", "REGS_PER_SM", "smem_for_programs",
-           "cuda_sm_count", "cuda_capability", "planning_sm_count"]
+__all__ = ["SMEM_PER_PROGRAM", "SMEM_PER_SM", "SMEM_RESERVED_PER_PROGRAM", "REGS_PER_SM", "GRID_YZ_MAX",
+           "smem_for_programs", "cuda_sm_count", "cuda_capability", "planning_sm_count"]
 
 SMEM_PER_SM = 228 * 1024
 """Shared memory of one SM (bytes), shared by its resident programs."""
@@ -20,6 +20,9 @@ SMEM_PER_PROGRAM = SMEM_PER_SM - SMEM_RESERVED_PER_PROGRAM
 
 REGS_PER_SM = 65536
 """32-bit registers of one SM."""
+
+GRID_YZ_MAX = 65535
+"""Most programs along a launch grid's y or z axis (x takes 2**31 - 1)."""
 
 
 def smem_for_programs(programs: int) -> int:

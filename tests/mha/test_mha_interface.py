@@ -453,6 +453,19 @@ def test_errors(device):
         flash_attn_varlen_func(q, k, k, cq, cq, 4, 4, scheduler_metadata=meta)
 
 
+def test_requests_past_the_grid_limit(triton_backend):
+    """65536 requests do not fit a launch grid's y axis: a clear error before any launch (the
+    reference backend has no such limit)."""
+    n = 65536
+    q = torch.zeros(n, 1, 64, dtype=torch.bfloat16)
+    cq = torch.arange(n + 1, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"cu_seqlens_q must be at most 65535 requests per call, got 65536"):
+        flash_attn_varlen_func(q, q, q, cq, cq, 1, 1)
+    kc = torch.zeros(n, 1, 1, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"q.shape\[0\] \(batch\) must be at most 65535 requests per call, got 65536"):
+        flash_attn_with_kvcache(q[:, None], kc, kc, cache_seqlens=1)
+
+
 def test_kvcache_ragged_q(device, triton_backend):
     """Ragged queries over a paged cache (MSA's paged mode): out [total_q, Hq, D], lse [Hq, total_q]."""
     g = torch.Generator().manual_seed(torch.seed() % 2**31)

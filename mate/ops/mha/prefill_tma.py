@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from mate._core.hopper import GRID_YZ_MAX
 from mate._core.triton_helpers import INTERPRET, cdiv, dot_operand, finish_softmax, online_softmax_step, to_out_dtype
 
 __all__ = ["PREFILL_TMA", "VIRTUAL_MAX_BATCH", "prefill_stages", "prefill_tma_supported", "attention_prefill_tma",
@@ -375,13 +376,13 @@ def attention_prefill_tma(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, sequ
     dummy = cu_seqlens_q if cu_seqlens_q is not None else lse  # for absent pointers (never read)
     window_right = min(window_right, (1 << 30) - 1)
     n_mblk = cdiv(min(max_seqlen_q, total_q), bm)
-    heads_inner = bool(cfg["heads_inner"])
+    heads_inner = bool(cfg["heads_inner"]) and n_mblk <= GRID_YZ_MAX  # else the blocks go on x
     # a ragged batch of short and long requests: one axis over the requests' query blocks, not
     # n_mblk per request, most of which would return at once (two programs fit an SM, so each
     # idle one holds a slot)
     n_virtual = virtual_grid_blocks(total_q, batch, bm, min_q)
     block_b = 0
-    if use_virtual_grid(cu_seqlens_q, batch, n_mblk, n_virtual, 65535 if heads_inner else 2**31 - 1):
+    if use_virtual_grid(cu_seqlens_q, batch, n_mblk, n_virtual, GRID_YZ_MAX if heads_inner else 2**31 - 1):
         block_b = max(16, triton.next_power_of_2(batch + 1))
         grid = (hq, n_virtual, 1) if heads_inner else (n_virtual, 1, hq)
     else:
