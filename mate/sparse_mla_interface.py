@@ -235,7 +235,6 @@ from mate.ops.sparse_mla.metadata import DecodeMetadata, plan_decode  # noqa: E4
 
 _FP8 = torch.float8_e4m3fn
 _ROW = 576  # kv_lora_rank + qk_rope_head_dim
-_MAX_ROWS = GRID_YZ_MAX
 
 
 @mate_custom_op("sparse_mla_fp8_decode", mutates_args=("out", "lse", "partial_o", "partial_lse"))
@@ -294,7 +293,7 @@ def _check_decode_query(query: torch.Tensor) -> tuple[int, int, int]:
     batch, q_len, heads = query.shape[:3]
     checks.check_shape("query", query, [batch, q_len, heads, _ROW])
     # the query rows are a launch-grid axis of the decode and combine kernels (at most 65535)
-    checks.check_value("query", batch * q_len <= _MAX_ROWS, f"at most {_MAX_ROWS} rows B * q_len per call",
+    checks.check_value("query", batch * q_len <= GRID_YZ_MAX, f"at most {GRID_YZ_MAX} rows B * q_len per call",
                        f"B={batch}, q_len={q_len}")
     return batch, q_len, heads
 

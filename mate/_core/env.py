@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["ENV_VARS", "env_in_effect", "unknown_mate_vars"]
+__all__ = ["ENV_VARS", "env_in_effect", "unknown_mate_vars", "config_overrides"]
 
 ENV_VARS: dict[str, tuple[str, str]] = {
     "MATE_BACKEND": ("auto", "auto | triton | reference: Triton kernels on CUDA, reference on CPU; "
@@ -48,3 +48,25 @@ def unknown_mate_vars() -> list[str]:
 def env_in_effect() -> dict[str, str]:
     """Every MATE_* variable: its value if set, else its default."""
     return {name: os.environ.get(name, default) for name, (default, _) in ENV_VARS.items()}
+
+
+def config_overrides(var: str, text: str, defaults: dict, *, allow_none: bool = False) -> dict:
+    """``key=value,...`` (the value of environment variable ``var``) -> updates of the kernel
+    settings ``defaults``, each value read as its setting's type: bool settings as 0 / 1 ints,
+    names as given, the rest as ints, and ``none`` as None where ``allow_none``. An unknown key
+    raises ``ValueError`` naming ``var`` and the known keys."""
+    out = {}
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        key, _, val = item.partition("=")
+        key, val = key.strip(), val.strip()
+        if key not in defaults:
+            raise ValueError(f"{var}: unknown key {key!r} (known: {sorted(defaults)})")
+        if allow_none and val.lower() == "none":
+            out[key] = None
+        elif isinstance(defaults[key], bool):
+            out[key] = bool(int(val))
+        elif isinstance(defaults[key], str):
+            out[key] = val
+        else:
+            out[key] = int(val)
+    return out

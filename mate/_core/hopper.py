@@ -6,7 +6,7 @@ import functools
 
 import torch
 
-__all__ = ["SMEM_PER_PROGRAM", "SMEM_PER_SM", "SMEM_RESERVED_PER_PROGRAM", "REGS_PER_SM", "GRID_YZ_MAX",
+__all__ = ["SMEM_PER_PROGRAM", "SMEM_PER_SM", "SMEM_RESERVED_PER_PROGRAM", "REGS_PER_SM", "GRID_X_MAX", "GRID_YZ_MAX",
            "smem_for_programs", "cuda_sm_count", "cuda_capability", "planning_sm_count"]
 
 SMEM_PER_SM = 228 * 1024
@@ -21,8 +21,11 @@ SMEM_PER_PROGRAM = SMEM_PER_SM - SMEM_RESERVED_PER_PROGRAM
 REGS_PER_SM = 65536
 """32-bit registers of one SM."""
 
+GRID_X_MAX = 2**31 - 1
+"""Most programs along a launch grid's x axis."""
+
 GRID_YZ_MAX = 65535
-"""Most programs along a launch grid's y or z axis (x takes 2**31 - 1)."""
+"""Most programs along a launch grid's y or z axis."""
 
 
 def smem_for_programs(programs: int) -> int:

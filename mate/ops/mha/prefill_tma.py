@@ -21,7 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
-from mate._core.hopper import GRID_YZ_MAX
+from mate._core.env import config_overrides
+from mate._core.hopper import GRID_X_MAX, GRID_YZ_MAX
 from mate._core.triton_helpers import INTERPRET, cdiv, dot_operand, finish_softmax, online_softmax_step, to_out_dtype
 
 __all__ = ["PREFILL_TMA", "VIRTUAL_MAX_BATCH", "prefill_stages", "prefill_tma_supported", "attention_prefill_tma",
@@ -96,14 +97,8 @@ request (:func:`virtual_block`); larger batches keep a grid axis per request."""
 
 
 def _env_overrides(text: str) -> dict:
-    out = {}
-    for item in filter(None, (x.strip() for x in text.split(","))):
-        key, _, val = item.partition("=")
-        if key.strip() not in PREFILL_TMA:
-            raise ValueError(f"MATE_MHA_PREFILL_TMA: unknown key {key.strip()!r} (known: {sorted(PREFILL_TMA)})")
-        flag = key.strip() in ("enabled", "split_short", "heads_inner")  # the rest: ints
-        out[key.strip()] = bool(int(val)) if flag else int(val)
-    return out
+    """``key=value,...`` -> PREFILL_TMA updates (flags as 0 / 1, the rest ints)."""
+    return config_overrides("MATE_MHA_PREFILL_TMA", text, PREFILL_TMA)
 
 
 PREFILL_TMA.update(_env_overrides(os.environ.get("MATE_MHA_PREFILL_TMA", "")))
@@ -147,7 +142,7 @@ def virtual_block(cu_q_ptr, vblk, batch, q_rows, q_len_min, q_len_max, n_mblk, T
             tl.sum(tl.where(mine, q_len, 0), axis=0).to(tl.int32))
 
 
-def use_virtual_grid(cu_seqlens_q, batch: int, n_mblk: int, n_virtual: int, axis_limit: int = 2**31 - 1) -> bool:
+def use_virtual_grid(cu_seqlens_q, batch: int, n_mblk: int, n_virtual: int, axis_limit: int = GRID_X_MAX) -> bool:
     """Whether a launch over ``batch`` ragged requests of up to ``n_mblk`` blocks each takes the
     one axis of ``n_virtual`` blocks (``PREFILL_TMA["virtual_grid"]``; ``axis_limit``: the most
     programs the grid axis it goes on takes, 65535 on y and z)."""
@@ -382,7 +377,7 @@ def attention_prefill_tma(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, sequ
     # idle one holds a slot)
     n_virtual = virtual_grid_blocks(total_q, batch, bm, min_q)
     block_b = 0
-    if use_virtual_grid(cu_seqlens_q, batch, n_mblk, n_virtual, GRID_YZ_MAX if heads_inner else 2**31 - 1):
+    if use_virtual_grid(cu_seqlens_q, batch, n_mblk, n_virtual, GRID_YZ_MAX if heads_inner else GRID_X_MAX):
         block_b = max(16, triton.next_power_of_2(batch + 1))
         grid = (hq, n_virtual, 1) if heads_inner else (n_virtual, 1, hq)
     else:

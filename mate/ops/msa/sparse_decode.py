@@ -21,6 +21,7 @@ import os
 import triton
 import triton.language as tl
 
+from mate._core.env import config_overrides
 from mate._core.hopper import REGS_PER_SM, SMEM_PER_SM, SMEM_RESERVED_PER_PROGRAM
 from mate._core.triton_helpers import INTERPRET, dot_operand, finish_softmax, next_power_of_2, to_out_dtype
 from mate.ops.msa.softmax_helpers import split_entries, token_position, visible_limit
@@ -119,19 +120,7 @@ trip before the page lookups instead of three; 7b3abc8) timed within 0.4 us eith
 
 def _env_overrides(text: str) -> dict:
     """``key=value,...`` -> DECODE_VARIANT updates (ints, ``none``, names)."""
-    out = {}
-    for item in filter(None, (x.strip() for x in text.split(","))):
-        key, _, val = item.partition("=")
-        key, val = key.strip(), val.strip()
-        if key not in DECODE_VARIANT:
-            raise ValueError(f"MATE_MSA_DECODE_VARIANT: unknown key {key!r} (known: {sorted(DECODE_VARIANT)})")
-        if val.lower() == "none":
-            out[key] = None
-        elif isinstance(DECODE_VARIANT[key], str):
-            out[key] = val
-        else:
-            out[key] = int(val)
-    return out
+    return config_overrides("MATE_MSA_DECODE_VARIANT", text, DECODE_VARIANT, allow_none=True)
 
 
 DECODE_VARIANT.update(_env_overrides(os.environ.get("MATE_MSA_DECODE_VARIANT", "")))
