@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import torch.distributed as dist
 
 from tests._markers import interpreter_only
@@ -53,4 +54,23 @@ def test_tp_example_without_torchrun_runs_one_rank():
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]
     assert "world_size=1, 2 heads per rank" in proc.stdout, log[-4000:]
+    assert proc.stdout.strip().endswith("ok"), log[-4000:]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+@pytest.mark.skipif(not dist.is_available() or not dist.is_nccl_available(), reason="needs torch.distributed nccl")
+@pytest.mark.timeout(300)
+def test_tp_example_two_nccl_ranks():
+    """Two GPUs, one rank each, NCCL all-reduce (NVLink multicast kept off), DeepSeek-V3.2 sizes."""
+    env = {**os.environ, "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
+           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+    env.pop("TRITON_INTERPRET", None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(EXAMPLE),
+           "--deepseek", "--batch", "8"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=290)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-4000:]
+    assert "world_size=2, 64 heads per rank" in proc.stdout, log[-4000:]
+    assert "device=cuda" in proc.stdout, log[-4000:]
     assert proc.stdout.strip().endswith("ok"), log[-4000:]
