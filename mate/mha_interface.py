@@ -51,11 +51,12 @@ class MhaSchedulerMetadata:
 
 
 def _not_implemented(**given: tuple[Any, Any]) -> None:
-    for name, (value, default) in given.items():
-        checks.check_default(name, value, default)
+    checks.check_defaults(given)
 
 
 def _check_window(window_size: Any) -> tuple[int, int]:
+    if window_size == (-1, -1) and type(window_size) is tuple:  # the default, unbounded
+        return -1, -1
     ok = (isinstance(window_size, (tuple, list)) and len(window_size) == 2
           and all(isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in window_size))
     checks.check_value("window_size", ok, "a pair of ints >= -1", window_size)
@@ -88,22 +89,28 @@ def _check_scheduler(meta: Any, hq: int, hkv: int) -> None:
 
 
 def _check_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, int, int]:
-    hq, d = q.shape[-2], q.shape[-1]
-    hkv = k.shape[-2]
-    checks.check_value("q.shape[-1] (headdim)", d in _HEAD_DIMS, f"one of {_HEAD_DIMS}", d)
-    checks.check_value("k.shape[-1] (headdim)", k.shape[-1] == d, f"{d} (q's headdim)", k.shape[-1])
-    if v.shape[-1] != d:
-        raise NotImplementedError(
-            f"v.shape[-1] (headdim_v) must equal headdim {d}; got {v.shape[-1]} (not implemented)")
-    checks.check_value("k.shape[-2] (num_heads_k)", hkv > 0 and hq % hkv == 0, f"a divisor of num_heads_q={hq}", hkv)
+    *_, hq, d = q.shape
+    *_, hkv, dk = k.shape
+    dv = v.shape[-1]
+    if d not in _HEAD_DIMS:
+        checks.check_value("q.shape[-1] (headdim)", False, f"one of {_HEAD_DIMS}", d)
+    if dk != d:
+        checks.check_value("k.shape[-1] (headdim)", False, f"{d} (q's headdim)", dk)
+    if dv != d:
+        raise NotImplementedError(f"v.shape[-1] (headdim_v) must equal headdim {d}; got {dv} (not implemented)")
+    if hkv <= 0 or hq % hkv:
+        checks.check_value("k.shape[-2] (num_heads_k)", False, f"a divisor of num_heads_q={hq}", hkv)
     return hq, hkv, d
 
 
 def _run(q, k, v, out, lse, *, cu_seqlens_q, max_seqlen_q, cu_seqlens_k, seqused_k, page_table, batched,
          softmax_scale, window, backend, skip_whole=False, batch=0, k_uniform=0) -> None:
     """``cu_seqlens_q`` None: ``batch`` requests of ``max_seqlen_q`` queries each;
-    ``cu_seqlens_k`` and ``seqused_k`` None: ``k_uniform`` keys per request."""
-    if select_backend(q.device, backend) == "reference":
+    ``cu_seqlens_k`` and ``seqused_k`` None: ``k_uniform`` keys per request. ``backend``: the
+    one :func:`select_backend` chose."""
+    if backend not in ("triton", "reference"):
+        raise ValueError(f"backend must be 'triton' or 'reference' (select_backend's choice), got {backend!r}")
+    if backend == "reference":
         from mate.ops.mha.reference import attention_varlen_reference
 
         if cu_seqlens_q is None:
@@ -127,8 +134,9 @@ def _run(q, k, v, out, lse, *, cu_seqlens_q, max_seqlen_q, cu_seqlens_k, seqused
 
     # the requests are a launch-grid y / z axis of both kernels
     requests = batch if cu_seqlens_q is None else cu_seqlens_q.shape[0] - 1
-    checks.check_value("cu_seqlens_q" if cu_seqlens_q is not None else "q.shape[0] (batch)", requests <= GRID_YZ_MAX,
-                       f"at most {GRID_YZ_MAX} requests per call", requests)
+    if requests > GRID_YZ_MAX:
+        checks.check_value("cu_seqlens_q" if cu_seqlens_q is not None else "q.shape[0] (batch)", False,
+                           f"at most {GRID_YZ_MAX} requests per call", requests)
     mha_fwd_op(q, k, v, out, lse, cu_seqlens_q, int(max_seqlen_q), cu_seqlens_k, seqused_k, page_table,
                bool(batched), float(softmax_scale), int(window[0]), int(window[1]), bool(skip_whole), int(batch),
                int(k_uniform))
@@ -354,7 +362,7 @@ def flash_attn_varlen_func(
         _sdpa_single_sequence(q, k, v, out, scale, causal, lse if with_lse else None)
     _run(q, k, v, out, lse, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, cu_seqlens_k=cu_seqlens_k,
          seqused_k=seqused_k, page_table=page_table, batched=False, softmax_scale=scale, window=(left, right),
-         backend=backend, skip_whole=single)
+         backend=backend_used, skip_whole=single)
     return (out, lse) if return_softmax_lse else out
 
 
@@ -529,7 +537,7 @@ def flash_attn_with_kvcache(
     # without cu_seqlens_q every request has sq queries: the kernel computes their offsets
     _run(qf, k_cache, v_cache, of, lse, cu_seqlens_q=cu_seqlens_q if varlen else None, max_seqlen_q=sq,
          cu_seqlens_k=None, seqused_k=seqused, page_table=page_table, batched=not paged, softmax_scale=scale,
-         window=(left, right), backend="auto", batch=b, k_uniform=k_uniform)
+         window=(left, right), backend=select_backend(device), batch=b, k_uniform=k_uniform)
     if varlen:
         return (out, lse) if return_softmax_lse else out
     if return_softmax_lse:

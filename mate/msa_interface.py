@@ -818,7 +818,7 @@ def _attend_static_dense_or_paged(qp, k, v, part: _Part, op, lse, sm_scale) -> N
                        max_seqlen_q=plan.prefill_plan.max_seqlen_q,
                        cu_seqlens_k=None if paged else part.cu_seqlens_k, seqused_k=part.kv_lens,
                        page_table=part.page_table if paged else None, batched=False, softmax_scale=sm_scale,
-                       window=(-1, 0 if plan.causal else -1), backend=None)
+                       window=(-1, 0 if plan.causal else -1), backend=select_backend(qp.device))
 
 
 def _check_block_indexes_valid(kv_block_indexes: torch.Tensor, parts: list[_Part]) -> None:

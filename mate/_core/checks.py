@@ -30,6 +30,7 @@ __all__ = [
     "check_positive_int",
     "check_python_float",
     "check_default",
+    "check_defaults",
     "check_inputs_enabled",
     "device_matches",
     "fmt_dtypes",
@@ -177,7 +178,7 @@ def check_out_tensor(
         contiguous=contiguous,
         last_dim_contiguous=last_dim_contiguous,
     )
-    if not contiguous and not _non_overlapping(out):
+    if not contiguous and not out.is_contiguous() and not _non_overlapping(out):
         raise ValueError(f"{name} must not overlap itself (each element its own memory), got strides "
                          f"{tuple(out.stride())} for shape {tuple(out.shape)}")
     return out
@@ -201,6 +202,8 @@ def _byte_range(t: torch.Tensor) -> tuple[int, int]:
     """[first, last] byte addresses ``t`` can touch (its strided extent)."""
     lo = hi = t.data_ptr()
     size = t.element_size()
+    if t.is_contiguous():
+        return lo, lo + max(t.numel(), 1) * size - 1
     for n, st in zip(t.shape, t.stride()):
         if n > 1:
             ext = (n - 1) * st * size
@@ -218,10 +221,18 @@ def check_no_overlap(out_name: str, out: torch.Tensor | None, /, **inputs: torch
     if out is None or out.numel() == 0 or torch.compiler.is_compiling():  # traced tensors have no address
         return
     lo, hi = _byte_range(out)
+    device = out.device
     for name, t in inputs.items():
-        if t is None or t.numel() == 0 or t.device != out.device:
+        if t is None:
             continue
-        t_lo, t_hi = _byte_range(t)
+        n = t.numel()
+        if n == 0 or t.device != device:
+            continue
+        if t.is_contiguous():
+            t_lo = t.data_ptr()
+            t_hi = t_lo + n * t.element_size() - 1
+        else:
+            t_lo, t_hi = _byte_range(t)
         if lo <= t_hi and t_lo <= hi:
             raise ValueError(f"{out_name} must not overlap {name} (an input of the same call), "
                              f"got overlapping memory [{lo:#x}, {hi:#x}] and [{t_lo:#x}, {t_hi:#x}]")
@@ -275,6 +286,14 @@ def check_python_float(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a float, got {type(value).__name__}")
     return float(value)
+
+
+def check_defaults(given: dict[str, tuple[Any, Any]]) -> None:
+    """:func:`check_default` for each ``name: (value, default)``; an argument that is its default
+    object (``None``, a cached small int) costs one identity test."""
+    for name, (value, default) in given.items():
+        if value is not default:
+            check_default(name, value, default)
 
 
 def check_default(name: str, value: Any, default: Any) -> None:

@@ -29,6 +29,8 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "MATE_MSA_DECODE_VARIANT": ("", "key=value,... overrides of the MSA decode kernel config "
                                 "(mate.ops.msa.sparse_decode.DECODE_VARIANT keys, e.g. fp8_stages=2,"
                                 "fp8_maxnreg=none) for benchmarks; read at import"),
+    "MATE_FAST_LAUNCH": ("1", "0: launch the Triton kernels through JITFunction every time (mate._core.launch; "
+                         "the default launches a cached specialization's compiled kernel directly); read at import"),
     "MATE_MHA_PREFILL_TMA": ("", "key=value,... overrides of the TMA prefill attention settings "
                              "(mate.ops.mha.prefill_tma.PREFILL_TMA keys, e.g. enabled=0 or stages=2) for "
                              "benchmarks; read at import"),

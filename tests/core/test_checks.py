@@ -41,6 +41,7 @@ def test_every_exported_helper_is_tested():
         "check_last_dim_contiguous", "check_same_device", "check_out_tensor", "check_value",
         "check_choice", "check_positive_int", "check_python_float", "check_default",
         "check_inputs_enabled", "fmt_dtypes", "check_is_tensor", "device_matches", "launch_fits",
+        "check_defaults",
     }
     assert set(checks.__all__) <= tested, set(checks.__all__) - tested
 
@@ -257,6 +258,18 @@ def test_launch_fits():
         raise RuntimeError("other")
 
 
+def test_check_defaults():
+    from mate._core.checks import check_defaults
+
+    check_defaults({"qv": (None, None), "softcap": (float("0"), 0.0), "cp_rank": (0, 0), "causal": (False, False)})
+    with _raises(NotImplementedError, "softcap=30.0 is not implemented (only the default 0.0"):
+        check_defaults({"qv": (None, None), "softcap": (30.0, 0.0), "cp_rank": (1, 0)})  # the first one named
+    with _raises(NotImplementedError, "qv=tensor([0.]) is not implemented"):
+        check_defaults({"qv": (torch.zeros(1), None)})
+    with _raises(NotImplementedError, "causal=0 is not implemented"):
+        check_defaults({"causal": (0, False)})
+
+
 def test_check_no_overlap():
     from mate._core.checks import check_no_overlap
 
@@ -267,6 +280,18 @@ def test_check_no_overlap():
     with pytest.raises(ValueError, match="out must not overlap b"):
         check_no_overlap("out", buf.t(), b=buf[3, 7:])  # a transposed view covers the same bytes
     check_no_overlap("out", buf[:0], a=buf)  # empty: nothing written
+    # contiguous tensors take the short path: [data_ptr, data_ptr + numel * element_size)
+    flat = torch.zeros(64)
+    check_no_overlap("out", flat[8:16], a=flat[:8], b=flat[16:])  # adjacent on both sides
+    with pytest.raises(ValueError, match="out must not overlap a"):
+        check_no_overlap("out", flat[8:16], a=flat[15:20])  # one shared element
+    with pytest.raises(ValueError, match="out must not overlap a"):
+        check_no_overlap("out", flat[8:16], a=flat[:9])
+    # a strided input between out's elements overlaps out's extent: conservative, refused
+    with pytest.raises(ValueError, match="out must not overlap a"):
+        check_no_overlap("out", flat[0:16:2], a=flat[1:2])
+    # a strided out against a contiguous input past its last element
+    check_no_overlap("out", flat[0:16:2], a=flat[15:])
 
 
 def test_public_apis_reject_an_out_that_aliases_an_input():

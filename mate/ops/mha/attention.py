@@ -13,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from mate._core.launch import launcher
 from mate._core.triton_helpers import INTERPRET, cdiv, dot_operand, next_power_of_2, online_softmax_step, to_out_dtype
 from mate.ops.mha.prefill_tma import (
     PREFILL_TMA,
@@ -280,17 +281,14 @@ def _launch_packed(q, k, v, out, lse, *, cu_seqlens_q, max_seqlen_q: int, q_len_
     ratio = hq // hkv
     paged = page_table is not None
     tm, gp, block_m = mha_tiling(ratio, tile_q, PREFILL_VARIANT["rows"])
-    if paged:
-        skb, skt, skh = k.stride(0), k.stride(1), k.stride(2)
-        svb, svt, svh = v.stride(0), v.stride(1), v.stride(2)
-        page_size = k.shape[1]
-    elif batched:
-        skb, skt, skh = k.stride(0), k.stride(1), k.stride(2)
-        svb, svt, svh = v.stride(0), v.stride(1), v.stride(2)
-        page_size = 1
+    ks, vs = k.stride(), v.stride()
+    if paged or batched:
+        skb, skt, skh = ks[0], ks[1], ks[2]
+        svb, svt, svh = vs[0], vs[1], vs[2]
+        page_size = k.shape[1] if paged else 1
     else:
-        skb, skt, skh = 0, k.stride(0), k.stride(1)
-        svb, svt, svh = 0, v.stride(0), v.stride(1)
+        skb, skt, skh = 0, ks[0], ks[1]
+        svb, svt, svh = 0, vs[0], vs[1]
         page_size = 1
     dummy = cu_seqlens_q if cu_seqlens_q is not None else lse  # for absent pointers (never read)
     # windows past 2**30 keys reach as far as unbounded ones (the kernel caps lengths there) and
@@ -306,14 +304,15 @@ def _launch_packed(q, k, v, out, lse, *, cu_seqlens_q, max_seqlen_q: int, q_len_
         grid = (n_virtual, 1, hkv)
     else:
         grid = (n_mblk, batch, hkv)
-    _mha_fwd_kernel[grid](
-        q, q.stride(0), q.stride(1),
+    qs, so, sl = q.stride(), out.stride(), lse.stride()
+    launcher(_mha_fwd_kernel)[grid](
+        q, qs[0], qs[1],
         k, v, skb, skt, skh, svb, svt, svh,
         dummy, cu_seqlens_k if cu_seqlens_k is not None else dummy,
         seqused_k if seqused_k is not None else dummy,
         page_table if paged else dummy, page_table.stride(0) if paged else 0,
         page_table.shape[1] if paged else 0, k.shape[0],
-        out, out.stride(0), out.stride(1), lse, lse.stride(0), lse.stride(1),
+        out, so[0], so[1], lse, sl[0], sl[1],
         ratio, softmax_scale * LOG2E, window_left, window_right, total_q, k.shape[1] if batched else k.shape[0],
         max_seqlen_q, k_uniform, q_len_min, q_len_max, batch, n_mblk,
         TM=tm, GP=gp, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=d, PAGE_SIZE=page_size, PAGED=paged,

@@ -23,6 +23,7 @@ import triton.language as tl
 
 from mate._core.env import config_overrides
 from mate._core.hopper import GRID_X_MAX, GRID_YZ_MAX
+from mate._core.launch import launcher
 from mate._core.triton_helpers import INTERPRET, cdiv, dot_operand, finish_softmax, online_softmax_step, to_out_dtype
 
 __all__ = ["PREFILL_TMA", "VIRTUAL_MAX_BATCH", "prefill_stages", "prefill_tma_supported", "attention_prefill_tma",
@@ -305,14 +306,19 @@ def _mha_prefill_tma_kernel(
 
 def _aligned(x: torch.Tensor, dims) -> bool:
     """16-byte aligned base and strides of ``dims``, unit stride in the last dimension."""
+    st = x.stride()
     es = x.element_size()
-    return x.stride(-1) == 1 and x.data_ptr() % 16 == 0 and all((x.stride(i) * es) % 16 == 0 for i in dims)
+    return st[-1] == 1 and x.data_ptr() % 16 == 0 and all((st[i] * es) % 16 == 0 for i in dims)
 
 
 def _tma_view_ok(x: torch.Tensor) -> bool:
     """x [tokens, heads, D] as a 2D TMA view [tokens, heads * D]: heads and D packed, 16-byte
     aligned base and row stride."""
-    return x.shape[0] > 0 and x.stride(1) == x.shape[2] and _aligned(x, (0,))
+    n, _, d = x.shape
+    if n == 0:
+        return False
+    s0, s1, s2 = x.stride()
+    return s2 == 1 and s1 == d and x.data_ptr() % 16 == 0 and (s0 * x.element_size()) % 16 == 0
 
 
 def _kv_ok(x: torch.Tensor, *, paged: bool, batched: bool) -> bool:
@@ -362,11 +368,13 @@ def attention_prefill_tma(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, sequ
     q_desc = TensorDescriptor(q, [total_q, hq * d], [q.stride(0), 1], [bm, d])
     paged = page_table is not None
     if paged:
-        k_desc, v_desc = (TensorDescriptor(x, list(x.shape), list(x.stride()), [1, bn, 1, d]) for x in (k, v))
+        k_desc = TensorDescriptor(k, list(k.shape), list(k.stride()), [1, bn, 1, d])
+        v_desc = TensorDescriptor(v, list(v.shape), list(v.stride()), [1, bn, 1, d])
         k_rows, page_size = 0, k.shape[1]
     else:
-        flat = [x.flatten(0, 1) if batched else x for x in (k, v)]
-        k_desc, v_desc = (TensorDescriptor(x, [x.shape[0], hkv * d], [x.stride(0), 1], [bn, d]) for x in flat)
+        kf, vf = (k.flatten(0, 1), v.flatten(0, 1)) if batched else (k, v)
+        k_desc = TensorDescriptor(kf, [kf.shape[0], hkv * d], [kf.stride(0), 1], [bn, d])
+        v_desc = TensorDescriptor(vf, [vf.shape[0], hkv * d], [vf.stride(0), 1], [bn, d])
         k_rows, page_size = (k.shape[1] if batched else k.shape[0]), 1
     dummy = cu_seqlens_q if cu_seqlens_q is not None else lse  # for absent pointers (never read)
     window_right = min(window_right, (1 << 30) - 1)
@@ -382,8 +390,9 @@ def attention_prefill_tma(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, sequ
         grid = (hq, n_virtual, 1) if heads_inner else (n_virtual, 1, hq)
     else:
         grid = (hq, n_mblk, batch) if heads_inner else (n_mblk, batch, hq)
-    _mha_prefill_tma_kernel[grid](
-        q_desc, k_desc, v_desc, out, out.stride(0), out.stride(1), lse, lse.stride(0), lse.stride(1),
+    so, sl = out.stride(), lse.stride()
+    launcher(_mha_prefill_tma_kernel)[grid](
+        q_desc, k_desc, v_desc, out, so[0], so[1], lse, sl[0], sl[1],
         dummy, cu_seqlens_k if cu_seqlens_k is not None else dummy, seqused_k if seqused_k is not None else dummy,
         page_table if paged else dummy, page_table.stride(0) if paged else 0, page_table.shape[1] if paged else 0,
         k.shape[0], hq // hkv, softmax_scale * 1.4426950408889634, window_right, total_q, k_rows, max_seqlen_q,
