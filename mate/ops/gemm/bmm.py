@@ -11,6 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
+from mate._core.launch import launcher
 from mate._core.triton_helpers import cdiv, dot_operand, to_out_dtype
 from mate.ops.gemm.groupwise import tile_coords
 
@@ -85,7 +86,7 @@ def bmm_triton(
     grid = (cdiv(M, bm) * cdiv(N, bn), nb)
     sa = A_scale if A_scale is not None else out
     sb = B_scale if B_scale is not None else out
-    bmm_kernel[grid](
+    launcher(bmm_kernel)[grid](
         A, B, out, sa, sb, M, N, K,
         *A.stride(), *B.stride(), *out.stride(),
         SCALE_MODE=scale_mode, OUT_DTYPE=_TL_DTYPE[out.dtype], PROMOTE=A.element_size() == 1,

@@ -23,6 +23,7 @@ import triton.language as tl
 
 from mate._core.dispatch import interpreter_active
 from mate._core.env import ENV_VARS
+from mate._core.launch import launcher
 from mate._core.triton_helpers import cdiv, to_fp8_e4m3, to_out_dtype
 
 __all__ = ["groupwise_gemm_triton", "PLAIN", "CONTIGUOUS", "MASKED"]
@@ -428,7 +429,7 @@ def groupwise_gemm_triton(
             cnt = _tile_counters(a.device, tiles)
         reduce_launch = split_k > 1 and cnt is None
         a_ptr = {"A_PTR": True, "a_ptr": a, "stride_am": a.stride(-2)} if config.get("A_PTR") else {}
-        fp8_groupwise_tma_kernel[grid](
+        launcher(fp8_groupwise_tma_kernel)[grid](
             None if a_ptr else _desc(a, bm), _desc(b, bn), a_scale, b_scale, out, cs, ws,
             cnt if cnt is not None else out, idx, mm,
             M, N, K, G,
@@ -437,7 +438,7 @@ def groupwise_gemm_triton(
             FUSED_REDUCE=cnt is not None, MMA_LAG=config.get("MMA_LAG", False), **a_ptr, **common,
         )
     else:
-        fp8_groupwise_gemm_kernel[grid](
+        launcher(fp8_groupwise_gemm_kernel)[grid](
             a, b, a_scale, b_scale, out, cs, ws, idx, mm,
             M, N, K, G,
             a.stride(0) if a.dim() == 3 else 0, a.stride(-2),
@@ -448,7 +449,7 @@ def groupwise_gemm_triton(
         )
     if reduce_launch:
         rbm = 32
-        splitk_reduce_kernel[(cdiv(M, rbm), cdiv(N, 128))](
+        launcher(splitk_reduce_kernel)[(cdiv(M, rbm), cdiv(N, 128))](
             ws, out, cs, M, N, out.stride(0), stride_csm,
             SPLIT_K=split_k, OUT_FP8=out_fp8, OUT_DTYPE=_TL_DTYPE[out.dtype],
             BLOCK_M=rbm, BLOCK_N=128, num_warps=4,

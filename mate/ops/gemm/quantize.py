@@ -11,6 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
+from mate._core.launch import launcher
 from mate._core.triton_helpers import cdiv
 from mate.ops.gemm.groupwise import _epilogue
 
@@ -41,5 +42,5 @@ def quantize_fp8_row_groups(x: torch.Tensor, out: torch.Tensor, scale: torch.Ten
     if m == 0 or n == 0:
         return
     grid = (cdiv(m, QUANT_BLOCK_M), cdiv(n, 128))
-    _quantize_row_groups_kernel[grid](x, out, scale, m, n, x.stride(0), out.stride(0), scale.stride(0),
+    launcher(_quantize_row_groups_kernel)[grid](x, out, scale, m, n, x.stride(0), out.stride(0), scale.stride(0),
                                       BLOCK_M=QUANT_BLOCK_M, num_warps=4)

@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from mate._core.hopper import planning_sm_count
+from mate._core.launch import launcher
 from mate._core.triton_helpers import INTERPRET, cdiv, next_power_of_2
 
 __all__ = ["max_score_triton", "max_score_config", "_max_score_fwd_kernel"]
@@ -265,7 +266,7 @@ def max_score_triton(
     cfg = max_score_config(max_seqlen_q * ratio, batch_size, Hkv, num_tiles, q.device, prefill_block_m)
     dummy = cu_seqlens_q
     grid = (batch_size * Hkv, cfg["row_tiles"], cfg["chunks"])
-    _max_score_fwd_kernel[grid](
+    launcher(_max_score_fwd_kernel)[grid](
         q, k, max_score,
         cu_seqlens_q, cu_seqlens_k if cu_seqlens_k is not None else dummy, kv_lens,
         qo_offset if qo_offset is not None else dummy,

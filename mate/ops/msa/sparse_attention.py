@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from mate._core.hopper import planning_sm_count
+from mate._core.launch import launcher
 from mate._core.triton_helpers import (
     INTERPRET,
     dot_operand,
@@ -443,7 +444,7 @@ def sparse_attention_triton(
         kv_indices.shape[0] if not use_pt else 0, k.shape[0],
     )
     if not transposed:
-        _msa_union_kernel[(num_tiles, hkv)](
+        launcher(_msa_union_kernel)[(num_tiles, hkv)](
             *sel_args,
             tok_pos, tok_kvlen, u_page, u_blk, u_mask, u_cnt,
             total_q, width,
@@ -469,7 +470,7 @@ def sparse_attention_triton(
             k_desc = TensorDescriptor(k, list(k.shape), list(k.stride()), block_shape)
             v_desc = TensorDescriptor(v, list(v.shape), list(v.stride()), block_shape)
         extra = {"maxnreg": cap} if cap and not INTERPRET else {}
-        _sd.msa_decode_t_kernel[(total_q, hkv, splits)](
+        launcher(_sd.msa_decode_t_kernel)[(total_q, hkv, splits)](
             q, q.stride(0), q.stride(1), k_desc, v_desc, u_page, u_blk, u_cnt,
             out, out.stride(0), out.stride(1), lse, lse.stride(0), o_part, l_part,
             total_q, hq, ratio, sm_scale * k_scale * LOG2E, v_scale, *sel_args, width,
@@ -493,7 +494,7 @@ def sparse_attention_triton(
         stages = int(FP8_VARIANT["decode_stages"])
         if FP8_VARIANT["decode_maxnreg"] and not INTERPRET:
             extra = {"maxnreg": int(FP8_VARIANT["decode_maxnreg"])}
-    _msa_sparse_fwd_kernel[(num_tiles, hkv, splits)](
+    launcher(_msa_sparse_fwd_kernel)[(num_tiles, hkv, splits)](
         q, q.stride(0), q.stride(1),
         k_desc, v_desc,
         tok_pos, tok_kvlen, u_page, u_blk, u_mask, u_cnt,
@@ -510,7 +511,7 @@ def sparse_attention_triton(
 def _combine(o_part, l_part, out, lse, total_q, hq, d, v_scale, splits) -> None:
     if splits > 1:
         block_h = min(16, next_power_of_2(hq))
-        _msa_combine_kernel[(total_q, -(-hq // block_h))](
+        launcher(_msa_combine_kernel)[(total_q, -(-hq // block_h))](
             o_part, l_part, out, out.stride(0), out.stride(1), lse, lse.stride(0),
             total_q, hq, v_scale,
             NUM_SPLITS=splits, BLOCK_H=block_h, HEAD_DIM=d, num_warps=4,

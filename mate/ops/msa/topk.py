@@ -109,6 +109,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from mate._core.env import ENV_VARS
+from mate._core.launch import launcher
 from mate._core.triton_helpers import INTERPRET, cdiv, next_power_of_2
 
 __all__ = ["sparse_topk_select_triton", "topk_config", "_topk_select_kernel", "_topk_interval_kernel"]
@@ -907,7 +908,7 @@ def sparse_topk_select_triton(
                     **({"maxnreg": nreg} if nreg else {}),
                 )
                 return
-            _topk_lanes_fast_kernel[(total_q, H)](
+            launcher(_topk_lanes_fast_kernel)[(total_q, H)](
                 max_score, output,
                 query_positions if query_positions is not None else _dummy_positions(max_score.device),
                 T, num_valid_pages, H, force_begin_blocks, force_end_blocks, W,
@@ -916,7 +917,7 @@ def sparse_topk_select_triton(
             )
             return
         if chunk <= min(LANES_MAX_CHUNK, max_chunk) and W <= 32 and total_q:
-            _topk_lanes_kernel[(total_q, H)](
+            launcher(_topk_lanes_kernel)[(total_q, H)](
                 max_score, output,
                 query_positions if query_positions is not None else _dummy_positions(max_score.device),
                 T, num_valid_pages, H, force_begin_blocks, force_end_blocks, W, int(query_positions is not None),
@@ -929,7 +930,7 @@ def sparse_topk_select_triton(
     if method == "interval" and cfg["SINGLE"]:
         if cfg["ROWS"] == 1:
             grid = (total_q, H)
-        _topk_interval_kernel[grid](
+        launcher(_topk_interval_kernel)[grid](
             max_score, output, query_positions if query_positions is not None else _dummy_positions(max_score.device),
             n_rows, T, num_valid_pages, H, force_begin_blocks, force_end_blocks, int(force_blocks_count_in_topk), W,
             int(query_positions is not None),
@@ -938,7 +939,7 @@ def sparse_topk_select_triton(
             G1=min(cfg["CHUNK"], max(16, next_power_of_2(topk))), num_warps=cfg["num_warps"],
         )
         return
-    _topk_select_kernel[grid](
+    launcher(_topk_select_kernel)[grid](
         max_score, output, query_positions if query_positions is not None else _dummy_positions(max_score.device),
         n_rows, T, num_valid_pages, H, force_begin_blocks, force_end_blocks, int(force_blocks_count_in_topk), W,
         int(query_positions is not None),

@@ -31,6 +31,7 @@ import triton
 import triton.language as tl
 
 from mate._core.checks import launch_fits
+from mate._core.launch import launcher
 from mate._core.triton_helpers import INTERPRET, cdiv, next_power_of_2, to_bf16
 from mate.ops.sparse_mla.metadata import HEAD_DIM_ROPE, HEAD_DIM_V
 
@@ -354,7 +355,7 @@ def launch_combine(partial_o: torch.Tensor, partial_lse: torch.Tensor, out: torc
     by the plain and Gluon decode launchers); ``pdl``: launched as a programmatic dependent
     of the decode launched just before it (which signals its dependents)."""
     block_hc, block_d = combine_tiling(H, num_splits)
-    sparse_mla_decode_combine_kernel[(cdiv(H, block_hc), HEAD_DIM_V // block_d, rows)](
+    launcher(sparse_mla_decode_combine_kernel)[(cdiv(H, block_hc), HEAD_DIM_V // block_d, rows)](
         partial_o,
         partial_lse,
         out,

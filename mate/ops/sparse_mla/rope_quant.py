@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from mate._core.launch import launcher
 from mate._core.triton_helpers import cdiv, next_power_of_2, to_fp8_e4m3
 
 __all__ = ["mla_rope_quantize_fp8_kernel", "mla_rope_quantize_fp8_triton", "rope_quant_config"]
@@ -149,7 +150,7 @@ def mla_rope_quantize_fp8_triton(
         return
     block_h, num_warps = config if config is not None else rope_quant_config(H)
     grid = (nnz, cdiv(H, block_h) + 1)
-    mla_rope_quantize_fp8_kernel[grid](
+    launcher(mla_rope_quantize_fp8_kernel)[grid](
         q_rope, k_rope, q_nope, k_nope, cos_sin_cache, pos_ids,
         q_rope_out, k_rope_out, q_nope_out, k_nope_out,
         H, cos_sin_cache.shape[0],

@@ -1,0 +1,70 @@
+"""Probe: host microseconds per eager MHA call, for A/B runs of two versions of mate.
+
+The host's speed varies between processes on the device machine (session 28: the same
+no-op measurement differed 2x between two processes), so compare versions by alternating
+processes, each importing ``mate`` from its ``PYTHONPATH``::
+
+    for i in 1 2 3; do
+        PYTHONPATH=$PWD python benchmarks/probe_host_ab.py new
+        PYTHONPATH=/path/to/old/checkout python benchmarks/probe_host_ab.py old
+    done
+
+Each figure is the minimum over five rounds of the median host time of 300 back-to-back
+calls issued behind a GPU spin (nothing waits on the GPU); aten's FA2 varlen op is the peer.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+
+from mate.mha_interface import flash_attn_varlen_func, flash_attn_with_kvcache
+
+
+def host_us(fn, calls: int = 300, rounds: int = 5) -> float:
+    fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(rounds):
+        torch.cuda._sleep(1_500_000_000)
+        ts = []
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+        torch.cuda.synchronize()
+        best = min(best, sorted(ts)[calls // 2] * 1e6)
+    return best
+
+
+def main() -> None:
+    tag = sys.argv[1] if len(sys.argv) > 1 else ""
+    lens = [128] * 64
+    total = sum(lens)
+    dev, bf16 = "cuda", torch.bfloat16
+    q = torch.randn(total, 32, 128, device=dev, dtype=bf16)
+    k = torch.randn(total, 8, 128, device=dev, dtype=bf16)
+    v = torch.randn_like(k)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=dev)
+    out = torch.empty_like(q)
+    k_cache = torch.randn(512, 128, 8, 128, device=dev, dtype=bf16)
+    v_cache = torch.randn_like(k_cache)
+    table = torch.arange(512, dtype=torch.int32, device=dev).view(64, 8)
+    seqlens = torch.full((64,), 1000, dtype=torch.int32, device=dev)
+    q_decode = torch.randn(64, 1, 32, 128, device=dev, dtype=bf16)
+    res = {
+        "varlen 64x128 causal (3 launches)": host_us(
+            lambda: flash_attn_varlen_func(q, k, v, cu, cu, 128, 128, causal=True, out=out)),
+        "with_kvcache paged decode B=64": host_us(
+            lambda: flash_attn_with_kvcache(q_decode, k_cache, v_cache, cache_seqlens=seqlens, page_table=table,
+                                            causal=True)),
+        "aten FA2 varlen (peer)": host_us(
+            lambda: torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, 128, 128, 0.0, True, False)),
+    }
+    print(tag, "  ".join(f"{n}: {t:.1f}" for n, t in res.items()), flush=True)
+
+
+if __name__ == "__main__":
+    main()
