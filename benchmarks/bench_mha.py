@@ -5,7 +5,11 @@
   against torch SDPA's best backend (cuDNN, flash, memory-efficient; the fastest counts);
   plus the same call returning the LSE (aten's cuDNN attention op, ``SDPA_WITH_LSE``), the
   Triton kernel on that problem (``SDPA_WITH_LSE`` off), all interleaved; and a ragged batch
-  of 8 x 2K sequences (Triton) against one cuDNN SDPA call per sequence.
+  of 8 x 2K sequences (Triton) against one cuDNN SDPA call per sequence and aten's
+  FlashAttention-2 varlen op (torch's bundled FA2; cuDNN's varlen op blocks the host and took
+  54-92 ms a call, ``probe_cudnn_varlen.py``).
+- Short prompts: 64 x 128 tokens (32 / 8 heads, causal), GPU time against aten's FA2 varlen,
+  and eager calls back to back (host time included).
 - Paged prefill: 8 x 2K new tokens over a shuffled cache of 128-key pages (32 / 8 heads,
   causal) against one cuDNN SDPA call per sequence on the same keys laid out contiguously.
 - A mixed batch: 127 decode requests and one 2048-token prefill chunk, each at the end of an
@@ -97,6 +101,7 @@ def _prefill_rows(ceilings: dict) -> list[dict]:
     times = time_interleaved({
         "mate Triton": lambda: flash_attn_varlen_func(q, k, v, cu8, cu8, S, S, causal=True, out=out),
         "torch SDPA CUDNN_ATTENTION, one call per sequence": sdpa_per_sequence,
+        FA2: lambda: _fa2_varlen(q, k, v, cu8, S, True),
     }, rounds=6, iters=20)
     for label, t_us in times.items():
         rows.append(record(ceilings, family=FAMILY, op="varlen_prefill", shape=f"8 x {S} H={H} d={D} causal",
@@ -104,6 +109,54 @@ def _prefill_rows(ceilings: dict) -> list[dict]:
                            dtype="bf16", ceiling="cublas_bf16_TFLOPs",
                            note="" if isinstance(t_us, float) else str(t_us)[:150]))
     return rows
+
+
+FA2 = "aten FA2 varlen (torch.ops.aten._flash_attention_forward)"
+
+
+def _fa2_varlen(q, k, v, cu, max_len: int, causal: bool):
+    """torch's bundled FlashAttention-2 varlen forward (the same cu_seqlens for q and k)."""
+    return torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, max_len, max_len, 0.0, causal, False)
+
+
+def _back_to_back_us(fn, iters: int = 30, repeats: int = 5) -> float:
+    """Median over ``repeats`` of the time per call of ``iters`` eager calls issued back to back:
+    the GPU waits for the host whenever a call's host work outlasts its kernels."""
+    times = []
+    for _ in range(repeats):
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / iters)
+    return sorted(times)[len(times) // 2]
+
+
+def _short_prompt_rows(ceilings: dict) -> list[dict]:
+    """64 prompts of 128 tokens (32 / 8 heads, d 128, causal), ragged: GPU time (graph replay)
+    against aten's FA2 varlen, and back-to-back eager calls, whose time includes the host's
+    (``docs/guides/performance.md``, host overhead)."""
+    n, S, HQ, HKV, D = 64, 128, 32, 8, 128
+    q = torch.randn(n * S, HQ, D, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(n * S, HKV, D, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    cu = torch.arange(0, n * S + 1, S, dtype=torch.int32, device="cuda")
+    out = torch.empty_like(q)
+    cases = {"mate": lambda: flash_attn_varlen_func(q, k, v, cu, cu, S, S, causal=True, out=out),
+             FA2: lambda: _fa2_varlen(q, k, v, cu, S, True)}
+    times = time_interleaved(cases, rounds=6, iters=30)
+    for label, fn in cases.items():
+        times[f"{label}, eager calls back to back"] = _back_to_back_us(fn)
+    flops = 4.0 * D * HQ * n * S * (S + 1) / 2
+    return [record(ceilings, family=FAMILY, op="varlen_prefill", shape=f"{n} x {S} Hq={HQ} Hkv={HKV} d={D} causal",
+                   impl=label, time_us=t if isinstance(t, float) else None, flops=flops, dtype="bf16",
+                   ceiling="cublas_bf16_TFLOPs", note="" if isinstance(t, float) else str(t)[:150])
+            for label, t in times.items()]
 
 
 def _paged_prefill_rows(ceilings: dict, page: int) -> list[dict]:
@@ -198,6 +251,7 @@ def _decode_rows(ceilings: dict, page: int) -> list[dict]:
 def run(ceilings: dict, quick: bool = False) -> list[dict]:
     rows: list[dict] = []
     for op, job in (("varlen_prefill", lambda: _prefill_rows(ceilings)),
+                    ("varlen_prefill", lambda: _short_prompt_rows(ceilings)),
                     ("paged_prefill", lambda: _paged_prefill_rows(ceilings, 128)),
                     ("mixed_batch", lambda: _mixed_rows(ceilings)),
                     ("paged_decode", lambda: _decode_rows(ceilings, 128)),
