@@ -8,7 +8,8 @@ Triton's own kernel cache, and replaces the rest with one dict lookup and a dire
 compiled kernel's launcher (``CompiledKernel.run``): 7-17 us. The first launch of each
 specialization, and every launch under the interpreter, with launch hooks (profilers) or
 ``TRITON_DEBUG``, or with ``MATE_FAST_LAUNCH=0`` at import, goes through ``JITFunction``
-unchanged.
+unchanged. Every plain-Triton launch in ``mate.ops`` goes through :func:`launcher`; the Gluon
+kernels keep ``JITFunction``'s path.
 """
 
 from __future__ import annotations

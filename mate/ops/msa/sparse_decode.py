@@ -82,7 +82,12 @@ What bounds fp8 (2026-11-30, ``benchmarks/probe_msa_decode_floor.py``, same inpu
 the token-major cache a load-only kernel with this grid, block list and TMA pipeline streams at
 88-90% of copy (70.9-71.3 us against the decode's 76.0-76.6), and 96% when the same bytes come
 as aligned 256-byte pieces: a KV head's key row is a 128-byte piece here, which DRAM serves at
-about the 90% target. On a head-major copy the load-only floor is 95-96% (66.5 us) and the
+about the 90% target. Session 28 (``benchmarks/probe_msa_read_floor.py``) read exactly the
+selected rows with plain vectorized loads under six schedules (a program per token and head,
+per 4 blocks, per block with the hardware scheduling 8,192 programs, the 4 heads adjacent,
+64- and 128-key loads): 74.4-78.7 us on the token-major cache (80.5-85.2% of copy, 4234 GB/s)
+against 66.0 (96.0%) for the same bytes head-major; no read schedule reaches the 90% bar on
+that layout. On a head-major copy the load-only floor is 95-96% (66.5 us) and the
 decode 72.5-74.1: the rest is the loop's compute (56-58 us with the tiles in L2; 34 without
 the V widening, 44 without the softmax). 128-key tiles without the cap (247 registers, 2
 programs per SM): 75.2-75.5 against 73.2-74.1 head-major; the Gluon port restored for one call:
