@@ -29,7 +29,7 @@ from unittest import mock
 import torch
 
 from mate.mha_interface import flash_attn_varlen_func, flash_attn_with_kvcache
-from mate.testing.bench import record, time_fn, time_interleaved
+from mate.testing.bench import back_to_back_us, record, time_fn, time_interleaved
 from mate.testing.inputs import paged_chunk_batch
 
 FAMILY = "mha"
@@ -119,24 +119,6 @@ def _fa2_varlen(q, k, v, cu, max_len: int, causal: bool):
     return torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, max_len, max_len, 0.0, causal, False)
 
 
-def _back_to_back_us(fn, iters: int = 30, repeats: int = 5) -> float:
-    """Median over ``repeats`` of the time per call of ``iters`` eager calls issued back to back:
-    the GPU waits for the host whenever a call's host work outlasts its kernels."""
-    times = []
-    for _ in range(repeats):
-        for _ in range(3):
-            fn()
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / iters)
-    return sorted(times)[len(times) // 2]
-
-
 def _short_prompt_rows(ceilings: dict) -> list[dict]:
     """64 prompts of 128 tokens (32 / 8 heads, d 128, causal), ragged: GPU time (graph replay)
     against aten's FA2 varlen, and back-to-back eager calls, whose time includes the host's
@@ -151,7 +133,7 @@ def _short_prompt_rows(ceilings: dict) -> list[dict]:
              FA2: lambda: _fa2_varlen(q, k, v, cu, S, True)}
     times = time_interleaved(cases, rounds=6, iters=30)
     for label, fn in cases.items():
-        times[f"{label}, eager calls back to back"] = _back_to_back_us(fn)
+        times[f"{label}, eager calls back to back"] = back_to_back_us(fn)
     flops = 4.0 * D * HQ * n * S * (S + 1) / 2
     return [record(ceilings, family=FAMILY, op="varlen_prefill", shape=f"{n} x {S} Hq={HQ} Hkv={HKV} d={D} causal",
                    impl=label, time_us=t if isinstance(t, float) else None, flops=flops, dtype="bf16",

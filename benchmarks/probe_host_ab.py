@@ -16,27 +16,11 @@ calls issued behind a GPU spin (nothing waits on the GPU); aten's FA2 varlen op 
 from __future__ import annotations
 
 import sys
-import time
 
 import torch
 
 from mate.mha_interface import flash_attn_varlen_func, flash_attn_with_kvcache
-
-
-def host_us(fn, calls: int = 300, rounds: int = 5) -> float:
-    fn()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(rounds):
-        torch.cuda._sleep(1_500_000_000)
-        ts = []
-        for _ in range(calls):
-            t0 = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t0)
-        torch.cuda.synchronize()
-        best = min(best, sorted(ts)[calls // 2] * 1e6)
-    return best
+from mate.testing.bench import host_us
 
 
 def main() -> None:
@@ -54,13 +38,16 @@ def main() -> None:
     table = torch.arange(512, dtype=torch.int32, device=dev).view(64, 8)
     seqlens = torch.full((64,), 1000, dtype=torch.int32, device=dev)
     q_decode = torch.randn(64, 1, 32, 128, device=dev, dtype=bf16)
+    def host(fn):
+        return host_us(fn, calls=300, rounds=5, spin_cycles=1_500_000_000)
+
     res = {
-        "varlen 64x128 causal (3 launches)": host_us(
+        "varlen 64x128 causal (3 launches)": host(
             lambda: flash_attn_varlen_func(q, k, v, cu, cu, 128, 128, causal=True, out=out)),
-        "with_kvcache paged decode B=64": host_us(
+        "with_kvcache paged decode B=64": host(
             lambda: flash_attn_with_kvcache(q_decode, k_cache, v_cache, cache_seqlens=seqlens, page_table=table,
                                             causal=True)),
-        "aten FA2 varlen (peer)": host_us(
+        "aten FA2 varlen (peer)": host(
             lambda: torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, 128, 128, 0.0, True, False)),
     }
     print(tag, "  ".join(f"{n}: {t:.1f}" for n, t in res.items()), flush=True)

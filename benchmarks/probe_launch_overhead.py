@@ -13,28 +13,13 @@ nothing waits on it: the whole call; the call with every Triton launch replaced 
 
 from __future__ import annotations
 
-import time
-
 import torch
 import triton
 
 import mate.ops.mha.attention as A
 import mate.ops.mha.prefill_tma as P
 from mate.mha_interface import flash_attn_varlen_func
-
-
-def host_us(fn, calls: int = 200) -> float:
-    """Median host microseconds per call while the GPU is busy."""
-    fn()
-    torch.cuda.synchronize()
-    torch.cuda._sleep(1_000_000_000)
-    ts = []
-    for _ in range(calls):
-        t0 = time.perf_counter()
-        fn()
-        ts.append((time.perf_counter() - t0) * 1e6)
-    torch.cuda.synchronize()
-    return sorted(ts)[len(ts) // 2]
+from mate.testing.bench import host_us
 
 
 class Recorder:

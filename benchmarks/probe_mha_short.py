@@ -2,57 +2,25 @@
 
 ``probe_cudnn_varlen.py`` (session 28) timed 64 prompts of 128 tokens (causal, 32/8 heads,
 d 128) eagerly at 325.8 us in mate against 114.2 in FA2. This separates GPU time (CUDA-graph
-replay) from host time (a call's wall time while the GPU is kept busy) and profiles the host
-side of one case.
+replay) from host time (a call's wall time while the GPU is kept busy); the host
+side by part: ``probe_launch_overhead.py``.
 
-    python benchmarks/probe_mha_short.py [--profile]
+    python benchmarks/probe_mha_short.py
 """
 
 from __future__ import annotations
 
-import cProfile
-import pstats
-import sys
-import time
-
 import torch
 
 from mate.mha_interface import flash_attn_varlen_func
-from mate.testing.bench import time_interleaved
+from mate.testing.bench import back_to_back_us, host_us, time_interleaved
 
 
 def _cu(lens):
     return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
 
 
-def _host_us(fn, calls: int = 20) -> float:
-    """Median host microseconds of one call while the GPU is busy (no wait on the GPU)."""
-    fn()
-    torch.cuda.synchronize()
-    torch.cuda._sleep(400_000_000)
-    ts = []
-    for _ in range(calls):
-        t0 = time.perf_counter()
-        fn()
-        ts.append((time.perf_counter() - t0) * 1e6)
-    torch.cuda.synchronize()
-    return sorted(ts)[len(ts) // 2]
-
-
-def _eager_us(fn, iters: int = 20) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / iters
-
-
-def case(lens, H=32, HKV=8, D=128, causal=True, lse=False, profile=False) -> None:
+def case(lens, H=32, HKV=8, D=128, causal=True, lse=False) -> None:
     torch.manual_seed(0)
     T = sum(lens)
     q = torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16)
@@ -72,27 +40,17 @@ def case(lens, H=32, HKV=8, D=128, causal=True, lse=False, profile=False) -> Non
     o_m = o_m[0] if lse else o_m
     err = (o_m.float() - fa2()[0].float()).abs().max().item()
     g = time_interleaved({"mate": mate, "fa2": fa2}, rounds=5, iters=50)
-    e = {"mate": _eager_us(mate), "fa2": _eager_us(fa2)}
-    h = {"mate": _host_us(mate), "fa2": _host_us(fa2)}
+    e = {"mate": back_to_back_us(mate), "fa2": back_to_back_us(fa2)}
+    h = {"mate": host_us(mate, calls=20), "fa2": host_us(fa2, calls=20)}
     flops = sum(4 * D * H * (n * (n + 1) / 2 if causal else n * n) for n in lens)
     desc = f"{len(lens)} x {lens[0]}" if len(set(lens)) == 1 else f"{len(lens)} lens {lens[:4]}..."
     print(f"{desc} {H}/{HKV} {'causal' if causal else 'full'}{' lse' if lse else ''} (T={T}, max|mate-fa2| {err:.1e}): "
           + "  ".join(f"{n}: graph {g[n]:.1f} ({flops / g[n] / 1e6:.0f} TFLOP/s) eager {e[n]:.1f} host {h[n]:.1f}"
                       for n in ("mate", "fa2")), flush=True)
-    if profile:
-        torch.cuda._sleep(2_000_000_000)
-        prof = cProfile.Profile()
-        prof.enable()
-        for _ in range(50):
-            mate()
-        prof.disable()
-        torch.cuda.synchronize()
-        pstats.Stats(prof).sort_stats("cumulative").print_stats(22)
 
 
 def main() -> None:
-    prof = "--profile" in sys.argv
-    case([128] * 64, profile=prof)
+    case([128] * 64)
     case([128] * 64, lse=True)
     case([64] * 128)
     case([256] * 32)

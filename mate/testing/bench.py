@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import statistics
 import sys
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -21,7 +22,7 @@ from mate.testing.graphs import capture_graph
 T = TypeVar("T")
 
 __all__ = ["time_fn", "time_interleaved", "measure_ceilings", "rotation_count", "record", "progress", "times_line",
-           "bandwidth_lines"]
+           "bandwidth_lines", "host_us", "back_to_back_us"]
 
 L2_BYTES = 60 * (1 << 20)
 SPIN_CYCLES = 100_000  # ~50 us at the H200's clock: longer than a graph launch from the host
@@ -76,6 +77,45 @@ def time_fn(
     else:
         for i in range(iters):
             times.append(_timed(fns[i % len(fns)]))
+    return statistics.median(times)
+
+
+def host_us(fn: Callable[[], Any], calls: int = 200, rounds: int = 1, spin_cycles: int = 1_000_000_000) -> float:
+    """Host microseconds of one eager call of ``fn``: the median over ``calls`` back-to-back
+    calls issued behind a GPU spin of ``spin_cycles`` (so no call waits for the GPU), the
+    minimum over ``rounds`` such medians. The host's speed varies between processes on the
+    device machine: compare versions by alternating processes, not across calls."""
+    fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(rounds):
+        torch.cuda._sleep(spin_cycles)
+        ts = []
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+        torch.cuda.synchronize()
+        best = min(best, statistics.median(ts) * 1e6)
+    return best
+
+
+def back_to_back_us(fn: Callable[[], Any], iters: int = 30, repeats: int = 5) -> float:
+    """Time per call of ``iters`` eager calls issued back to back (events around all of them,
+    no spin), median over ``repeats``: the GPU waits for the host whenever a call's host work
+    outlasts its kernels, so this is what an eager caller sees."""
+    times = []
+    for _ in range(repeats):
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / iters)
     return statistics.median(times)
 
 

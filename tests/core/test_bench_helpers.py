@@ -123,6 +123,25 @@ def test_time_interleaved_on_the_gpu():
     # 16x the bytes: clearly slower, both finite
     assert 0 < times["small"] < times["big"] < 1e4
 
+
+@pytest.mark.gpu
+def test_host_and_back_to_back_times():
+    from mate.testing.bench import back_to_back_us, host_us
+
+    x = torch.randn(1 << 24, device="cuda")
+    y = torch.empty_like(x)
+    calls = []
+
+    def copy():
+        calls.append(1)
+        y.copy_(x)
+
+    host = host_us(copy, calls=50, rounds=2)
+    eager = back_to_back_us(copy, iters=10, repeats=3)
+    assert len(calls) == 1 + 2 * 50 + 3 * (3 + 10)
+    # a 64 MB copy takes ~30 us of GPU time and a few us of host time: back to back, the GPU time counts
+    assert 0 < host < eager < 1e4
+
 @pytest.mark.gpu
 def test_logging_under_cuda_graph_capture(run_py, tmp_path):
     proc = run_py(
