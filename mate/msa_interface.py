@@ -840,14 +840,15 @@ def _check_block_indexes_valid(kv_block_indexes: torch.Tensor, parts: list[_Part
 
 def _check_qkv(q, k, v, plan: MsaPlan, need_v: bool) -> None:
     check_tensor("q", q, dtype=QKV_DTYPES, ndim=3, last_dim_contiguous=True)
-    check_value("q", q.shape[1] == plan.num_qo_heads, f"[total_q, {plan.num_qo_heads} (num_qo_heads), D]",
-                list(q.shape))
+    if q.shape[1] != plan.num_qo_heads:
+        check_value("q", False, f"[total_q, {plan.num_qo_heads} (num_qo_heads), D]", list(q.shape))
     check_tensor("k", k, dtype=q.dtype, ndim=(3, 4), last_dim_contiguous=True, device=q.device)
-    check_value("k", k.shape[-1] == q.shape[-1], f"head dim {q.shape[-1]} (q's)", list(k.shape))
+    if k.shape[-1] != q.shape[-1]:
+        check_value("k", False, f"head dim {q.shape[-1]} (q's)", list(k.shape))
     if need_v:
         check_tensor("v", v, dtype=q.dtype, ndim=k.dim(), last_dim_contiguous=True, device=q.device)
-        check_value("v", tuple(v.shape[:-1]) == tuple(k.shape[:-1]), f"shape {list(k.shape[:-1])} + [Dv]",
-                    list(v.shape))
+        if v.shape[:-1] != k.shape[:-1]:
+            check_value("v", False, f"shape {list(k.shape[:-1])} + [Dv]", list(v.shape))
     elif v is not None:
         check_tensor("v", v, dtype=q.dtype, device=q.device)
 
@@ -860,14 +861,16 @@ def _check_plan_extent(q: torch.Tensor, k: torch.Tensor, plan_info: MsaPlanInfo)
     parts = [plan_info.plan] + ([plan_info.prefill_plan_or_None] if plan_info.has_mixed_prefill else [])
     if any(p.is_static for p in parts):  # runtime lengths: q may not exceed the capacity the launches cover
         cap = sum(p.rows_capacity for p in parts)
-        check_value("q", q.shape[0] <= cap, f"[<= {cap} (the plan's batch_size * max_seqlen_q), ...]",
-                    list(q.shape))
+        if q.shape[0] > cap:
+            check_value("q", False, f"[<= {cap} (the plan's batch_size * max_seqlen_q), ...]", list(q.shape))
         return
     want_q = sum(max(0, p.prefill_plan.total_seqlen_q) for p in parts)
-    check_value("q", q.shape[0] == want_q, f"[{want_q} (the plan's query tokens), ...]", list(q.shape))
+    if q.shape[0] != want_q:
+        check_value("q", False, f"[{want_q} (the plan's query tokens), ...]", list(q.shape))
     if all(p.page_size <= 0 for p in parts) and k.dim() == 3:  # a mixed plan's prefill keys follow its decode keys
         want_k = sum(p.prefill_plan.total_seqlen_k for p in parts)
-        check_value("k", k.shape[0] >= want_k, f"[>= {want_k} (the plan's key rows), ...]", list(k.shape))
+        if k.shape[0] < want_k:
+            check_value("k", False, f"[>= {want_k} (the plan's key rows), ...]", list(k.shape))
 
 
 @mate_api

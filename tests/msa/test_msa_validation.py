@@ -183,3 +183,34 @@ def test_planner_device_and_int_offset_are_checked():
         _msa_plan_from_lengths(torch.tensor([1]), torch.tensor([6]), num_qo_heads=2, device="bogus")
     with pytest.raises(ValueError, match="qo_offset must be an int32 value"):
         _msa_plan_from_lengths(torch.tensor([1]), torch.tensor([6]), num_qo_heads=2, qo_offset=2**40)
+
+
+def test_shape_errors_name_the_argument():
+    """The shape checks of msa() and of the sparse forward (each message built only when it
+    fails): q's heads, k's head dim, v's shape, the heads ratio, the block lists' heads and
+    width, a misaligned cache."""
+    from mate.ops.msa.sparse_attention import sparse_attention
+
+    q, k, v = _bf16(4, 2, 64), _bf16(8, 2, 64), _bf16(8, 2, 64)
+    info = _msa_plan_from_lengths(torch.tensor([4]), torch.tensor([8]), num_qo_heads=2)
+    with pytest.raises(ValueError, match=r"q must be \[total_q, 2 \(num_qo_heads\), D\], got \[4, 3, 64\]"):
+        msa(_bf16(4, 3, 64), k, v, info)
+    with pytest.raises(ValueError, match=r"k must be head dim 64 \(q's\), got \[8, 2, 32\]"):
+        msa(q, _bf16(8, 2, 32), v, info)
+    with pytest.raises(ValueError, match=r"v must be shape \[8, 2\] \+ \[Dv\], got \[8, 1, 64\]"):
+        msa(q, k, _bf16(8, 1, 64), info)
+
+    cache = _bf16(3, 128, 2, 128)
+    qs = _bf16(4, 4, 128)
+    idx = torch.zeros(4, 2, 4, dtype=torch.int32)
+    kw = dict(page_table=_i32([[0, 1, 2]]), qo_indptr=_i32([0, 4]), kv_lens=_i32([300]))
+    sparse_attention(qs, cache, cache, kv_block_indexes=idx, **kw)  # the valid call runs
+    with pytest.raises(ValueError, match=r"q.shape\[1\] \(num_qo_heads\) must be a multiple of num_kv_heads=2, got 3"):
+        sparse_attention(_bf16(4, 3, 128), cache, cache, kv_block_indexes=idx, **kw)
+    with pytest.raises(ValueError, match=r"kv_block_indexes.shape\[1\] must be num_kv_heads=2 or num_qo_heads=4"):
+        sparse_attention(qs, cache, cache, kv_block_indexes=torch.zeros(4, 3, 4, dtype=torch.int32), **kw)
+    with pytest.raises(ValueError, match=r"kv_block_indexes.shape\[2\] \(width\) must be in \[1, 64\], got 65"):
+        sparse_attention(qs, cache, cache, kv_block_indexes=torch.zeros(4, 2, 65, dtype=torch.int32), **kw)
+    shifted = _bf16(3 * 128 * 2 * 128 + 1).view(-1)[1:].view(3, 128, 2, 128)  # 2 bytes past a 16-byte boundary
+    with pytest.raises(ValueError, match=r"k \(address and strides\) must be 16-byte aligned, got 'data_ptr % 16 = "):
+        sparse_attention(qs, shifted, cache, kv_block_indexes=idx, **kw)

@@ -640,18 +640,21 @@ def sparse_attention(
     checks.check_value("k.shape[0] (pages)", k.shape[0] > 0, "at least 1", k.shape[0])
     checks.check_shape("v", v, [k.shape[0], *page_shape[1:]])
     for name, t in (("k", k), ("v", v)):  # the kernels read pages with TMA descriptors
-        aligned = t.data_ptr() % 16 == 0 and all(st * t.element_size() % 16 == 0 for st in t.stride()[:-1])
-        checks.check_value(f"{name} (address and strides)", aligned, "16-byte aligned",
-                           f"data_ptr % 16 = {t.data_ptr() % 16}, strides {list(t.stride())}")
-    checks.check_value("q.shape[1] (num_qo_heads)", hkv > 0 and hq % hkv == 0,
-                       f"a multiple of num_kv_heads={hkv}", hq)
+        es = t.element_size()
+        if t.data_ptr() % 16 or any(st * es % 16 for st in t.stride()[:-1]):
+            checks.check_value(f"{name} (address and strides)", False, "16-byte aligned",
+                               f"data_ptr % 16 = {t.data_ptr() % 16}, strides {list(t.stride())}")
+    if hkv <= 0 or hq % hkv:
+        checks.check_value("q.shape[1] (num_qo_heads)", False, f"a multiple of num_kv_heads={hkv}", hq)
     checks.check_tensor("kv_block_indexes", kv_block_indexes, dtype=torch.int32, ndim=3,
                         last_dim_contiguous=True)
     width = kv_block_indexes.shape[2]
     checks.check_shape("kv_block_indexes", kv_block_indexes, [total_q, None, None])
-    checks.check_value("kv_block_indexes.shape[1]", kv_block_indexes.shape[1] in (hkv, hq),
-                       f"num_kv_heads={hkv} or num_qo_heads={hq}", kv_block_indexes.shape[1])
-    checks.check_value("kv_block_indexes.shape[2] (width)", 1 <= width <= _MAX_WIDTH, f"in [1, {_MAX_WIDTH}]", width)
+    if kv_block_indexes.shape[1] not in (hkv, hq):
+        checks.check_value("kv_block_indexes.shape[1]", False, f"num_kv_heads={hkv} or num_qo_heads={hq}",
+                           kv_block_indexes.shape[1])
+    if not 1 <= width <= _MAX_WIDTH:
+        checks.check_value("kv_block_indexes.shape[2] (width)", False, f"in [1, {_MAX_WIDTH}]", width)
     checks.check_tensor("kv_lens", kv_lens, dtype=torch.int32, ndim=1, contiguous=True)
     batch = kv_lens.shape[0]
     checks.check_tensor("qo_indptr", qo_indptr, dtype=torch.int32, shape=[batch + 1], contiguous=True)
