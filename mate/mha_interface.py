@@ -55,7 +55,7 @@ def _not_implemented(**given: tuple[Any, Any]) -> None:
 
 
 def _check_window(window_size: Any) -> tuple[int, int]:
-    if window_size == (-1, -1) and type(window_size) is tuple:  # the default, unbounded
+    if type(window_size) is tuple and window_size == (-1, -1):  # the default, unbounded
         return -1, -1
     ok = (isinstance(window_size, (tuple, list)) and len(window_size) == 2
           and all(isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in window_size))

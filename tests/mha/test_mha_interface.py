@@ -436,6 +436,14 @@ def test_errors(device):
         flash_attn_varlen_func(q, k, k, cq, None, 4, 4)
     with pytest.raises(ValueError, match="window_size"):
         flash_attn_varlen_func(q, k, k, cq, cq, 4, 4, window_size=(-2, 0))
+    with pytest.raises(ValueError, match=r"window_size must be a pair of ints >= -1, got tensor"):
+        flash_attn_varlen_func(q, k, k, cq, cq, 4, 4, window_size=torch.tensor([-1, -1]))
+    with pytest.raises(ValueError, match=r"q.shape\[-1\] \(headdim\) must be one of"):
+        flash_attn_varlen_func(q[..., :48], k[..., :48], k[..., :48], cq, cq, 4, 4)
+    with pytest.raises(ValueError, match=r"k.shape\[-1\] \(headdim\) must be 64 \(q's headdim\), got 32"):
+        flash_attn_varlen_func(q, k[..., :32], k[..., :32], cq, cq, 4, 4)
+    with pytest.raises(ValueError, match=r"v must have shape \[4, 1, 64\], got \[4, 1, 32\]"):
+        flash_attn_varlen_func(q, k, k[..., :32], cq, cq, 4, 4)
     with pytest.raises(ValueError, match="num_heads_k"):
         flash_attn_varlen_func(q[:, :1].expand(4, 3, 64), k.expand(4, 2, 64), k.expand(4, 2, 64), cq, cq, 4, 4)
     with pytest.raises(ValueError, match="out"):
