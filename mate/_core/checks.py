@@ -178,7 +178,7 @@ def check_out_tensor(
         contiguous=contiguous,
         last_dim_contiguous=last_dim_contiguous,
     )
-    if not contiguous and not out.is_contiguous() and not _non_overlapping(out):
+    if not contiguous and not _non_overlapping(out):
         raise ValueError(f"{name} must not overlap itself (each element its own memory), got strides "
                          f"{tuple(out.stride())} for shape {tuple(out.shape)}")
     return out
@@ -188,7 +188,7 @@ def _non_overlapping(t: torch.Tensor) -> bool:
     """Whether no two elements of ``t`` share memory: ordered by stride, each dimension of size
     > 1 steps past the whole extent of the smaller ones (sufficient; the layouts it refuses,
     e.g. interleaved dimensions, are not ones an output buffer has)."""
-    if t.numel() <= 1:
+    if t.numel() <= 1 or t.is_contiguous():
         return True
     extent = 1
     for stride, size in sorted((st, s) for s, st in zip(t.shape, t.stride()) if s > 1):
@@ -221,18 +221,10 @@ def check_no_overlap(out_name: str, out: torch.Tensor | None, /, **inputs: torch
     if out is None or out.numel() == 0 or torch.compiler.is_compiling():  # traced tensors have no address
         return
     lo, hi = _byte_range(out)
-    device = out.device
     for name, t in inputs.items():
-        if t is None:
+        if t is None or t.numel() == 0 or t.device != out.device:
             continue
-        n = t.numel()
-        if n == 0 or t.device != device:
-            continue
-        if t.is_contiguous():
-            t_lo = t.data_ptr()
-            t_hi = t_lo + n * t.element_size() - 1
-        else:
-            t_lo, t_hi = _byte_range(t)
+        t_lo, t_hi = _byte_range(t)
         if lo <= t_hi and t_lo <= hi:
             raise ValueError(f"{out_name} must not overlap {name} (an input of the same call), "
                              f"got overlapping memory [{lo:#x}, {hi:#x}] and [{t_lo:#x}, {t_hi:#x}]")

@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from mate._core.dispatch import interpreter_active
+
 __all__ = ["FastLaunch", "launcher", "FAST_LAUNCH"]
 
 FAST_LAUNCH = os.environ.get("MATE_FAST_LAUNCH", "1").strip().lower() not in ("0", "false", "no", "off")
@@ -95,12 +97,8 @@ def launcher(fn: Any) -> Any:
     fast = getattr(fn, "_mate_fast_launch", None)
     if fast is not None:
         return fast
-    if not FAST_LAUNCH or _interpreting() or not _supported(fn):
+    if not FAST_LAUNCH or interpreter_active() or not _supported(fn):
         return fn
     fast = FastLaunch(fn)
     fn._mate_fast_launch = fast
     return fast
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
