@@ -7,7 +7,7 @@ import functools
 import torch
 
 __all__ = ["SMEM_PER_PROGRAM", "SMEM_PER_SM", "SMEM_RESERVED_PER_PROGRAM", "REGS_PER_SM", "GRID_X_MAX", "GRID_YZ_MAX",
-           "smem_for_programs", "cuda_sm_count", "cuda_capability", "planning_sm_count"]
+           "smem_for_programs", "cuda_sm_count", "cuda_capability", "planning_sm_count", "tma_aligned"]
 
 SMEM_PER_SM = 228 * 1024
 """Shared memory of one SM (bytes), shared by its resident programs."""
@@ -31,6 +31,17 @@ GRID_YZ_MAX = 65535
 def smem_for_programs(programs: int) -> int:
     """Dynamic shared memory per program that lets ``programs`` programs share one SM."""
     return SMEM_PER_SM // programs - SMEM_RESERVED_PER_PROGRAM
+
+
+def tma_aligned(t: torch.Tensor, dims: tuple[int, ...] | None = None) -> bool:
+    """Whether a TMA descriptor can view ``t`` in place: unit stride in the last dimension, a
+    16-byte aligned address and 16-byte multiples as the byte strides of ``dims`` (default:
+    every dimension but the last)."""
+    st = t.stride()
+    es = t.element_size()
+    if st[-1] != 1 or t.data_ptr() % 16:
+        return False
+    return all(st[i] * es % 16 == 0 for i in (range(len(st) - 1) if dims is None else dims))
 
 
 @functools.cache

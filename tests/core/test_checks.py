@@ -333,3 +333,18 @@ def test_check_int32():
         check_int32("n", 2**31)
     with pytest.raises(ValueError, match=r"t must be int32 page ids, got 'values in \[-2147483649, 0\]'"):
         check_int32("t", torch.tensor([-(2**31) - 1, 0]), "int32 page ids")
+
+
+def test_tma_aligned_needs_aligned_address_strides_and_unit_last_stride():
+    from mate._core.hopper import tma_aligned
+
+    cache = torch.zeros(6, 128, 4, 128, dtype=torch.bfloat16)
+    assert tma_aligned(cache)
+    assert tma_aligned(cache[::2])  # every other page: strided, still aligned
+    assert not tma_aligned(cache.view(-1)[1:1 + 5 * 128 * 4 * 128].view(5, 128, 4, 128))  # 2 bytes off
+    odd = torch.zeros(4, 128, 4, 132, dtype=torch.bfloat16)[..., :128]  # row stride 264 bytes
+    assert not tma_aligned(odd)
+    assert tma_aligned(odd, dims=(0,))  # only the page stride asked for
+    assert not tma_aligned(cache.transpose(2, 3))  # last dimension not unit-stride
+    fp8 = torch.zeros(2, 128, 1, 144, dtype=torch.uint8)[..., :128]  # 144-byte rows: aligned
+    assert tma_aligned(fp8)

@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from mate._core.env import config_overrides
-from mate._core.hopper import GRID_X_MAX, GRID_YZ_MAX
+from mate._core.hopper import GRID_X_MAX, GRID_YZ_MAX, tma_aligned
 from mate._core.launch import launcher
 from mate._core.triton_helpers import INTERPRET, cdiv, dot_operand, finish_softmax, online_softmax_step, to_out_dtype
 
@@ -304,13 +304,6 @@ def _mha_prefill_tma_kernel(
     tl.store(lse_ptr + h.to(tl.int64) * stride_lh + t * stride_lt, lse, mask=rvalid)
 
 
-def _aligned(x: torch.Tensor, dims) -> bool:
-    """16-byte aligned base and strides of ``dims``, unit stride in the last dimension."""
-    st = x.stride()
-    es = x.element_size()
-    return st[-1] == 1 and x.data_ptr() % 16 == 0 and all((st[i] * es) % 16 == 0 for i in dims)
-
-
 def _tma_view_ok(x: torch.Tensor) -> bool:
     """x [tokens, heads, D] as a 2D TMA view [tokens, heads * D]: heads and D packed, 16-byte
     aligned base and row stride."""
@@ -328,7 +321,7 @@ def _kv_ok(x: torch.Tensor, *, paged: bool, batched: bool) -> bool:
     if x.numel() == 0:
         return False
     if paged:
-        return x.shape[1] % int(PREFILL_TMA["block_n"]) == 0 and _aligned(x, (0, 1, 2))
+        return x.shape[1] % int(PREFILL_TMA["block_n"]) == 0 and tma_aligned(x)
     if batched:
         return (x.stride(0) == x.shape[1] * x.stride(1) and x.shape[0] * x.shape[1] < 2**31
                 and _tma_view_ok(x.flatten(0, 1)))

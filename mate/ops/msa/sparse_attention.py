@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from mate._core.hopper import planning_sm_count
+from mate._core.hopper import planning_sm_count, tma_aligned
 from mate._core.launch import launcher
 from mate._core.triton_helpers import (
     INTERPRET,
@@ -640,8 +640,7 @@ def sparse_attention(
     checks.check_value("k.shape[0] (pages)", k.shape[0] > 0, "at least 1", k.shape[0])
     checks.check_shape("v", v, [k.shape[0], *page_shape[1:]])
     for name, t in (("k", k), ("v", v)):  # the kernels read pages with TMA descriptors
-        es = t.element_size()
-        if t.data_ptr() % 16 or any(st * es % 16 for st in t.stride()[:-1]):
+        if not tma_aligned(t):
             checks.check_value(f"{name} (address and strides)", False, "16-byte aligned",
                                f"data_ptr % 16 = {t.data_ptr() % 16}, strides {list(t.stride())}")
     if hkv <= 0 or hq % hkv:
