@@ -36,6 +36,7 @@ from mate._core.checks import (
 )
 from mate._core.custom_op import mate_custom_op
 from mate._core.dispatch import select_backend
+from mate._core.hopper import tma_aligned
 from mate.api_logging import mate_api
 from mate.ops.msa import plan as _planner
 from mate.ops.msa.plan import (
@@ -730,7 +731,7 @@ def _run_max_score(q: torch.Tensor, k: torch.Tensor, max_score: torch.Tensor, pa
 
 def _attend_sparse(q, k, v, part: _Part, kv_block_indexes, out, lse, sm_scale, k_scale, v_scale) -> None:
     """Sparse prefill / decode over the selected blocks of one part (writes out, lse)."""
-    from mate.ops.msa.sparse_attention import sparse_attention
+    from mate.ops.msa.sparse_attention import run_sparse_attention
 
     qp = _slice_rows(q, part)
     lse_p = _slice_rows(lse, part)
@@ -738,21 +739,15 @@ def _attend_sparse(q, k, v, part: _Part, kv_block_indexes, out, lse, sm_scale, k
         rows = max(qp.shape[0], part.plan.rows_capacity)
         lse_p = part.plan.workspace.buffer("lse", rows * qp.shape[1], torch.float32, q.device)
         lse_p = lse_p[:qp.shape[0] * qp.shape[1]].view(qp.shape[0], qp.shape[1])
-    sparse_attention(
-        qp, k, v,
+    run_sparse_attention(  # msa() checked what sparse_attention would (_check_qkv, _check_sparse_kv, ...)
+        qp, k, v, _slice_rows(kv_block_indexes, part), part.cu_seqlens_q, part.kv_lens,
+        _part_qo_offset_tensor(part), part.page_table, part.kv_indices, part.kv_page_indptr,
+        _slice_rows(out, part), lse_p,
+        head_major=_k_layout(k, part.plan) == LAYOUT_HEAD_MAJOR,
         plan=part.plan,
-        kv_block_indexes=_slice_rows(kv_block_indexes, part),
-        page_table=part.page_table,
-        kv_indices=part.kv_indices,
-        kv_page_indptr=part.kv_page_indptr,
-        qo_indptr=part.cu_seqlens_q,
-        kv_lens=part.kv_lens,
-        qo_offset=_part_qo_offset_tensor(part),
         sm_scale=sm_scale,
         k_scale=k_scale,
         v_scale=v_scale,
-        out=_slice_rows(out, part),
-        lse=lse_p,
     )
 
 
@@ -851,6 +846,24 @@ def _check_qkv(q, k, v, plan: MsaPlan, need_v: bool) -> None:
             check_value("v", False, f"shape {list(k.shape[:-1])} + [Dv]", list(v.shape))
     elif v is not None:
         check_tensor("v", v, dtype=q.dtype, device=q.device)
+
+
+def _check_sparse_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: MsaPlan) -> None:
+    """What the sparse forward needs of q / k / v beyond :func:`_check_qkv`: head dim 128,
+    V's head dim equal to K's, a paged cache of the plan's heads with at least one page, and
+    TMA-compatible (16-byte aligned) k / v, which the kernels read in place."""
+    d = q.shape[-1]
+    if d != MSA_BLOCK:
+        check_value("q.shape[2] (head_dim)", False, f"{MSA_BLOCK} for sparse MSA", d)
+    _k_layout(k, plan)
+    if k.shape[0] == 0:
+        check_value("k.shape[0] (pages)", False, "at least 1", k.shape[0])
+    if v.shape[-1] != d:
+        check_value("v", False, f"head dim {d} (q's) for sparse MSA", list(v.shape))
+    for name, t in (("k", k), ("v", v)):
+        if not tma_aligned(t):
+            check_value(f"{name} (address and strides)", False, "16-byte aligned",
+                        f"data_ptr % 16 = {t.data_ptr() % 16}, strides {list(t.stride())}")
 
 
 def _check_plan_extent(q: torch.Tensor, k: torch.Tensor, plan_info: MsaPlanInfo) -> None:
@@ -958,9 +971,9 @@ def msa(
     -----
     Attention is delegated with these exact calls (per homogeneous part of the batch)::
 
-        mate.ops.msa.sparse_attention.sparse_attention(
-            q_part, k, v, *, plan, kv_block_indexes, page_table, kv_indices, kv_page_indptr,
-            qo_indptr, kv_lens, qo_offset, sm_scale, k_scale, v_scale, out, lse)
+        mate.ops.msa.sparse_attention.run_sparse_attention(  # sparse_attention minus its checks
+            q_part, k, v, kv_block_indexes, qo_indptr, kv_lens, qo_offset, page_table, kv_indices,
+            kv_page_indptr, out, lse, *, head_major, plan, sm_scale, k_scale, v_scale)
         mate.mha_interface.flash_attn_varlen_func(
             q_part, k_part, v_part, cu_seqlens_q=, cu_seqlens_k=, max_seqlen_q=, max_seqlen_k=,
             seqused_k=, softmax_scale=, causal=, return_softmax_lse=, out=)
@@ -972,8 +985,8 @@ def msa(
     ``kv_lens`` int32 ``[B]``, ``qo_offset`` int32 ``[B]`` or ``None`` (= kv_len - q_len),
     ``page_table`` int32 ``[B, >= max_pages]`` or ``None`` (then ``kv_indices`` +
     ``kv_page_indptr``, absolute pointers into the whole ``kv_indices``), ``out`` /
-    ``lse`` the part's row slices (``lse`` may be ``None``); ``plan.mode`` tells prefill
-    from decode.
+    ``lse`` the part's row slices (without ``lse``, the plan's scratch rows); ``plan.mode``
+    tells prefill from decode. msa() itself checks everything ``sparse_attention`` would.
 
     Examples
     --------
@@ -1090,6 +1103,7 @@ def msa(
                         and kv_block_indexes.shape[2] == width,
                         f"[{total_q}, {plan.num_kv_heads} or {plan.num_qo_heads}, {width} (selected_block_count)]",
                         list(kv_block_indexes.shape))
+            _check_sparse_kv(q, k, v, plan)
         else:
             if kv_block_indexes is not None:
                 raise ValueError(f"kv_block_indexes needs a sparse plan (kv_block_num > 0), got a {plan.mode} plan")

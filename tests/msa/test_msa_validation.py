@@ -214,3 +214,32 @@ def test_shape_errors_name_the_argument():
     shifted = _bf16(3 * 128 * 2 * 128 + 1).view(-1)[1:].view(3, 128, 2, 128)  # 2 bytes past a 16-byte boundary
     with pytest.raises(ValueError, match=r"k \(address and strides\) must be 16-byte aligned, got 'data_ptr % 16 = "):
         sparse_attention(qs, shifted, cache, kv_block_indexes=idx, **kw)
+
+
+def test_sparse_msa_checks_what_the_sparse_forward_needs():
+    """msa() runs the sparse forward without its own checks, so msa() rejects what the kernels
+    cannot read: a head dim other than 128, V's head dim different from K's, a cache without
+    pages or of another layout, k / v not 16-byte aligned (TMA)."""
+    info = _msa_plan_from_lengths(torch.tensor([4]), torch.tensor([300]), num_qo_heads=4, num_kv_heads=2,
+                                  page_size=128, kv_block_num=4)
+    cache, q = _bf16(3, 128, 2, 128), _bf16(4, 4, 128)
+    idx = torch.zeros(4, 2, 4, dtype=torch.int32)
+    pt = _i32([[0, 1, 2]])
+    out, _ = msa(q, cache, cache, info, kv_block_indexes=idx, page_table=pt)  # the valid call runs
+    assert torch.isfinite(out.float()).all()
+    with pytest.raises(ValueError, match=r"q.shape\[2\] \(head_dim\) must be 128 for sparse MSA, got 64"):
+        msa(_bf16(4, 4, 64), _bf16(3, 128, 2, 64), _bf16(3, 128, 2, 64), info, kv_block_indexes=idx, page_table=pt)
+    with pytest.raises(ValueError, match=r"v must be head dim 128 \(q's\) for sparse MSA, got \[3, 128, 2, 64\]"):
+        msa(q, cache, _bf16(3, 128, 2, 64), info, kv_block_indexes=idx, page_table=pt)
+    with pytest.raises(ValueError, match=r"k.shape\[0\] \(pages\) must be at least 1, got 0"):
+        msa(q, _bf16(0, 128, 2, 128), _bf16(0, 128, 2, 128), info, kv_block_indexes=idx, page_table=pt)
+    with pytest.raises(ValueError, match=r"k must be paged \[num_pages, 128, 2, D\] or \[num_pages, 2, 128, D\]"):
+        msa(q, _bf16(3, 64, 2, 128), _bf16(3, 64, 2, 128), info, kv_block_indexes=idx, page_table=pt)
+    shifted = _bf16(3 * 128 * 2 * 128 + 1).view(-1)[1:].view(3, 128, 2, 128)  # 2 bytes past a 16-byte boundary
+    for name, k, v in (("k", shifted, cache), ("v", cache, shifted)):
+        with pytest.raises(ValueError, match=rf"{name} \(address and strides\) must be 16-byte aligned"):
+            msa(q, k, v, info, kv_block_indexes=idx, page_table=pt)
+    padded = _bf16(3, 128, 2, 136)[..., :128]  # 272-byte rows: strided and aligned, read in place
+    out2, _ = msa(q, padded, padded, info, kv_block_indexes=idx, page_table=pt)
+    ref, _ = msa(q, padded.contiguous(), padded.contiguous(), info, kv_block_indexes=idx, page_table=pt)
+    torch.testing.assert_close(out2, ref, rtol=0, atol=0)

@@ -38,7 +38,7 @@ from mate._core.triton_helpers import (
 from mate.ops.msa import sparse_decode as _sd
 from mate.ops.msa.softmax_helpers import split_entries, token_position, visible_limit
 
-__all__ = ["SparseTiling", "sparse_attention", "sparse_attention_triton", "sparse_tiling", "workspace_numel",
+__all__ = ["SparseTiling", "sparse_attention", "run_sparse_attention", "sparse_attention_triton", "sparse_tiling", "workspace_numel",
            "resolve_num_splits"]
 
 BLOCK = 128
@@ -622,7 +622,6 @@ def sparse_attention(
     TypeError for wrong dtypes, ValueError for wrong shapes / devices / values.
     """
     from mate._core import checks
-    from mate._core.dispatch import select_backend
 
     checks.check_tensor("q", q, dtype=_QKV_DTYPES, ndim=3, last_dim_contiguous=True)
     total_q, hq, d = q.shape
@@ -684,6 +683,45 @@ def sparse_attention(
         checks.check_out_tensor("lse", lse, shape=[total_q, hq], dtype=torch.float32, device=device,
                                 contiguous=False, last_dim_contiguous=True)
         checks.check_no_overlap("lse", lse, **inputs, out=out)
+    return run_sparse_attention(
+        q, k, v, kv_block_indexes, qo_indptr, kv_lens, qo_offset, page_table, kv_indices, kv_page_indptr, out, lse,
+        head_major=layout == "HND", plan=plan, sm_scale=sm_scale, k_scale=k_scale, v_scale=v_scale, causal=causal,
+        decode=decode, num_kv_splits=num_kv_splits, workspace=workspace)
+
+
+def run_sparse_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_block_indexes: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    kv_lens: torch.Tensor,
+    qo_offset: torch.Tensor | None,
+    page_table: torch.Tensor | None,
+    kv_indices: torch.Tensor | None,
+    kv_page_indptr: torch.Tensor | None,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    *,
+    head_major: bool,
+    plan=None,
+    sm_scale: float | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+    causal: bool | None = None,
+    decode: bool | None = None,
+    num_kv_splits: int | None = None,
+    workspace=None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`sparse_attention` on arguments that already hold what it checks (``msa()``
+    validates the same conditions on the whole call): no checks, no defaults for ``out`` /
+    ``lse``. ``head_major``: k / v are [pages, Hkv, 128, D]."""
+    from mate._core.dispatch import select_backend
+
+    total_q, hq, d = q.shape
+    hkv = k.shape[1] if head_major else k.shape[2]
+    width = kv_block_indexes.shape[2]
+    device = q.device
     if sm_scale is None:
         sm_scale = d ** -0.5
     if causal is None:
@@ -718,7 +756,7 @@ def sparse_attention(
         fws = torch.empty(max(1, n_flt), dtype=torch.float32, device=device)
     msa_sparse_attention_op(
         q, k, v, kv_block_indexes, qo_indptr, kv_lens, qo_offset, page_table, kv_indices, kv_page_indptr,
-        out, lse, iws, fws, layout == "HND", float(sm_scale), float(k_scale), float(v_scale), bool(causal),
+        out, lse, iws, fws, head_major, float(sm_scale), float(k_scale), float(v_scale), bool(causal),
         bool(decode), splits,
     )
     return out, lse
