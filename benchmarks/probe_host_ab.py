@@ -1,4 +1,4 @@
-"""Probe: host microseconds per eager MHA call, for A/B runs of two versions of mate.
+"""Probe: host microseconds per eager MHA and MSA call, for A/B runs of two versions of mate.
 
 The host's speed varies between processes on the device machine (session 28: the same
 no-op measurement differed 2x between two processes), so compare versions by alternating
@@ -15,11 +15,13 @@ calls issued behind a GPU spin (nothing waits on the GPU); aten's FA2 varlen op 
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import torch
 
 from mate.mha_interface import flash_attn_varlen_func, flash_attn_with_kvcache
+from mate.msa_interface import _msa_plan_from_lengths, msa
 from mate.testing.bench import host_us
 
 
@@ -50,7 +52,28 @@ def main() -> None:
         "aten FA2 varlen (peer)": host(
             lambda: torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, 128, 128, 0.0, True, False)),
     }
+    res.update(msa_calls(host))
     print(tag, "  ".join(f"{n}: {t:.1f}" for n, t in res.items()), flush=True)
+
+
+def msa_calls(host) -> dict[str, float]:
+    """Eager msa() calls of MiniMax-M3 geometry (64 / 4 heads, d 128, top-16 + 1 forced block):
+    64 decode tokens at 8K and one 512-token prefill chunk at the end of 4K, token-major cache."""
+    dev, bf16 = "cuda", torch.bfloat16
+    res = {}
+    for name, q_lens, kv_lens in (("msa sparse decode B=64 8K", [1] * 64, [8192] * 64),
+                                  ("msa sparse prefill 512 at 4K", [512], [4096])):
+        b, pages = len(q_lens), -(-max(kv_lens) // 128)
+        info = _msa_plan_from_lengths(torch.tensor(q_lens), torch.tensor(kv_lens), 64, num_kv_heads=4,
+                                      page_size=128, kv_block_num=16, force_end_blocks=1, device=dev)
+        cache = torch.randn(b * pages, 128, 4, 128, device=dev, dtype=bf16)
+        table = torch.arange(b * pages, dtype=torch.int32, device=dev).view(b, pages)
+        total = sum(q_lens)
+        q = torch.randn(total, 64, 128, device=dev, dtype=bf16)
+        idx = torch.randint(0, 32, (total, 4, info.plan.selected_block_count), dtype=torch.int32, device=dev)
+        out = torch.empty_like(q)
+        res[name] = host(functools.partial(msa, q, cache, cache, info, kv_block_indexes=idx, page_table=table, out=out))
+    return res
 
 
 if __name__ == "__main__":

@@ -340,10 +340,15 @@ def _nbytes(value: Any) -> int:
     return sum(t.untyped_storage().nbytes() for _, t in _tensors_in(value))
 
 
-def _dump_selected(name: str) -> bool:
-    if CONFIG.dump_include and not any(fnmatch.fnmatch(name, p) for p in CONFIG.dump_include):
+def _dump_selected(*names: str) -> bool:
+    """Whether the include / exclude patterns select a function known by any of ``names``
+    (its short name, ``bmm_fp8``, and its dotted name, ``mate.gemm.bmm_fp8``)."""
+    def hit(patterns: tuple[str, ...]) -> bool:
+        return any(fnmatch.fnmatch(name, p) for name in names for p in patterns)
+
+    if CONFIG.dump_include and not hit(CONFIG.dump_include):
         return False
-    return not any(fnmatch.fnmatch(name, p) for p in CONFIG.dump_exclude)
+    return not hit(CONFIG.dump_exclude)
 
 
 def _first_device(value: Any) -> str:
@@ -482,7 +487,7 @@ def mate_api(fn: F) -> F:
 
             _safe("argument logging", log_args)
         dump = None
-        if level >= 10 and _dump_selected(short) and not _capturing():
+        if level >= 10 and _dump_selected(short, display) and not _capturing():
             dump = _safe("input dump", lambda: _Dump(qualname, short, call_id, args, kwargs))
             if dump is not None and not _safe("dump limits", dump.fits):
                 _safe("dump limit", lambda: _emit(f"[mate] dump of {display} skipped: dump limits reached"))

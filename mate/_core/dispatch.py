@@ -46,8 +46,9 @@ def select_backend(device: torch.device, override: str | None = None) -> Backend
     if choice == "triton":
         if interpreter_active():
             return "triton"
+        source = "backend='triton'" if override not in (None, "auto") else "MATE_BACKEND=triton"
         raise ValueError(
-            "backend 'triton' on CPU tensors requires Triton's interpreter "
+            f"{source} on CPU tensors requires Triton's interpreter "
             "(set TRITON_INTERPRET=1 before importing triton), got a CPU device without it"
         )
     return "reference"

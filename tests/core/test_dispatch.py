@@ -49,8 +49,11 @@ def test_select_backend(env, backend, interpret, cpu, cuda):
 def test_triton_on_cpu_needs_the_interpreter(env):
     env("triton", False)
     assert select_backend(CUDA) == "triton"
-    with pytest.raises(ValueError, match=r"backend 'triton' on CPU tensors requires .*TRITON_INTERPRET=1"):
+    with pytest.raises(ValueError, match=r"^MATE_BACKEND=triton on CPU tensors requires .*TRITON_INTERPRET=1"):
         select_backend(CPU)
+    env("auto", False)  # the op's own argument is named instead of the variable
+    with pytest.raises(ValueError, match=r"^backend='triton' on CPU tensors requires .*TRITON_INTERPRET=1"):
+        select_backend(CPU, "triton")
 
 
 def test_bad_env_value(env):
