@@ -41,7 +41,8 @@ def signature(dt: str, layout: str, out: str, flat: bool, keys: int) -> dict:
             "k_desc": f"tensordesc<{dt}{blk}>", "v_desc": f"tensordesc<{dt}{blk}>",
             "u_page_ptr": "*i32", "u_blk_ptr": "*i32",
             "u_cnt_ptr": "*i32", "o_ptr": f"*{out}", "stride_ot": "i32", "stride_oh": "i32", "lse_ptr": "*fp32",
-            "stride_lt": "i32", "op_ptr": "*fp32", "lp_ptr": "*fp32", "total_q": "i32", "HQ": "i32",
+            "stride_lt": "i32", "stride_lh": "constexpr", "op_ptr": "*fp32", "lp_ptr": "*fp32", "total_q": "i32",
+            "HQ": "i32",
             "RATIO": "i32", "qk_scale": "fp32", "v_scale": "fp32",
             "idx_ptr": "*i32", "stride_it": "i32", "stride_ih": "i32", "qo_indptr_ptr": "*i32",
             "kv_lens_ptr": "*i32", "qo_offset_ptr": "*i32", "B": "i32", "n_iter": "i32", "page_table_ptr": "*i32",
@@ -60,7 +61,7 @@ def compile_one(spec: str, out_dir: str | None) -> None:
     ce = dict(FLAT=flat, KEYS=keys, GP=16, C=bw, HEAD_DIM=128, NUM_SPLITS=int(kw.get("splits", 1)), CAUSAL=True,
               IS_FP8=dt == "fp8e4nv", HEAD_MAJOR=layout == "HND", BLOCK_W=bw,
               USE_PAGE_TABLE=bool(int(kw.get("pt", 1))), HAS_QO_OFFSET=bool(int(kw.get("qoff", 0))),
-              LAZY=int(kw.get("lazy", 0)))
+              LAZY=int(kw.get("lazy", 0)), stride_lh=1)
     sig = signature(dt, layout, "fp16" if dt == "fp16" else "bf16", flat, keys)
     sig.update({k: "constexpr" for k in ce})
     src = ASTSource(fn=sd.msa_decode_t_kernel, signature=sig, constexprs=ce, attrs=divisibility_attrs(sig, ALIGNED))

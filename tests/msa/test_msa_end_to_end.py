@@ -66,13 +66,15 @@ def select_blocks(q, k, plan_kw, q_lens, kv_lens, table, topk, device):
     return sparse_topk_select(max_score, topk, force_end_blocks=1, query_positions=pos)
 
 
-def run_sparse(q, k, v, idx, q_lens, kv_lens, table, topk, device, hkv):
+def run_sparse(q, k, v, idx, q_lens, kv_lens, table, topk, device, hkv, transposed_lse=False):
     hq = q.shape[1]
     plan = _msa_plan_from_lengths(torch.tensor(q_lens), torch.tensor(kv_lens), hq, num_kv_heads=hkv, page_size=BLK,
                                   kv_block_num=topk, force_end_blocks=1, device=device)
     out_dtype = torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype
     out = poisoned(q.shape, out_dtype, device)
     lse = poisoned(q.shape[:2], torch.float32, device)
+    if transposed_lse:  # FlashAttention's [Hq, total_q] LSE, seen as [total_q, Hq]
+        lse = poisoned(q.shape[:2][::-1], torch.float32, device).t()
     o, _ = msa(q, k, v, plan, kv_block_indexes=idx, page_table=table.to(device), out=out, lse=lse)
     assert o is out
     return plan, out, lse
@@ -93,7 +95,7 @@ def test_pipeline_mixed_decode_prefill(device, triton_backend, head_major):
     hq, hkv, topk = 16, 1, 4
     q, k, v, table = layer_inputs(q_lens, kv_lens, hq, hkv, device=device, head_major=head_major)
     idx = select_blocks(q, k, {"num_kv_heads": hkv}, q_lens, kv_lens, table, topk, device)
-    plan, out, lse = run_sparse(q, k, v, idx, q_lens, kv_lens, table, topk, device, hkv)
+    plan, out, lse = run_sparse(q, k, v, idx, q_lens, kv_lens, table, topk, device, hkv, transposed_lse=head_major)
     assert plan.has_mixed_prefill
     check_against_reference(q, k, v, idx, q_lens, kv_lens, table, out, lse, hkv)
 

@@ -268,6 +268,32 @@ def test_decode_splits_qo_offset_non_causal_strided(device, triton_backend, spli
     assert_close(l_, rl, atol=1e-4, rtol=1e-4, name="lse")
 
 
+@pytest.mark.parametrize("decode,splits", [(True, 1), (True, 3), (False, 1)])
+def test_lse_buffer_of_any_strides(device, triton_backend, decode, splits):
+    """The LSE lands at lse[t, h] whatever the buffer's strides: FlashAttention's [Hq, total_q]
+    transposed, and every other column of a wider buffer (the columns between stay NaN). Each
+    store path is covered: unsplit decode, the split decode's combine, the prefill kernel."""
+    q_lens = [1, 1, 1] if decode else [5, 3]
+    pb = make_problem(q_lens, [700, 130, 300][:len(q_lens)], hq=8, hkv=2, width=8, device=device)
+    total_q = sum(q_lens)
+    ro = rl = None
+    for kind in ("transposed", "every other column"):
+        if kind == "transposed":
+            lse = poisoned((8, total_q), torch.float32, device).t()
+        else:
+            wide = poisoned((total_q, 16), torch.float32, device)
+            lse = wide[:, ::2]
+        out = poisoned((total_q, 8, 128), torch.bfloat16, device)
+        sparse_attention(**pb, out=out, lse=lse, decode=decode, num_kv_splits=splits)
+        if ro is None:
+            cpu = {key: (val.cpu() if isinstance(val, torch.Tensor) else val) for key, val in pb.items()}
+            ro, rl = sparse_attention_reference(**cpu)
+        assert_close(out, ro, atol=2e-2, rtol=2e-2)
+        assert_close(lse, rl, atol=1e-4, rtol=1e-4, name=f"lse ({kind})")
+        if kind != "transposed":
+            assert torch.isnan(wide[:, 1::2]).all(), "a column between the LSE's columns was written"
+
+
 def test_no_visible_key_gives_zero_and_minus_inf(device, triton_backend):
     pb = make_problem([4], [384], hq=16, hkv=1, width=4, device=device)
     idx = pb["kv_block_indexes"]

@@ -134,7 +134,7 @@ def _msa_sparse_fwd_kernel(
     k_desc, v_desc,
     tok_pos_ptr, tok_kvlen_ptr,
     u_page_ptr, u_blk_ptr, u_mask_ptr, u_cnt_ptr,
-    o_ptr, stride_ot, stride_oh, lse_ptr, stride_lt,
+    o_ptr, stride_ot, stride_oh, lse_ptr, stride_lt, stride_lh,
     op_ptr, lp_ptr,
     total_q, HQ, RATIO, qk_scale, v_scale, one,
     TT: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr, C: tl.constexpr,
@@ -210,7 +210,7 @@ def _msa_sparse_fwd_kernel(
         o_dtype = o_ptr.dtype.element_ty
         tl.store(o_ptr + t.to(tl.int64)[:, None] * stride_ot + h[:, None] * stride_oh + offs_d[None, :],
                  to_out_dtype(o, o_dtype), mask=rvalid[:, None])
-        tl.store(lse_ptr + t.to(tl.int64) * stride_lt + h, lse, mask=rvalid)
+        tl.store(lse_ptr + t.to(tl.int64) * stride_lt + h.to(tl.int64) * stride_lh, lse, mask=rvalid)
     else:
         o = acc / l_safe[:, None]
         prow = (split.to(tl.int64) * total_q + t) * HQ + h
@@ -220,7 +220,7 @@ def _msa_sparse_fwd_kernel(
 
 @triton.jit
 def _msa_combine_kernel(
-    op_ptr, lp_ptr, o_ptr, stride_ot, stride_oh, lse_ptr, stride_lt,
+    op_ptr, lp_ptr, o_ptr, stride_ot, stride_oh, lse_ptr, stride_lt, stride_lh,
     total_q, HQ, v_scale,
     NUM_SPLITS: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_DIM: tl.constexpr,
 ):
@@ -249,7 +249,7 @@ def _msa_combine_kernel(
     o_dtype = o_ptr.dtype.element_ty
     tl.store(o_ptr + t.to(tl.int64) * stride_ot + h[:, None] * stride_oh + offs_d[None, :],
              to_out_dtype(o, o_dtype), mask=hv[:, None])
-    tl.store(lse_ptr + t.to(tl.int64) * stride_lt + h, lse, mask=hv)
+    tl.store(lse_ptr + t.to(tl.int64) * stride_lt + h.to(tl.int64) * stride_lh, lse, mask=hv)
 
 
 class SparseTiling:
@@ -472,7 +472,7 @@ def sparse_attention_triton(
         extra = {"maxnreg": cap} if cap and not INTERPRET else {}
         launcher(_sd.msa_decode_t_kernel)[(total_q, hkv, splits)](
             q, q.stride(0), q.stride(1), k_desc, v_desc, u_page, u_blk, u_cnt,
-            out, out.stride(0), out.stride(1), lse, lse.stride(0), o_part, l_part,
+            out, out.stride(0), out.stride(1), lse, lse.stride(0), lse.stride(1), o_part, l_part,
             total_q, hq, ratio, sm_scale * k_scale * LOG2E, v_scale, *sel_args, width,
             GP=_sd.decode_t_heads(ratio), C=til.capacity, HEAD_DIM=d, NUM_SPLITS=splits, CAUSAL=causal,
             IS_FP8=is_fp8, HEAD_MAJOR=layout == "HND", FLAT=flat, KEYS=keys,
@@ -498,7 +498,7 @@ def sparse_attention_triton(
         q, q.stride(0), q.stride(1),
         k_desc, v_desc,
         tok_pos, tok_kvlen, u_page, u_blk, u_mask, u_cnt,
-        out, out.stride(0), out.stride(1), lse, lse.stride(0),
+        out, out.stride(0), out.stride(1), lse, lse.stride(0), lse.stride(1),
         o_part, l_part,
         total_q, hq, ratio, sm_scale * k_scale * LOG2E, v_scale, 1.0,
         TT=til.tt, GP=til.gp, BLOCK_M=til.block_m, C=til.capacity, HEAD_DIM=d,
@@ -512,7 +512,7 @@ def _combine(o_part, l_part, out, lse, total_q, hq, d, v_scale, splits) -> None:
     if splits > 1:
         block_h = min(16, next_power_of_2(hq))
         launcher(_msa_combine_kernel)[(total_q, -(-hq // block_h))](
-            o_part, l_part, out, out.stride(0), out.stride(1), lse, lse.stride(0),
+            o_part, l_part, out, out.stride(0), out.stride(1), lse, lse.stride(0), lse.stride(1),
             total_q, hq, v_scale,
             NUM_SPLITS=splits, BLOCK_H=block_h, HEAD_DIM=d, num_warps=4,
         )
@@ -608,7 +608,8 @@ def sparse_attention(
         (default kv_len - q_len).
     sm_scale : softmax scale (default D ** -0.5); k_scale folds into it, v_scale scales out.
     out : [total_q, Hq, 128] q's dtype (bf16 for fp8 inputs), last dim contiguous (a strided
-        slice of a larger buffer is fine); lse : fp32 [total_q, Hq] (natural log).
+        slice of a larger buffer is fine); lse : fp32 [total_q, Hq] (natural log), any strides
+    (FlashAttention's [Hq, total_q] transposed is fine).
     workspace : an :class:`mate.ops.msa.workspace.MsaWorkspace` for the scratch buffers
         (default: the plan's; without either, the scratch is allocated per call). Sized at
         its first use by ``max(total_q, plan.rows_capacity)`` query rows and reused after.
@@ -681,7 +682,7 @@ def sparse_attention(
         lse = torch.empty(total_q, hq, dtype=torch.float32, device=device)
     else:
         checks.check_out_tensor("lse", lse, shape=[total_q, hq], dtype=torch.float32, device=device,
-                                contiguous=False, last_dim_contiguous=True)
+                                contiguous=False)  # any strides: the kernels take both
         checks.check_no_overlap("lse", lse, **inputs, out=out)
     return run_sparse_attention(
         q, k, v, kv_block_indexes, qo_indptr, kv_lens, qo_offset, page_table, kv_indices, kv_page_indptr, out, lse,

@@ -337,7 +337,7 @@ def msa_decode_t_kernel(
     q_ptr, stride_qt, stride_qh,
     k_desc, v_desc,
     u_page_ptr, u_blk_ptr, u_cnt_ptr,
-    o_ptr, stride_ot, stride_oh, lse_ptr, stride_lt,
+    o_ptr, stride_ot, stride_oh, lse_ptr, stride_lt, stride_lh,
     op_ptr, lp_ptr,
     total_q, HQ, RATIO, qk_scale, v_scale,
     idx_ptr, stride_it, stride_ih, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, B, n_iter,
@@ -423,7 +423,7 @@ def msa_decode_t_kernel(
         o = acc / l_safe[None, :] * v_scale
         tl.store(o_ptr + t.to(tl.int64) * stride_ot + h[None, :] * stride_oh + offs_d[:, None],
                  to_out_dtype(o, o_ptr.dtype.element_ty), mask=hvalid[None, :])
-        tl.store(lse_ptr + t.to(tl.int64) * stride_lt + h, lse, mask=hvalid)
+        tl.store(lse_ptr + t.to(tl.int64) * stride_lt + h.to(tl.int64) * stride_lh, lse, mask=hvalid)
     else:
         o = acc / l_safe[None, :]
         prow = (split.to(tl.int64) * total_q + t) * HQ + h
