@@ -284,3 +284,47 @@ def test_execution_path_has_no_host_syncs():
     # the scan itself can fail
     assert _host_syncs("x.item()\ny = t.to('cpu')\nz = t.tolist()") == ["x.item()", "t.to('cpu')", "t.tolist()"]
     assert _host_syncs('"""no .item() here"""  # nor .cpu()') == []
+
+
+def _i32(values):
+    return torch.tensor(values, dtype=torch.int32)
+
+
+def test_plans_built_from_the_documented_fields():
+    """Dataclasses built with only the spec's fields: the token count, the default-offset flag
+    and the page extent are derived (a plan the planner makes sets them itself), so a
+    hand-built sparse plan runs like the planner's and a hand-built causal dense plan with a
+    custom qo_offset raises NotImplementedError instead of running bottom-right aligned."""
+    pp = mi.MsaPrefillPlan(_i32([0, 2, 3]), _i32([0, 200, 330]), 330, 2, 200)
+    assert pp.total_seqlen_q == 3
+    dp = mi.MsaDecodePlan(_i32([200, 130]), 128, 128)
+    plan = mi.MsaPlan(2, _i32([2, 1]), _i32([200, 130]), _i32([198, 129]), _i32([0, 2, 4]), 2, 1, 128, 128, -1, 4,
+                      0, 0, True, True, False, "auto", False, "sparse_decode", pp, dp, False)
+    assert plan.default_qo_offset and plan.kv_pages_end == 4
+    made = mi._msa_plan_from_lengths(torch.tensor([2, 1]), torch.tensor([200, 130]), 2, num_kv_heads=1,
+                                     page_size=128, kv_block_num=4, sparse_kernel_mode="decode",
+                                     split_prefill_decode=False)
+    assert made.plan.default_qo_offset and made.plan.kv_pages_end == 4
+    cache = torch.randn(4, 128, 1, 128).half()
+    q = torch.randn(3, 2, 128).half()
+    idx = torch.randint(-1, 2, (3, 1, 4), dtype=torch.int32)
+    table = _i32([[0, 1], [2, 3]])
+    mine = mi.msa(q, cache, cache, mi.MsaPlanInfo(False, 2, 2, plan, None), kv_block_indexes=idx, page_table=table)
+    theirs = mi.msa(q, cache, cache, made, kv_block_indexes=idx, page_table=table)
+    assert torch.equal(mine[0], theirs[0])
+
+    dense_pp = mi.MsaPrefillPlan(_i32([0, 2, 3]), _i32([0, 6, 12]), 12, 2, 6)
+    dense = mi.MsaPlan(2, _i32([2, 1]), _i32([6, 6]), _i32([0, 0]), None, 2, 1, -1, 128, -1, -1, 0, 0, True, True,
+                       False, "auto", False, "dense", dense_pp, None, False)
+    assert not dense.default_qo_offset and dense.kv_pages_end == 0
+    qd, kd = torch.randn(3, 2, 32).half(), torch.randn(12, 1, 32).half()
+    with pytest.raises(NotImplementedError, match="qo_offset other than kv_len - q_len"):
+        mi.msa(qd, kd, kd, mi.MsaPlanInfo(False, 2, 2, dense, None))
+    dense.qo_offset = _i32([4, 5])  # reassigned to the default: the flag follows
+    assert dense.default_qo_offset
+    mi.msa(qd, kd, kd, mi.MsaPlanInfo(False, 2, 2, dense, None))
+    made_dense = mi._msa_plan_from_lengths(torch.tensor([2, 1]), torch.tensor([6, 6]), 2, num_kv_heads=1)
+    made_dense.plan.qo_offset = _i32([0, 0])  # a planner's plan reassigned to a custom offset
+    assert not made_dense.plan.default_qo_offset
+    with pytest.raises(NotImplementedError, match="qo_offset other than kv_len - q_len"):
+        mi.msa(qd, kd, kd, made_dense)

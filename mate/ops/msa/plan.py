@@ -70,9 +70,11 @@ class MsaPrefillPlan:
     total_seqlen_k, max_seqlen_q, max_seqlen_k : int
         Host sizes (capacities in a static plan).
     total_seqlen_q : int
-        Number of query tokens of the plan (``-1`` when unknown, as in a static plan).
-        In a mixed plan, the decode part's ``total_seqlen_q`` / ``total_seqlen_k`` are the
-        token offsets at which the prefill part's queries / dense keys start.
+        Number of query tokens of the plan (``-1`` when unknown, as in a static plan). Left
+        out (a plan built with the five documented fields), it is read from
+        ``cu_seqlens_q[-1]`` (one host read). In a mixed plan, the decode part's
+        ``total_seqlen_q`` / ``total_seqlen_k`` are the token offsets at which the prefill
+        part's queries / dense keys start.
     """
 
     cu_seqlens_q: torch.Tensor | None
@@ -81,6 +83,10 @@ class MsaPrefillPlan:
     max_seqlen_q: int
     max_seqlen_k: int
     total_seqlen_q: int = -1
+
+    def __post_init__(self) -> None:
+        if self.total_seqlen_q < 0 and self.cu_seqlens_q is not None and self.cu_seqlens_q.numel():
+            self.total_seqlen_q = int(self.cu_seqlens_q[-1])
 
 
 @dataclasses.dataclass
@@ -129,13 +135,35 @@ class MsaPlan:
     prefill_plan: MsaPrefillPlan
     decode_plan: MsaDecodePlan | None = None
     is_static: bool = False
-    default_qo_offset: bool = True
-    """True when ``qo_offset == kv_lens - qo_lens`` (bottom-right causal alignment)."""
-    kv_pages_end: int = 0
-    """``kv_page_indptr[-1]`` as a host int: the flat ``kv_indices`` entries the plan reads."""
+    default_qo_offset: bool | None = None
+    """True when ``qo_offset == kv_lens - qo_lens`` (bottom-right causal alignment). Left out
+    (a plan built with the documented fields), it is computed from the tensors, and again
+    whenever ``qo_offset``, ``qo_lens`` or ``kv_lens`` is assigned (a host read each time);
+    a static plan's placeholders count as the default."""
+    kv_pages_end: int | None = None
+    """``kv_page_indptr[-1]`` as a host int: the flat ``kv_indices`` entries the plan reads
+    (read from ``kv_page_indptr`` when left out)."""
     workspace: MsaWorkspace = dataclasses.field(default_factory=MsaWorkspace, repr=False, compare=False)
     """Scratch buffers of the sparse forward, allocated at the plan's first call and reused
     by every later call (see :mod:`mate.ops.msa.workspace`)."""
+
+    def __post_init__(self) -> None:
+        if self.default_qo_offset is None:
+            self.default_qo_offset = self._has_default_qo_offset()
+        if self.kv_pages_end is None:
+            indptr = self.kv_page_indptr
+            self.kv_pages_end = int(indptr[-1]) if indptr is not None and indptr.numel() else 0
+        self.__dict__["_derived"] = True
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        if name in ("qo_offset", "qo_lens", "kv_lens") and self.__dict__.get("_derived"):
+            super().__setattr__("default_qo_offset", self._has_default_qo_offset())
+
+    def _has_default_qo_offset(self) -> bool:
+        if self.is_static or self.qo_offset is None or self.qo_lens is None or self.kv_lens is None:
+            return True
+        return bool(torch.equal(self.qo_offset.to(self.kv_lens.device), self.kv_lens - self.qo_lens))
 
     @property
     def rows_capacity(self) -> int:
