@@ -1015,9 +1015,9 @@ def msa(
         raise TypeError(f"plan_info must be an MsaPlanInfo, got {type(plan_info).__name__}")
     plan = plan_info.plan
     output_o = kw.get("output_o", True)
-    output_maxscore = kw.get("output_maxscore", plan.output_maxscore) or max_score is not None
-    if not isinstance(output_o, bool) or not isinstance(output_maxscore, bool):
-        raise TypeError("output_o and output_maxscore must be bool")
+    check_bool("output_o", output_o)
+    output_maxscore = check_bool("output_maxscore", kw.get("output_maxscore", plan.output_maxscore))
+    output_maxscore = output_maxscore or max_score is not None
     if not output_o and not output_maxscore:
         raise ValueError("msa must compute at least one output: got output_o=False and output_maxscore=False")
     sparse = plan.is_sparse or (plan_info.prefill_plan_or_None is not None and plan_info.prefill_plan_or_None.is_sparse)

@@ -243,3 +243,12 @@ def test_sparse_msa_checks_what_the_sparse_forward_needs():
     out2, _ = msa(q, padded, padded, info, kv_block_indexes=idx, page_table=pt)
     ref, _ = msa(q, padded.contiguous(), padded.contiguous(), info, kv_block_indexes=idx, page_table=pt)
     torch.testing.assert_close(out2, ref, rtol=0, atol=0)
+
+
+def test_output_flags_must_be_bool():
+    q, k, v = _bf16(4, 2, 64), _bf16(8, 2, 64), _bf16(8, 2, 64)
+    info = _msa_plan_from_lengths(torch.tensor([4]), torch.tensor([8]), num_qo_heads=2)
+    with pytest.raises(TypeError, match="output_o must be a bool, got int"):
+        msa(q, k, v, info, output_o=1)
+    with pytest.raises(TypeError, match="output_maxscore must be a bool, got int"):
+        msa(q, k, v, info, output_maxscore=0)
