@@ -21,7 +21,7 @@ def _i32(values, device):
 def test_sparse_scales(device, triton_backend):
     q_lens, kv_lens, hq, hkv = [3, 2], [300, 140], 4, 2
     info = _msa_plan_from_lengths(torch.tensor(q_lens), torch.tensor(kv_lens), hq, hkv, page_size=128,
-                                  kv_block_num=4, sparse_kernel_mode="prefill")
+                                  kv_block_num=4, sparse_kernel_mode="prefill", device=device)
     table = _i32([[4, 1, 3], [0, 5, 0]], device)
     idx = torch.randint(-1, 3, (5, hkv, 4), dtype=torch.int32, device=device)
     sm_scale, k_scale, v_scale = random.uniform(0.02, 0.2), random.uniform(0.5, 2.0), random.uniform(0.5, 2.0)
@@ -43,7 +43,8 @@ def test_sparse_scales(device, triton_backend):
 
 def test_dense_sm_scale(device, triton_backend):
     q_lens, kv_lens = [3, 5], [7, 5]
-    info = _msa_plan_from_lengths(torch.tensor(q_lens), torch.tensor(kv_lens), num_qo_heads=4, num_kv_heads=2)
+    info = _msa_plan_from_lengths(torch.tensor(q_lens), torch.tensor(kv_lens), num_qo_heads=4, num_kv_heads=2,
+                                  device=device)
     q = torch.randn(8, 4, 64, device=device).bfloat16()
     k, v = (torch.randn(12, 2, 64, device=device).bfloat16() for _ in range(2))
     sm_scale = random.uniform(0.02, 0.5)
