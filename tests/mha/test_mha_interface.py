@@ -11,6 +11,7 @@ import torch
 from mate.mha_interface import flash_attn_varlen_func, flash_attn_with_kvcache, get_scheduler_metadata
 from mate.ops.mha.reference import attention_varlen_reference
 from mate.testing import assert_close, assert_equal, poisoned
+from tests._markers import interpreter_only
 
 # bf16 output: 2^-8 relative resolution, plus P rounded to bf16 before PV: ~2-3 ulps.
 # fp16: 2^-11. LSE: fp32 math on the same logits, differences of accumulation order only.
@@ -461,15 +462,15 @@ def test_errors(device):
         flash_attn_varlen_func(q, k, k, cq, cq, 4, 4, scheduler_metadata=meta)
 
 
-def test_requests_past_the_grid_limit(triton_backend):
+def test_requests_past_the_grid_limit(device, triton_backend):
     """65536 requests do not fit a launch grid's y axis: a clear error before any launch (the
     reference backend has no such limit)."""
     n = 65536
-    q = torch.zeros(n, 1, 64, dtype=torch.bfloat16)
-    cq = torch.arange(n + 1, dtype=torch.int32)
+    q = torch.zeros(n, 1, 64, dtype=torch.bfloat16, device=device)
+    cq = torch.arange(n + 1, dtype=torch.int32, device=device)
     with pytest.raises(ValueError, match=r"cu_seqlens_q must be at most 65535 requests per call, got 65536"):
         flash_attn_varlen_func(q, q, q, cq, cq, 1, 1)
-    kc = torch.zeros(n, 1, 1, 64, dtype=torch.bfloat16)
+    kc = torch.zeros(n, 1, 1, 64, dtype=torch.bfloat16, device=device)
     with pytest.raises(ValueError, match=r"q.shape\[0\] \(batch\) must be at most 65535 requests per call, got 65536"):
         flash_attn_with_kvcache(q[:, None], kc, kc, cache_seqlens=1)
 
@@ -685,6 +686,7 @@ def test_single_sequence_sdpa_lse_gpu(causal, hq, hkv, d, monkeypatch):
         assert not calls
 
 
+@interpreter_only
 @pytest.mark.parametrize("causal", [False, True])
 def test_single_sequence_path_follows_cu_seqlens(causal, triton_backend, monkeypatch):
     """One request handed to torch's fused attention: the kernel after it leaves the result
@@ -709,6 +711,7 @@ def test_single_sequence_path_follows_cu_seqlens(causal, triton_backend, monkeyp
         assert_close(o, ro, atol=2e-2, rtol=2e-2, name=f"cu_seqlens_k={cu_k.tolist()}")
 
 
+@interpreter_only
 def test_single_sequence_without_keys(triton_backend, monkeypatch):
     """One request with no keys (k of 0 rows) does not go to torch's fused attention, which
     has no defined result for it: out 0, lse -inf, as for any query that sees no key."""
