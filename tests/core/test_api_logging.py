@@ -242,28 +242,19 @@ def test_dump_include_exclude(run_py, tmp_path):
 
 def test_dump_patterns_match_dotted_names_too(run_py, tmp_path):
     """A pattern may name the module as the log lines do (``_demo_ops.scale_*``) or not."""
-    proc = run_py(
-        """
+    script = """
         import torch, _demo_ops
         x = torch.randn(2, 12)
         _demo_ops.takes_anything(x)
         _demo_ops.scale_rows(x, 1.0)
-        """,
-        MATE_LOGLEVEL="10", MATE_DUMP_DIR=str(tmp_path / "d"), MATE_DUMP_INCLUDE="_demo_ops.scale_*",
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert [CALL_DIR.match(d.name).group(3) for d in _call_dirs(tmp_path / "d")] == ["scale_rows"]
-    proc = run_py(
         """
-        import torch, _demo_ops
-        x = torch.randn(2, 12)
-        _demo_ops.takes_anything(x)
-        _demo_ops.scale_rows(x, 1.0)
-        """,
-        MATE_LOGLEVEL="10", MATE_DUMP_DIR=str(tmp_path / "e"), MATE_DUMP_EXCLUDE="_demo_ops.*",
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert not (tmp_path / "e").exists() or _call_dirs(tmp_path / "e") == []
+    for sub, patterns, dumped in (("d", {"MATE_DUMP_INCLUDE": "_demo_ops.scale_*"}, ["scale_rows"]),
+                                  ("e", {"MATE_DUMP_EXCLUDE": "_demo_ops.*"}, [])):
+        root = tmp_path / sub
+        proc = run_py(script, MATE_LOGLEVEL="10", MATE_DUMP_DIR=str(root), **patterns)
+        assert proc.returncode == 0, proc.stderr
+        names = [CALL_DIR.match(d.name).group(3) for d in _call_dirs(root)] if root.exists() else []
+        assert names == dumped, patterns
 
 
 def test_failures_inside_logging_never_reach_the_caller(run_py, tmp_path):
