@@ -38,8 +38,8 @@ from mate._core.triton_helpers import (
 from mate.ops.msa import sparse_decode as _sd
 from mate.ops.msa.softmax_helpers import split_entries, token_position, visible_limit
 
-__all__ = ["SparseTiling", "sparse_attention", "run_sparse_attention", "sparse_attention_triton", "sparse_tiling", "workspace_numel",
-           "resolve_num_splits"]
+__all__ = ["SparseTiling", "sparse_attention", "run_sparse_attention", "sparse_attention_triton", "sparse_tiling",
+           "workspace_numel", "resolve_num_splits"]
 
 BLOCK = 128
 LOG2E = 1.4426950408889634
@@ -609,7 +609,7 @@ def sparse_attention(
     sm_scale : softmax scale (default D ** -0.5); k_scale folds into it, v_scale scales out.
     out : [total_q, Hq, 128] q's dtype (bf16 for fp8 inputs), last dim contiguous (a strided
         slice of a larger buffer is fine); lse : fp32 [total_q, Hq] (natural log), any strides
-    (FlashAttention's [Hq, total_q] transposed is fine).
+        (FlashAttention's [Hq, total_q] transposed is fine).
     workspace : an :class:`mate.ops.msa.workspace.MsaWorkspace` for the scratch buffers
         (default: the plan's; without either, the scratch is allocated per call). Sized at
         its first use by ``max(total_q, plan.rows_capacity)`` query rows and reused after.
