@@ -32,11 +32,11 @@ from mate._core.checks import (
     check_no_overlap,
     check_out_tensor,
     check_tensor,
+    check_tma_aligned,
     check_value,
 )
 from mate._core.custom_op import mate_custom_op
 from mate._core.dispatch import select_backend
-from mate._core.hopper import tma_aligned
 from mate.api_logging import mate_api
 from mate.ops.msa import plan as _planner
 from mate.ops.msa.plan import (
@@ -860,10 +860,8 @@ def _check_sparse_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Ms
         check_value("k.shape[0] (pages)", False, "at least 1", k.shape[0])
     if v.shape[-1] != d:
         check_value("v", False, f"head dim {d} (q's) for sparse MSA", list(v.shape))
-    for name, t in (("k", k), ("v", v)):
-        if not tma_aligned(t):
-            check_value(f"{name} (address and strides)", False, "16-byte aligned",
-                        f"data_ptr % 16 = {t.data_ptr() % 16}, strides {list(t.stride())}")
+    check_tma_aligned("k", k)
+    check_tma_aligned("v", v)
 
 
 def _check_plan_extent(q: torch.Tensor, k: torch.Tensor, plan_info: MsaPlanInfo) -> None:

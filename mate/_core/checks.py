@@ -15,8 +15,11 @@ from typing import Any
 
 import torch
 
+from mate._core.hopper import tma_aligned
+
 __all__ = [
     "check_tensor",
+    "check_tma_aligned",
     "launch_fits",
     "check_dtype",
     "check_shape",
@@ -228,6 +231,14 @@ def check_no_overlap(out_name: str, out: torch.Tensor | None, /, **inputs: torch
         if lo <= t_hi and t_lo <= hi:
             raise ValueError(f"{out_name} must not overlap {name} (an input of the same call), "
                              f"got overlapping memory [{lo:#x}, {hi:#x}] and [{t_lo:#x}, {t_hi:#x}]")
+
+
+def check_tma_aligned(name: str, t: torch.Tensor) -> None:
+    """``ValueError`` unless a TMA descriptor can read ``t`` in place (see
+    :func:`mate._core.hopper.tma_aligned`): kernels that read a cache through TMA."""
+    if not tma_aligned(t):
+        check_value(f"{name} (address and strides)", False, "16-byte aligned",
+                    f"data_ptr % 16 = {t.data_ptr() % 16}, strides {list(t.stride())}")
 
 
 def check_value(name: str, ok: bool, expected: str, given: Any) -> None:

@@ -41,7 +41,7 @@ def test_every_exported_helper_is_tested():
         "check_last_dim_contiguous", "check_same_device", "check_out_tensor", "check_value",
         "check_choice", "check_positive_int", "check_python_float", "check_default",
         "check_inputs_enabled", "fmt_dtypes", "check_is_tensor", "device_matches", "launch_fits",
-        "check_defaults",
+        "check_defaults", "check_tma_aligned",
     }
     assert set(checks.__all__) <= tested, set(checks.__all__) - tested
 
@@ -348,3 +348,12 @@ def test_tma_aligned_needs_aligned_address_strides_and_unit_last_stride():
     assert not tma_aligned(cache.transpose(2, 3))  # last dimension not unit-stride
     fp8 = torch.zeros(2, 128, 1, 144, dtype=torch.uint8)[..., :128]  # 144-byte rows: aligned
     assert tma_aligned(fp8)
+
+
+def test_check_tma_aligned_names_the_tensor_address_and_strides():
+    cache = torch.zeros(3, 128, 2, 128, dtype=torch.bfloat16)
+    checks.check_tma_aligned("k", cache)
+    shifted = cache.view(-1)[1:1 + 2 * 128 * 2 * 128].view(2, 128, 2, 128)
+    with _raises(ValueError, "k (address and strides) must be 16-byte aligned, got 'data_ptr % 16 = 2, strides",
+                 "[32768, 256, 128, 1]"):
+        checks.check_tma_aligned("k", shifted)

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from mate._core.hopper import planning_sm_count, tma_aligned
+from mate._core.hopper import planning_sm_count
 from mate._core.launch import launcher
 from mate._core.triton_helpers import (
     INTERPRET,
@@ -402,8 +402,8 @@ def sparse_attention_triton(
     """Launches the union pre-kernel (not for the transposed decode kernel, which builds its
     token's block list itself), the sparse forward and (split decode) the combine.
 
-    All tensors validated by the caller; ``out`` [total_q, Hq, D] and ``lse`` [total_q, Hq]
-    may be strided views (last dimension contiguous). ``iws`` (int32) and ``fws`` (float32)
+    All tensors validated by the caller; ``out`` [total_q, Hq, D] may be a strided view (last
+    dimension contiguous), ``lse`` [total_q, Hq] of any strides. ``iws`` (int32) and ``fws`` (float32)
     are flat scratch buffers of at least :func:`workspace_numel` elements for this call's
     split count; without them the scratch is allocated here. No host sync.
     """
@@ -639,10 +639,8 @@ def sparse_attention(
     checks.check_shape("k", k, page_shape)
     checks.check_value("k.shape[0] (pages)", k.shape[0] > 0, "at least 1", k.shape[0])
     checks.check_shape("v", v, [k.shape[0], *page_shape[1:]])
-    for name, t in (("k", k), ("v", v)):  # the kernels read pages with TMA descriptors
-        if not tma_aligned(t):
-            checks.check_value(f"{name} (address and strides)", False, "16-byte aligned",
-                               f"data_ptr % 16 = {t.data_ptr() % 16}, strides {list(t.stride())}")
+    checks.check_tma_aligned("k", k)  # the kernels read pages with TMA descriptors
+    checks.check_tma_aligned("v", v)
     if hkv <= 0 or hq % hkv:
         checks.check_value("q.shape[1] (num_qo_heads)", False, f"a multiple of num_kv_heads={hkv}", hq)
     checks.check_tensor("kv_block_indexes", kv_block_indexes, dtype=torch.int32, ndim=3,
