@@ -73,7 +73,7 @@ def floor_kernel(
     q_ptr, stride_qt, stride_qh,
     k_desc, v_desc,
     u_page_ptr, u_blk_ptr, u_cnt_ptr,
-    o_ptr, stride_ot, stride_oh, lse_ptr, stride_lt,
+    o_ptr, stride_ot, stride_oh, lse_ptr, stride_lt, stride_lh,
     op_ptr, lp_ptr,
     total_q, HQ, RATIO, qk_scale, v_scale,
     idx_ptr, stride_it, stride_ih, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, B, n_iter,
@@ -158,7 +158,7 @@ def floor_kernel(
             else:
                 acc = tl.dot(vt, qt, acc)
         tot += tl.sum(acc, axis=0) + tl.sum(acc_o, axis=0) + tl.sum(l_k, axis=0) + m_i
-    tl.store(lse_ptr + t.to(tl.int64) * stride_lt + h, tot, mask=hvalid)
+    tl.store(lse_ptr + t.to(tl.int64) * stride_lt + h * stride_lh, tot, mask=hvalid)
 
 
 class _Swap:

@@ -277,7 +277,7 @@ def msa_decode_fp8_pv_kernel(
     q_ptr, stride_qt, stride_qh,
     k_desc, v_desc,
     u_page_ptr, u_blk_ptr, u_cnt_ptr,
-    o_ptr, stride_ot, stride_oh, lse_ptr, stride_lt,
+    o_ptr, stride_ot, stride_oh, lse_ptr, stride_lt, stride_lh,
     op_ptr, lp_ptr,
     total_q, HQ, RATIO, qk_scale, v_scale,
     idx_ptr, stride_it, stride_ih, qo_indptr_ptr, kv_lens_ptr, qo_offset_ptr, B, n_iter,
@@ -392,7 +392,7 @@ def msa_decode_fp8_pv_kernel(
         o = acc / l_o[None, :] * v_scale
         gl.store(o_ptr + t.to(gl.int64) * stride_ot + h[None, :] * stride_oh + d[:, None],
                  o.to(o_ptr.dtype.element_ty), mask=hvalid[None, :])
-        gl.store(lse_ptr + t.to(gl.int64) * stride_lt + kvh * RATIO + hl_s, lse, mask=hl_s < RATIO)
+        gl.store(lse_ptr + t.to(gl.int64) * stride_lt + (kvh * RATIO + hl_s) * stride_lh, lse, mask=hl_s < RATIO)
     else:
         o = acc / l_o[None, :]
         prow = (split.to(gl.int64) * total_q + t) * HQ + h
@@ -449,7 +449,8 @@ def compile_sm90(keys: int = 64, stages: int = 3, splits: int = 1, gp: int = 16,
     sig = {"q_ptr": "*fp8e4nv", "stride_qt": "i32", "stride_qh": "i32", "k_desc": desc, "v_desc": desc,
            "u_page_ptr": "*i32", "u_blk_ptr": "*i32", "u_cnt_ptr": "*i32",
            "o_ptr": "*bf16", "stride_ot": "i32", "stride_oh": "i32", "lse_ptr": "*fp32", "stride_lt": "i32",
-           "op_ptr": "*fp32", "lp_ptr": "*fp32", "total_q": "i32", "HQ": "i32", "RATIO": "i32",
+           "stride_lh": "constexpr", "op_ptr": "*fp32", "lp_ptr": "*fp32", "total_q": "i32", "HQ": "i32",
+           "RATIO": "i32",
            "qk_scale": "fp32", "v_scale": "fp32",
            "idx_ptr": "*i32", "stride_it": "i32", "stride_ih": "i32", "qo_indptr_ptr": "*i32",
            "kv_lens_ptr": "*i32", "qo_offset_ptr": "*i32", "B": "i32", "n_iter": "i32", "page_table_ptr": "*i32",
@@ -457,7 +458,7 @@ def compile_sm90(keys: int = 64, stages: int = 3, splits: int = 1, gp: int = 16,
            "n_indices": "i32", "num_pages": "i32", "W": "i32", "trace_ptr": "*i64"}
     ce = dict(GP=gp, C=block_w, NUM_SPLITS=splits, CAUSAL=True, HEAD_MAJOR=head_major, KEYS=keys, STAGES=stages,
               BLOCK_W=block_w, USE_PAGE_TABLE=True, HAS_QO_OFFSET=False, LAZY=lazy, PV_DEFER=defer,
-              TRACE=trace, LOAD_ONLY=load_only)
+              TRACE=trace, LOAD_ONLY=load_only, stride_lh=1)
     sig.update({n: "constexpr" for n in ce})
     aligned = ("q_ptr", "u_page_ptr", "u_blk_ptr", "u_cnt_ptr", "o_ptr", "lse_ptr", "op_ptr", "lp_ptr", "stride_qt",
                "stride_qh", "stride_ot", "stride_oh", "stride_lt", "idx_ptr", "qo_indptr_ptr", "kv_lens_ptr",

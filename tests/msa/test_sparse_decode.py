@@ -245,3 +245,19 @@ def test_transposed_decode_gpu_m3_block_lists(transposed, monkeypatch, dtype, la
         ro, rl = sparse_attention_reference(**cpu, sm_scale=scale[0], k_scale=scale[1], v_scale=scale[2])
         _check(o[:n], l_[:n], ro, rl, dtype)
         assert (o[n:].float() == 0).all() and torch.isinf(l_[n:]).all() and (l_[n:] < 0).all()
+
+
+def test_probe_stand_ins_take_the_decode_kernels_arguments(monkeypatch):
+    """The probes that launch their own kernel where ``sparse_attention`` launches
+    ``msa_decode_t_kernel`` take its runtime arguments in its order (a new kernel argument
+    must reach them too)."""
+    import pathlib
+
+    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))
+    import probe_msa_decode_floor
+    import probe_msa_decode_fp8_pv
+
+    real = sd.msa_decode_t_kernel.arg_names
+    runtime = real[: real.index("W") + 1]
+    assert probe_msa_decode_floor.floor_kernel.arg_names[: len(real)] == real
+    assert probe_msa_decode_fp8_pv.msa_decode_fp8_pv_kernel.arg_names[: len(runtime)] == runtime
