@@ -47,6 +47,17 @@ call, copy 4189-4265 GB/s; % of copy; the 90% bar is 70.0 us):
   was 75.7 us): HND 81.4 against 80.7 (late refill) and 80.4 (Triton), NHD 84.0 against 84.5;
   outputs bit-identical to the Triton kernel's.
 - bf16 (536 MB): default 132.8 (94.8%), floor 128.0 (98.4%), L2 data 62.4.
+
+H200, session 30 (2026-12-01, three processes in two machine sessions, copy 4236-4238 GB/s; the
+90% bar is 70.4 us): the token-major floor streamed at 91.8-92.6% this time (68.4-69.0 us;
+head pairs 98.2%, 4 / 6 stages 89.1 / 90.5%), the head-major floor at 95.9-96.4%; the decode
+73.2-73.7 us (86.0-86.6%) token-major and 71.1-71.2 (88.9-89.1%) head-major. The loop's parts
+(two processes, us): whole loop HND 71.3 / 71.3 (L2 55.5 / 55.0), no softmax 70.6 / 70.5, no
+widening 67.2 / 67.2 (L2 31.8), neither 66.4 / 66.4, P fixed (V still gathered and widened) 70.9
+/ 70.6 (L2 53.4 / 53.2); NHD whole loop 73.5 / 73.5, NHD no widening 70.0 / 70.0 (90.6%). So
+the cost over the floor is the V gather and widening of the register operand, not the P store
+through shared memory, the softmax or the barriers around them; and without any widening the
+token-major loop would stream at 90.6%, at the bar.
 """
 
 from __future__ import annotations
@@ -83,13 +94,15 @@ def floor_kernel(
     KEYS: tl.constexpr = 128, BLOCK_W: tl.constexpr = 16, USE_PAGE_TABLE: tl.constexpr = True,
     HAS_QO_OFFSET: tl.constexpr = False, LAZY: tl.constexpr = 0, MODE: tl.constexpr = 2,
     PAIR: tl.constexpr = False, SOFTMAX: tl.constexpr = True, WIDEN: tl.constexpr = True,
+    P_FIXED: tl.constexpr = False,
 ):
     """MODE 0: return; 1: block list + store; 2: block list + the key loop's loads, two wgmmas per
     tile; 3: the decode kernel's lazy loop (fp8), without the softmax (``SOFTMAX=False``: the masked
     logits are P) and / or the V widening (``WIDEN=False``: V·Qᵀ from shared memory instead of
     Oᵀ += Vᵀ·Pᵀ). ``PAIR`` (token-major caches): each tile reads K of the head pair (kvh, kvh ^ 1) instead of
     K and V of kvh: the same bytes and boxes, but the two boxes of a tile cover adjacent 128-byte
-    pieces of each key row."""
+    pieces of each key row. ``P_FIXED`` (MODE 3): Pᵀ of the P·V wgmma is a loop-invariant tile, so V
+    is still gathered and widened but no P goes through shared memory per tile."""
     if MODE == 0:
         return
     t = tl.program_id(0)
@@ -134,6 +147,7 @@ def floor_kernel(
         l_k = tl.zeros([KEYS, GP], dtype=tl.float32)
         acc_o = tl.zeros([HEAD_DIM, GP], dtype=tl.float32)
         KPB3: tl.constexpr = 128 // KEYS
+        p_const = (tl.arange(0, KEYS)[:, None] * 0.001 + tl.arange(0, GP)[None, :] + pos).to(tl.float16)
         e_last = tl.maximum(e1 - 1, 0)
         page_n = tl.load(u_page_ptr + ubase + tl.minimum(e0, e_last))
         blk_n = tl.load(u_blk_ptr + ubase + tl.minimum(e0, e_last))
@@ -153,7 +167,9 @@ def floor_kernel(
             else:
                 p = tl.where((kpos <= limit)[:, None], s, 0.0)
             l_k += p
-            if WIDEN:
+            if WIDEN and P_FIXED:  # Pᵀ loop-invariant: V gathered and widened, no per-tile P store
+                acc_o += tl.dot(tl.trans(vt.to(tl.float16)), p_const)
+            elif WIDEN:
                 acc_o += tl.dot(tl.trans(vt.to(tl.float16)), p.to(tl.float16))
             else:
                 acc = tl.dot(vt, qt, acc)
@@ -249,6 +265,10 @@ def main() -> None:
             "HND loop no widening": call(_Swap(WIDEN=False, **loop), hnd=True),
             "HND loop no widening, L2": call(_Swap(WIDEN=False, **loop), hnd=True, table=zero_table),
             "HND loop neither": call(_Swap(SOFTMAX=False, WIDEN=False, **loop), hnd=True),
+            "HND loop, P fixed": call(_Swap(P_FIXED=True, **loop), hnd=True),
+            "HND loop, P fixed, L2": call(_Swap(P_FIXED=True, **loop), hnd=True, table=zero_table),
+            "NHD loop": call(_Swap(**loop)),
+            "NHD loop no widening": call(_Swap(WIDEN=False, **loop)),
             "HND list only": call(_Swap(MODE=1), hnd=True),
         },
     }
