@@ -120,7 +120,12 @@ the first entry from registers (no global round trip between the list and the fi
 loads; key loop 517 instead of 482 instructions) did not move the time either: 81.5 against
 81.2 / 81.3 us, fixed cost 5.7 against 5.6 (bf16 144.9 against 145.2 / 145.3). Session 26: the
 ids loaded beside ``qo_indptr[B]`` and the page-table row prefetched into L1 (one global round
-trip before the page lookups instead of three; 7b3abc8) timed within 0.4 us either way."""
+trip before the page lookups instead of three; 7b3abc8) timed within 0.4 us either way. Session 30
+(``probe_msa_decode_floor --set hnd``, 268 MB, copy 4236-4238 GB/s): the token-major load floor
+streamed at 91.8-92.6% that day and the decode at 86.0-86.6% (head-major 95.9-96.4 / 88.9-89.1%);
+the loop with a fixed Pᵀ (V still gathered and widened, no P through shared memory) took the whole
+loop's time (70.6-70.9 against 71.3 us head-major), the loop without the widening 67.2 (and 70.0 =
+90.6% token-major): the cost over the floor is the V gather and widening of the register operand."""
 
 
 def _env_overrides(text: str) -> dict:
