@@ -57,7 +57,13 @@ widening 67.2 / 67.2 (L2 31.8), neither 66.4 / 66.4, P fixed (V still gathered a
 / 70.6 (L2 53.4 / 53.2); NHD whole loop 73.5 / 73.5, NHD no widening 70.0 / 70.0 (90.6%). So
 the cost over the floor is the V gather and widening of the register operand, not the P store
 through shared memory, the softmax or the barriers around them; and without any widening the
-token-major loop would stream at 90.6%, at the bar.
+token-major loop would stream at 90.6%, at the bar. ``MODE=4`` (a third call, two processes) makes
+Vᵀ with an identity QGMMA instead of the byte gather (V as two [64, 64] boxes; eye · Vᵀ is exact, the
+fp32 product is widened to the same fp16 operand; sm_90: 128 registers, no spills, 53.3 KB, 434
+instead of 486 loop instructions, no LDS.U8): HND 69.9 / 70.6 us against the loop's 71.4 / 72.7
+(L2 50.0 against 55.2), NHD 73.1 / 72.5 against 73.6 / 73.3 (the floor 68.4 / 68.5, no widening
+69.7 / 69.6): 1-2% on the head-major cache and under 1% on the token-major one, which stays at
+86.8-87.4% of copy; not taken into the kernel.
 """
 
 from __future__ import annotations
@@ -101,7 +107,8 @@ def floor_kernel(
     logits are P) and / or the V widening (``WIDEN=False``: V·Qᵀ from shared memory instead of
     Oᵀ += Vᵀ·Pᵀ). ``PAIR`` (token-major caches): each tile reads K of the head pair (kvh, kvh ^ 1) instead of
     K and V of kvh: the same bytes and boxes, but the two boxes of a tile cover adjacent 128-byte
-    pieces of each key row. ``P_FIXED`` (MODE 3): Pᵀ of the P·V wgmma is a loop-invariant tile, so V
+    pieces of each key row. MODE 4: the lazy loop with Vᵀ made by an identity QGMMA (flat caches,
+    V as two 64-column boxes). ``P_FIXED`` (MODE 3): Pᵀ of the P·V wgmma is a loop-invariant tile, so V
     is still gathered and widened but no P goes through shared memory per tile."""
     if MODE == 0:
         return
@@ -174,6 +181,48 @@ def floor_kernel(
             else:
                 acc = tl.dot(vt, qt, acc)
         tot += tl.sum(acc, axis=0) + tl.sum(acc_o, axis=0) + tl.sum(l_k, axis=0) + m_i
+    if MODE == 4:  # the lazy loop with Vᵀ from an identity QGMMA: V as two [KEYS, 64] boxes (flat caches)
+        limit = visible_limit(pos, kv_len, CAUSAL)
+        offs_n = tl.arange(0, KEYS)
+        half = tl.arange(0, HEAD_DIM // 2)
+        eye = tl.where(half[:, None] == half[None, :], 1.0, 0.0).to(tl.float8e4nv)  # eye · Vᵀ = Vᵀ exactly
+        m_i = tl.full([GP], float("-inf"), dtype=tl.float32)
+        l_k = tl.zeros([KEYS, GP], dtype=tl.float32)
+        acc_lo = tl.zeros([HEAD_DIM // 2, GP], dtype=tl.float32)
+        acc_hi = tl.zeros([HEAD_DIM // 2, GP], dtype=tl.float32)
+        KPB4: tl.constexpr = 128 // KEYS
+        e_last = tl.maximum(e1 - 1, 0)
+        page_n = tl.load(u_page_ptr + ubase + tl.minimum(e0, e_last))
+        blk_n = tl.load(u_blk_ptr + ubase + tl.minimum(e0, e_last))
+        for it in range(e0 * KPB4, e1 * KPB4):
+            k0 = (it % KPB4) * KEYS
+            page = page_n
+            blk = blk_n
+            e_n = tl.minimum((it + 1) // KPB4, e_last)
+            page_n = tl.load(u_page_ptr + ubase + e_n)
+            blk_n = tl.load(u_blk_ptr + ubase + e_n)
+            if HEAD_MAJOR:
+                row = (page * n_kvh + kvh) * 128 + k0
+                col = 0
+            else:
+                row = page * 128 + k0
+                col = kvh * HEAD_DIM
+            kt = k_desc.load([row, col])
+            v_lo = v_desc.load([row, col])
+            v_hi = v_desc.load([row, col + HEAD_DIM // 2])
+            s = tl.dot(kt, qt) * qk_scale
+            kpos = blk * 128 + k0 + offs_n
+            s = tl.where((kpos <= limit)[:, None], s, float("-inf"))
+            m_old = m_i
+            p, m_i, l_k, acc_lo = sd.lazy_softmax_step(s, m_i, l_k, acc_lo, LAZY)
+            acc_hi = acc_hi * tl.where(m_i == m_old, 1.0, tl.exp2(m_old - m_i))[None, :]
+            l_k += p
+            p16 = p.to(tl.float16)
+            vt_lo = tl.dot(eye, tl.trans(v_lo))  # [64 d, KEYS] fp32, exact
+            acc_lo += tl.dot(vt_lo.to(tl.float16), p16)
+            vt_hi = tl.dot(eye, tl.trans(v_hi))
+            acc_hi += tl.dot(vt_hi.to(tl.float16), p16)
+        tot += tl.sum(acc_lo, axis=0) + tl.sum(acc_hi, axis=0) + tl.sum(l_k, axis=0) + m_i
     tl.store(lse_ptr + t.to(tl.int64) * stride_lt + h * stride_lh, tot, mask=hvalid)
 
 
@@ -189,6 +238,12 @@ class _Swap:
             kw.pop("maxnreg", None)
             if self.maxnreg:
                 kw["maxnreg"] = self.maxnreg
+            if kw.get("MODE") == 4:  # V as two 64-column boxes
+                from triton.tools.tensor_descriptor import TensorDescriptor
+
+                v = a[4]
+                a = (*a[:4], TensorDescriptor(v.base, v.shape, v.strides, [v.block_shape[0], v.block_shape[1] // 2]),
+                     *a[5:])
             floor_kernel[grid](*a, **kw)
         return launch
 
@@ -268,6 +323,9 @@ def main() -> None:
             "HND loop, P fixed": call(_Swap(P_FIXED=True, **loop), hnd=True),
             "HND loop, P fixed, L2": call(_Swap(P_FIXED=True, **loop), hnd=True, table=zero_table),
             "NHD loop": call(_Swap(**loop)),
+            "HND loop, Vᵀ by identity QGMMA": call(_Swap(**dict(loop, MODE=4)), hnd=True),
+            "HND loop, Vᵀ by identity QGMMA, L2": call(_Swap(**dict(loop, MODE=4)), hnd=True, table=zero_table),
+            "NHD loop, Vᵀ by identity QGMMA": call(_Swap(**dict(loop, MODE=4))),
             "NHD loop no widening": call(_Swap(WIDEN=False, **loop)),
             "HND list only": call(_Swap(MODE=1), hnd=True),
         },
