@@ -61,6 +61,7 @@ FP8_CASES = {
     "uncapped": ({"fp8_maxnreg": None}, -1),
     "2 splits": ({}, 2),
     "heads kernel": ({"kernel": "heads"}, -1),
+    "V gathered": ({"fp8_v": "gather"}, -1),
     "default again": ({}, -1),
 }
 BF16_CASES = {"default": ({}, -1), "lazy 0": ({"lazy": 0}, -1), "2 splits": ({}, 2),

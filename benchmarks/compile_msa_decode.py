@@ -6,7 +6,8 @@ A SPEC is ``dtype:stages:warps[:key=value...]`` with dtype bf16, fp16 or fp8 and
 ``keys`` (keys per TMA tile), ``splits``, ``maxnreg``, ``flat`` (0/1: 2D views of contiguous
 caches), ``layout`` (NHD or HND), ``bw`` (ids per list padded: 16, the default, for
 ``bench_msa_attention``'s 16 blocks, 32 for 17), ``pt`` (0/1: page table or flat page list)
-``qoff`` (0/1) and ``lazy`` (the lazy-rescale threshold, 0 = off); without one it
+``qoff`` (0/1), ``lazy`` (the lazy-rescale threshold, 0 = off) and ``vmma`` (fp8: 0/1, Vᵀ by an
+identity wgmma; default as :data:`~mate.ops.msa.sparse_decode.DECODE_VARIANT`); without one it
 compiles the module defaults (:data:`mate.ops.msa.sparse_decode.DECODE_VARIANT`) for bf16 and fp8.
 Per spec it prints
 registers, local memory, spill instructions, shared memory, the SASS instruction count, the
@@ -32,13 +33,14 @@ ALIGNED = ("q_ptr", "u_page_ptr", "u_blk_ptr", "u_cnt_ptr", "o_ptr", "lse_ptr",
 SHOWN = re.compile(r"GMMA|HMMA|F2FP|^UTMALDG|^BAR|^SYNCS")
 
 
-def signature(dt: str, layout: str, out: str, flat: bool, keys: int) -> dict:
-    if flat:
-        blk = f"[{keys}, 128]"
-    else:
-        blk = f"[1, {keys}, 1, 128]" if layout == "NHD" else f"[1, 1, {keys}, 128]"
+def signature(dt: str, layout: str, out: str, flat: bool, keys: int, v_mma: bool = False) -> dict:
+    def box(width: int) -> str:
+        if flat:
+            return f"[{keys}, {width}]"
+        return f"[1, {keys}, 1, {width}]" if layout == "NHD" else f"[1, 1, {keys}, {width}]"
+
     return {"q_ptr": f"*{dt}", "stride_qt": "i32", "stride_qh": "i32",
-            "k_desc": f"tensordesc<{dt}{blk}>", "v_desc": f"tensordesc<{dt}{blk}>",
+            "k_desc": f"tensordesc<{dt}{box(128)}>", "v_desc": f"tensordesc<{dt}{box(64 if v_mma else 128)}>",
             "u_page_ptr": "*i32", "u_blk_ptr": "*i32",
             "u_cnt_ptr": "*i32", "o_ptr": f"*{out}", "stride_ot": "i32", "stride_oh": "i32", "lse_ptr": "*fp32",
             "stride_lt": "i32", "stride_lh": "constexpr", "op_ptr": "*fp32", "lp_ptr": "*fp32", "total_q": "i32",
@@ -61,8 +63,9 @@ def compile_one(spec: str, out_dir: str | None) -> None:
     ce = dict(FLAT=flat, KEYS=keys, GP=16, C=bw, HEAD_DIM=128, NUM_SPLITS=int(kw.get("splits", 1)), CAUSAL=True,
               IS_FP8=dt == "fp8e4nv", HEAD_MAJOR=layout == "HND", BLOCK_W=bw,
               USE_PAGE_TABLE=bool(int(kw.get("pt", 1))), HAS_QO_OFFSET=bool(int(kw.get("qoff", 0))),
-              LAZY=int(kw.get("lazy", 0)), stride_lh=1)
-    sig = signature(dt, layout, "fp16" if dt == "fp16" else "bf16", flat, keys)
+              LAZY=int(kw.get("lazy", 0)), stride_lh=1,
+              V_MMA=dt == "fp8e4nv" and bool(int(kw.get("vmma", sd.t_constexprs(True)["V_MMA"]))))
+    sig = signature(dt, layout, "fp16" if dt == "fp16" else "bf16", flat, keys, ce["V_MMA"])
     sig.update({k: "constexpr" for k in ce})
     src = ASTSource(fn=sd.msa_decode_t_kernel, signature=sig, constexprs=ce, attrs=divisibility_attrs(sig, ALIGNED))
     opts = {"num_warps": int(warps), "num_stages": int(stages)}

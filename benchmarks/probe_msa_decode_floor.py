@@ -63,7 +63,12 @@ fp32 product is widened to the same fp16 operand; sm_90: 128 registers, no spill
 instead of 486 loop instructions, no LDS.U8): HND 69.9 / 70.6 us against the loop's 71.4 / 72.7
 (L2 50.0 against 55.2), NHD 73.1 / 72.5 against 73.6 / 73.3 (the floor 68.4 / 68.5, no widening
 69.7 / 69.6): 1-2% on the head-major cache and under 1% on the token-major one, which stays at
-86.8-87.4% of copy; not taken into the kernel.
+86.8-87.4% of copy. With the identity product accumulated in fp16 (``F16_ACC``, no conversion)
+and issued before Sᵀ (``V_FIRST``; a fourth call, another machine, copy 4260: NHD floor 88.5%): HND
+70.5 / 70.9 against the loop's 72.6 / 72.5 (L2 45.9 against 55.2), NHD 74.3 / 74.6 against 76.5 /
+76.4. Taken into the kernel as ``DECODE_VARIANT["fp8_v"] = "mma"``, the whole kernel gained less
+than the loop copy did (a fifth call, the kernel with either Vᵀ in one process, us, mma / gather:
+NHD 75.6 / 76.5 and 76.4 / 76.7, HND 73.0 / 72.9 and 72.4 / 72.9; L2 44.5-44.7 against ~53).
 """
 
 from __future__ import annotations
@@ -98,9 +103,10 @@ def floor_kernel(
     GP: tl.constexpr, C: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
     CAUSAL: tl.constexpr, IS_FP8: tl.constexpr, HEAD_MAJOR: tl.constexpr, FLAT: tl.constexpr = True,
     KEYS: tl.constexpr = 128, BLOCK_W: tl.constexpr = 16, USE_PAGE_TABLE: tl.constexpr = True,
-    HAS_QO_OFFSET: tl.constexpr = False, LAZY: tl.constexpr = 0, MODE: tl.constexpr = 2,
+    HAS_QO_OFFSET: tl.constexpr = False, LAZY: tl.constexpr = 0, V_MMA: tl.constexpr = False, MODE: tl.constexpr = 2,
     PAIR: tl.constexpr = False, SOFTMAX: tl.constexpr = True, WIDEN: tl.constexpr = True,
-    P_FIXED: tl.constexpr = False,
+    P_FIXED: tl.constexpr = False, F16_ACC: tl.constexpr = False,
+    V_FIRST: tl.constexpr = False,
 ):
     """MODE 0: return; 1: block list + store; 2: block list + the key loop's loads, two wgmmas per
     tile; 3: the decode kernel's lazy loop (fp8), without the softmax (``SOFTMAX=False``: the masked
@@ -210,6 +216,9 @@ def floor_kernel(
             kt = k_desc.load([row, col])
             v_lo = v_desc.load([row, col])
             v_hi = v_desc.load([row, col + HEAD_DIM // 2])
+            if V_FIRST:  # Vᵀ issued before Sᵀ, its latency under the softmax
+                vt_lo = tl.dot(eye, tl.trans(v_lo), out_dtype=tl.float16)
+                vt_hi = tl.dot(eye, tl.trans(v_hi), out_dtype=tl.float16)
             s = tl.dot(kt, qt) * qk_scale
             kpos = blk * 128 + k0 + offs_n
             s = tl.where((kpos <= limit)[:, None], s, float("-inf"))
@@ -218,10 +227,19 @@ def floor_kernel(
             acc_hi = acc_hi * tl.where(m_i == m_old, 1.0, tl.exp2(m_old - m_i))[None, :]
             l_k += p
             p16 = p.to(tl.float16)
-            vt_lo = tl.dot(eye, tl.trans(v_lo))  # [64 d, KEYS] fp32, exact
-            acc_lo += tl.dot(vt_lo.to(tl.float16), p16)
-            vt_hi = tl.dot(eye, tl.trans(v_hi))
-            acc_hi += tl.dot(vt_hi.to(tl.float16), p16)
+            if V_FIRST:
+                acc_lo += tl.dot(vt_lo, p16)
+                acc_hi += tl.dot(vt_hi, p16)
+            elif F16_ACC:  # the identity product accumulated in fp16 (exact): no conversion
+                vt_lo = tl.dot(eye, tl.trans(v_lo), out_dtype=tl.float16)
+                acc_lo += tl.dot(vt_lo, p16)
+                vt_hi = tl.dot(eye, tl.trans(v_hi), out_dtype=tl.float16)
+                acc_hi += tl.dot(vt_hi, p16)
+            else:
+                vt_lo = tl.dot(eye, tl.trans(v_lo))  # [64 d, KEYS] fp32, exact
+                acc_lo += tl.dot(vt_lo.to(tl.float16), p16)
+                vt_hi = tl.dot(eye, tl.trans(v_hi))
+                acc_hi += tl.dot(vt_hi.to(tl.float16), p16)
         tot += tl.sum(acc_lo, axis=0) + tl.sum(acc_hi, axis=0) + tl.sum(l_k, axis=0) + m_i
     tl.store(lse_ptr + t.to(tl.int64) * stride_lt + h * stride_lh, tot, mask=hvalid)
 
@@ -238,12 +256,15 @@ class _Swap:
             kw.pop("maxnreg", None)
             if self.maxnreg:
                 kw["maxnreg"] = self.maxnreg
-            if kw.get("MODE") == 4:  # V as two 64-column boxes
-                from triton.tools.tensor_descriptor import TensorDescriptor
+            # MODE 4 reads V as two 64-column boxes, the others as one: the V descriptor's box as
+            # the mode needs, whatever the module's default (``V_MMA``) built
+            from triton.tools.tensor_descriptor import TensorDescriptor
 
-                v = a[4]
-                a = (*a[:4], TensorDescriptor(v.base, v.shape, v.strides, [v.block_shape[0], v.block_shape[1] // 2]),
-                     *a[5:])
+            v = a[4]
+            width = kw["HEAD_DIM"] // 2 if kw.get("MODE") == 4 else kw["HEAD_DIM"]
+            if v.block_shape[-1] != width:
+                a = (*a[:4], TensorDescriptor(v.base, v.shape, v.strides, [*v.block_shape[:-1], width]), *a[5:])
+            kw["V_MMA"] = False
             floor_kernel[grid](*a, **kw)
         return launch
 
@@ -309,6 +330,8 @@ def main() -> None:
         },
         "hnd": {
             "NHD default": call(),
+            "NHD default, V gathered": call(variant={"fp8_v": "gather"}),
+            "HND default, V gathered": call(hnd=True, variant={"fp8_v": "gather"}),
             "NHD floor": call(_Swap(MODE=2)),
             "HND default": call(hnd=True),
             "HND default, L2 data": call(hnd=True, table=zero_table),
@@ -326,6 +349,12 @@ def main() -> None:
             "HND loop, Vᵀ by identity QGMMA": call(_Swap(**dict(loop, MODE=4)), hnd=True),
             "HND loop, Vᵀ by identity QGMMA, L2": call(_Swap(**dict(loop, MODE=4)), hnd=True, table=zero_table),
             "NHD loop, Vᵀ by identity QGMMA": call(_Swap(**dict(loop, MODE=4))),
+            "HND loop, identity fp16": call(_Swap(**dict(loop, MODE=4, F16_ACC=True)), hnd=True),
+            "HND loop, identity fp16, L2": call(_Swap(**dict(loop, MODE=4, F16_ACC=True)), hnd=True,
+                                                table=zero_table),
+            "NHD loop, identity fp16": call(_Swap(**dict(loop, MODE=4, F16_ACC=True))),
+            "HND loop, identity fp16 first": call(_Swap(**dict(loop, MODE=4, V_FIRST=True)), hnd=True),
+            "NHD loop, identity fp16 first": call(_Swap(**dict(loop, MODE=4, V_FIRST=True))),
             "NHD loop no widening": call(_Swap(WIDEN=False, **loop)),
             "HND list only": call(_Swap(MODE=1), hnd=True),
         },

@@ -57,6 +57,49 @@ def test_transposed_decode_matches_reference(device, triton_backend, transposed,
     _check(o, l_, ro, rl, dtype)
 
 
+# layout, splits, lazy threshold, flat page list, non-contiguous cache
+FP8_V_CASES = [("NHD", 1, 8, False, False), ("HND", 2, 0, True, False), ("NHD", 2, 1, False, True)]
+
+
+@pytest.mark.parametrize("fp8_v", ["mma", "gather"])
+@pytest.mark.parametrize("layout,splits,lazy,flat,strided", FP8_V_CASES)
+def test_transposed_decode_fp8_v_paths(device, triton_backend, transposed, monkeypatch, fp8_v, layout, splits, lazy,
+                                       flat, strided):
+    """e4m3 caches: Vᵀ made by the identity wgmma (``fp8_v="mma"``, V read as two column halves)
+    or gathered and widened in registers ("gather"), against the reference."""
+    monkeypatch.setitem(sd.DECODE_VARIANT, "fp8_v", fp8_v)
+    monkeypatch.setitem(sd.DECODE_VARIANT, "fp8_lazy", lazy)
+    dtype = torch.float8_e4m3fn
+    pb = make_problem([1, 0, 2, 1], [300, 50, 129, 700], hq=16, hkv=2, width=8, dtype=dtype, device=device,
+                      layout=layout, flat=flat)
+    if strided:
+        for name in ("k", "v"):
+            big = torch.zeros((2 * pb[name].shape[0], *pb[name].shape[1:]), dtype=dtype, device=device)
+            big[::2] = pb[name]
+            pb[name] = big[::2]
+    o, l_, ro, rl = run_case(device, pb, decode=True, splits=splits, sm_scale=0.05, k_scale=2.0, v_scale=0.25)
+    _check(o, l_, ro, rl, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("splits", [1, 2])
+def test_fp8_v_paths_bit_identical_gpu(transposed, monkeypatch, layout, splits):
+    """M3 geometry: the identity wgmma gives the same fp16 Vᵀ as the byte gather, and the P·V
+    wgmmas run in the same order, so the two paths' outputs agree bit for bit."""
+    g = torch.Generator().manual_seed(torch.seed() % 2**31)
+    kv_lens = [1 + int(torch.randint(0, 6000, (1,), generator=g)) for _ in range(9)]
+    pb = make_problem([1] * 9, kv_lens, hq=64, hkv=4, width=17, dtype=torch.float8_e4m3fn, device="cuda",
+                      layout=layout)
+    res = {}
+    for path in ("mma", "gather"):
+        monkeypatch.setitem(sd.DECODE_VARIANT, "fp8_v", path)
+        res[path] = run_case("cuda", pb, decode=True, splits=splits, sm_scale=0.05, k_scale=2.0, v_scale=0.25)
+    (o1, l1, ro, rl), (o2, l2, _, _) = res["mma"], res["gather"]
+    assert torch.equal(o1, o2) and torch.equal(l1, l2)
+    _check(o1, l1, ro, rl, torch.float8_e4m3fn)
+
+
 # dtype, lazy threshold (0: rescaled every tile), sm_scale (a large one spreads the logits: the
 # reference max rises often), splits
 LAZY_CASES = [
@@ -178,8 +221,10 @@ def test_transposed_programs_per_sm_and_workspace_bound(monkeypatch):
     assert sd.t_programs_per_sm(False) == 2  # 64-key tiles, 3 stages: 104 KB
     monkeypatch.setitem(sd.DECODE_VARIANT, "stages", 2)
     assert sd.t_programs_per_sm(False) == 3  # 64-key tiles, 2 stages: 72 KB
-    assert sd.t_programs_per_sm(True) == 4  # fp8 64-key tiles, 3 stages: capped at 128 registers
+    assert sd.t_programs_per_sm(True) == 4  # fp8 64-key tiles, 3 stages: 127 registers, 52 KB
     monkeypatch.setitem(sd.DECODE_VARIANT, "fp8_maxnreg", 96)
+    assert sd.t_programs_per_sm(True) == 4  # shared memory still allows only 4
+    monkeypatch.setitem(sd.DECODE_VARIANT, "fp8_v", "gather")  # the byte-gather path: 44 KB
     assert sd.t_programs_per_sm(True) == 5  # capped at 96 registers
     monkeypatch.setitem(sd.DECODE_VARIANT, "keys", 128)
     assert sd.t_programs_per_sm(False) == 1  # 139 KB
@@ -187,6 +232,9 @@ def test_transposed_programs_per_sm_and_workspace_bound(monkeypatch):
     assert sd.t_programs_per_sm(True) == 3  # uncapped: 153 registers
     monkeypatch.setitem(sd.DECODE_VARIANT, "fp8_maxnreg", 160)
     assert sd.t_programs_per_sm(True) == 3
+    monkeypatch.setitem(sd.DECODE_VARIANT, "fp8_v", "mma")
+    monkeypatch.setitem(sd.DECODE_VARIANT, "fp8_keys", 128)
+    assert sd.t_programs_per_sm(True) == 2  # 128-key tiles: 202 registers, 102 KB
     for rows in (1, 33, 128):
         _, n_flt = sa.workspace_numel(rows, 64, 4, 17, True, -1, cpu)
         for r in range(1, rows + 1):
@@ -209,11 +257,13 @@ def test_transposed_decode_gpu_m3(transposed, dtype, layout, splits):
     scale = (0.05, 2.0, 0.25) if dtype == torch.float8_e4m3fn else (None, 1.0, 1.0)
     is_fp8 = dtype == torch.float8_e4m3fn
     pre = "fp8_" if is_fp8 else ""
-    for (fp8, keys, stages) in sd.T_COMPILES:
+    for (fp8, keys, stages, v_mma) in sd.T_COMPILES:
         if fp8 != is_fp8:
             continue
         old = dict(sd.DECODE_VARIANT)
         sd.DECODE_VARIANT.update({pre + "keys": keys, pre + "stages": stages})
+        if fp8:
+            sd.DECODE_VARIANT["fp8_v"] = "mma" if v_mma else "gather"
         try:
             o, l_, ro, rl = run_case("cuda", pb, decode=True, splits=splits, sm_scale=scale[0], k_scale=scale[1],
                                      v_scale=scale[2], strided=True)

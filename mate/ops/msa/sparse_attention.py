@@ -461,14 +461,17 @@ def sparse_attention_triton(
         o_part = l_part = out
     if transposed:
         keys, stages, cap = _sd.t_config(is_fp8)
+        t_const = _sd.t_constexprs(is_fp8)
+        dv = d // 2 if t_const["V_MMA"] else d  # V_MMA: V read as two column halves
         flat = k.is_contiguous() and v.is_contiguous()
         if flat:  # 2D views: a tile of ``keys`` rows is a plain [keys, d] box (no reshape in the kernel)
             kv2 = [t_.view(-1, d) if layout == "HND" else t_.view(-1, hkv * d) for t_ in (k, v)]
-            k_desc, v_desc = (TensorDescriptor(t_, list(t_.shape), list(t_.stride()), [keys, d]) for t_ in kv2)
+            k_desc, v_desc = (TensorDescriptor(t_, list(t_.shape), list(t_.stride()), [keys, w])
+                              for t_, w in zip(kv2, (d, dv)))
         else:
-            block_shape = [1, keys, 1, d] if layout == "NHD" else [1, 1, keys, d]
-            k_desc = TensorDescriptor(k, list(k.shape), list(k.stride()), block_shape)
-            v_desc = TensorDescriptor(v, list(v.shape), list(v.stride()), block_shape)
+            box = [1, keys, 1] if layout == "NHD" else [1, 1, keys]
+            k_desc = TensorDescriptor(k, list(k.shape), list(k.stride()), box + [d])
+            v_desc = TensorDescriptor(v, list(v.shape), list(v.stride()), box + [dv])
         extra = {"maxnreg": cap} if cap and not INTERPRET else {}
         launcher(_sd.msa_decode_t_kernel)[(total_q, hkv, splits)](
             q, q.stride(0), q.stride(1), k_desc, v_desc, u_page, u_blk, u_cnt,
@@ -477,7 +480,7 @@ def sparse_attention_triton(
             GP=_sd.decode_t_heads(ratio), C=til.capacity, HEAD_DIM=d, NUM_SPLITS=splits, CAUSAL=causal,
             IS_FP8=is_fp8, HEAD_MAJOR=layout == "HND", FLAT=flat, KEYS=keys,
             BLOCK_W=til.block_w, USE_PAGE_TABLE=use_pt, HAS_QO_OFFSET=qo_offset is not None,
-            **_sd.t_constexprs(is_fp8), num_warps=4, num_stages=stages, **extra,
+            **t_const, num_warps=4, num_stages=stages, **extra,
         )
         _combine(o_part, l_part, out, lse, total_q, hq, d, v_scale, splits)
         return

@@ -8,8 +8,10 @@ shared memory: Hopper wgmma with the keys on M, so no M rows are padding (the he
 kernel pads 16 heads to a 16-row ``mma.sync`` tile, and for fp8 widens K and V to fp16 per
 element); with e4m3 q and K it is an fp8 QGMMA (exact products, fp32 accumulation). The
 online softmax runs over the keys (axis 0) in the exp2 domain with ``k_scale`` folded into
-the scale; Oᵀ [128 d, GP] += Vᵀ·Pᵀ with V widened to fp16 for e4m3 (exact) and P in fp16
-(bf16 for bf16 inputs, as the heads-on-M kernel). ``v_scale`` multiplies the output, the
+the scale; Oᵀ [128 d, GP] += Vᵀ·Pᵀ with P in fp16 (bf16 for bf16 inputs, as the heads-on-M
+kernel) and, for e4m3, Vᵀ in fp16 made on the tensor cores: V is read as two 64-column boxes and
+each half transposed as eye · Vᵀ, an fp8 wgmma whose operands are K-major as stored, accumulated in
+fp16 (one nonzero product per entry: exact), instead of a byte gather and widening in registers. ``v_scale`` multiplies the output, the
 LSE is natural-log. Without a split it writes out / lse; with one the partial results go to
 the fp32 scratch that ``_msa_combine_kernel`` merges.
 """
@@ -27,10 +29,11 @@ from mate._core.triton_helpers import INTERPRET, dot_operand, finish_softmax, ne
 from mate.ops.msa.softmax_helpers import split_entries, token_position, visible_limit
 
 __all__ = ["DECODE_VARIANT", "msa_decode_t_kernel", "decode_t_heads", "t_config", "t_constexprs",
-           "t_programs_per_sm", "token_block_list", "publish_entries", "load_kv_tile", "lazy_softmax_step"]
+           "t_programs_per_sm", "token_block_list", "publish_entries", "load_kv_tile", "load_kv_tile_halves",
+           "identity_transpose", "lazy_softmax_step"]
 
 DECODE_VARIANT = {"kernel": "transposed", "keys": 64, "stages": 3, "maxnreg": None, "lazy": 8,
-                  "fp8_keys": 64, "fp8_stages": 3, "fp8_maxnreg": 128, "fp8_lazy": 8}
+                  "fp8_keys": 64, "fp8_stages": 3, "fp8_maxnreg": 128, "fp8_lazy": 8, "fp8_v": "mma"}
 """Decode kernel of ``sparse_attention`` (module defaults; the benchmark times the others).
 
 ``kernel``: "heads" (``_msa_sparse_fwd_kernel`` with one-token 16-row tiles after
@@ -40,7 +43,14 @@ DECODE_VARIANT = {"kernel": "transposed", "keys": 64, "stages": 3, "maxnreg": No
 (0: off) keeps the softmax's reference max until a logit exceeds it by more than ``lazy``
 (log2 units) and sums the probabilities per key until the loop ends, so a tile without a
 new maximum has no cross-warp max or sum and no rescale (the ``LAZY`` kernel argument; 8 by
-default, 0 keeps the rescale of every tile). fp8 is
+default, 0 keeps the rescale of every tile). ``fp8_v``: how e4m3 V becomes the fp16 Vᵀ operand
+of P·V, "mma" (the identity wgmma, the ``V_MMA`` kernel argument) or "gather" (byte loads from
+shared memory widened in registers); the two give bit-identical outputs. H200, session 30
+(``probe_msa_decode_floor --set hnd``, two processes, copy 4263 GB/s, us, mma / gather): NHD
+75.6 / 76.5 and 76.4 / 76.7, HND 73.0 / 72.9 and 72.4 / 72.9; with the data in L2 44.5-44.7
+against 52.9-53.3 (the SM's work per tile down by a sixth, the DRAM-bound time by under 1%).
+mma: 127 registers uncapped, 52 KB of shared memory (4 programs per SM), 389-395 loop
+instructions against 471. fp8 is
 capped at 128 registers: uncapped the 64-key 3-stage compile takes 153 (3 programs per SM,
 two waves for ``bench_msa_attention``'s 512 programs; the cause of the first in-kernel list's
 108.5 against 80.1 us); 128 had no spills before the lazy rescale (now 2 spill instructions,
@@ -136,16 +146,19 @@ def _env_overrides(text: str) -> dict:
 DECODE_VARIANT.update(_env_overrides(os.environ.get("MATE_MSA_DECODE_VARIANT", "")))
 
 T_COMPILES = {
-    (False, 64, 2): (72, 71696), (False, 64, 3): (72, 104472), (False, 64, 4): (72, 137248),
-    (False, 128, 2): (95, 139280), (False, 128, 3): (95, 204824),
-    (True, 64, 2): (128, 28696), (True, 64, 3): (153, 45104), (True, 64, 4): (142, 61496),
-    (True, 128, 2): (224, 55320), (True, 128, 3): (223, 88112),
+    (False, 64, 2, False): (72, 71696), (False, 64, 3, False): (72, 104472), (False, 64, 4, False): (72, 137248),
+    (False, 128, 2, False): (95, 139280), (False, 128, 3, False): (95, 204824),
+    (True, 64, 2, False): (128, 28696), (True, 64, 3, False): (153, 45104), (True, 64, 4, False): (142, 61496),
+    (True, 128, 2, False): (224, 55320), (True, 128, 3, False): (223, 88112),
+    (True, 64, 2, True): (128, 36880), (True, 64, 3, True): (127, 53272), (True, 64, 4, True): (128, 69664),
+    (True, 128, 2, True): (201, 71696), (True, 128, 3, True): (202, 104472),
 }
-"""(fp8, keys, stages): (registers, shared memory bytes) of the uncapped sm_90 compile of the M3
-tile (16 heads, 4 warps, unsplit, 16 ids, page table, token-major cache; bf16 and fp16 alike),
-read with cuobjdump before the lazy rescale (the default now: bf16 64 keys 3 stages takes 90
-registers; shared memory, which bounds bf16 at 2 programs per SM, is unchanged). No spills;
-QGMMA (fp8 Sᵀ) and HGMMA in the SASS, no ptxas warning."""
+"""(fp8, keys, stages, V_MMA): (registers, shared memory bytes) of the uncapped sm_90 compile of
+the M3 tile (16 heads, 4 warps, unsplit, 16 ids, page table, token-major cache; bf16 and fp16
+alike), read with cuobjdump: the 16-bit and the byte-gather fp8 entries before the lazy rescale
+(the default now: bf16 64 keys 3 stages takes 87 registers; shared memory, which bounds bf16 at 2
+programs per SM, is unchanged), the identity-wgmma fp8 entries (``V_MMA``, session 30) with it. No
+spills; QGMMA and HGMMA in the SASS, no ptxas warning."""
 
 
 
@@ -163,8 +176,10 @@ def t_config(is_fp8: bool) -> tuple[int, int, int | None]:
 
 
 def t_constexprs(is_fp8: bool) -> dict:
-    """Kernel arguments of :data:`DECODE_VARIANT` beyond :func:`t_config` for this cache dtype."""
-    return {"LAZY": int(DECODE_VARIANT[("fp8_" if is_fp8 else "") + "lazy"] or 0)}
+    """Kernel arguments of :data:`DECODE_VARIANT` beyond :func:`t_config` for this cache dtype
+    (``V_MMA``: the V descriptor's box is half a row wide)."""
+    return {"LAZY": int(DECODE_VARIANT[("fp8_" if is_fp8 else "") + "lazy"] or 0),
+            "V_MMA": is_fp8 and DECODE_VARIANT["fp8_v"] == "mma"}
 
 
 def t_programs_per_sm(is_fp8: bool) -> int:
@@ -172,7 +187,8 @@ def t_programs_per_sm(is_fp8: bool) -> int:
     :data:`T_COMPILES`; an unlisted configuration is estimated), at most 5."""
     keys, stages, cap = t_config(is_fp8)
     tile = keys * 128 * (1 if is_fp8 else 2)
-    regs, smem = T_COMPILES.get((is_fp8, keys, stages), (128, 2 * tile * stages + 16384))
+    regs, smem = T_COMPILES.get((is_fp8, keys, stages, t_constexprs(is_fp8)["V_MMA"]),
+                                (128, 2 * tile * stages + 16384))
     if cap:
         regs = min(regs, cap)
     by_regs = REGS_PER_SM // (-(-regs // 8) * 8 * 128)
@@ -312,6 +328,52 @@ def load_kv_tile(k_desc, v_desc, page, kvh, n_kvh, k0, HEAD_DIM: tl.constexpr, K
 
 
 @triton.jit
+def load_kv_tile_halves(k_desc, v_desc, page, kvh, n_kvh, k0, HEAD_DIM: tl.constexpr, KEYS: tl.constexpr,
+                        FLAT: tl.constexpr, HEAD_MAJOR: tl.constexpr):
+    """:func:`load_kv_tile` with V as two column halves [KEYS, HEAD_DIM // 2] (``v_desc``'s box
+    is half a row wide)."""
+    HALF: tl.constexpr = HEAD_DIM // 2
+    if FLAT:
+        if HEAD_MAJOR:
+            row = (page * n_kvh + kvh) * 128 + k0
+            col = 0
+        else:
+            row = page * 128 + k0
+            col = kvh * HEAD_DIM
+        kt = k_desc.load([row, col])
+        v_lo = v_desc.load([row, col])
+        v_hi = v_desc.load([row, col + HALF])
+    elif HEAD_MAJOR:
+        kt = tl.reshape(k_desc.load([page, kvh, k0, 0]), [KEYS, HEAD_DIM])
+        v_lo = tl.reshape(v_desc.load([page, kvh, k0, 0]), [KEYS, HALF])
+        v_hi = tl.reshape(v_desc.load([page, kvh, k0, HALF]), [KEYS, HALF])
+    else:
+        kt = tl.reshape(k_desc.load([page, k0, kvh, 0]), [KEYS, HEAD_DIM])
+        v_lo = tl.reshape(v_desc.load([page, k0, kvh, 0]), [KEYS, HALF])
+        v_hi = tl.reshape(v_desc.load([page, k0, kvh, HALF]), [KEYS, HALF])
+    return kt, v_lo, v_hi
+
+
+@triton.jit
+def identity_transpose(eye, v):
+    """vᵀ [D, KEYS] as fp16 from an e4m3 tile v [KEYS, D] with ``eye`` the e4m3 identity [D, D]:
+    an fp8 wgmma whose operands are both K-major as stored (no byte gather), exact."""
+    if INTERPRET:
+        return tl.trans(v).to(tl.float16)
+    else:
+        return tl.dot(eye, tl.trans(v), out_dtype=tl.float16)
+
+
+@triton.jit
+def _pv_dot(vt, pv):
+    """Oᵀ rows += Vᵀ · Pᵀ (16-bit operands; fp32 under the interpreter)."""
+    if INTERPRET:
+        return tl.dot(vt.to(tl.float32), pv.to(tl.float32))
+    else:
+        return tl.dot(vt, pv)
+
+
+@triton.jit
 def lazy_softmax_step(s, m_i, l_k, acc, LAZY: tl.constexpr):
     """One tile of the lazy online softmax over the keys (axis 0 of the masked logits ``s``
     [KEYS, GP], exp2 domain): P against the reference max ``m_i``, which is raised to the
@@ -350,7 +412,7 @@ def msa_decode_t_kernel(
     GP: tl.constexpr, C: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
     CAUSAL: tl.constexpr, IS_FP8: tl.constexpr, HEAD_MAJOR: tl.constexpr, FLAT: tl.constexpr = True,
     KEYS: tl.constexpr = 128, BLOCK_W: tl.constexpr = 16, USE_PAGE_TABLE: tl.constexpr = True,
-    HAS_QO_OFFSET: tl.constexpr = False, LAZY: tl.constexpr = 0,
+    HAS_QO_OFFSET: tl.constexpr = False, LAZY: tl.constexpr = 0, V_MMA: tl.constexpr = False,
 ):
     t = tl.program_id(0)  # grid (tokens, KV heads, splits)
     kvh = tl.program_id(1)
@@ -378,7 +440,11 @@ def msa_decode_t_kernel(
     l_i = tl.zeros([GP], dtype=tl.float32)
     if LAZY > 0:  # per-key partial sums, reduced after the loop
         l_k = tl.zeros([KEYS, GP], dtype=tl.float32)
-    acc = tl.zeros([HEAD_DIM, GP], dtype=tl.float32)
+    # V_MMA (e4m3): Oᵀ in two row halves, rows 0 .. HALF - 1 in acc and the rest in acc_hi
+    HALF: tl.constexpr = HEAD_DIM // 2
+    acc = tl.zeros([HALF if V_MMA else HEAD_DIM, GP], dtype=tl.float32)
+    acc_hi = tl.zeros([HALF if V_MMA else 16, GP], dtype=tl.float32)
+    eye = tl.where(tl.arange(0, HALF)[:, None] == tl.arange(0, HALF)[None, :], 1.0, 0.0).to(q_ptr.dtype.element_ty)
     KPB: tl.constexpr = 128 // KEYS  # key sub-blocks per selected block
     # the next entry's page and block, loaded one step ahead: the TMA loads then depend on
     # loop-carried values, so the pipeliner gives them num_stages - 1 buffers (else 1)
@@ -392,45 +458,60 @@ def msa_decode_t_kernel(
         e_n = tl.minimum((it + 1) // KPB, e_last)
         page_n = tl.load(u_page_ptr + ubase + e_n)
         blk_n = tl.load(u_blk_ptr + ubase + e_n)
-        kt, vt = load_kv_tile(k_desc, v_desc, page, kvh, n_kvh, k0, HEAD_DIM, KEYS, FLAT, HEAD_MAJOR)
+        if V_MMA:
+            kt, v_lo, v_hi = load_kv_tile_halves(k_desc, v_desc, page, kvh, n_kvh, k0, HEAD_DIM, KEYS, FLAT,
+                                                 HEAD_MAJOR)
+            # Vᵀ halves [HALF, KEYS] as eye · Vᵀ on the tensor cores (one nonzero product per
+            # entry, accumulated in fp16: exact for e4m3), issued before Sᵀ
+            vt_lo, vt_hi = identity_transpose(eye, v_lo), identity_transpose(eye, v_hi)
+        else:
+            kt, vt = load_kv_tile(k_desc, v_desc, page, kvh, n_kvh, k0, HEAD_DIM, KEYS, FLAT, HEAD_MAJOR)
+            if IS_FP8:
+                vt = vt.to(tl.float16)  # exact for e4m3
+            vt_lo = tl.trans(vt)
+            vt_hi = vt_lo  # unused
         s = tl.dot(dot_operand(kt), qt) * qk_scale  # Sᵀ [KEYS, GP]
         kpos = blk * 128 + k0 + offs_n
         s = tl.where((kpos <= limit)[:, None], s, float("-inf"))
-        if IS_FP8:
-            vt = vt.to(tl.float16)  # exact for e4m3
         if LAZY > 0:
             # m_i is only a reference point, raised to the running max when a logit exceeds it
             # by more than LAZY (log2 units, so p <= 2^LAZY): no cross-warp max, sum or
             # rescale in the common tile
+            m_old = m_i
             p, m_i, l_k, acc = lazy_softmax_step(s, m_i, l_k, acc, LAZY)
             l_k += p
-            pv = to_out_dtype(p, vt.dtype)
-            if INTERPRET:
-                acc += tl.dot(tl.trans(vt).to(tl.float32), pv.to(tl.float32))
-            else:
-                acc += tl.dot(tl.trans(vt), pv)
+            pv = to_out_dtype(p, vt_lo.dtype)
+            acc += _pv_dot(vt_lo, pv)
+            if V_MMA:  # the rescale lazy_softmax_step gave acc (1 where m_i did not move)
+                acc_hi = acc_hi * tl.where(m_i == m_old, 1.0, tl.exp2(m_old - m_i))[None, :]
+                acc_hi += _pv_dot(vt_hi, pv)
         else:
             m_new = tl.maximum(m_i, tl.max(s, axis=0))
             m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
             p = tl.exp2(s - m_use[None, :])
             alpha = tl.exp2(m_i - m_use)
             l_i = l_i * alpha + tl.sum(p, axis=0)
-            pv = to_out_dtype(p, vt.dtype)
-            if INTERPRET:
-                acc = acc * alpha[None, :] + tl.dot(tl.trans(vt).to(tl.float32), pv.to(tl.float32))
-            else:
-                acc = acc * alpha[None, :] + tl.dot(tl.trans(vt), pv)
+            pv = to_out_dtype(p, vt_lo.dtype)
+            acc = acc * alpha[None, :] + _pv_dot(vt_lo, pv)
+            if V_MMA:
+                acc_hi = acc_hi * alpha[None, :] + _pv_dot(vt_hi, pv)
             m_i = m_new
     if LAZY > 0:
         l_i = tl.sum(l_k, axis=0)
     l_safe, lse = finish_softmax(m_i, l_i)
+    rows = tl.arange(0, HALF if V_MMA else HEAD_DIM)  # Oᵀ rows (d) of acc
     if NUM_SPLITS == 1:
-        o = acc / l_safe[None, :] * v_scale
-        tl.store(o_ptr + t.to(tl.int64) * stride_ot + h[None, :] * stride_oh + offs_d[:, None],
-                 to_out_dtype(o, o_ptr.dtype.element_ty), mask=hvalid[None, :])
+        o_row = o_ptr + t.to(tl.int64) * stride_ot + h[None, :] * stride_oh
+        tl.store(o_row + rows[:, None], to_out_dtype(acc / l_safe[None, :] * v_scale, o_ptr.dtype.element_ty),
+                 mask=hvalid[None, :])
+        if V_MMA:
+            tl.store(o_row + HALF + rows[:, None],
+                     to_out_dtype(acc_hi / l_safe[None, :] * v_scale, o_ptr.dtype.element_ty), mask=hvalid[None, :])
         tl.store(lse_ptr + t.to(tl.int64) * stride_lt + h.to(tl.int64) * stride_lh, lse, mask=hvalid)
     else:
-        o = acc / l_safe[None, :]
         prow = (split.to(tl.int64) * total_q + t) * HQ + h
-        tl.store(op_ptr + prow[None, :] * HEAD_DIM + offs_d[:, None], o, mask=hvalid[None, :])
+        tl.store(op_ptr + prow[None, :] * HEAD_DIM + rows[:, None], acc / l_safe[None, :], mask=hvalid[None, :])
+        if V_MMA:
+            tl.store(op_ptr + prow[None, :] * HEAD_DIM + HALF + rows[:, None], acc_hi / l_safe[None, :],
+                     mask=hvalid[None, :])
         tl.store(lp_ptr + prow, lse, mask=hvalid)
