@@ -187,7 +187,7 @@ def floor_kernel(
             else:
                 acc = tl.dot(vt, qt, acc)
         tot += tl.sum(acc, axis=0) + tl.sum(acc_o, axis=0) + tl.sum(l_k, axis=0) + m_i
-    if MODE == 4:  # the lazy loop with Vᵀ from an identity QGMMA: V as two [KEYS, 64] boxes (flat caches)
+    if MODE == 4:  # the lazy loop with Vᵀ from an identity QGMMA: V as two [KEYS, 64] boxes
         limit = visible_limit(pos, kv_len, CAUSAL)
         offs_n = tl.arange(0, KEYS)
         half = tl.arange(0, HEAD_DIM // 2)
@@ -207,15 +207,8 @@ def floor_kernel(
             e_n = tl.minimum((it + 1) // KPB4, e_last)
             page_n = tl.load(u_page_ptr + ubase + e_n)
             blk_n = tl.load(u_blk_ptr + ubase + e_n)
-            if HEAD_MAJOR:
-                row = (page * n_kvh + kvh) * 128 + k0
-                col = 0
-            else:
-                row = page * 128 + k0
-                col = kvh * HEAD_DIM
-            kt = k_desc.load([row, col])
-            v_lo = v_desc.load([row, col])
-            v_hi = v_desc.load([row, col + HEAD_DIM // 2])
+            kt, v_lo, v_hi = sd.load_kv_tile_halves(k_desc, v_desc, page, kvh, n_kvh, k0, HEAD_DIM, KEYS, FLAT,
+                                                    HEAD_MAJOR)
             if V_FIRST:  # Vᵀ issued before Sᵀ, its latency under the softmax
                 vt_lo = tl.dot(eye, tl.trans(v_lo), out_dtype=tl.float16)
                 vt_hi = tl.dot(eye, tl.trans(v_hi), out_dtype=tl.float16)

@@ -29,8 +29,8 @@ from mate._core.triton_helpers import INTERPRET, dot_operand, finish_softmax, ne
 from mate.ops.msa.softmax_helpers import split_entries, token_position, visible_limit
 
 __all__ = ["DECODE_VARIANT", "msa_decode_t_kernel", "decode_t_heads", "t_config", "t_constexprs",
-           "t_programs_per_sm", "token_block_list", "publish_entries", "load_kv_tile", "load_kv_tile_halves",
-           "identity_transpose", "lazy_softmax_step"]
+           "t_programs_per_sm", "token_block_list", "publish_entries", "flat_tile_origin", "load_kv_tile",
+           "load_kv_tile_halves", "identity_transpose", "lazy_softmax_step"]
 
 DECODE_VARIANT = {"kernel": "transposed", "keys": 64, "stages": 3, "maxnreg": None, "lazy": 8,
                   "fp8_keys": 64, "fp8_stages": 3, "fp8_maxnreg": 128, "fp8_lazy": 8, "fp8_v": "mma"}
@@ -305,19 +305,25 @@ def publish_entries(first, slot, cnt, page, ids, split, ubase, u_page_ptr, u_blk
 
 
 @triton.jit
+def flat_tile_origin(page, kvh, n_kvh, k0, HEAD_DIM: tl.constexpr, HEAD_MAJOR: tl.constexpr):
+    """(row, column) of the tile of KV head ``kvh``, keys from ``k0`` of ``page``, in the 2D view
+    of a contiguous cache: [pages * Hkv * 128, D] head-major, [pages * 128, Hkv * D] token-major."""
+    if HEAD_MAJOR:
+        return (page * n_kvh + kvh) * 128 + k0, 0
+    else:
+        return page * 128 + k0, kvh * HEAD_DIM
+
+
+@triton.jit
 def load_kv_tile(k_desc, v_desc, page, kvh, n_kvh, k0, HEAD_DIM: tl.constexpr, KEYS: tl.constexpr,
                  FLAT: tl.constexpr, HEAD_MAJOR: tl.constexpr):
     """TMA loads of the K and V tiles [KEYS, HEAD_DIM] of KV head ``kvh``, keys ``k0`` ..
     ``k0 + KEYS - 1`` of ``page`` (``FLAT``: descriptors of 2D views of contiguous caches,
     rows of HEAD_DIM values; else 4D descriptors of the paged caches)."""
     if FLAT:
-        if HEAD_MAJOR:
-            row = (page * n_kvh + kvh) * 128 + k0
-            kt = k_desc.load([row, 0])
-            vt = v_desc.load([row, 0])
-        else:
-            kt = k_desc.load([page * 128 + k0, kvh * HEAD_DIM])
-            vt = v_desc.load([page * 128 + k0, kvh * HEAD_DIM])
+        row, col = flat_tile_origin(page, kvh, n_kvh, k0, HEAD_DIM, HEAD_MAJOR)
+        kt = k_desc.load([row, col])
+        vt = v_desc.load([row, col])
     elif HEAD_MAJOR:
         kt = tl.reshape(k_desc.load([page, kvh, k0, 0]), [KEYS, HEAD_DIM])
         vt = tl.reshape(v_desc.load([page, kvh, k0, 0]), [KEYS, HEAD_DIM])
@@ -334,12 +340,7 @@ def load_kv_tile_halves(k_desc, v_desc, page, kvh, n_kvh, k0, HEAD_DIM: tl.const
     is half a row wide)."""
     HALF: tl.constexpr = HEAD_DIM // 2
     if FLAT:
-        if HEAD_MAJOR:
-            row = (page * n_kvh + kvh) * 128 + k0
-            col = 0
-        else:
-            row = page * 128 + k0
-            col = kvh * HEAD_DIM
+        row, col = flat_tile_origin(page, kvh, n_kvh, k0, HEAD_DIM, HEAD_MAJOR)
         kt = k_desc.load([row, col])
         v_lo = v_desc.load([row, col])
         v_hi = v_desc.load([row, col + HALF])
