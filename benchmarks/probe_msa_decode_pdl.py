@@ -83,10 +83,11 @@ def compile_only() -> int:
     from mate.testing.sass import compile_sm90, divisibility_attrs
 
     mod = pdl_module()
-    sig = signature("fp8e4nv", "NHD", "bf16", True, 64)
+    v_mma = sd.t_constexprs(True)["V_MMA"]
+    sig = signature("fp8e4nv", "NHD", "bf16", True, 64, v_mma)
     cx = {"GP": 16, "C": 16, "HEAD_DIM": 128, "NUM_SPLITS": 1, "CAUSAL": True, "IS_FP8": True, "HEAD_MAJOR": False,
           "FLAT": True, "KEYS": 64, "BLOCK_W": 16, "USE_PAGE_TABLE": True, "HAS_QO_OFFSET": False, "LAZY": 8,
-          "stride_lh": 1}
+          "stride_lh": 1, "V_MMA": v_mma}
     sig.update({k: "constexpr" for k in cx})
     ok = True
     for name, fn in (("module", sd.msa_decode_t_kernel), ("pdl", mod.msa_decode_t_kernel)):
