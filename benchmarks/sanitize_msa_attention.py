@@ -11,8 +11,9 @@ context, batched ``cache_seqlens`` past ``S_cache`` (tensor and int), ragged key
 starting before row 0 or ending past ``total_k``, a request running past ``total_q``, lengths
 near INT32_MAX; and the max-score pass with device lengths outside q / k.
 Every result is compared with the reference on the sanitized inputs (bad pages and ids
-removed); the script exits non-zero on a mismatch. H200 runs: session 8 and session 20
-(the results files of those sessions).
+removed); the script exits non-zero on a mismatch. H200 runs: sessions 8 and 20, and 30
+(the fp8 decode's Vᵀ by identity wgmma, V read as two 64-column boxes; 0 errors), in the
+results files of those sessions.
 """
 
 from __future__ import annotations
