@@ -223,6 +223,26 @@ def test_fp8_bf16_conversion_variant(device, triton_backend, monkeypatch, decode
     assert_lse_close(l_, rl, torch.float8_e4m3fn, device)
 
 
+@pytest.mark.parametrize("keys,stages", [(128, 1), (64, 2), (64, 1)])
+def test_fp8_prefill_tile_variants(device, triton_backend, monkeypatch, keys, stages):
+    """fp8 prefill (64-row tiles) with the selectable key tile and TMA stages (FP8_VARIANT
+    ``prefill_keys`` / ``prefill_stages``; the default, 128 keys and 2 stages, is covered by
+    CASES); on the GPU the 128-key tiles give the default's bits at any stage count."""
+    from mate.ops.msa import sparse_attention as sa
+
+    pb = make_problem([9, 3, 14], [300, 129, 400], hq=16, hkv=2, width=8, dtype=torch.float8_e4m3fn,
+                      device=device)
+    default = run_case(device, pb, sm_scale=0.05, k_scale=2.0, v_scale=0.25)
+    monkeypatch.setitem(sa.FP8_VARIANT, "prefill_keys", keys)
+    monkeypatch.setitem(sa.FP8_VARIANT, "prefill_stages", stages)
+    o, l_, ro, rl = run_case(device, pb, sm_scale=0.05, k_scale=2.0, v_scale=0.25)
+    atol, rtol = TOL[torch.float8_e4m3fn]
+    assert_close(o, ro, atol=atol, rtol=rtol)
+    assert_lse_close(l_, rl, torch.float8_e4m3fn, device)
+    if torch.device(device).type == "cuda" and keys == 128:
+        assert torch.equal(o, default[0]) and torch.equal(l_, default[1])
+
+
 @pytest.mark.parametrize("splits", [1, 2])
 def test_fp8_decode_64_key_halves(device, triton_backend, monkeypatch, splits):
     """fp8 decode reading each selected block as two 64-key TMA tiles (FP8_VARIANT decode_keys)."""

@@ -273,7 +273,8 @@ def sparse_tiling(ratio: int, width: int, decode: bool) -> SparseTiling:
     return SparseTiling(ratio, width, decode)
 
 
-FP8_VARIANT = {"f16": True, "decode_stages": 2, "decode_maxnreg": 168, "decode_keys": 128}
+FP8_VARIANT = {"f16": True, "decode_stages": 2, "decode_maxnreg": 168, "decode_keys": 128, "prefill_keys": 128,
+               "prefill_stages": 2}
 """FP8 code path of the sparse forward (module defaults; the benchmark times the others).
 
 ``f16``: convert V (and, on 16-row decode tiles, q and K, whose mma.sync has no e4m3
@@ -286,7 +287,16 @@ as before), 876 instead of 1,072 instructions per 128-key block, two blocks in f
 per program instead of one. Not yet timed on the H200; the previous path is
 ``{"f16": False, "decode_stages": 1, "decode_maxnreg": None}`` (168 registers, 20 KB).
 With 1 stage the new path takes 128 registers and 41 KB (4 programs per SM): a benchmark
-row. Prefill (64-row tiles) uses ``f16`` only: 943 instead of 1,128 instructions per block."""
+row. Prefill (64-row tiles) uses ``f16`` only: 943 instead of 1,128 instructions per block.
+
+``prefill_keys`` / ``prefill_stages``: the 64-row (prefill) tiles' keys per TMA tile and pipelining
+stages for e4m3 inputs (16-bit inputs: 128 keys, 1 stage, a 168-register cap, 3 programs per SM;
+e4m3 takes 198 registers, 75 spill instructions under that cap, so 2 programs per SM). H200,
+session 30 (``benchmarks/probe_msa_prefill_fp8.py``: the prefill bar's inputs, sigma 0.5,
+interleaved, us at 32K / 8K tokens; bf16 4647.1 / 1020.6): 128 keys with 1 stage 6146.2 / 1337.2,
+2 stages 5324.2-5345.5 / 1166.0-1167.2 (the default; bit-identical to 1 stage), 3 stages 5576.2 /
+1191.4; 64 keys (149 registers, 3 programs per SM) with 1 / 2 / 3 stages 5988.7 / 5415.2-5418.3 /
+5590.5-5630.3."""
 
 
 def decode_programs_per_sm(is_fp8: bool) -> int:
@@ -485,11 +495,11 @@ def sparse_attention_triton(
         _combine(o_part, l_part, out, lse, total_q, hq, d, v_scale, splits)
         return
     big = til.block_m >= 64
-    keys = int(FP8_VARIANT["decode_keys"]) if is_fp8 and not big else 128
+    keys = int(FP8_VARIANT["prefill_keys" if big else "decode_keys"]) if is_fp8 else 128
     block_shape = [1, keys, 1, d] if layout == "NHD" else [1, 1, keys, d]
     k_desc = TensorDescriptor(k, list(k.shape), list(k.stride()), block_shape)
     v_desc = TensorDescriptor(v, list(v.shape), list(v.stride()), block_shape)
-    stages = 1
+    stages = int(FP8_VARIANT["prefill_stages"]) if is_fp8 and big else 1
     # 64-row tiles: a 168-register cap gives 3 programs per SM (measured: no spills for 16-bit inputs)
     extra = {} if INTERPRET or not big or is_fp8 else {"maxnreg": 168}
     fp8_f16 = bool(FP8_VARIANT["f16"])
