@@ -12,7 +12,8 @@ The max-score pass and top-k run through mate's own kernels (``msa`` with
 The union size of each 4-token tile is reported with every row.
 
 Rows:
-- mate sparse prefill, 32K tokens in one request, end to end (union pre-kernel + forward);
+- mate sparse prefill, 32K tokens in one request, end to end (union pre-kernel + forward); the
+  sigma-0.5 case also with e4m3 q / K / V;
 - torch SDPA dense causal (cuDNN) over the full context: the peer to beat;
 - FlexAttention with a token-level ``mask_mod`` encoding the same sigma-0.5 selections
   (compiled, ``create_block_mask`` compiled) on the same 32K problem, when
@@ -200,9 +201,29 @@ def _prefill_rows(ceilings: dict, T: int) -> list[dict]:
         rows.append(record(ceilings, family=FAMILY, op="sparse_prefill", shape=shape, impl=f"mate ({label})",
                            time_us=t_us, flops=4.0 * D * (HQ // HKV) * keys, dtype="bf16",
                            ceiling="cublas_bf16_TFLOPs", note=note))
+        if sigma == 0.5:
+            rows.append(_fp8_prefill_row(ceilings, q, k, v, idx, table, qo, kvl, out, lse, shape, keys, label, sdpa_us))
         if sigma == 0.5 and os.environ.get("MATE_BENCH_FLEX") == "1":
             rows.append(_flex_row(ceilings, idx, q, k, v, table, T))
     return rows
+
+
+def _fp8_prefill_row(ceilings, q, k, v, idx, table, qo, kvl, out, lse, shape, keys, label, sdpa_us) -> dict:
+    """The same prefill with e4m3 q / K / V (a cache quantized once, k_scale = v_scale = 1)."""
+    q8, k8, v8 = (x.to(torch.float8_e4m3fn) for x in (q, k, v))
+
+    def run():
+        sparse_attention(q8, k8, v8, kv_block_indexes=idx, page_table=table, qo_indptr=qo, kv_lens=kvl,
+                         out=out, lse=lse, causal=True, decode=False, num_kv_heads=HKV)
+
+    try:
+        t_us = time_fn(run, iters=20)
+        note = f"{label}; e4m3 q / K / V, bf16 out" + (f"; {sdpa_us / t_us:.2f}x dense (bf16)" if sdpa_us else "")
+    except Exception as exc:
+        t_us, note = None, f"{label}: failed: {exc}"[:300]
+    return record(ceilings, family=FAMILY, op="sparse_prefill", shape=shape, impl=f"mate fp8 ({label})",
+                  time_us=t_us, flops=4.0 * D * (HQ // HKV) * keys, dtype="fp8", ceiling="cublas_fp8_TFLOPs",
+                  note=note)
 
 
 def _flex_row(ceilings, idx, q, k, v, table, T) -> dict:
