@@ -320,10 +320,18 @@ _MAX_SPLITS = 8
 
 def choose_num_splits(num_tiles: int, num_kv_heads: int, width: int, device: torch.device,
                       per_sm: int = 4) -> int:
-    """Decode split count minimising a wave model: programs run in waves of ``SMs * per_sm``,
-    a program's time is its share of the ``width`` blocks plus one block of fixed cost, and
-    the combine costs one block. Measured on the H200 (B=128, 64K, M3 geometry, bf16): one
-    wave of 512 unsplit programs 137 us, 2-way 146 us."""
+    """Decode split count: the most splits (at most 8, at most ``width``) whose programs still
+    fit one wave of ``SMs * per_sm``, else 1. The decode is memory-bound: a partial wave of
+    unsplit programs shares the bandwidth among fewer programs, while a second wave and the
+    combine cost time, so splitting pays only while it keeps one wave.
+
+    H200, session 30 (64K context, M3 geometry, 16 blocks, token-major, 8 calls per graph
+    replay, us for 1 / 2 / 4 / 8 / 16 splits): bf16 B=1 23.0 / 15.3 / 10.8 / 8.9 / 8.5, B=4 24.0 /
+    16.3 / 11.6 / 9.8 / 10.9, B=16 28.6 / 25.1 / 24.9 / 28.2 / 31.1, B=48 53.0 / 59.8 / 62.4 /
+    66.6 / 76.7 (the wave model used before took 4 there: 1.18x the best); fp8 B=1 27.2 / 17.1 /
+    11.7 / 9.3 / 8.6, B=4 27.4 / 17.6 / 12.0 / 9.8 / 10.0, B=16 28.8 / 20.0 / 17.3 / 18.0 / 21.5,
+    B=48 35.9 / 35.4 / 39.9 / 43.7 / 51.9; this rule picks within 8% of the best in each. B=128:
+    512 unsplit programs 130 us bf16 (2 splits 141), 73 fp8 (2 splits 82)."""
     return _choose(num_tiles, num_kv_heads, width, planning_sm_count(device, NUM_SMS_DEFAULT) * per_sm)
 
 
@@ -341,19 +349,19 @@ def resolve_num_splits(num_splits: int, total_q: int, hq: int, hkv: int, width: 
 
 def _choose(tiles: int, hkv: int, width: int, slots: int) -> int:
     programs = max(1, tiles * hkv)
-    best, best_cost = 1, None
-    for s in range(1, max(1, min(_MAX_SPLITS, width)) + 1):
-        cost = -(-programs * s // slots) * (-(-width // s) + 1) + (1 if s > 1 else 0)
-        if best_cost is None or cost < best_cost:
-            best, best_cost = s, cost
+    best = 1
+    for s in range(2, max(1, min(_MAX_SPLITS, width)) + 1):
+        if programs * s <= slots:
+            best = s
     return best
 
 
 @functools.lru_cache(maxsize=64)
 def _split_rows_prefix(hkv: int, width: int, sms: int) -> tuple[int, ...]:
     """prefix[t] = max over t' <= t of splits(t') * t' among split calls (0 if none), for every
-    programs-per-SM figure in use. s > 1 beats s = 1 only while programs * (s - 1) < slots *
-    (width + 2), so past that many tiles every call is unsplit and the prefix stays flat."""
+    programs-per-SM figure in use. A call splits only while programs * 2 <= slots, so past
+    ``sms * 5 // hkv`` tiles (checked to a looser bound) every call is unsplit and the prefix
+    stays flat."""
     last = -(-sms * 5 * (width + 2) // hkv)
     best = [0] * (last + 1)
     for t in range(1, last + 1):
