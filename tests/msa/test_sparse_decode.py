@@ -57,20 +57,21 @@ def test_transposed_decode_matches_reference(device, triton_backend, transposed,
     _check(o, l_, ro, rl, dtype)
 
 
-# layout, splits, lazy threshold, flat page list, non-contiguous cache
-FP8_V_CASES = [("NHD", 1, 8, False, False), ("HND", 2, 0, True, False), ("NHD", 2, 1, False, True)]
+# layout, splits, lazy threshold, flat page list, non-contiguous cache, GQA ratio
+FP8_V_CASES = [("NHD", 1, 8, False, False, 8), ("HND", 2, 0, True, False, 16), ("NHD", 2, 1, False, True, 32)]
 
 
 @pytest.mark.parametrize("fp8_v", ["mma", "gather"])
-@pytest.mark.parametrize("layout,splits,lazy,flat,strided", FP8_V_CASES)
+@pytest.mark.parametrize("layout,splits,lazy,flat,strided,ratio", FP8_V_CASES)
 def test_transposed_decode_fp8_v_paths(device, triton_backend, transposed, monkeypatch, fp8_v, layout, splits, lazy,
-                                       flat, strided):
+                                       flat, strided, ratio):
     """e4m3 caches: Vᵀ made by the identity wgmma (``fp8_v="mma"``, V read as two column halves)
-    or gathered and widened in registers ("gather"), against the reference."""
+    or gathered and widened in registers ("gather"), against the reference; GQA ratios 8 (head
+    columns padded to 16), 16 and 32 (which gathers either way)."""
     monkeypatch.setitem(sd.DECODE_VARIANT, "fp8_v", fp8_v)
     monkeypatch.setitem(sd.DECODE_VARIANT, "fp8_lazy", lazy)
     dtype = torch.float8_e4m3fn
-    pb = make_problem([1, 0, 2, 1], [300, 50, 129, 700], hq=16, hkv=2, width=8, dtype=dtype, device=device,
+    pb = make_problem([1, 0, 2, 1], [300, 50, 129, 700], hq=2 * ratio, hkv=2, width=8, dtype=dtype, device=device,
                       layout=layout, flat=flat)
     if strided:
         for name in ("k", "v"):
@@ -295,6 +296,12 @@ def test_transposed_decode_gpu_m3_block_lists(transposed, monkeypatch, dtype, la
         ro, rl = sparse_attention_reference(**cpu, sm_scale=scale[0], k_scale=scale[1], v_scale=scale[2])
         _check(o[:n], l_[:n], ro, rl, dtype)
         assert (o[n:].float() == 0).all() and torch.isinf(l_[n:]).all() and (l_[n:] < 0).all()
+
+
+def test_fp8_v_mma_up_to_16_head_columns():
+    assert sd.t_constexprs(True)["V_MMA"] and sd.t_constexprs(True, 16)["V_MMA"]
+    assert not sd.t_constexprs(True, 32)["V_MMA"]
+    assert not sd.t_constexprs(False)["V_MMA"]
 
 
 def test_probe_stand_ins_take_the_decode_kernels_arguments(monkeypatch):

@@ -479,7 +479,8 @@ def sparse_attention_triton(
         o_part = l_part = out
     if transposed:
         keys, stages, cap = _sd.t_config(is_fp8)
-        t_const = _sd.t_constexprs(is_fp8)
+        gp = _sd.decode_t_heads(ratio)
+        t_const = _sd.t_constexprs(is_fp8, gp)
         dv = d // 2 if t_const["V_MMA"] else d  # V_MMA: V read as two column halves
         flat = k.is_contiguous() and v.is_contiguous()
         if flat:  # 2D views: a tile of ``keys`` rows is a plain [keys, d] box (no reshape in the kernel)
@@ -495,7 +496,7 @@ def sparse_attention_triton(
             q, q.stride(0), q.stride(1), k_desc, v_desc, u_page, u_blk, u_cnt,
             out, out.stride(0), out.stride(1), lse, lse.stride(0), lse.stride(1), o_part, l_part,
             total_q, hq, ratio, sm_scale * k_scale * LOG2E, v_scale, *sel_args, width,
-            GP=_sd.decode_t_heads(ratio), C=til.capacity, HEAD_DIM=d, NUM_SPLITS=splits, CAUSAL=causal,
+            GP=gp, C=til.capacity, HEAD_DIM=d, NUM_SPLITS=splits, CAUSAL=causal,
             IS_FP8=is_fp8, HEAD_MAJOR=layout == "HND", FLAT=flat, KEYS=keys,
             BLOCK_W=til.block_w, USE_PAGE_TABLE=use_pt, HAS_QO_OFFSET=qo_offset is not None,
             **t_const, num_warps=4, num_stages=stages, **extra,

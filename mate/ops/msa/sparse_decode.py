@@ -175,11 +175,13 @@ def t_config(is_fp8: bool) -> tuple[int, int, int | None]:
     return int(DECODE_VARIANT[pre + "keys"]), int(DECODE_VARIANT[pre + "stages"]), int(cap) if cap else None
 
 
-def t_constexprs(is_fp8: bool) -> dict:
+def t_constexprs(is_fp8: bool, gp: int = 16) -> dict:
     """Kernel arguments of :data:`DECODE_VARIANT` beyond :func:`t_config` for this cache dtype
-    (``V_MMA``: the V descriptor's box is half a row wide)."""
+    and ``gp`` head columns (:func:`decode_t_heads`). ``V_MMA`` (the V descriptor's box is then
+    half a row wide) only up to 16 columns: at 32 the sm_90 build under the 128-register cap
+    spills 162 instructions against the gather's 63 (uncapped 204 registers against 175)."""
     return {"LAZY": int(DECODE_VARIANT[("fp8_" if is_fp8 else "") + "lazy"] or 0),
-            "V_MMA": is_fp8 and DECODE_VARIANT["fp8_v"] == "mma"}
+            "V_MMA": is_fp8 and DECODE_VARIANT["fp8_v"] == "mma" and gp <= 16}
 
 
 def t_programs_per_sm(is_fp8: bool) -> int:
