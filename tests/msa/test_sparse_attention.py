@@ -267,6 +267,13 @@ def test_auto_split_rule_and_workspace_bound():
     assert sa.choose_num_splits(128, 4, 17, cpu, 4) == 1
     assert sa.choose_num_splits(32, 4, 17, cpu, 4) > 1
     assert sa.choose_num_splits(8, 4, 17, cpu, 4) > 1
+    # the one-wave rule at the H200's measured points (132 SMs off the GPU; bf16 2 programs per
+    # SM, fp8 4): B=48 bf16 unsplit (2 splits would need a second wave), fp8 2 splits; B=16 bf16 4
+    assert sa.choose_num_splits(48, 4, 16, cpu, 2) == 1
+    assert sa.choose_num_splits(48, 4, 16, cpu, 4) == 2
+    assert sa.choose_num_splits(16, 4, 16, cpu, 2) == 4
+    assert sa.choose_num_splits(1, 4, 16, cpu, 4) == 8
+    assert sa.choose_num_splits(1, 4, 3, cpu, 4) == 3  # never more splits than blocks
     for rows in (1, 7, 33, 128, 700):
         _, n_flt = sa.workspace_numel(rows, 64, 4, 17, True, -1, cpu)
         for r in range(1, rows + 1):
