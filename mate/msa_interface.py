@@ -26,6 +26,7 @@ from typing import Any, NamedTuple, Optional
 import torch
 
 from mate._core.checks import (
+    byte_ranges,
     check_bool,
     check_inputs_enabled,
     check_int32,
@@ -1052,7 +1053,8 @@ def msa(
     total_q, Hq = q.shape[0], q.shape[1]
     out_dtype = torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype
 
-    reads = _index_reads(q, k, v, page_table, kv_indices, runtime_metadata)  # for the outputs' overlap checks
+    # for the outputs' overlap checks, each input's extent computed once
+    reads = byte_ranges(**_index_reads(q, k, v, page_table, kv_indices, runtime_metadata))
     # ---- max-score buffer
     if output_maxscore:
         plans = [plan] + ([plan_info.prefill_plan_or_None] if plan_info.has_mixed_prefill else [])

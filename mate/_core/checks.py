@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -20,6 +20,9 @@ from mate._core.hopper import tma_aligned
 __all__ = [
     "check_tensor",
     "check_tma_aligned",
+    "check_no_overlap",
+    "byte_ranges",
+    "ByteRange",
     "launch_fits",
     "check_dtype",
     "check_shape",
@@ -217,17 +220,42 @@ def _byte_range(t: torch.Tensor) -> tuple[int, int]:
     return lo, hi + size - 1
 
 
-def check_no_overlap(out_name: str, out: torch.Tensor | None, /, **inputs: torch.Tensor | None) -> None:
-    """``ValueError`` when the output ``out`` shares memory with one of ``inputs`` (a kernel that
-    reads an input while writing its output would race): their strided extents must be disjoint
-    (conservative for interleaved views, which outputs are not)."""
+class ByteRange(NamedTuple):
+    """A tensor's strided byte extent [lo, hi] on ``device`` (see :func:`byte_ranges`)."""
+
+    lo: int
+    hi: int
+    device: torch.device
+
+
+def byte_ranges(**tensors: torch.Tensor | None) -> dict[str, ByteRange]:
+    """The byte extents of the non-empty ``tensors``, by name: inputs that several outputs of one
+    call are checked against (:func:`check_no_overlap` takes them in place of the tensors)."""
+    if torch.compiler.is_compiling():  # traced tensors have no address
+        return {}
+    return {name: ByteRange(*_byte_range(t), t.device) for name, t in tensors.items()
+            if t is not None and t.numel()}
+
+
+def check_no_overlap(out_name: str, out: torch.Tensor | None, /, **inputs: torch.Tensor | ByteRange | None) -> None:
+    """``ValueError`` when the output ``out`` shares memory with one of ``inputs`` (tensors, or
+    their :func:`byte_ranges`; a kernel that reads an input while writing its output would race):
+    their strided extents must be disjoint (conservative for interleaved views, which outputs
+    are not)."""
     if out is None or out.numel() == 0 or torch.compiler.is_compiling():  # traced tensors have no address
         return
     lo, hi = _byte_range(out)
     for name, t in inputs.items():
-        if t is None or t.numel() == 0 or t.device != out.device:
+        if t is None:
             continue
-        t_lo, t_hi = _byte_range(t)
+        if isinstance(t, ByteRange):
+            t_lo, t_hi, dev = t
+        elif t.numel() == 0:
+            continue
+        else:
+            (t_lo, t_hi), dev = _byte_range(t), t.device
+        if dev != out.device:
+            continue
         if lo <= t_hi and t_lo <= hi:
             raise ValueError(f"{out_name} must not overlap {name} (an input of the same call), "
                              f"got overlapping memory [{lo:#x}, {hi:#x}] and [{t_lo:#x}, {t_hi:#x}]")

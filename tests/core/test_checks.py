@@ -41,7 +41,7 @@ def test_every_exported_helper_is_tested():
         "check_last_dim_contiguous", "check_same_device", "check_out_tensor", "check_value",
         "check_choice", "check_positive_int", "check_python_float", "check_default",
         "check_inputs_enabled", "fmt_dtypes", "check_is_tensor", "device_matches", "launch_fits",
-        "check_defaults", "check_tma_aligned",
+        "check_defaults", "check_tma_aligned", "check_no_overlap", "byte_ranges", "ByteRange",
     }
     assert set(checks.__all__) <= tested, set(checks.__all__) - tested
 
@@ -292,6 +292,20 @@ def test_check_no_overlap():
         check_no_overlap("out", flat[0:16:2], a=flat[1:2])
     # a strided out against a contiguous input past its last element
     check_no_overlap("out", flat[0:16:2], a=flat[15:])
+
+
+def test_byte_ranges_in_place_of_inputs():
+    """Extents computed once serve several outputs' checks, as the tensors would."""
+    from mate._core.checks import ByteRange, byte_ranges, check_no_overlap
+
+    buf = torch.zeros(4, 8)
+    reads = byte_ranges(a=buf[2:], b=None, c=torch.zeros(0), d=torch.zeros(3))
+    assert set(reads) == {"a", "d"} and isinstance(reads["a"], ByteRange)
+    base = buf.data_ptr()
+    assert reads["a"] == ByteRange(base + 64, base + 127, buf.device)
+    check_no_overlap("out", buf[:2], **reads)
+    with pytest.raises(ValueError, match="lse must not overlap a"):
+        check_no_overlap("lse", buf[1:3], **reads)
 
 
 def test_public_apis_reject_an_out_that_aliases_an_input():

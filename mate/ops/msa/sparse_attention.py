@@ -269,7 +269,9 @@ class SparseTiling:
         return f"SparseTiling(tt={self.tt}, gp={self.gp}, block_m={self.block_m}, capacity={self.capacity})"
 
 
+@functools.lru_cache(maxsize=256)
 def sparse_tiling(ratio: int, width: int, decode: bool) -> SparseTiling:
+    """The (shared, not to be modified) :class:`SparseTiling` of a call's geometry."""
     return SparseTiling(ratio, width, decode)
 
 
@@ -343,7 +345,7 @@ def resolve_num_splits(num_splits: int, total_q: int, hq: int, hkv: int, width: 
         return int(num_splits)
     if not decode:
         return 1
-    til = SparseTiling(hq // hkv, width, decode)
+    til = sparse_tiling(hq // hkv, width, decode)
     return choose_num_splits(-(-total_q // til.tt), hkv, width, device, decode_programs_per_sm(is_fp8))
 
 
@@ -380,7 +382,7 @@ def workspace_numel(rows: int, hq: int, hkv: int, width: int, decode: bool, num_
 
     With ``num_splits <= 0`` (the automatic decode split) the float part is sized for the
     largest automatic split of any call with at most ``rows`` rows (bf16 or fp8)."""
-    til = SparseTiling(hq // hkv, width, decode)
+    til = sparse_tiling(hq // hkv, width, decode)
     tiles = -(-rows // til.tt)
     n_int = 3 * tiles * hkv * til.capacity + tiles * hkv + 2 * rows
     if num_splits > 0:
@@ -432,7 +434,7 @@ def sparse_attention_triton(
     batch = kv_lens.shape[0]
     if total_q == 0 or batch == 0:
         return
-    til = SparseTiling(ratio, width, decode)
+    til = sparse_tiling(ratio, width, decode)
     num_tiles = -(-total_q // til.tt)
     dev = q.device
     is_fp8 = q.dtype == torch.float8_e4m3fn
