@@ -12,7 +12,8 @@ one). Cases: the default (fp8 capped at 128 registers; lazy rescale 8: ``DECODE_
 ``lazy`` / ``fp8_lazy``, reference max kept until a logit exceeds it by 8, per-key sums),
 ``lazy 0`` (the softmax rescaled every tile), fp8 uncapped (3 programs per SM), 2 splits
 (each split's program builds the whole list), the "heads" kernel (after the
-``_msa_union_kernel`` pre-kernel), and ``default again``: the default timed a second time in
+``_msa_union_kernel`` pre-kernel), ``V gathered`` (e4m3 V gathered and widened in registers
+instead of the identity wgmma), and ``default again``: the default timed a second time in
 the same run, whose distance to ``default`` is the run's noise floor (session 19 saw identical
 cases up to 0.6 us apart here and 2.8 us at the small-H sparse MLA bar shape); ``--cases``
 picks some by name.
@@ -25,6 +26,8 @@ kernel's registers / spills / shared memory of the GPU compile. Diagnostic rows 
 cost``): the default with every id -1 (launch,
 list building, prologue and epilogue; no key block).
 
+H200, session 30 (``--sel 16``; a slow machine state, the copy alone 3819 GB/s): fp8 default (Vᵀ by
+the identity wgmma) 84.4 us, ``V gathered`` 84.3, default again 84.5; fixed cost 6.5; bf16 147.3.
 H200, Gluon port (``--sel 16``, copy 4262 GB/s): fp8 default 84.8 us, the Gluon port of the
 transposed kernel 84.6, with 2 splits 95.5, lazy 4 84.8; fixed cost 5.6 against 7.7 (removed).
 H200, lazy (``--sel 16``, copy 4231 GB/s): fp8 lazy 8 85.1 us, lazy 0 86.8, lazy 8 with a
