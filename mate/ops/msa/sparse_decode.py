@@ -446,8 +446,9 @@ def msa_decode_t_kernel(
     # V_MMA (e4m3): Oᵀ in two row halves, rows 0 .. HALF - 1 in acc and the rest in acc_hi
     HALF: tl.constexpr = HEAD_DIM // 2
     acc = tl.zeros([HALF if V_MMA else HEAD_DIM, GP], dtype=tl.float32)
-    acc_hi = tl.zeros([HALF if V_MMA else 16, GP], dtype=tl.float32)
-    eye = tl.where(tl.arange(0, HALF)[:, None] == tl.arange(0, HALF)[None, :], 1.0, 0.0).to(q_ptr.dtype.element_ty)
+    if V_MMA:
+        acc_hi = tl.zeros([HALF, GP], dtype=tl.float32)
+        eye = tl.where(tl.arange(0, HALF)[:, None] == tl.arange(0, HALF)[None, :], 1.0, 0.0).to(q_ptr.dtype.element_ty)
     KPB: tl.constexpr = 128 // KEYS  # key sub-blocks per selected block
     # the next entry's page and block, loaded one step ahead: the TMA loads then depend on
     # loop-carried values, so the pipeliner gives them num_stages - 1 buffers (else 1)
@@ -472,7 +473,6 @@ def msa_decode_t_kernel(
             if IS_FP8:
                 vt = vt.to(tl.float16)  # exact for e4m3
             vt_lo = tl.trans(vt)
-            vt_hi = vt_lo  # unused
         s = tl.dot(dot_operand(kt), qt) * qk_scale  # Sᵀ [KEYS, GP]
         kpos = blk * 128 + k0 + offs_n
         s = tl.where((kpos <= limit)[:, None], s, float("-inf"))
