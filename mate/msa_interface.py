@@ -1053,8 +1053,9 @@ def msa(
     total_q, Hq = q.shape[0], q.shape[1]
     out_dtype = torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype
 
-    # for the outputs' overlap checks, each input's extent computed once
-    reads = byte_ranges(**_index_reads(q, k, v, page_table, kv_indices, runtime_metadata))
+    # the inputs' extents for the overlap checks of the output buffers given (once for all of them)
+    given = max_score is not None or out is not None or kw.get("lse") is not None
+    reads = byte_ranges(**_index_reads(q, k, v, page_table, kv_indices, runtime_metadata)) if given else {}
     # ---- max-score buffer
     if output_maxscore:
         plans = [plan] + ([plan_info.prefill_plan_or_None] if plan_info.has_mixed_prefill else [])

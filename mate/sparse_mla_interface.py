@@ -212,6 +212,10 @@ def mla_rope_quantize_fp8(
         checks.check_value("pos_ids", lo >= 0 and hi < max_seq_len,
                            f"in [0, {max_seq_len}) (max_seq_len = cos_sin_cache.shape[0])", f"values in [{lo}, {hi}]")
     like = {"q_rope_out": q_rope, "k_rope_out": k_rope, "q_nope_out": q_nope, "k_nope_out": k_nope}
+    reads = {}  # the inputs' extents, once for the output buffers given
+    if any(t is not None for t in outs.values()):
+        reads = checks.byte_ranges(q_rope=q_rope, k_rope=k_rope, q_nope=q_nope, k_nope=k_nope,
+                                   cos_sin_cache=cos_sin_cache, pos_ids=pos_ids)
     for name, src in like.items():
         t = outs[name]
         if t is None:
@@ -220,8 +224,7 @@ def mla_rope_quantize_fp8(
             checks.check_out_tensor(name, t, shape=list(src.shape), dtype=out_dtype, device=device,
                                     contiguous=False, last_dim_contiguous=True)
             # the outputs may be views of one merged buffer; none may share memory with an input
-            checks.check_no_overlap(name, t, q_rope=q_rope, k_rope=k_rope, q_nope=q_nope, k_nope=k_nope,
-                                    cos_sin_cache=cos_sin_cache, pos_ids=pos_ids)
+            checks.check_no_overlap(name, t, **reads)
     _mla_rope_quantize_fp8_op(q_rope, k_rope, q_nope, k_nope, cos_sin_cache, pos_ids, is_neox, quant_scale_q,
                               quant_scale_kv, outs["q_rope_out"], outs["k_rope_out"], outs["q_nope_out"],
                               outs["k_nope_out"])
@@ -531,6 +534,7 @@ def sparse_mla_fp8_decode(
     reads = dict(query=query, kv_cache=kv_cache, block_tables=block_tables, seq_lens=seq_lens)  # what the kernels read
     device = checks.check_same_device(**reads, out=out, lse=lse)
     seq_lens = _check_seq_lens(seq_lens, batch)
+    read_ranges = checks.byte_ranges(**reads) if out is not None or lse is not None else {}  # for the overlap checks
 
     if metadata is None:
         metadata = plan_decode(batch, q_len, heads, top_k, device)
@@ -544,11 +548,11 @@ def sparse_mla_fp8_decode(
         out = torch.empty((batch, q_len, heads, 512), dtype=torch.bfloat16, device=device)
     else:
         checks.check_out_tensor("out", out, shape=[batch, q_len, heads, 512], dtype=torch.bfloat16, device=device)
-        checks.check_no_overlap("out", out, **reads)
+        checks.check_no_overlap("out", out, **read_ranges)
     if lse is not None:
         checks.check_tensor("lse", lse, dtype=torch.float32, ndim=(2, 3), contiguous=True)
         checks.check_shape("lse", lse, [batch * q_len, heads] if lse.dim() == 2 else [batch, q_len, heads])
-        checks.check_no_overlap("lse", lse, **reads, out=out)
+        checks.check_no_overlap("lse", lse, **read_ranges, out=out)
         lse_buf = lse
     elif return_lse:
         lse = lse_buf = torch.empty((batch, q_len, heads), dtype=torch.float32, device=device)

@@ -694,18 +694,19 @@ def sparse_attention(
     inputs = dict(q=q, k=k, v=v, kv_block_indexes=kv_block_indexes, qo_indptr=qo_indptr, kv_lens=kv_lens,
                   qo_offset=qo_offset, page_table=page_table, kv_indices=kv_indices, kv_page_indptr=kv_page_indptr)
     device = checks.check_same_device(**inputs, out=out, lse=lse)
+    reads = checks.byte_ranges(**inputs) if out is not None or lse is not None else {}  # for the overlap checks
     if out is None:
         out = torch.empty(total_q, hq, d, dtype=out_dtype, device=device)
     else:
         checks.check_out_tensor("out", out, shape=[total_q, hq, d], dtype=out_dtype, device=device,
                                 contiguous=False, last_dim_contiguous=True)
-        checks.check_no_overlap("out", out, **inputs)
+        checks.check_no_overlap("out", out, **reads)
     if lse is None:
         lse = torch.empty(total_q, hq, dtype=torch.float32, device=device)
     else:
         checks.check_out_tensor("lse", lse, shape=[total_q, hq], dtype=torch.float32, device=device,
                                 contiguous=False)  # any strides: the kernels take both
-        checks.check_no_overlap("lse", lse, **inputs, out=out)
+        checks.check_no_overlap("lse", lse, **reads, out=out)
     return run_sparse_attention(
         q, k, v, kv_block_indexes, qo_indptr, kv_lens, qo_offset, page_table, kv_indices, kv_page_indptr, out, lse,
         head_major=layout == "HND", plan=plan, sm_scale=sm_scale, k_scale=k_scale, v_scale=v_scale, causal=causal,
