@@ -69,6 +69,30 @@ and issued before Sᵀ (``V_FIRST``; a fourth call, another machine, copy 4260: 
 76.4. Taken into the kernel as ``DECODE_VARIANT["fp8_v"] = "mma"``, the whole kernel gained less
 than the loop copy did (a fifth call, the kernel with either Vᵀ in one process, us, mma / gather:
 NHD 75.6 / 76.5 and 76.4 / 76.7, HND 73.0 / 72.9 and 72.4 / 72.9; L2 44.5-44.7 against ~53).
+
+H200, session 31 (``benchmarks/results/2026-12-01-h200-s31-probes.txt``; five machines, us, 8 calls
+per replay unless noted):
+
+- ``balance`` (one call per replay): finer units are slower. 2 / 4 splits: default 85.4 / 92.0
+  against 77.1, floor 78.0 / 81.1 / 85.0 (8) against 71.4, while the combine alone costs 3.3-8.6
+  (``null`` 6.4 / 8.0 / 11.7 against 3.1). %globaltimer timelines: programs with equal work end
+  47-65 us (floor), the same SMs early in every launch (correlation 0.95-0.97); SMs running 3
+  programs end no earlier than SMs running 4, so DRAM is shared per program, not per SM.
+- ``gaps``: a replay's kernel starts 1.0 us after the node before it and ends 1.0-1.2 us before the
+  next; the programs' span is the kernel's time (floor 67.5, loop 71.5 NHD).
+- ``delay``: the floor with a pause per tile instead of the decode's work (``DELAY``: ``nanosleep``,
+  the warps yield the SM; or a ``%clock64`` spin) loses what the decode loses: NHD 69.0 -> 70.8
+  (0.5 us sleep) / 72.1 (1 us) / 72.1 (1000-clock spin) / 73.3 (2000) against the decode's 73.7;
+  HND 64.8 -> 66.8 / 68.7 / 68.0 / 69.8 against 69.8. Two stages (at most one tile in flight
+  beyond the awaited one) cost nothing without a pause (NHD 69.2 against 69.0) and 13% with a
+  1 us one (78.6). So the decode's gap to its floor is the latency of its per-tile chain (the
+  pipeliner issues a tile's loads at the end of the iteration two tiles earlier, after the
+  three identity / QK wgmma waits, the softmax's flag exchange and P·V), not the SM's work.
+- ``prefetch``: a TMA L2 prefetch (``cp.async.bulk.prefetch.tensor``, one per K / V tile, thread
+  0, tensor maps in global memory) of the tile 2 or 3 ahead makes every case slower (a fast
+  machine: NHD floor 66.3 -> 70.9 / 71.9, the loop 69.6 -> 74.8 / 76.9, HND floor 63.7 -> 71.7).
+  That machine ran the decode at 70.5-71.0 us = 89.3-89.9% of copy token-major (floor 95.6%) and
+  68.2-68.4 = 92.6-92.9% head-major; the others today 73.7-74.6 (84.5-85.5%, floor 91%).
 """
 
 from __future__ import annotations
@@ -106,7 +130,8 @@ def floor_kernel(
     HAS_QO_OFFSET: tl.constexpr = False, LAZY: tl.constexpr = 0, V_MMA: tl.constexpr = False, MODE: tl.constexpr = 2,
     PAIR: tl.constexpr = False, SOFTMAX: tl.constexpr = True, WIDEN: tl.constexpr = True,
     P_FIXED: tl.constexpr = False, F16_ACC: tl.constexpr = False,
-    V_FIRST: tl.constexpr = False,
+    V_FIRST: tl.constexpr = False, DELAY: tl.constexpr = 0, tl_ptr=None,
+    PF: tl.constexpr = 0, kmap=0, vmap=0,
 ):
     """MODE 0: return; 1: block list + store; 2: block list + the key loop's loads, two wgmmas per
     tile; 3: the decode kernel's lazy loop (fp8), without the softmax (``SOFTMAX=False``: the masked
@@ -118,6 +143,8 @@ def floor_kernel(
     is still gathered and widened but no P goes through shared memory per tile."""
     if MODE == 0:
         return
+    if tl_ptr is not None:  # timeline: (start, end, SM) of each program, %globaltimer in ns
+        t_start = _globaltimer()
     t = tl.program_id(0)
     kvh = tl.program_id(1)
     n_kvh = tl.num_programs(1)
@@ -134,6 +161,8 @@ def floor_kernel(
         n_iter, page_table_ptr, stride_pt, n_cols, kv_indices_ptr, kv_page_indptr_ptr, n_indices, num_pages,
         W, u_page_ptr, u_blk_ptr, u_cnt_ptr + t * n_kvh + kvh, BLOCK_W, NUM_SPLITS, CAUSAL, USE_PAGE_TABLE,
         HAS_QO_OFFSET)
+    if tl_ptr is not None:
+        t_list = _globaltimer() + cnt.to(tl.int64) * 0  # after the list (the count orders it)
     e0, e1 = split_entries(cnt, split, NUM_SPLITS)
     acc = tl.zeros([KEYS, GP], dtype=tl.float32)
     if MODE == 2:
@@ -145,6 +174,9 @@ def floor_kernel(
             page = page_n
             e_n = tl.minimum((it + 1) // KPB, e_last)
             page_n = tl.load(u_page_ptr + ubase + e_n)
+            if PF > 0:  # an L2 prefetch (TMA) of the K / V tile PF tiles ahead
+                _prefetch_tile(kmap, vmap, u_page_ptr + ubase, it + PF, e_last, kvh, n_kvh, HEAD_DIM, KEYS, KPB,
+                               HEAD_MAJOR)
             if PAIR and not HEAD_MAJOR:  # K of this head and its neighbour: the same bytes as K + V, in aligned
                 kt = k_desc.load([page * 128 + k0, (kvh // 2 * 2) * HEAD_DIM])  # 2 x 128-value rows
                 vt = k_desc.load([page * 128 + k0, (kvh // 2 * 2 + 1) * HEAD_DIM])
@@ -152,6 +184,8 @@ def floor_kernel(
                 kt, vt = sd.load_kv_tile(k_desc, v_desc, page, kvh, n_kvh, k0, HEAD_DIM, KEYS, FLAT, HEAD_MAJOR)
             acc = tl.dot(kt, qt, acc)
             acc = tl.dot(vt, qt, acc)
+            if DELAY != 0:  # a stand-in for the decode's per-tile work: a pause before the next tile
+                acc = _delay(acc, DELAY)
     tot = tl.sum(acc, axis=0) + pos.to(tl.float32) * 0.0
     if MODE == 3:  # the decode kernel's lazy loop with its softmax and / or V widening left out
         limit = visible_limit(pos, kv_len, CAUSAL)
@@ -207,6 +241,9 @@ def floor_kernel(
             e_n = tl.minimum((it + 1) // KPB4, e_last)
             page_n = tl.load(u_page_ptr + ubase + e_n)
             blk_n = tl.load(u_blk_ptr + ubase + e_n)
+            if PF > 0:
+                _prefetch_tile(kmap, vmap, u_page_ptr + ubase, it + PF, e_last, kvh, n_kvh, HEAD_DIM, KEYS, KPB4,
+                               HEAD_MAJOR)
             kt, v_lo, v_hi = sd.load_kv_tile_halves(k_desc, v_desc, page, kvh, n_kvh, k0, HEAD_DIM, KEYS, FLAT,
                                                     HEAD_MAJOR)
             if V_FIRST:  # Vᵀ issued before Sᵀ, its latency under the softmax
@@ -235,6 +272,80 @@ def floor_kernel(
                 acc_hi += tl.dot(vt_hi.to(tl.float16), p16)
         tot += tl.sum(acc_lo, axis=0) + tl.sum(acc_hi, axis=0) + tl.sum(l_k, axis=0) + m_i
     tl.store(lse_ptr + t.to(tl.int64) * stride_lt + h * stride_lh, tot, mask=hvalid)
+    if tl_ptr is not None:
+        row = tl_ptr + ((split * tl.num_programs(0) + t) * n_kvh + kvh) * 4
+        tl.store(row, t_start)
+        tl.store(row + 1, _globaltimer())
+        tl.store(row + 3, t_list)
+        tl.store(row + 2, tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32, is_pure=False,
+                                                    pack=1).to(tl.int64))
+
+
+@triton.jit
+def _delay(x, DELAY: tl.constexpr):
+    """``x`` (fp32, 8 values per thread here) after a pause, one eighth per value: DELAY 1 / 2
+    sleep ~0.5 / ~1 us in all (``nanosleep``: the warps yield the SM), -1 / -2 spin ~1000 / ~2000
+    clocks on ``%clock64`` (the warps keep issuing)."""
+    if DELAY == 1:
+        return tl.inline_asm_elementwise("nanosleep.u32 62; mov.b32 $0, $1;", "=r,r", [x], dtype=tl.float32,
+                                         is_pure=False, pack=1)
+    elif DELAY == 2:
+        return tl.inline_asm_elementwise("nanosleep.u32 125; mov.b32 $0, $1;", "=r,r", [x], dtype=tl.float32,
+                                         is_pure=False, pack=1)
+    elif DELAY == -1:
+        return tl.inline_asm_elementwise(
+            "{ .reg .u64 t0, t1; .reg .pred p; mov.u64 t0, %clock64; SPIN_LOOP: mov.u64 t1, %clock64; "
+            "sub.u64 t1, t1, t0; setp.lt.u64 p, t1, 125; @p bra SPIN_LOOP; mov.b32 $0, $1; }",
+            "=r,r", [x], dtype=tl.float32, is_pure=False, pack=1)
+    else:
+        return tl.inline_asm_elementwise(
+            "{ .reg .u64 t0, t1; .reg .pred p; mov.u64 t0, %clock64; SPIN_LOOP: mov.u64 t1, %clock64; "
+            "sub.u64 t1, t1, t0; setp.lt.u64 p, t1, 250; @p bra SPIN_LOOP; mov.b32 $0, $1; }",
+            "=r,r", [x], dtype=tl.float32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _prefetch_tile(kmap, vmap, pages, tile, e_last, kvh, n_kvh, HEAD_DIM: tl.constexpr, KEYS: tl.constexpr,
+                   KPB: tl.constexpr, HEAD_MAJOR: tl.constexpr):
+    """``cp.async.bulk.prefetch.tensor`` into L2 of K and V tile ``tile`` (clamped to the list) by
+    thread 0, through tensor maps in global memory (:func:`tensormap_2d`) of the 2D cache views."""
+    e = tl.minimum(tile // KPB, e_last)
+    page = tl.load(pages + e)
+    row, col = sd.flat_tile_origin(page, kvh, n_kvh, (tile % KPB) * KEYS, HEAD_DIM, HEAD_MAJOR)
+    asm: tl.constexpr = ("{ .reg .pred p; .reg .u32 tid; mov.u32 tid, %tid.x; setp.eq.u32 p, tid, 0; "
+                         "@p cp.async.bulk.prefetch.tensor.2d.L2.global.tile [$1, {$2, $3}]; mov.b32 $0, $2; }")
+    tl.inline_asm_elementwise(asm, "=r,l,r,r", [kmap, col, row], dtype=tl.int32, is_pure=False, pack=1)
+    tl.inline_asm_elementwise(asm, "=r,l,r,r", [vmap, col, row], dtype=tl.int32, is_pure=False, pack=1)
+
+
+def tensormap_2d(x: torch.Tensor, box_rows: int, box_cols: int) -> torch.Tensor:
+    """A CUtensorMap (uint8 elements, no swizzle, 128-byte L2 promotion) of the 2D byte view ``x``
+    with [box_rows, box_cols] boxes, encoded by the driver and copied to a 128-byte device tensor."""
+    import ctypes
+
+    lib = ctypes.CDLL("libcuda.so.1")
+    raw = ctypes.create_string_buffer(256)
+    at = (ctypes.addressof(raw) + 63) // 64 * 64
+    dims = (ctypes.c_uint64 * 2)(x.shape[1] * x.element_size(), x.shape[0])
+    strides = (ctypes.c_uint64 * 1)(x.stride(0) * x.element_size())
+    box = (ctypes.c_uint32 * 2)(box_cols * x.element_size(), box_rows)
+    ones = (ctypes.c_uint32 * 2)(1, 1)
+    res = lib.cuTensorMapEncodeTiled(ctypes.c_void_p(at), 0, 2, ctypes.c_void_p(x.data_ptr()), dims, strides, box,
+                                     ones, 0, 0, 2, 0)
+    assert res == 0, f"cuTensorMapEncodeTiled failed: {res}"
+    host = torch.frombuffer(bytearray(ctypes.string_at(at, 128)), dtype=torch.uint8)
+    return host.to(x.device)
+
+
+@triton.jit
+def stamp_kernel(ptr):
+    """One %globaltimer stamp (a graph node before / after the timed call)."""
+    tl.store(ptr, _globaltimer())
+
+
+@triton.jit
+def _globaltimer():
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
 
 
 class _Swap:
@@ -266,9 +377,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sel", type=int, default=16)
     ap.add_argument("--dtype", default="fp8", choices=["fp8", "bf16"])
-    ap.add_argument("--set", default="floors", choices=["floors", "hnd", "configs"],
+    ap.add_argument("--set", default="floors",
+                    choices=["floors", "hnd", "configs", "balance", "timeline", "gaps", "order", "delay",
+                             "prefetch"],
                     help="floors: the token-major cache's floors; hnd: a head-major copy, the loop's parts; "
-                         "configs: launch configurations on both layouts")
+                         "configs: launch configurations on both layouts; balance: finer units "
+                         "(splits) and the programs' timelines; timeline: the floor and the loop stamped "
+                         "inside the timed replays; gaps: where a replay's time goes outside the programs; "
+                         "order: the kernel against loop copies with Vᵀ made at other points, 8 calls per replay; "
+                         "delay: the floor with a pause per tile in place of the compute; prefetch: TMA L2 "
+                         "prefetches of the tile 2-3 ahead")
     args = ap.parse_args()
     bv.SEL = sel = args.sel
     dtype = torch.float8_e4m3fn if args.dtype == "fp8" else torch.bfloat16
@@ -365,14 +483,161 @@ def main() -> None:
         "HND 128 keys 2 st uncapped": call(hnd=True, variant=dict(big, **{pre + "stages": 2})),
         "HND floor": call(_Swap(MODE=2), hnd=True),
     }
+    m4 = dict(loop, MODE=4)
+    sets["order"] = {  # 8 calls per replay (the benchmark's layer loop)
+        f"{lay} {name}": [fn] * 8
+        for lay, hnd in (("NHD", False), ("HND", True))
+        for name, fn in (("default", call(hnd=hnd)),
+                         ("default, V gathered", call(hnd=hnd, variant={"fp8_v": "gather"})),
+                         ("floor", call(_Swap(MODE=2), hnd=hnd)),
+                         ("loop identity fp32 after softmax", call(_Swap(**m4), hnd=hnd)),
+                         ("loop identity fp16 after softmax", call(_Swap(F16_ACC=True, **m4), hnd=hnd)),
+                         ("loop identity fp16 first (as kernel)", call(_Swap(V_FIRST=True, **m4), hnd=hnd)))
+    }
+    maps = {}
+    if args.set == "prefetch":  # tensor maps of the 2D cache views for the L2 prefetches
+        for lay, (kk, vv) in (("NHD", (pb["k"], pb["v"])), ("HND", kv_hnd)):
+            views = [x.view(-1, D) if lay == "HND" else x.view(-1, HKV * D) for x in (kk, vv)]
+            mk, mv = (tensormap_2d(x.view(torch.uint8), 64, D * x.element_size()) for x in views)
+            maps[lay] = (mk, mv, dict(kmap=mk.data_ptr(), vmap=mv.data_ptr()))
+    sets["prefetch"] = {
+        f"{lay} {name}": [fn] * 8
+        for lay, hnd in (("NHD", False), ("HND", True))
+        for name, fn in (("default", call(hnd=hnd)), ("floor", call(_Swap(MODE=2), hnd=hnd)),
+                         ("floor, prefetch 2 ahead", call(_Swap(MODE=2, PF=2, **maps[lay][2]), hnd=hnd)),
+                         ("floor, prefetch 3 ahead", call(_Swap(MODE=2, PF=3, **maps[lay][2]), hnd=hnd)),
+                         ("floor, sleep 1 us", call(_Swap(MODE=2, DELAY=2), hnd=hnd)),
+                         ("floor, sleep 1 us, prefetch 2 ahead", call(_Swap(MODE=2, DELAY=2, PF=2, **maps[lay][2]),
+                                                                      hnd=hnd)),
+                         ("floor, sleep 1 us, prefetch 3 ahead", call(_Swap(MODE=2, DELAY=2, PF=3, **maps[lay][2]),
+                                                                      hnd=hnd)),
+                         ("loop", call(_Swap(**m4), hnd=hnd)),
+                         ("loop, prefetch 2 ahead", call(_Swap(PF=2, **m4, **maps[lay][2]), hnd=hnd)),
+                         ("loop, prefetch 3 ahead", call(_Swap(PF=3, **m4, **maps[lay][2]), hnd=hnd)))
+    } if maps else {}
+    sets["delay"] = {
+        f"{lay} {name}": [fn] * 8
+        for lay, hnd in (("NHD", False), ("HND", True))
+        for name, fn in (("default", call(hnd=hnd)), ("floor", call(_Swap(MODE=2), hnd=hnd)),
+                         ("floor, sleep 0.5 us per tile", call(_Swap(MODE=2, DELAY=1), hnd=hnd)),
+                         ("floor, sleep 1 us per tile", call(_Swap(MODE=2, DELAY=2), hnd=hnd)),
+                         ("floor, spin 1000 clocks per tile", call(_Swap(MODE=2, DELAY=-1), hnd=hnd)),
+                         ("floor, spin 2000 clocks per tile", call(_Swap(MODE=2, DELAY=-2), hnd=hnd)),
+                         ("floor, 2 stages", call(_Swap(MODE=2, num_stages=2), hnd=hnd)),
+                         ("floor, 2 stages, sleep 1 us per tile", call(_Swap(MODE=2, num_stages=2, DELAY=2), hnd=hnd)))
+    }
+    sets["timeline"] = {"NHD default": call(), "HND default": call(hnd=True)}
+    sets["balance"] = {
+        "NHD default": call(),
+        "NHD default, 2 splits": call(splits=2),
+        "NHD default, 4 splits": call(splits=4),
+        "NHD floor": call(_Swap(MODE=2)),
+        **{f"NHD floor, {n} splits": call(_Swap(MODE=2), splits=n) for n in (2, 4, 8)},
+        **{f"null, {n} splits": call(_Swap(MODE=0), splits=n) for n in (1, 2, 4, 8)},
+        "HND floor": call(_Swap(MODE=2), hnd=True),
+        **{f"HND floor, {n} splits": call(_Swap(MODE=2), hnd=True, splits=n) for n in (4, 8)},
+    }
+    bufs = {}
+    if args.set == "timeline":
+        for lay in ("NHD", "HND"):
+            for name, over in (("floor", dict(MODE=2)), ("loop", dict(loop, MODE=4))):
+                buf = bufs[f"{lay} {name}"] = torch.zeros(B * HKV * 4, dtype=torch.int64, device="cuda")
+                sets["timeline"][f"{lay} {name}"] = call(_Swap(tl_ptr=buf, **over), hnd=lay == "HND")
+    if args.set == "gaps":
+        gaps(call, B, nbytes, rate)
+        return
     cases = sets[args.set]
     for fn in cases.values():
-        fn()
+        (fn if callable(fn) else fn[0])()
     torch.cuda.synchronize()
     times = time_interleaved(cases, rounds=5, iters=50)
     print(f"--- {args.dtype}: B={B} 64K Hq={HQ} Hkv={HKV} {sel} blocks, {nbytes / 1e6:.1f} MB selected K/V; "
           f"copy {rate:.0f} GB/s; 90% bar {nbytes / (0.9 * rate * 1e3):.1f} us")
-    print("\n".join(bandwidth_lines(times, nbytes, rate, 32)))
+    print("\n".join(bandwidth_lines(times, nbytes, rate, 40)))
+    for label, buf in bufs.items():  # the last timed replay's stamps
+        timeline_lines(label, buf.view(-1, 4))
+    if args.set == "balance":
+        for label, over, splits in (("NHD floor", dict(MODE=2), 1), ("NHD loop (identity Vᵀ)", dict(loop, MODE=4), 1),
+                                    ("NHD floor, 4 splits", dict(MODE=2), 4), ("HND floor", dict(MODE=2), 1)):
+            ends = []
+            for _ in range(2):
+                buf = torch.zeros(splits * B * HKV * 4, dtype=torch.int64, device="cuda")
+                call(_Swap(tl_ptr=buf, **over), hnd=label.startswith("HND"), splits=splits)()
+                torch.cuda.synchronize()
+                ends.append(timeline_lines(label, buf.view(-1, 4)))
+            a, b = ends
+            print(f"  per-SM max end, run 1 against run 2: correlation {torch.corrcoef(torch.stack([a, b]))[0, 1]:.2f}")
+
+
+def gaps(call, B: int, nbytes: float, rate: float, replays: int = 30) -> None:
+    """Graphs of [stamp, the call, stamp] replayed behind a GPU spin: the event time of each replay
+    against the stamps around it and the programs' own first start and last end (MODE 2 / 4 record
+    them; the default decode only has the outer stamps). Prints medians over ``replays``."""
+    import statistics
+
+    from mate.testing.bench import SPIN_CYCLES
+    from mate.testing.graphs import capture_graph
+
+    loop = {"maxnreg": sd.t_config(True)[2], "MODE": 4}
+    rows = {"NHD default": (dict(), False), "NHD floor": (dict(MODE=2), False), "NHD loop": (loop, False),
+            "HND default": (dict(), True), "HND loop": (loop, True), "null": (dict(MODE=1), False)}
+    print(f"--- {nbytes / 1e6:.1f} MB; copy {rate:.0f} GB/s; medians of {replays} replays (us): event time of the "
+          "replay; outer stamp span; first program start - stamp before; stamp after - last program end; "
+          "programs' span")
+    for label, (over, hnd) in rows.items():
+        ab = torch.zeros(2, dtype=torch.int64, device="cuda")
+        tl_buf = torch.zeros(B * HKV * 4, dtype=torch.int64, device="cuda")
+        inner = call(_Swap(tl_ptr=tl_buf, **over), hnd=hnd) if over else call(hnd=hnd)
+
+        def body(inner=inner, ab=ab):
+            stamp_kernel[(1,)](ab)
+            inner()
+            stamp_kernel[(1,)](ab[1:])
+
+        graph = capture_graph(body)
+        ev, outer, head, tail, span = [], [], [], [], []
+        for _ in range(replays):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(SPIN_CYCLES)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            ev.append(start.elapsed_time(end) * 1e3)
+            a, b = (x / 1e3 for x in ab.tolist())
+            outer.append(b - a)
+            if over:
+                r = tl_buf.view(-1, 4)
+                first, last = r[:, 0].min().item() / 1e3, r[:, 1].max().item() / 1e3
+                head.append(first - a)
+                tail.append(b - last)
+                span.append(last - first)
+        med = statistics.median
+        extra = (f"  start gap {med(head):5.1f}  end gap {med(tail):5.1f}  programs {med(span):6.1f}"
+                 if over else "")
+        print(f"{label:14s} event {med(ev):6.1f}  stamps {med(outer):6.1f}" + extra, flush=True)
+
+
+def timeline_lines(label: str, rows: torch.Tensor) -> torch.Tensor:
+    """Prints the programs' start / end spread and the SMs' last ends; returns each SM's last end (us)."""
+    t0 = rows[:, 0].min()
+    st, en, sm = ((rows[:, 0] - t0).double() / 1e3), ((rows[:, 1] - t0).double() / 1e3), rows[:, 2]
+    lst = (rows[:, 3] - t0).double() / 1e3
+    q = torch.quantile(en, torch.tensor([0.0, 0.1, 0.5, 0.9, 1.0], dtype=torch.float64, device=en.device))
+    dur = en - st
+    print(f"{label}: {rows.shape[0]} programs; starts up to {st.max():.1f} us; ends p0/10/50/90/100 "
+          + " / ".join(f"{x:.1f}" for x in q.tolist()) + f"; durations {dur.min():.1f}-{dur.max():.1f} "
+          f"(mean {dur.mean():.1f}); lists built by {lst.mean():.1f} (mean) / {lst.max():.1f} (last)")
+    n_sm = int(sm.max()) + 1
+    count = torch.bincount(sm, minlength=n_sm)
+    last = torch.zeros(n_sm, dtype=torch.float64, device=en.device).scatter_reduce(0, sm, en, "amax")
+    parts = []
+    for c in sorted(set(count.tolist())):
+        sel = last[count == c]
+        parts.append(f"{int((count == c).sum())} SMs with {c}: last end {sel.min():.1f}-{sel.max():.1f} "
+                     f"(mean {sel.mean():.1f})")
+    print("  " + "; ".join(parts))
+    return last
 
 
 if __name__ == "__main__":
