@@ -88,6 +88,10 @@ per replay unless noted):
   1 us one (78.6). So the decode's gap to its floor is the latency of its per-tile chain (the
   pipeliner issues a tile's loads at the end of the iteration two tiles earlier, after the
   three identity / QK wgmma waits, the softmax's flag exchange and P·V), not the SM's work.
+  ``probe_msa_refill.py`` (Gluon ring, three tiles always in flight) loses as much to the same
+  pause whether a slot is refilled right after its QGMMAs or after the pause, so it is not the
+  load pipeline's depth either: a program cannot end before it has processed the tiles that
+  arrived, and at the end of the launch up to 12 tiles per SM wait for the per-tile chain.
 - ``prefetch``: a TMA L2 prefetch (``cp.async.bulk.prefetch.tensor``, one per K / V tile, thread
   0, tensor maps in global memory) of the tile 2 or 3 ahead makes every case slower (a fast
   machine: NHD floor 66.3 -> 70.9 / 71.9, the loop 69.6 -> 74.8 / 76.9, HND floor 63.7 -> 71.7).
