@@ -11,6 +11,14 @@ and refills a slot with the tile ``STAGES`` ahead either right after its QGMMAs 
 
     python benchmarks/probe_msa_refill.py            # H200
     python benchmarks/probe_msa_refill.py --compile  # CPU: sm_90 registers / shared memory / SASS counts
+
+H200 (session 31, call 8 of ``benchmarks/results/2026-12-01-h200-s31-probes.txt``; 8 calls per
+replay, two processes, us): token-major Triton floor 68.5 / 69.2, with a 1 us pause per tile 72.2
+/ 72.3; Gluon early refill 67.4 / 67.6, with the pause 71.8 / 72.5 (0.5 us: 69.3 / 70.0); late
+refill 67.3 / 67.7, with the pause 71.4 / 72.2. Head-major: Triton 65.9 / 65.3 -> 70.3 / 69.3,
+Gluon early 64.7 / 64.6 -> 72.0 / 71.9, late 64.7 / 64.6 -> 70.2 / 69.6, early with 2 stages and
+the pause 69.1 / 69.7. Three tiles always in flight do not absorb the pause: what it costs is
+not the load pipeline's depth.
 """
 
 from __future__ import annotations
