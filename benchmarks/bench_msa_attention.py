@@ -25,7 +25,9 @@ Rows:
   same cache (``mate head-major cache``), and a naive PyTorch gather + einsum; GB/s of the
   selected K/V bytes against the copy bandwidth. Token-major fp8 caches read each key row of
   a KV head as a 128-byte piece: ``probe_msa_decode_floor`` measured the decode's loads alone
-  at 88-90% of copy there, 94-96% head-major.
+  at 88-96% of copy there depending on the machine, 94-99% head-major; the ``read floor`` rows
+  (:func:`selected_read_kernel`: the decode's grid and TMA loads of the same bytes, no compute)
+  give that ceiling for each layout in the same run.
   Each decode case is timed as a layer loop: ``LOOP_CALLS`` calls per CUDA-graph replay,
   alternating two selections over the same cache (no L2 reuse between neighbours), the
   time divided by the calls, as FlashInfer's ``bench_gpu_time_with_cudagraph`` and Triton's
@@ -45,6 +47,8 @@ import math
 import os
 
 import torch
+import triton
+import triton.language as tl
 
 from mate.ops.msa.sparse_attention import sparse_attention
 from mate.testing.bench import record, time_fn, time_interleaved
@@ -252,6 +256,63 @@ def _flex_row(ceilings, idx, q, k, v, table, T) -> dict:
                       time_us=None, note=f"failed: {exc}"[:200])
 
 
+@triton.jit
+def selected_read_kernel(k_desc, v_desc, pg_ptr, q_ptr, sink_ptr, HKV: tl.constexpr, SEL: tl.constexpr,
+                    BLK: tl.constexpr, D: tl.constexpr, KEYS: tl.constexpr, PER_PROG: tl.constexpr,
+                    HEAD_MAJOR: tl.constexpr):
+    """Reads the K and V rows of ``PER_PROG`` selected blocks of one (token, KV head) (pages
+    ``pg_ptr`` [tokens, HKV, SEL]) as TMA boxes [KEYS, D] through the pipeliner (the launch's
+    ``num_stages``), each tile consumed by a small wgmma against a [D, 16] tile (the pipeliner
+    only buffers loads that feed a dot), from 2D views of the cache: [pages * HKV * BLK, D]
+    head-major, [pages * BLK, HKV * D] token-major; each block's page loaded one step ahead, as
+    the decode does. The decode's loads without its compute: the read floor of its bytes."""
+    p = tl.program_id(0)
+    per_tok = SEL // PER_PROG
+    slot = p % per_tok
+    h = (p // per_tok) % HKV
+    t = p // (per_tok * HKV)
+    base = pg_ptr + (t * HKV + h) * SEL + slot * PER_PROG
+    KPB: tl.constexpr = BLK // KEYS
+    qt = tl.load(q_ptr + tl.arange(0, D)[:, None] + 0 * tl.arange(0, 16)[None, :])
+    acc = tl.zeros([KEYS, 16], dtype=tl.float32)
+    page_n = tl.load(base)
+    for it in range(PER_PROG * KPB):
+        page = page_n
+        page_n = tl.load(base + tl.minimum((it + 1) // KPB, PER_PROG - 1))
+        k0 = (it % KPB) * KEYS
+        if HEAD_MAJOR:
+            row = (page * HKV + h) * BLK + k0
+            col = 0
+        else:
+            row = page * BLK + k0
+            col = h * D
+        acc = tl.dot(k_desc.load([row, col]), qt, acc)
+        acc = tl.dot(v_desc.load([row, col]), qt, acc)
+    tl.store(sink_ptr + p, tl.sum(tl.sum(acc, axis=1), axis=0).to(tl.int32))
+
+
+def read_floor_call(k: torch.Tensor, v: torch.Tensor, pages: torch.Tensor, head_major: bool, *, per_prog: int = 0,
+                    keys: int = 64, warps: int = 4, stages: int = 3):
+    """A call of :func:`selected_read_kernel` over the contiguous cache ``k`` / ``v`` ([pages, BLK,
+    HKV, D] or, ``head_major``, [pages, HKV, BLK, D]) for the selected pages ``pages`` [tokens,
+    HKV, SEL] int32; ``per_prog`` blocks per program (0: all SEL, the decode's grid)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    tokens, hkv, sel = pages.shape
+    per_prog = per_prog or sel
+    d = k.shape[-1]
+    views = [x.view(-1, d) if head_major else x.view(-1, hkv * d) for x in (k, v)]
+    kd, vd = (TensorDescriptor.from_tensor(x, [keys, d]) for x in views)
+    q = torch.full((d,), 0.5, device=k.device).to(k.dtype)
+    n = tokens * hkv * (sel // per_prog)
+    sink = torch.empty(n, dtype=torch.int32, device=k.device)
+
+    def fn() -> None:
+        selected_read_kernel[(n,)](kd, vd, pages, q, sink, hkv, sel, BLK, d, keys, per_prog, head_major,
+                                   num_warps=warps, num_stages=stages)
+    return fn
+
+
 def decode_inputs(B: int, ctx: int, dtype: torch.dtype, sel: int = TOPK) -> dict:
     """The decode bar's inputs (seeded): a shuffled page table over a ``dtype`` NHD cache and,
     per token and KV head, ``sel - 1`` distinct blocks from a random ranking + the own (last)
@@ -329,6 +390,14 @@ def _decode_rows(ceilings: dict, B: int, ctx: int, dtype: torch.dtype) -> list[d
             cases[label], extras[label] = loop(kernel, splits), extra + looped
     hnd = "; the same cache head-major (HND)"
     cases["mate head-major cache"], extras["mate head-major cache"] = loop(t_default["kernel"], -1, True), hnd + looped
+    # the read floor of the same bytes (the decode's TMA loads and grid, no compute): a ceiling
+    # of this layout in this run, beside the copy bandwidth
+    pages_sel = torch.gather(table, 1, idx.view(B, -1).long()).view(B, HKV, TOPK).to(torch.int32).contiguous()
+    for label, kk, vv, hm in (("read floor: the same bytes, TMA loads only", k, v, False),
+                              ("read floor: the same bytes head-major, TMA loads only", k_hm, v_hm, True)):
+        cases[label] = [read_floor_call(kk, vv, pages_sel, hm)] * LOOP_CALLS
+        extras[label] = ("; selected_read_kernel: the decode's grid and TMA boxes, each tile consumed by a small "
+                         "wgmma, no softmax" + looped)
     one = ", one call per replay"
     cases["mate" + one], extras["mate" + one] = [call(t_default["kernel"], -1)], "; one call per graph replay"
     cases["mate head-major cache" + one] = [call(t_default["kernel"], -1, True)]

@@ -15,7 +15,9 @@ schedules:
   numbered next to each other;
 - each also on a head-major copy of the cache (a block's K and V rows of a head are 16 KB
   contiguous each), and the decode itself on the token-major cache as the anchor.
-- ``TMA ...``: the same bytes as TMA boxes through the pipeliner (:func:`tma_read_kernel`) per
+- ``TMA ...``: the same bytes as TMA boxes through the pipeliner
+  (``bench_msa_attention.selected_read_kernel``, whose per-head form is that benchmark's
+  read-floor row) per
   head (the decode's grid), per 4 / 2 / 1 blocks, and per block with 2 stages.
 
 H200, session 31 (two processes, copy 4261 GB/s; % of copy): token-major plain loads 86.6-92.0%
@@ -40,7 +42,7 @@ from mate.ops.msa.sparse_attention import sparse_attention
 from mate.testing.bench import time_interleaved
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_msa_attention import BLK, HKV, HQ, D, decode_inputs  # noqa: E402
+from bench_msa_attention import BLK, HKV, HQ, D, decode_inputs, read_floor_call  # noqa: E402
 from bench_msa_fp8_decode_variants import copy_gbps  # noqa: E402
 
 SEL = 16
@@ -78,40 +80,6 @@ def read_kernel(k_ptr, v_ptr, pg_ptr, sink_ptr, n_units, HKV: tl.constexpr, SEL:
 
 
 @triton.jit
-def tma_read_kernel(k_desc, v_desc, pg_ptr, q_ptr, sink_ptr, HKV: tl.constexpr, SEL: tl.constexpr,
-                    BLK: tl.constexpr, D: tl.constexpr, KEYS: tl.constexpr, PER_PROG: tl.constexpr,
-                    HEAD_MAJOR: tl.constexpr):
-    """The same bytes as TMA boxes [KEYS, D] of e4m3 through the pipeliner (the launch's
-    ``num_stages``; each tile consumed by a small wgmma against a [D, 16] tile, as the decode's
-    load floor does, since the pipeliner only buffers loads that feed a dot), from 2D views:
-    [pages * HKV * BLK, D] head-major, [pages * BLK, HKV * D] token-major; each block's page
-    loaded one step ahead, as the decode does."""
-    p = tl.program_id(0)
-    per_tok = SEL // PER_PROG
-    slot = p % per_tok
-    h = (p // per_tok) % HKV
-    t = p // (per_tok * HKV)
-    base = pg_ptr + (t * HKV + h) * SEL + slot * PER_PROG
-    KPB: tl.constexpr = BLK // KEYS
-    qt = tl.load(q_ptr + tl.arange(0, D)[:, None] + 0 * tl.arange(0, 16)[None, :])
-    acc = tl.zeros([KEYS, 16], dtype=tl.float32)
-    page_n = tl.load(base)
-    for it in range(PER_PROG * KPB):
-        page = page_n
-        page_n = tl.load(base + tl.minimum((it + 1) // KPB, PER_PROG - 1))
-        k0 = (it % KPB) * KEYS
-        if HEAD_MAJOR:
-            row = (page * HKV + h) * BLK + k0
-            col = 0
-        else:
-            row = page * BLK + k0
-            col = h * D
-        acc = tl.dot(k_desc.load([row, col]), qt, acc)
-        acc = tl.dot(v_desc.load([row, col]), qt, acc)
-    tl.store(sink_ptr + p, tl.sum(tl.sum(acc, axis=1), axis=0).to(tl.int32))
-
-
-@triton.jit
 def _xor(a, b):
     return a ^ b
 
@@ -127,7 +95,6 @@ def main() -> None:
     k_hnd, v_hnd = (x.permute(0, 2, 1, 3).contiguous() for x in (k32, v32))  # [pages, HKV, BLK, row]
     nbytes = 2.0 * B * HKV * SEL * BLK * D * k.element_size()
     sink = torch.empty(B * HKV * SEL, dtype=torch.int32, device="cuda")
-    q8 = torch.full((D,), 0.5, device="cuda").to(k.dtype)
     out = torch.empty(B, HQ, D, device="cuda", dtype=torch.bfloat16)
     lse = torch.empty(B, HQ, device="cuda")
 
@@ -140,18 +107,10 @@ def main() -> None:
                               num_warps=warps)
         return fn
 
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
     def tma_reader(per_prog, head_major, keys=64, warps=4, stages=3):
         kk, vv = (k_hnd, v_hnd) if head_major else (k32, v32)
-        flat = [x.view(k.dtype).view(-1, D) if head_major else x.view(k.dtype).view(-1, HKV * D) for x in (kk, vv)]
-        kd, vd = (TensorDescriptor.from_tensor(x, [keys, D]) for x in flat)
-        n = B * HKV * (SEL // per_prog)
-
-        def fn():
-            tma_read_kernel[(n,)](kd, vd, pg, q8, sink, HKV, SEL, BLK, D, keys, per_prog, head_major,
-                                  num_warps=warps, num_stages=stages)
-        return fn
+        return read_floor_call(kk.view(k.dtype), vv.view(k.dtype), pg, head_major, per_prog=per_prog, keys=keys,
+                               warps=warps, stages=stages)
 
     def decode():
         sparse_attention(pb["q"], k, v, kv_block_indexes=idx, page_table=table, qo_indptr=pb["qo_indptr"],
