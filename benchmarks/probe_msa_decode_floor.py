@@ -85,13 +85,13 @@ per replay unless noted):
   (0.5 us sleep) / 72.1 (1 us) / 72.1 (1000-clock spin) / 73.3 (2000) against the decode's 73.7;
   HND 64.8 -> 66.8 / 68.7 / 68.0 / 69.8 against 69.8. Two stages (at most one tile in flight
   beyond the awaited one) cost nothing without a pause (NHD 69.2 against 69.0) and 13% with a
-  1 us one (78.6). So the decode's gap to its floor is the latency of its per-tile chain (the
-  pipeliner issues a tile's loads at the end of the iteration two tiles earlier, after the
-  three identity / QK wgmma waits, the softmax's flag exchange and P·V), not the SM's work.
-  ``probe_msa_refill.py`` (Gluon ring, three tiles always in flight) loses as much to the same
-  pause whether a slot is refilled right after its QGMMAs or after the pause, so it is not the
-  load pipeline's depth either: a program cannot end before it has processed the tiles that
-  arrived, and at the end of the launch up to 12 tiles per SM wait for the per-tile chain.
+  1 us one (78.6). So the decode's gap to its floor is the time its programs spend per tile
+  (~1.4 us: the SM's work per tile, 0.35 us with the data in L2, shared by four programs),
+  whatever fills that time. ``probe_msa_refill.py`` (Gluon ring, three tiles always in flight)
+  loses as much to the same pause whether a slot is refilled right after its QGMMAs or after
+  the pause: it is not the load pipeline's depth. A Gluon port with the kernel's arithmetic and a
+  shorter chain (one wgmma wait per product group, half the barriers; 798aaac) took the
+  kernel's time: it is not the chain's latency either.
 - ``prefetch``: a TMA L2 prefetch (``cp.async.bulk.prefetch.tensor``, one per K / V tile, thread
   0, tensor maps in global memory) of the tile 2 or 3 ahead makes every case slower (a fast
   machine: NHD floor 66.3 -> 70.9 / 71.9, the loop 69.6 -> 74.8 / 76.9, HND floor 63.7 -> 71.7).

@@ -313,10 +313,8 @@ def test_probe_stand_ins_take_the_decode_kernels_arguments(monkeypatch):
     monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))
     import probe_msa_decode_floor
     import probe_msa_decode_fp8_pv
-    import probe_msa_decode_gluon_id
 
     real = sd.msa_decode_t_kernel.arg_names
     runtime = real[: real.index("W") + 1]
     assert probe_msa_decode_floor.floor_kernel.arg_names[: len(real)] == real
     assert probe_msa_decode_fp8_pv.msa_decode_fp8_pv_kernel.arg_names[: len(runtime)] == runtime
-    assert probe_msa_decode_gluon_id.msa_decode_gluon_id_kernel.arg_names[: len(runtime)] == runtime
