@@ -33,46 +33,26 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
-    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from probe_msa_decode_floor import _delay  # noqa: E402  (DELAY 1 / 2: ~0.5 / ~1 us of nanosleep)
+from probe_msa_decode_fp8_pv import _issue_tile  # noqa: E402
+
 HEAD_DIM = gl.constexpr(128)
 GP = gl.constexpr(16)
 
 
 @gluon.jit
-def _sleep(x, SLEEP: gl.constexpr):
-    """``x`` (8 fp32 values per thread) after ~SLEEP x 125 ns x 8 of ``nanosleep`` (0: none)."""
-    if SLEEP == 1:
-        return gl.inline_asm_elementwise("nanosleep.u32 62; mov.b32 $0, $1;", "=r,r", [x], dtype=gl.float32,
-                                         is_pure=False, pack=1)
-    elif SLEEP == 2:
-        return gl.inline_asm_elementwise("nanosleep.u32 125; mov.b32 $0, $1;", "=r,r", [x], dtype=gl.float32,
-                                         is_pure=False, pack=1)
-    else:
-        return x
-
-
-@gluon.jit
 def _issue(k_desc, v_desc, k_ring, v_ring, ready, slot, pg_row, tile, h, HKV: gl.constexpr, KEYS: gl.constexpr,
            HEAD_MAJOR: gl.constexpr):
+    """``probe_msa_decode_fp8_pv._issue_tile`` of tile ``tile`` of this program's pages ``pg_row``."""
     KPB: gl.constexpr = 128 // KEYS
     page = gl.load(pg_row + tile // KPB)
-    k0 = (tile % KPB) * KEYS
-    if HEAD_MAJOR:
-        row = (page * HKV + h) * 128 + k0
-        col = 0
-    else:
-        row = page * 128 + k0
-        col = h * HEAD_DIM
-    bar = ready.index(slot)
-    mbarrier.expect(bar, 2 * KEYS * HEAD_DIM)
-    tma.async_copy_global_to_shared(k_desc, [row, col], bar, k_ring.index(slot))
-    tma.async_copy_global_to_shared(v_desc, [row, col], bar, v_ring.index(slot))
+    _issue_tile(k_desc, v_desc, k_ring, v_ring, ready, slot, page, tile, h, HKV, KEYS, KPB, HEAD_MAJOR)
 
 
 @gluon.jit
@@ -114,7 +94,8 @@ def refill_floor_kernel(k_desc, v_desc, pg_ptr, q_ptr, sink_ptr, HKV: gl.constex
             gl.thread_barrier()  # every warp's QGMMAs are done with this slot
             if i + STAGES < n_tiles:
                 _issue(k_desc, v_desc, k_ring, v_ring, ready, slot, pg_row, i + STAGES, h, HKV, KEYS, HEAD_MAJOR)
-        acc = _sleep(acc, SLEEP)
+        if SLEEP != 0:
+            acc = _delay(acc, SLEEP)
         if not EARLY:
             gl.thread_barrier()
             if i + STAGES < n_tiles:
