@@ -258,8 +258,8 @@ def _flex_row(ceilings, idx, q, k, v, table, T) -> dict:
 
 @triton.jit
 def selected_read_kernel(k_desc, v_desc, pg_ptr, q_ptr, sink_ptr, HKV: tl.constexpr, SEL: tl.constexpr,
-                    BLK: tl.constexpr, D: tl.constexpr, KEYS: tl.constexpr, PER_PROG: tl.constexpr,
-                    HEAD_MAJOR: tl.constexpr):
+                         BLK: tl.constexpr, D: tl.constexpr, KEYS: tl.constexpr, PER_PROG: tl.constexpr,
+                         HEAD_MAJOR: tl.constexpr):
     """Reads the K and V rows of ``PER_PROG`` selected blocks of one (token, KV head) (pages
     ``pg_ptr`` [tokens, HKV, SEL]) as TMA boxes [KEYS, D] through the pipeliner (the launch's
     ``num_stages``), each tile consumed by a small wgmma against a [D, 16] tile (the pipeliner

@@ -17,8 +17,8 @@ schedules:
   contiguous each), and the decode itself on the token-major cache as the anchor.
 - ``TMA ...``: the same bytes as TMA boxes through the pipeliner
   (``bench_msa_attention.selected_read_kernel``, whose per-head form is that benchmark's
-  read-floor row) per
-  head (the decode's grid), per 4 / 2 / 1 blocks, and per block with 2 stages.
+  read-floor row) per head (the decode's grid), per 4 / 2 / 1 blocks, and per block with 2
+  stages.
 
 H200, session 31 (two processes, copy 4261 GB/s; % of copy): token-major plain loads 86.6-92.0%
 (per block 91.3-91.9, heads adjacent 91.4-92.0), TMA 90.6-91.7% (per head 90.8-91.0, per block
