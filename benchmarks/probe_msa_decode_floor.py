@@ -97,6 +97,12 @@ per replay unless noted):
   machine: NHD floor 66.3 -> 70.9 / 71.9, the loop 69.6 -> 74.8 / 76.9, HND floor 63.7 -> 71.7).
   That machine ran the decode at 70.5-71.0 us = 89.3-89.9% of copy token-major (floor 95.6%) and
   68.2-68.4 = 92.6-92.9% head-major; the others today 73.7-74.6 (84.5-85.5%, floor 91%).
+- ``compute``: the loop on one resident tile (``HOIST``: the first tile loaded once, every
+  iteration computing on it) takes 39.2 us per call against the list alone's 2.5, so the SM's
+  work is ~0.29 us per 64-key tile per SM, ~1.15 us per tile for each of its four programs: by
+  the pause calibration above, the decode's 4-5 us over its floor (73.6-73.8 against 68.8-69.2
+  token-major; 69.7-69.9 against 64.8-65.1 head-major). The ``L2 data`` rows (every program on
+  one page: 47 us) are bound by that page's L2 slices, not by the SM.
 """
 
 from __future__ import annotations
@@ -135,7 +141,7 @@ def floor_kernel(
     PAIR: tl.constexpr = False, SOFTMAX: tl.constexpr = True, WIDEN: tl.constexpr = True,
     P_FIXED: tl.constexpr = False, F16_ACC: tl.constexpr = False,
     V_FIRST: tl.constexpr = False, DELAY: tl.constexpr = 0, tl_ptr=None,
-    PF: tl.constexpr = 0, kmap=0, vmap=0,
+    PF: tl.constexpr = 0, kmap=0, vmap=0, HOIST: tl.constexpr = False,
 ):
     """MODE 0: return; 1: block list + store; 2: block list + the key loop's loads, two wgmmas per
     tile; 3: the decode kernel's lazy loop (fp8), without the softmax (``SOFTMAX=False``: the masked
@@ -238,6 +244,9 @@ def floor_kernel(
         e_last = tl.maximum(e1 - 1, 0)
         page_n = tl.load(u_page_ptr + ubase + tl.minimum(e0, e_last))
         blk_n = tl.load(u_blk_ptr + ubase + tl.minimum(e0, e_last))
+        if HOIST:  # compute only: the first tile loaded once, every iteration computes on it
+            kt, v_lo, v_hi = sd.load_kv_tile_halves(k_desc, v_desc, page_n, kvh, n_kvh, 0, HEAD_DIM, KEYS, FLAT,
+                                                    HEAD_MAJOR)
         for it in range(e0 * KPB4, e1 * KPB4):
             k0 = (it % KPB4) * KEYS
             page = page_n
@@ -248,8 +257,9 @@ def floor_kernel(
             if PF > 0:
                 _prefetch_tile(kmap, vmap, u_page_ptr + ubase, it + PF, e_last, kvh, n_kvh, HEAD_DIM, KEYS, KPB4,
                                HEAD_MAJOR)
-            kt, v_lo, v_hi = sd.load_kv_tile_halves(k_desc, v_desc, page, kvh, n_kvh, k0, HEAD_DIM, KEYS, FLAT,
-                                                    HEAD_MAJOR)
+            if not HOIST:
+                kt, v_lo, v_hi = sd.load_kv_tile_halves(k_desc, v_desc, page, kvh, n_kvh, k0, HEAD_DIM, KEYS, FLAT,
+                                                        HEAD_MAJOR)
             if V_FIRST:  # Vᵀ issued before Sᵀ, its latency under the softmax
                 vt_lo = tl.dot(eye, tl.trans(v_lo), out_dtype=tl.float16)
                 vt_hi = tl.dot(eye, tl.trans(v_hi), out_dtype=tl.float16)
@@ -383,14 +393,14 @@ def main() -> None:
     ap.add_argument("--dtype", default="fp8", choices=["fp8", "bf16"])
     ap.add_argument("--set", default="floors",
                     choices=["floors", "hnd", "configs", "balance", "timeline", "gaps", "order", "delay",
-                             "prefetch"],
+                             "prefetch", "compute"],
                     help="floors: the token-major cache's floors; hnd: a head-major copy, the loop's parts; "
                          "configs: launch configurations on both layouts; balance: finer units "
                          "(splits) and the programs' timelines; timeline: the floor and the loop stamped "
                          "inside the timed replays; gaps: where a replay's time goes outside the programs; "
                          "order: the kernel against loop copies with Vᵀ made at other points, 8 calls per replay; "
                          "delay: the floor with a pause per tile in place of the compute; prefetch: TMA L2 "
-                         "prefetches of the tile 2-3 ahead")
+                         "prefetches of the tile 2-3 ahead; compute: the loop on one resident tile")
     args = ap.parse_args()
     bv.SEL = sel = args.sel
     dtype = torch.float8_e4m3fn if args.dtype == "fp8" else torch.bfloat16
@@ -519,6 +529,15 @@ def main() -> None:
                          ("loop, prefetch 2 ahead", call(_Swap(PF=2, **m4, **maps[lay][2]), hnd=hnd)),
                          ("loop, prefetch 3 ahead", call(_Swap(PF=3, **m4, **maps[lay][2]), hnd=hnd)))
     } if maps else {}
+    sets["compute"] = {  # 8 calls per replay
+        f"{lay} {name}": [fn] * 8
+        for lay, hnd in (("NHD", False), ("HND", True))
+        for name, fn in (("default", call(hnd=hnd)), ("floor", call(_Swap(MODE=2), hnd=hnd)),
+                         ("loop", call(_Swap(**m4), hnd=hnd)),
+                         ("loop, compute only (first tile loaded once)", call(_Swap(HOIST=True, **m4), hnd=hnd)),
+                         ("loop, L2 data", call(_Swap(**m4), hnd=hnd, table=zero_table)),
+                         ("list only", call(_Swap(MODE=1), hnd=hnd)))
+    }
     sets["delay"] = {
         f"{lay} {name}": [fn] * 8
         for lay, hnd in (("NHD", False), ("HND", True))
