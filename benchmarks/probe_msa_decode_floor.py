@@ -102,7 +102,11 @@ per replay unless noted):
   work is ~0.29 us per 64-key tile per SM, ~1.15 us per tile for each of its four programs: by
   the pause calibration above, the decode's 4-5 us over its floor (73.6-73.8 against 68.8-69.2
   token-major; 69.7-69.9 against 64.8-65.1 head-major). The ``L2 data`` rows (every program on
-  one page: 47 us) are bound by that page's L2 slices, not by the SM.
+  one page: 47 us) are bound by that page's L2 slices, not by the SM. Taken apart (Vᵀ first, as
+  the kernel; us per call, NHD and HND alike): whole 36.3, without the Vᵀ products 33.7,
+  without the softmax 28.8, without P·V (nor Vᵀ) 22.9, Sᵀ alone 11.0: P·V with P's trip through
+  shared memory (fp16 store, fence, CTA barrier, 8 HGMMA) is the largest part (~10.8), then the
+  lazy softmax with its flag exchange (~7.4).
 """
 
 from __future__ import annotations
@@ -141,7 +145,8 @@ def floor_kernel(
     PAIR: tl.constexpr = False, SOFTMAX: tl.constexpr = True, WIDEN: tl.constexpr = True,
     P_FIXED: tl.constexpr = False, F16_ACC: tl.constexpr = False,
     V_FIRST: tl.constexpr = False, DELAY: tl.constexpr = 0, tl_ptr=None,
-    PF: tl.constexpr = 0, kmap=0, vmap=0, HOIST: tl.constexpr = False,
+    PF: tl.constexpr = 0, kmap=0, vmap=0, HOIST: tl.constexpr = False, NO_ID: tl.constexpr = False,
+    NO_PV: tl.constexpr = False,
 ):
     """MODE 0: return; 1: block list + store; 2: block list + the key loop's loads, two wgmmas per
     tile; 3: the decode kernel's lazy loop (fp8), without the softmax (``SOFTMAX=False``: the masked
@@ -247,6 +252,9 @@ def floor_kernel(
         if HOIST:  # compute only: the first tile loaded once, every iteration computes on it
             kt, v_lo, v_hi = sd.load_kv_tile_halves(k_desc, v_desc, page_n, kvh, n_kvh, 0, HEAD_DIM, KEYS, FLAT,
                                                     HEAD_MAJOR)
+            if NO_ID:  # (with V_FIRST) Vᵀ made once, outside the loop
+                vt_lo = tl.dot(eye, tl.trans(v_lo), out_dtype=tl.float16)
+                vt_hi = tl.dot(eye, tl.trans(v_hi), out_dtype=tl.float16)
         for it in range(e0 * KPB4, e1 * KPB4):
             k0 = (it % KPB4) * KEYS
             page = page_n
@@ -260,18 +268,23 @@ def floor_kernel(
             if not HOIST:
                 kt, v_lo, v_hi = sd.load_kv_tile_halves(k_desc, v_desc, page, kvh, n_kvh, k0, HEAD_DIM, KEYS, FLAT,
                                                         HEAD_MAJOR)
-            if V_FIRST:  # Vᵀ issued before Sᵀ, its latency under the softmax
+            if V_FIRST and not NO_ID:  # Vᵀ issued before Sᵀ, its latency under the softmax
                 vt_lo = tl.dot(eye, tl.trans(v_lo), out_dtype=tl.float16)
                 vt_hi = tl.dot(eye, tl.trans(v_hi), out_dtype=tl.float16)
             s = tl.dot(kt, qt) * qk_scale
             kpos = blk * 128 + k0 + offs_n
             s = tl.where((kpos <= limit)[:, None], s, float("-inf"))
-            m_old = m_i
-            p, m_i, l_k, acc_lo = sd.lazy_softmax_step(s, m_i, l_k, acc_lo, LAZY)
-            acc_hi = acc_hi * tl.where(m_i == m_old, 1.0, tl.exp2(m_old - m_i))[None, :]
+            if SOFTMAX:
+                m_old = m_i
+                p, m_i, l_k, acc_lo = sd.lazy_softmax_step(s, m_i, l_k, acc_lo, LAZY)
+                acc_hi = acc_hi * tl.where(m_i == m_old, 1.0, tl.exp2(m_old - m_i))[None, :]
+            else:  # the masked logits are P
+                p = tl.where((kpos <= limit)[:, None], s, 0.0)
             l_k += p
             p16 = p.to(tl.float16)
-            if V_FIRST:
+            if NO_PV:
+                pass
+            elif V_FIRST:
                 acc_lo += tl.dot(vt_lo, p16)
                 acc_hi += tl.dot(vt_hi, p16)
             elif F16_ACC:  # the identity product accumulated in fp16 (exact): no conversion
@@ -535,6 +548,15 @@ def main() -> None:
         for name, fn in (("default", call(hnd=hnd)), ("floor", call(_Swap(MODE=2), hnd=hnd)),
                          ("loop", call(_Swap(**m4), hnd=hnd)),
                          ("loop, compute only (first tile loaded once)", call(_Swap(HOIST=True, **m4), hnd=hnd)),
+                         ("compute only, as the kernel (Vᵀ first)", call(_Swap(HOIST=True, V_FIRST=True, **m4),
+                                                                         hnd=hnd)),
+                         ("compute only, no Vᵀ products", call(_Swap(HOIST=True, V_FIRST=True, NO_ID=True, **m4),
+                                                               hnd=hnd)),
+                         ("compute only, no softmax", call(_Swap(HOIST=True, V_FIRST=True, SOFTMAX=False, **m4),
+                                                           hnd=hnd)),
+                         ("compute only, no P·V", call(_Swap(HOIST=True, V_FIRST=True, NO_PV=True, **m4), hnd=hnd)),
+                         ("compute only, Sᵀ alone", call(_Swap(HOIST=True, V_FIRST=True, NO_ID=True, SOFTMAX=False,
+                                                               NO_PV=True, **m4), hnd=hnd)),
                          ("loop, L2 data", call(_Swap(**m4), hnd=hnd, table=zero_table)),
                          ("list only", call(_Swap(MODE=1), hnd=hnd)))
     }
