@@ -361,10 +361,10 @@ def _choose(tiles: int, hkv: int, width: int, slots: int) -> int:
 @functools.lru_cache(maxsize=64)
 def _split_rows_prefix(hkv: int, width: int, sms: int) -> tuple[int, ...]:
     """prefix[t] = max over t' <= t of splits(t') * t' among split calls (0 if none), for every
-    programs-per-SM figure in use. A call splits only while programs * 2 <= slots, so past
-    ``sms * 5 // hkv`` tiles (checked to a looser bound) every call is unsplit and the prefix
-    stays flat."""
-    last = -(-sms * 5 * (width + 2) // hkv)
+    programs-per-SM figure in use. A call splits only while programs * 2 <= slots (at most
+    ``sms * 5``), so past ``sms * 5 // (2 * hkv)`` tiles every call is unsplit and the prefix stays
+    flat."""
+    last = sms * 5 // (2 * hkv) + 1
     best = [0] * (last + 1)
     for t in range(1, last + 1):
         m = best[t - 1]
