@@ -217,9 +217,7 @@ def floor_kernel(
             k0 = (it % KPB3) * KEYS
             page = page_n
             blk = blk_n
-            e_n = tl.minimum((it + 1) // KPB3, e_last)
-            page_n = tl.load(u_page_ptr + ubase + e_n)
-            blk_n = tl.load(u_blk_ptr + ubase + e_n)
+            page_n, blk_n = sd.next_list_entry(u_page_ptr, u_blk_ptr, ubase, it, e_last, KPB3)
             kt, vt = sd.load_kv_tile(k_desc, v_desc, page, kvh, n_kvh, k0, HEAD_DIM, KEYS, FLAT, HEAD_MAJOR)
             s = tl.dot(kt, qt) * qk_scale
             kpos = blk * 128 + k0 + offs_n
@@ -259,9 +257,7 @@ def floor_kernel(
             k0 = (it % KPB4) * KEYS
             page = page_n
             blk = blk_n
-            e_n = tl.minimum((it + 1) // KPB4, e_last)
-            page_n = tl.load(u_page_ptr + ubase + e_n)
-            blk_n = tl.load(u_blk_ptr + ubase + e_n)
+            page_n, blk_n = sd.next_list_entry(u_page_ptr, u_blk_ptr, ubase, it, e_last, KPB4)
             if PF > 0:
                 _prefetch_tile(kmap, vmap, u_page_ptr + ubase, it + PF, e_last, kvh, n_kvh, HEAD_DIM, KEYS, KPB4,
                                HEAD_MAJOR)

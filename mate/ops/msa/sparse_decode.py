@@ -29,7 +29,7 @@ from mate._core.triton_helpers import INTERPRET, dot_operand, finish_softmax, ne
 from mate.ops.msa.softmax_helpers import split_entries, token_position, visible_limit
 
 __all__ = ["DECODE_VARIANT", "msa_decode_t_kernel", "decode_t_heads", "t_config", "t_constexprs",
-           "t_programs_per_sm", "token_block_list", "publish_entries", "flat_tile_origin", "load_kv_tile",
+           "t_programs_per_sm", "token_block_list", "publish_entries", "next_list_entry", "flat_tile_origin", "load_kv_tile",
            "load_kv_tile_halves", "identity_transpose", "lazy_softmax_step"]
 
 DECODE_VARIANT = {"kernel": "transposed", "keys": 64, "stages": 3, "maxnreg": None, "lazy": 8,
@@ -307,6 +307,15 @@ def publish_entries(first, slot, cnt, page, ids, split, ubase, u_page_ptr, u_blk
 
 
 @triton.jit
+def next_list_entry(u_page_ptr, u_blk_ptr, ubase, it, e_last, KPB: tl.constexpr):
+    """(page, block) of the list entry that holds key tile ``it + 1`` (``KPB`` tiles per entry),
+    clamped to entry ``e_last``: the key loop loads each tile's entry one step ahead (which gives
+    the pipeliner loop-carried TMA coordinates)."""
+    e_n = tl.minimum((it + 1) // KPB, e_last)
+    return tl.load(u_page_ptr + ubase + e_n), tl.load(u_blk_ptr + ubase + e_n)
+
+
+@triton.jit
 def flat_tile_origin(page, kvh, n_kvh, k0, HEAD_DIM: tl.constexpr, HEAD_MAJOR: tl.constexpr):
     """(row, column) of the tile of KV head ``kvh``, keys from ``k0`` of ``page``, in the 2D view
     of a contiguous cache: [pages * Hkv * 128, D] head-major, [pages * 128, Hkv * D] token-major."""
@@ -459,9 +468,7 @@ def msa_decode_t_kernel(
         k0 = (it % KPB) * KEYS
         page = page_n
         blk = blk_n
-        e_n = tl.minimum((it + 1) // KPB, e_last)
-        page_n = tl.load(u_page_ptr + ubase + e_n)
-        blk_n = tl.load(u_blk_ptr + ubase + e_n)
+        page_n, blk_n = next_list_entry(u_page_ptr, u_blk_ptr, ubase, it, e_last, KPB)
         if V_MMA:
             kt, v_lo, v_hi = load_kv_tile_halves(k_desc, v_desc, page, kvh, n_kvh, k0, HEAD_DIM, KEYS, FLAT,
                                                  HEAD_MAJOR)
