@@ -58,7 +58,12 @@ def main() -> None:
 
 def msa_calls(host) -> dict[str, float]:
     """Eager msa() calls of MiniMax-M3 geometry (64 / 4 heads, d 128, top-16 + 1 forced block):
-    64 decode tokens at 8K and one 512-token prefill chunk at the end of 4K, token-major cache."""
+    64 decode tokens at 8K and one 512-token prefill chunk at the end of 4K, token-major cache;
+    where this mate has launch recipes (``mate._core.recipe``), also with them off."""
+    try:
+        from mate._core import recipe
+    except ImportError:  # an older checkout
+        recipe = None
     dev, bf16 = "cuda", torch.bfloat16
     res = {}
     for name, q_lens, kv_lens in (("msa sparse decode B=64 8K", [1] * 64, [8192] * 64),
@@ -72,7 +77,12 @@ def msa_calls(host) -> dict[str, float]:
         q = torch.randn(total, 64, 128, device=dev, dtype=bf16)
         idx = torch.randint(0, 32, (total, 4, info.plan.selected_block_count), dtype=torch.int32, device=dev)
         out = torch.empty_like(q)
-        res[name] = host(functools.partial(msa, q, cache, cache, info, kv_block_indexes=idx, page_table=table, out=out))
+        call = functools.partial(msa, q, cache, cache, info, kv_block_indexes=idx, page_table=table, out=out)
+        res[name] = host(call)
+        if recipe is not None:  # the same call the ordinary way (every check, Triton's binder)
+            recipe.RECIPES = False
+            res[name + " (no recipes)"] = host(call)
+            recipe.RECIPES = True
     return res
 
 

@@ -14,17 +14,59 @@ kernels keep ``JITFunction``'s path.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from mate._core.dispatch import interpreter_active
 
-__all__ = ["FastLaunch", "launcher", "FAST_LAUNCH"]
+__all__ = ["FastLaunch", "launcher", "FAST_LAUNCH", "Recording", "recording", "active_recording", "plain_launches"]
 
 FAST_LAUNCH = os.environ.get("MATE_FAST_LAUNCH", "1").strip().lower() not in ("0", "false", "no", "off")
 """Read once at import; ``MATE_FAST_LAUNCH=0`` launches every kernel through ``JITFunction``."""
+
+
+class Recording:
+    """The launches made through :class:`FastLaunch` inside :func:`recording`: (compiled kernel,
+    grid (x, y, z), bound argument values) each. ``complete`` turns False when a launch took
+    ``JITFunction``'s path (a first launch, a hook, debug mode), which records nothing."""
+
+    def __init__(self) -> None:
+        self.launches: list[tuple[Any, tuple[int, int, int], tuple]] = []
+        self.complete = True
+        self.device = -1
+
+
+_LOCAL = threading.local()
+
+
+def active_recording() -> Recording | None:
+    """The innermost :func:`recording` of this thread, if any."""
+    return getattr(_LOCAL, "recording", None)
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[Recording]:
+    """Records this thread's :class:`FastLaunch` launches (see :mod:`mate._core.recipe`)."""
+    previous = active_recording()
+    rec = Recording()
+    _LOCAL.recording = rec
+    try:
+        yield rec
+    finally:
+        _LOCAL.recording = previous
+
+
+def plain_launches() -> bool:
+    """Whether a launch may bypass ``JITFunction``: no launch hooks, no Triton debug mode."""
+    from triton import knobs
+
+    rt = knobs.runtime
+    return not (rt.debug or rt.launch_enter_hook.calls or rt.launch_exit_hook.calls)
 
 
 def _supported(fn: Any) -> bool:
@@ -63,28 +105,52 @@ class FastLaunch:
         return launch
 
     def run(self, grid: tuple[int, ...], args: tuple, kwargs: dict) -> Any:
-        from triton import knobs
 
-        rt = knobs.runtime
-        if rt.debug or rt.launch_enter_hook.calls or rt.launch_exit_hook.calls or self.fn.pre_run_hooks:
+        rec = active_recording()
+        if not plain_launches() or self.fn.pre_run_hooks:
+            if rec is not None:
+                rec.complete = False
             return self.fn[grid](*args, **kwargs)
         device = torch.cuda.current_device()
         caches = self.fn.device_caches.get(device)
         if caches is None:  # the first launch on this device creates the binder
+            if rec is not None:
+                rec.complete = False
             return self._first(None, grid, args, kwargs)
-        bound, specialization, options = caches[4](*args, **kwargs)
-        key = (device, tuple(specialization), tuple(options.items()), knobs.compilation.instrumentation_mode)
+        bound, key = self._bind(device, caches, args, kwargs)
         kernel = self.cache.get(key)
         if kernel is None:
+            if rec is not None:
+                rec.complete = False
             return self._first(key, grid, args, kwargs)
         n = len(grid)
-        kernel.run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1,
-                   torch._C._cuda_getCurrentRawStream(device), kernel.function, kernel.packed_metadata, None, None,
-                   None, *bound.values())
+        g = (grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1)
+        values = tuple(bound.values())
+        kernel.run(g[0], g[1], g[2], torch._C._cuda_getCurrentRawStream(device), kernel.function,
+                   kernel.packed_metadata, None, None, None, *values)
+        if rec is not None:
+            if rec.device not in (-1, device):
+                rec.complete = False
+            rec.device = device
+            rec.launches.append((kernel, g, values))
         return kernel
+
+    @staticmethod
+    def _bind(device: int, caches: Any, args: tuple, kwargs: dict) -> tuple[Any, tuple]:
+        """(bound arguments, cache key) by the device's binder: the key is what selects a compiled
+        kernel in Triton's own cache (see the class docstring)."""
+        from triton import knobs
+
+        bound, specialization, options = caches[4](*args, **kwargs)
+        return bound, (device, tuple(specialization), tuple(options.items()), knobs.compilation.instrumentation_mode)
 
     def _first(self, key: tuple | None, grid: tuple[int, ...], args: tuple, kwargs: dict) -> Any:
         kernel = self.fn[grid](*args, **kwargs)
+        if key is None:  # the device's first launch, which made the binder: the key now exists
+            device = torch.cuda.current_device()
+            caches = self.fn.device_caches.get(device)
+            if caches is not None:
+                key = self._bind(device, caches, args, kwargs)[1]
         if key is not None and kernel is not None and not hasattr(kernel, "result") and kernel.function is not None:
             self.cache[key] = kernel
         return kernel

@@ -376,6 +376,12 @@ def _split_rows_prefix(hkv: int, width: int, sms: int) -> tuple[int, ...]:
     return tuple(best)
 
 
+def launch_config() -> tuple:
+    """The module settings that shape this module's launches (a launch recipe's key includes
+    them: benchmarks switch variants between calls)."""
+    return tuple(_sd.DECODE_VARIANT.items()), tuple(FP8_VARIANT.items())
+
+
 def workspace_numel(rows: int, hq: int, hkv: int, width: int, decode: bool, num_splits: int,
                     device: torch.device, head_dim: int = 128) -> tuple[int, int]:
     """(int32, float32) element counts of the scratch of a call with ``rows`` query rows.

@@ -6,12 +6,15 @@ length, the split-decode partial outputs and, when the caller wants no LSE, a sc
 LSE. A plan owns one :class:`MsaWorkspace`; the first call on a device allocates its
 buffers sized by the plan's capacities (a static plan: ``batch_size * max_seqlen_q``
 query rows), and every later call slices the same storage, so a static plan executes
-with no allocation and can be captured in a CUDA graph after one warm-up call.
+with no allocation and can be captured in a CUDA graph after one warm-up call. It also holds
+the launch recipes of the plan's eager calls (one per call signature).
 """
 
 from __future__ import annotations
 
 import torch
+
+from mate._core.recipe import RecipeCache
 
 __all__ = ["MsaWorkspace"]
 
@@ -29,6 +32,14 @@ class MsaWorkspace:
     def __init__(self) -> None:
         self._bufs: dict[str, torch.Tensor] = {}
         self.allocations = 0
+        self._recipes: RecipeCache | None = None
+
+    @property
+    def recipes(self) -> RecipeCache:
+        """Launch recipes of the plan's eager calls (:mod:`mate._core.recipe`)."""
+        if self._recipes is None:
+            self._recipes = RecipeCache()
+        return self._recipes
 
     def buffer(self, name: str, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         numel = max(1, int(numel))

@@ -1,0 +1,321 @@
+"""Launch recipes: an eager call's kernel launches, replayed for later calls of the same signature.
+
+Most of an eager call's host time goes to Python whose result depends only on the call's
+signature (shapes, strides, dtypes, devices, scalars, the plan): argument checks, part and
+tiling arithmetic, workspace slicing and Triton's argument binding. A serving engine repeats
+each signature once per layer. A :class:`LaunchRecipe` is built from the launches one call
+made through :class:`mate._core.launch.FastLaunch` (compiled kernel, grid, bound arguments):
+every tensor argument becomes an address inside one of the call's tensors (that tensor's
+index and a byte offset) or a tensor the recipe keeps (a plan's workspace slice). A later
+call of the same signature launches the same compiled kernels with its own addresses.
+
+:class:`RecipeCache` trusts a recipe only after a second call of the signature, run the
+ordinary way and recorded, launched exactly what the recipe predicts for that call (same
+kernels, grids, scalars, and addresses). A per-call temporary among the arguments fails that
+test (the recipe keeps the first call's temporary alive, so the second call's one lies
+elsewhere), so only calls whose launches are a function of signature and addresses replay.
+A replay re-checks what depends on the addresses: each pointer's 16-byte alignment (part of
+Triton's specialization) and inputs that shared an address when recorded; the caller keeps
+its own address checks (output overlap).
+
+Where recipes apply is the caller's decision: paths whose every device operation is a
+plain-Triton launch through :func:`mate._core.launch.launcher` (a torch operation or a
+launch outside it would not be replayed). ``MATE_LAUNCH_RECIPES=0`` at import turns them off.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch._C import _len_torch_dispatch_stack
+
+from mate._core import launch as _launch
+from mate._core.checks import _byte_range
+
+__all__ = ["Identity", "LaunchRecipe", "RecipeCache", "RECIPES", "recipes_usable", "signature", "tensor_signature"]
+
+RECIPES = os.environ.get("MATE_LAUNCH_RECIPES", "1").strip().lower() not in ("0", "false", "no", "off")
+"""Read once at import; ``MATE_LAUNCH_RECIPES=0`` runs every eager call the ordinary way."""
+
+_AMBIGUOUS = -1
+
+
+def recipes_usable(t: torch.Tensor) -> bool:
+    """Whether a call on ``t``'s device may record or replay a recipe: an eager CUDA call outside
+    tracing, dispatch modes and another call's recording. (Without the fast launch path, under
+    the interpreter or on another backend a call records no launch, so no recipe comes of it.)"""
+    return (RECIPES and t.is_cuda and _launch.active_recording() is None and not torch.compiler.is_compiling()
+            and not _len_torch_dispatch_stack())
+
+
+def tensor_signature(tensors: Sequence[torch.Tensor | None]) -> tuple | None:
+    """:func:`signature` of a list of tensors (``None`` entries allowed), the cheap way; ``None``
+    when an entry is neither."""
+    sig = []
+    for t in tensors:
+        if t is None:
+            sig.append(None)
+        elif isinstance(t, torch.Tensor):
+            sig.append((t.shape, t.stride(), t.dtype, t.device))
+        else:
+            return None
+    return tuple(sig)
+
+
+def signature(value: Any) -> Any:
+    """A hashable description of one call argument for a recipe key: a tensor's shape, strides,
+    dtype and device; plain scalars with their type (``True`` and ``1`` differ); tuples, lists
+    and dataclass-like objects field by field. ``TypeError`` for anything else."""
+    if isinstance(value, torch.Tensor):
+        return (value.shape, value.stride(), value.dtype, value.device)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return (type(value), value)
+    if isinstance(value, (tuple, list)):
+        return (type(value), tuple(signature(v) for v in value))
+    fields = getattr(value, "__dataclass_fields__", None)
+    if fields is not None:
+        return (type(value), tuple(signature(getattr(value, f)) for f in fields))
+    raise TypeError(f"no recipe signature for a {type(value).__name__}")
+
+
+class Identity:
+    """A key part that is one particular object (equal only to itself; keeps it alive, so its
+    ``id`` cannot be reused while the key exists)."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+
+    def __hash__(self) -> int:
+        return id(self.obj)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Identity) and other.obj is self.obj
+
+
+class _Address:
+    """A device address where Triton's launcher wants an object with ``data_ptr()``."""
+
+    __slots__ = ("ptr",)
+
+    def __init__(self, ptr: int) -> None:
+        self.ptr = ptr
+
+    def data_ptr(self) -> int:
+        return self.ptr
+
+
+class _DescriptorAt:
+    """A host tensor descriptor (the attributes Triton's launcher reads) at another base."""
+
+    __slots__ = ("base", "shape", "strides", "block_shape", "padding")
+
+    def __init__(self, desc: Any, ptr: int) -> None:
+        self.base = _Address(ptr)
+        self.shape, self.strides = desc.shape, desc.strides
+        self.block_shape, self.padding = desc.block_shape, desc.padding
+
+
+def _is_descriptor(v: Any) -> bool:
+    return hasattr(v, "block_shape") and isinstance(getattr(v, "base", None), (torch.Tensor, _Address))
+
+
+def _address(v: Any) -> int:
+    return v if isinstance(v, int) else v.data_ptr()
+
+
+def _same_argument(predicted: Any, recorded: Any) -> bool:
+    """Whether a predicted launch argument means to the kernel what a recorded one did: the
+    same address (a recipe passes addresses as ints), descriptor layout or value."""
+    if isinstance(recorded, torch.Tensor):
+        return isinstance(predicted, (int, torch.Tensor)) and _address(predicted) == recorded.data_ptr()
+    if _is_descriptor(recorded):
+        return _is_descriptor(predicted) and all(
+            (a.data_ptr() if k == "base" else tuple(a) if k != "padding" else a)
+            == (b.data_ptr() if k == "base" else tuple(b) if k != "padding" else b)
+            for k in ("base", "shape", "strides", "block_shape", "padding")
+            for a, b in [(getattr(predicted, k), getattr(recorded, k))])
+    return type(predicted) is type(recorded) and predicted == recorded
+
+
+class LaunchRecipe:
+    """The launches of one recorded call, replayable with another call's tensors.
+
+    ``tensors`` are the call's tensors in the order its key lists them (``None`` for absent
+    ones). Build with :meth:`build`; ``None`` when an argument's address cannot be attributed
+    to exactly one of them."""
+
+    def __init__(self) -> None:
+        self.launches: list[tuple[Any, tuple[int, int, int], list, list]] = []
+        self.checks: list[tuple[int, int, bool]] = []  # (tensor, byte offset, 16-byte aligned)
+        self.ties: list[tuple[int, int]] = []  # tensors that shared an address when recorded
+        self.kept: list[torch.Tensor] = []  # argument tensors outside the call's tensors
+        self.extents: list[tuple[int, int] | None] = []  # each tensor's byte extent from its address
+        self.device = -1
+
+    @classmethod
+    def build(cls, recording: _launch.Recording, tensors: Sequence[torch.Tensor | None]) -> LaunchRecipe | None:
+        if not recording.complete or not recording.launches:
+            return None
+        spans = [_byte_range(t) if t is not None and t.numel() else None for t in tensors]
+        ptrs = [t.data_ptr() if t is not None else 0 for t in tensors]
+        recipe = cls()
+        recipe.device = recording.device
+        recipe.extents = [None if s is None else (s[0] - p, s[1] - p) for s, p in zip(spans, ptrs)]
+        for kernel, grid, values in recording.launches:
+            vals, slots = list(values), []
+            for pos, v in enumerate(vals):
+                if isinstance(v, torch.Tensor):
+                    addr, desc = v.data_ptr(), None
+                elif _is_descriptor(v):
+                    addr, desc = v.base.data_ptr(), v
+                else:
+                    continue
+                owner = recipe._owner(addr, spans, ptrs)
+                if owner == _AMBIGUOUS:
+                    return None
+                if owner is None:  # not in the call's tensors: kept (a workspace slice)
+                    recipe.kept.append(v.base if desc is not None else v)
+                    if desc is None:
+                        vals[pos] = addr
+                    continue
+                slots.append((pos, owner, addr - ptrs[owner], desc))
+                recipe.checks.append((owner, addr - ptrs[owner], addr % 16 == 0))
+            recipe.launches.append((kernel, grid, vals, slots))
+        return recipe
+
+    def _owner(self, addr: int, spans: list, ptrs: list[int]) -> int | None:
+        inside = [i for i, s in enumerate(spans) if s is not None and s[0] <= addr <= s[1]]
+        if len(inside) <= 1:
+            return inside[0] if inside else None
+        exact = [i for i in inside if ptrs[i] == addr]
+        if not exact:  # inside several tensors: attributable only where they all start at one address
+            exact = inside if all(ptrs[i] == ptrs[inside[0]] for i in inside) else []
+        if not exact:
+            return _AMBIGUOUS
+        for other in exact[1:]:  # the same memory under several names: replay only while it still is
+            self.ties.append((exact[0], other))
+        return exact[0]
+
+    def _values(self, ptrs: list[int]) -> list[list]:
+        out = []
+        for _, _, vals, slots in self.launches:
+            if slots:
+                vals = vals.copy()
+                for pos, i, off, desc in slots:
+                    vals[pos] = ptrs[i] + off if desc is None else _DescriptorAt(desc, ptrs[i] + off)
+            out.append(vals)
+        return out
+
+    def _addresses_hold(self, ptrs: list[int]) -> bool:
+        for i, j in self.ties:
+            if ptrs[i] != ptrs[j]:
+                return False
+        return all(((ptrs[i] + off) % 16 == 0) == aligned for i, off, aligned in self.checks)
+
+    def predicts(self, recording: _launch.Recording, tensors: Sequence[torch.Tensor | None]) -> bool:
+        """Whether ``recording`` (another call's, made the ordinary way) launched exactly what this
+        recipe would have launched for that call's ``tensors``."""
+        if not recording.complete or len(recording.launches) != len(self.launches):
+            return False
+        if recording.device != self.device:
+            return False
+        ptrs = [t.data_ptr() if t is not None else 0 for t in tensors]
+        if not self._addresses_hold(ptrs):
+            return False
+        for (kernel, grid, _, _), vals, (r_kernel, r_grid, r_vals) in zip(self.launches, self._values(ptrs),
+                                                                           recording.launches):
+            if kernel is not r_kernel or grid != r_grid or len(vals) != len(r_vals):
+                return False
+            if not all(_same_argument(a, b) for a, b in zip(vals, r_vals)):
+                return False
+        return True
+
+    def _disjoint(self, ptrs: list[int], outputs: Sequence[int]) -> bool:
+        """Whether each of the ``outputs`` (indices) shares no byte with any other tensor."""
+        ext = self.extents
+        for o in outputs:
+            if ext[o] is None:
+                continue
+            lo, hi = ptrs[o] + ext[o][0], ptrs[o] + ext[o][1]
+            for i, e in enumerate(ext):
+                if i != o and e is not None and lo <= ptrs[i] + e[1] and ptrs[i] + e[0] <= hi:
+                    return False
+        return True
+
+    def replay(self, tensors: Sequence[torch.Tensor | None], outputs: Sequence[int] = ()) -> bool:
+        """Launches the recipe with ``tensors``' addresses; ``False`` (nothing launched) when the
+        addresses break what the recorded kernels were specialized for, one of the ``outputs``
+        (indices into ``tensors``) overlaps another tensor, or launch hooks or Triton's debug mode
+        want the ordinary path."""
+        ptrs = [t.data_ptr() if t is not None else 0 for t in tensors]
+        if not self._addresses_hold(ptrs) or not self._disjoint(ptrs, outputs) or not _launch.plain_launches():
+            return False
+        device = torch.cuda.current_device()
+        if device != self.device:
+            return False
+        stream = torch._C._cuda_getCurrentRawStream(device)
+        for (kernel, grid, _, _), vals in zip(self.launches, self._values(ptrs)):
+            kernel.run(grid[0], grid[1], grid[2], stream, kernel.function, kernel.packed_metadata, None, None, None,
+                       *vals)
+        return True
+
+
+class RecipeCache:
+    """Recipes by call key (see the module docstring), at most ``limit`` of them.
+
+    ``replay(key, tensors)`` runs a trusted recipe; when it returns ``False`` the caller runs
+    the call the ordinary way inside :func:`mate._core.launch.recording` (if ``wants(key)``)
+    and then calls ``observe(key, recording, tensors)``. A key whose recordings disagree with
+    their recipe ``MISSES`` times is not recorded again."""
+
+    MISSES = 3
+
+    def __init__(self, limit: int = 64) -> None:
+        self.limit = limit
+        self._entries: dict[Any, list] = {}  # key -> [recipe or None, trusted, misses]
+        self.replays = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def trusted(self, key: Any) -> bool:
+        entry = self._entries.get(key)
+        return entry is not None and entry[1]
+
+    def wants(self, key: Any) -> bool:
+        """Whether an ordinary call of ``key`` should be recorded."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return len(self._entries) < self.limit
+        return entry[2] < self.MISSES
+
+    def replay(self, key: Any, tensors: Sequence[torch.Tensor | None], outputs: Sequence[int] = ()) -> bool:
+        entry = self._entries.get(key)
+        if entry is None or not entry[1] or not entry[0].replay(tensors, outputs):
+            return False
+        self.replays += 1
+        return True
+
+    def observe(self, key: Any, recording: _launch.Recording, tensors: Sequence[torch.Tensor | None]) -> None:
+        if not recording.complete:  # a first launch (compilation) or a hook: says nothing of the signature
+            return
+        entry = self._entries.get(key)
+        if entry is None:
+            if len(self._entries) >= self.limit:
+                return
+            entry = self._entries[key] = [None, False, 0]
+        if entry[0] is not None and entry[0].predicts(recording, tensors):
+            entry[1] = True
+            return
+        if entry[1]:  # a trusted recipe that declined these addresses (another alignment): kept
+            return
+        if entry[0] is not None:
+            entry[2] += 1
+        entry[0] = LaunchRecipe.build(recording, tensors)
+        if entry[0] is None:
+            entry[2] = self.MISSES

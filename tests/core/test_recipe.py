@@ -1,0 +1,178 @@
+"""``mate._core.recipe``: launch recipes recorded from stand-in kernels on CPU tensors.
+
+The GPU suite (``tests/msa/test_msa_recipes.py``) replays real ``msa()`` calls against the
+ordinary path; here the bookkeeping is checked: which addresses a recipe attributes to which
+tensor, what it keeps, what it refuses to build or replay, and when the cache trusts it.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from mate._core import launch as L
+from mate._core import recipe as R
+from tests.core.test_launch import FakeJIT
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(L, "FAST_LAUNCH", True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 1234, raising=False)
+    return FakeJIT()
+
+
+def _warm(fake):
+    """A FastLaunch of ``fake`` whose specializations of the op below are compiled."""
+    fast = L.launcher(fake)
+    _op(fast, *_inputs(), torch.zeros(16))
+    return fast
+
+
+def _inputs(rows: int = 8):
+    q = torch.randn(rows, 4)
+    k = torch.randn(32, 4)
+    out = torch.empty(rows, 4)
+    return q, k, out
+
+
+WORKSPACE = torch.zeros(64)
+
+
+def _op(fast, q, k, out, temp):
+    """Two launches: a row slice of q, k through a descriptor, a workspace slice, scalars."""
+    desc = TensorDescriptor(k, list(k.shape), list(k.stride()), [16, 4])
+    fast[(2, 3)](q[4:], desc, WORKSPACE[16:], out, 7, 0.5, BLOCK=16)
+    fast[(1,)](out, temp, q.shape[0], BLOCK=32)
+
+
+def _record(fast, tensors, temp=None):
+    with L.recording() as rec:
+        _op(fast, *tensors, torch.zeros(16) if temp is None else temp)
+    return rec
+
+
+def test_recording_keeps_cached_launches_and_flags_first_ones(fake):
+    fast = L.launcher(fake)
+    rec = _record(fast, _inputs())
+    assert not rec.complete and rec.launches == []  # first launches (compilations): JITFunction's path
+    rec = _record(fast, _inputs())
+    assert rec.complete and len(rec.launches) == 2 and rec.device == 0
+    kernel, grid, values = rec.launches[0]
+    assert kernel in fast.cache.values() and grid == (2, 3, 1) and values[4:6] == (7, 0.5)
+    assert L.active_recording() is None
+
+
+def test_replay_substitutes_addresses_and_keeps_workspace(fake):
+    fast = _warm(fake)
+    tensors = _inputs()
+    temp = torch.zeros(16)
+    recipe = R.LaunchRecipe.build(_record(fast, tensors, temp), tensors)
+    assert recipe is not None
+    assert any(t is temp for t in recipe.kept)  # not among the call's tensors: kept alive
+    q2, k2, out2 = _inputs()
+    calls = [len(c.calls) for c in fake.compiled]
+    assert recipe.replay([q2, k2, out2])
+    new = [c.calls[-1] for c, n in zip(fake.compiled, calls) if len(c.calls) > n]
+    first, second = sorted(new, key=lambda call: -call[0])  # grids (2, 3) and (1,)
+    assert first[:4] == (2, 3, 1, 1234)
+    args = first[9:]
+    assert args[0] == q2.data_ptr() + 4 * q2.stride(0) * 4
+    assert args[1].base.data_ptr() == k2.data_ptr() and list(args[1].block_shape) == [16, 4]
+    assert args[2] == WORKSPACE.data_ptr() + 16 * 4 and args[3] == out2.data_ptr()
+    assert args[4:] == (7, 0.5, 16)
+    assert second[9:] == (out2.data_ptr(), temp.data_ptr(), 8, 32)
+
+
+def test_second_call_is_predicted_unless_it_used_a_temporary(fake):
+    fast = _warm(fake)
+    tensors = _inputs()
+    keep = torch.zeros(16)
+    recipe = R.LaunchRecipe.build(_record(fast, tensors, keep), tensors)
+    again = _inputs()
+    assert recipe.predicts(_record(fast, again, keep), again)
+    assert not recipe.predicts(_record(fast, again), again)  # a fresh temporary: not a function of the inputs
+    longer = _inputs(rows=16)
+    assert not recipe.predicts(_record(fast, longer, keep), longer)  # another scalar (rows)
+
+
+def test_ambiguous_and_tied_addresses(fake):
+    fast = _warm(fake)
+    q, k, out = _inputs()
+    big = torch.randn(64, 4)
+    # q's slice q[4:] starts inside two tensors neither of which starts there: no recipe
+    rec = _record(fast, (big[:8], k, out))
+    assert R.LaunchRecipe.build(rec, [big[:8], k, out, big[2:10]]) is None
+    # the same memory under two names: replayed only while they still share it
+    q2 = q.view(8, 4)
+    recipe = R.LaunchRecipe.build(_record(fast, (q, k, out)), [q, k, out, q2])
+    assert recipe is not None and recipe.ties
+    assert recipe.replay([q, k, out, q2])
+    assert not recipe.replay([q, k, out, torch.randn(8, 4)])
+
+
+def test_replay_declines_misalignment_overlap_and_hooks(fake):
+    fast = _warm(fake)
+    tensors = _inputs()
+    recipe = R.LaunchRecipe.build(_record(fast, tensors), tensors)
+    base = torch.randn(8 * 4 + 1)
+    assert not recipe.replay([base[1:].view(8, 4), *_inputs()[1:]])  # q off its 16-byte alignment
+    q, k, out = _inputs()
+    assert recipe.replay([q, k, out], outputs=(2,))
+    assert not recipe.replay([q, k, q], outputs=(2,))  # out is q
+    from triton import knobs
+
+    knobs.runtime.launch_enter_hook.add(print)
+    try:
+        assert not recipe.replay([q, k, out])
+    finally:
+        knobs.runtime.launch_enter_hook.remove(print)
+
+
+def test_cache_trusts_after_a_predicted_second_call(fake):
+    fast = _warm(fake)
+    cache = R.RecipeCache(limit=2)
+    keep = torch.zeros(16)
+
+    def call(key, temp=keep):
+        tensors = _inputs()
+        if cache.replay(key, tensors):
+            return "replayed"
+        assert cache.wants(key)
+        with L.recording() as rec:
+            _op(fast, *tensors, temp)
+        cache.observe(key, rec, tensors)
+        return "recorded"
+
+    assert [call("a") for _ in range(4)] == ["recorded", "recorded", "replayed", "replayed"]
+    assert cache.replays == 2 and cache.trusted("a")
+    # a temporary per call: never predicted, given up after MISSES recordings
+    for _ in range(R.RecipeCache.MISSES + 1):
+        call("b", torch.zeros(16))
+    assert not cache.trusted("b") and not cache.wants("b")
+    assert not cache.wants("c")  # the limit
+
+
+def test_signature():
+    t = torch.zeros(2, 3)
+    assert R.signature(t) == (torch.Size([2, 3]), (3, 1), torch.float32, torch.device("cpu"))
+    assert R.signature(True) != R.signature(1) and R.signature(1) != R.signature(1.0)
+    assert R.signature((t, None)) == R.signature((torch.ones(2, 3), None))
+    with pytest.raises(TypeError, match="no recipe signature"):
+        R.signature(object())
+    a = object()
+    assert R.Identity(a) == R.Identity(a) and R.Identity(a) != R.Identity(object())
+    assert hash(R.Identity(a)) == id(a)
+
+
+def test_recipes_need_cuda_and_the_fast_path(fake, monkeypatch):
+    assert not R.recipes_usable(torch.zeros(1))  # a CPU tensor
+    cuda_like = type("T", (), {"is_cuda": True})()
+    assert R.recipes_usable(cuda_like)
+    with L.recording():
+        assert not R.recipes_usable(cuda_like)  # inside another call's recording
+    monkeypatch.setattr(R, "RECIPES", False)
+    assert not R.recipes_usable(cuda_like)
