@@ -52,6 +52,15 @@ def main() -> None:
         "aten FA2 varlen (peer)": host(
             lambda: torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, 128, 128, 0.0, True, False)),
     }
+    try:
+        from mate._core import recipe
+    except ImportError:  # an older checkout
+        recipe = None
+    if recipe is not None:  # the varlen call the ordinary way (every check, Triton's binder)
+        recipe.RECIPES = False
+        res["varlen 64x128 causal (no recipes)"] = host(
+            lambda: flash_attn_varlen_func(q, k, v, cu, cu, 128, 128, causal=True, out=out))
+        recipe.RECIPES = True
     res.update(msa_calls(host))
     print(tag, "  ".join(f"{n}: {t:.1f}" for n, t in res.items()), flush=True)
 
