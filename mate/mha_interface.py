@@ -18,6 +18,7 @@ run the fp32 PyTorch reference. Arguments listed as not implemented raise
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from typing import Any
@@ -27,8 +28,7 @@ import torch
 from mate._core import checks
 from mate._core.dispatch import select_backend
 from mate._core.hopper import GRID_YZ_MAX
-from mate._core.launch import recording
-from mate._core.recipe import RecipeCache, recipes_usable, signature, tensor_signature
+from mate._core.recipe import RecipeCache, RecipeCall, recipes_usable, signature, tensor_signature
 from mate.api_logging import mate_api
 
 __all__ = ["MhaSchedulerMetadata", "flash_attn_varlen_func", "flash_attn_with_kvcache", "get_scheduler_metadata"]
@@ -303,97 +303,11 @@ def flash_attn_varlen_func(
     >>> torch.allclose(out[2:].float(), ref, atol=2e-2)  # bf16 output
     True
     """
-    return _varlen_with_recipe(dict(locals()))
-
-
-_VARLEN_RECIPES = RecipeCache()
-"""Launch recipes of eager ``flash_attn_varlen_func`` calls, by signature (:mod:`mate._core.recipe`)."""
-
-_VARLEN_TENSORS = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "seqused_k", "page_table", "out")
-
-
-def _varlen_with_recipe(args: dict) -> Any:
-    """``flash_attn_varlen_func(**args)``: the ordinary way, or by the recipe of its signature
-    when the call is one whose every device operation is a Triton launch (not the
-    single-sequence SDPA path, not the reference backend)."""
-    key = _varlen_recipe_key(args)
-    if key is None:
-        return _varlen(**args)
-    q = args["q"]
-    out = args["out"]
-    if out is None:
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty(q.shape[1], q.shape[0], dtype=torch.float32, device=q.device)
-    tensors = [args[name] for name in _VARLEN_TENSORS]
-    tensors[-1] = out
-    tensors.append(lse)
-    result = (out, lse) if args["return_softmax_lse"] else out
-    if _VARLEN_RECIPES.replay(key, tensors, outputs=(7, 8)):
-        return result
-    args = dict(args, out=out)
-    if not _VARLEN_RECIPES.wants(key):
-        return _varlen(**args, _lse=lse)
-    with recording() as rec:
-        res = _varlen(**args, _lse=lse)
-    _VARLEN_RECIPES.observe(key, rec, tensors)
-    return res
-
-
-def _varlen_recipe_key(args: dict) -> Any:
-    """The recipe key of a flash_attn_varlen_func call, or None (see :func:`_varlen_with_recipe`)."""
-    q, cu_q = args["q"], args["cu_seqlens_q"]
-    if (not isinstance(q, torch.Tensor) or not isinstance(cu_q, torch.Tensor) or q.dim() != 3
-            or not recipes_usable(q) or (cu_q.shape[0] == 2 and args["page_table"] is None)):
-        return None  # one dense request may run torch's SDPA
-    sig = tensor_signature([args[name] for name in _VARLEN_TENSORS])
-    if sig is None:
-        return None
-    try:
-        scalars = tuple(signature(v) for name, v in args.items() if name not in _VARLEN_TENSORS)
-    except TypeError:
-        return None
-    from mate.ops.mha.attention import PREFILL_VARIANT
-    from mate.ops.mha.prefill_tma import PREFILL_TMA
-
-    return (sig, scalars, torch._C._cuda_getDevice(), os.environ.get("MATE_BACKEND"), SDPA_WITH_LSE,
-            tuple(PREFILL_VARIANT.items()), tuple(PREFILL_TMA.items()))
-
-
-def _varlen(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cu_seqlens_q: torch.Tensor | None = None,
-    cu_seqlens_k: torch.Tensor | None = None,
-    max_seqlen_q: int | None = None,
-    max_seqlen_k: int | None = None,
-    seqused_q: torch.Tensor | None = None,
-    seqused_k: torch.Tensor | None = None,
-    page_table: torch.Tensor | None = None,
-    softmax_scale: float | None = None,
-    causal: bool = False,
-    qv: torch.Tensor | None = None,
-    q_descale: torch.Tensor | None = None,
-    k_descale: torch.Tensor | None = None,
-    v_descale: torch.Tensor | None = None,
-    window_size: tuple[int, int] = (-1, -1),
-    learnable_sink: torch.Tensor | None = None,
-    attention_chunk: int = 0,
-    softcap: float = 0.0,
-    scheduler_metadata: MhaSchedulerMetadata | None = None,
-    num_splits: int = 0,
-    pack_gqa: bool | None = None,
-    deterministic: bool = False,
-    sm_margin: int = 0,
-    return_softmax_lse: bool = False,
-    backend: str = "auto",
-    cp_world_size: int = 1,
-    cp_rank: int = 0,
-    cp_tot_seqused_k: torch.Tensor | None = None,
-    out: torch.Tensor | None = None,
-    _lse: torch.Tensor | None = None,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """flash_attn_varlen_func the ordinary way (every check); ``_lse`` a preallocated [Hq, total_q] LSE."""
+    recipe = _varlen_recipe(dict(locals()))
+    if recipe is not None:
+        if recipe.replay():
+            return (recipe.tensors[7], recipe.tensors[8]) if return_softmax_lse else recipe.tensors[7]
+        out = recipe.tensors[7]  # the ordinary path below, into the recipe's out and LSE (checked as given)
     _not_implemented(qv=(qv, None), q_descale=(q_descale, None), k_descale=(k_descale, None),
                      v_descale=(v_descale, None), learnable_sink=(learnable_sink, None),
                      attention_chunk=(attention_chunk, 0), softcap=(softcap, 0.0), seqused_q=(seqused_q, None),
@@ -449,17 +363,57 @@ def _varlen(
               and cu_seqlens_k is not None and batch == 1 and (not return_softmax_lse or with_lse) and left < 0
               and (right < 0 or causal) and max_seqlen_q == total_q and (not causal or k.shape[0] == total_q)
               and total_q > 0 and k.shape[0] > 0)
-    lse = torch.empty(hq, total_q, dtype=torch.float32, device=device) if _lse is None else _lse
+    lse = torch.empty(hq, total_q, dtype=torch.float32, device=device) if recipe is None else recipe.tensors[8]
     if single:
         # one dense sequence spanning the tensors: torch's fused (cuDNN / flash) attention; the
         # kernel below then recomputes the request only if cu_seqlens say it spans less
         _sdpa_single_sequence(q, k, v, out, scale, causal, lse if with_lse else None)
-    _run(q, k, v, out, lse, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, cu_seqlens_k=cu_seqlens_k,
-         seqused_k=seqused_k, page_table=page_table, batched=False, softmax_scale=scale, window=(left, right),
-         backend=backend_used, skip_whole=single)
+    with recipe.recorded() if recipe is not None else contextlib.nullcontext():
+        _run(q, k, v, out, lse, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, cu_seqlens_k=cu_seqlens_k,
+             seqused_k=seqused_k, page_table=page_table, batched=False, softmax_scale=scale, window=(left, right),
+             backend=backend_used, skip_whole=single)
     return (out, lse) if return_softmax_lse else out
 
 
+_VARLEN_RECIPES = RecipeCache()
+"""Launch recipes of eager ``flash_attn_varlen_func`` calls, by signature (:mod:`mate._core.recipe`)."""
+
+_VARLEN_TENSORS = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "seqused_k", "page_table", "out")
+
+
+def _varlen_recipe(args: dict) -> RecipeCall | None:
+    """The launch recipe of a flash_attn_varlen_func call (its out and LSE allocated), or None
+    where the call may do more than Triton launches (a single dense request may run torch's
+    SDPA) or has no recipe signature."""
+    key = _varlen_recipe_key(args)
+    if key is None:
+        return None
+    q, out = args["q"], args["out"]
+    tensors = [args[name] for name in _VARLEN_TENSORS]
+    if out is None:
+        tensors[7] = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    tensors.append(torch.empty(q.shape[1], q.shape[0], dtype=torch.float32, device=q.device))
+    return RecipeCall(_VARLEN_RECIPES, key, tensors, outputs=(7, 8))
+
+
+def _varlen_recipe_key(args: dict) -> Any:
+    """The recipe key of a flash_attn_varlen_func call, or None (see :func:`_varlen_recipe`)."""
+    q, cu_q = args["q"], args["cu_seqlens_q"]
+    if (not isinstance(q, torch.Tensor) or not isinstance(cu_q, torch.Tensor) or q.dim() != 3
+            or not recipes_usable(q) or (cu_q.shape[0] == 2 and args["page_table"] is None)):
+        return None  # one dense request may run torch's SDPA
+    sig = tensor_signature([args[name] for name in _VARLEN_TENSORS])
+    if sig is None:
+        return None
+    try:
+        scalars = tuple(signature(v) for name, v in args.items() if name not in _VARLEN_TENSORS)
+    except TypeError:
+        return None
+    from mate.ops.mha.attention import PREFILL_VARIANT
+    from mate.ops.mha.prefill_tma import PREFILL_TMA
+
+    return (sig, scalars, torch._C._cuda_getDevice(), os.environ.get("MATE_BACKEND"), SDPA_WITH_LSE,
+            tuple(PREFILL_VARIANT.items()), tuple(PREFILL_TMA.items()))
 
 
 @mate_api

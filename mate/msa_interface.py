@@ -39,8 +39,7 @@ from mate._core.checks import (
 )
 from mate._core.custom_op import mate_custom_op
 from mate._core.dispatch import select_backend
-from mate._core.launch import recording
-from mate._core.recipe import Identity, recipes_usable, tensor_signature
+from mate._core.recipe import Identity, RecipeCall, recipes_usable, tensor_signature
 from mate.api_logging import mate_api
 from mate.ops.msa import plan as _planner
 from mate.ops.msa.plan import (
@@ -1016,43 +1015,34 @@ def msa(
     if not isinstance(plan_info, MsaPlanInfo):
         raise TypeError(f"plan_info must be an MsaPlanInfo, got {type(plan_info).__name__}")
     args = (q, k, v, plan_info, kv_indices, kv_block_indexes, q_offset_override, out, max_score, kw)
-    call = _recipe_call(*args)
-    if call is None:
+    recipe = _msa_recipe(*args)
+    if recipe is None:
         return _msa(*args)
-    key, tensors = call
-    cache = plan_info.plan.workspace.recipes
-    if cache.trusted(key):  # a signature checked and recorded before: launch its recipe
-        if out is None:
-            out = tensors[_RECIPE_OUTPUTS[0]] = torch.empty((q.shape[0], q.shape[1], v.shape[-1]),
-                                                            dtype=_out_dtype(q), device=q.device)
-            args = (q, k, v, plan_info, kv_indices, kv_block_indexes, q_offset_override, out, max_score, kw)
-        if cache.replay(key, tensors, outputs=_RECIPE_OUTPUTS):
-            return out, None
-    if not cache.wants(key):
-        return _msa(*args)
-    with recording() as rec:
-        res = _msa(*args)
-    tensors[_RECIPE_OUTPUTS[0]] = res[0]
-    cache.observe(key, rec, tensors)
-    return res
+    out = recipe.tensors[_RECIPE_OUTPUTS[0]]
+    if recipe.replay():
+        return out, None
+    with recipe.recorded():  # the ordinary path, into the recipe's out (checked as given)
+        return _msa(q, k, v, plan_info, kv_indices, kv_block_indexes, q_offset_override, out, max_score, kw)
 
 
 _RECIPE_OUTPUTS = (6, 7)
-"""Positions of out and lse in a recipe's tensors (:func:`_recipe_call`)."""
+"""Positions of out and lse in a recipe's tensors (:func:`_msa_recipe`)."""
 
 
 def _out_dtype(q: torch.Tensor) -> torch.dtype:
     return torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype
 
 
-def _recipe_call(q, k, v, plan_info: MsaPlanInfo, kv_indices, kv_block_indexes, q_offset_override, out, max_score,
-                 kw: dict) -> tuple[Any, list] | None:
-    """(launch-recipe key, tensors) of an msa() call (:mod:`mate._core.recipe`), or None where the
-    call runs the ordinary way: anything but sparse attention on the Triton backend (the
-    max-score pass and the dense / paged modes run torch operations too), or with the ids
+def _msa_recipe(q, k, v, plan_info: MsaPlanInfo, kv_indices, kv_block_indexes, q_offset_override, out, max_score,
+                kw: dict) -> RecipeCall | None:
+    """The launch recipe of an msa() call (:mod:`mate._core.recipe`; its out allocated), or None
+    where the call runs the ordinary way: anything but sparse attention on the Triton backend
+    (the max-score pass and the dense / paged modes run torch operations too), or with the ids
     checked on the host."""
     plan, pre = plan_info.plan, plan_info.prefill_plan_or_None
     if not (plan.is_sparse and (pre is None or pre.is_sparse)) or max_score is not None or plan.output_maxscore:
+        return None
+    if not isinstance(q, torch.Tensor) or not isinstance(v, torch.Tensor) or q.dim() != 3:
         return None
     if (kw.get("output_maxscore") or kw.get("check_input_valid") or kw.get("output_o", True) is not True
             or not recipes_usable(q) or check_inputs_enabled()):
@@ -1079,7 +1069,10 @@ def _recipe_call(q, k, v, plan_info: MsaPlanInfo, kv_indices, kv_block_indexes, 
 
     key = (Identity(pre), plan_info.split, sig, tuple(scalars), rt is not None, torch._C._cuda_getDevice(),
            os.environ.get("MATE_BACKEND"), launch_config())
-    return key, tensors
+    if out is None:
+        tensors[_RECIPE_OUTPUTS[0]] = torch.empty((q.shape[0], q.shape[1], v.shape[-1]), dtype=_out_dtype(q),
+                                                  device=q.device)
+    return RecipeCall(plan.workspace.recipes, key, tensors, _RECIPE_OUTPUTS)
 
 
 def _msa(q, k, v, plan_info: MsaPlanInfo, kv_indices, kv_block_indexes, q_offset_override, out, max_score,

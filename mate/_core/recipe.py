@@ -25,8 +25,9 @@ launch outside it would not be replayed). ``MATE_LAUNCH_RECIPES=0`` at import tu
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -35,7 +36,8 @@ from torch._C import _len_torch_dispatch_stack
 from mate._core import launch as _launch
 from mate._core.checks import _byte_range
 
-__all__ = ["Identity", "LaunchRecipe", "RecipeCache", "RECIPES", "recipes_usable", "signature", "tensor_signature"]
+__all__ = ["Identity", "LaunchRecipe", "RecipeCache", "RecipeCall", "RECIPES", "recipes_usable", "signature",
+           "tensor_signature"]
 
 RECIPES = os.environ.get("MATE_LAUNCH_RECIPES", "1").strip().lower() not in ("0", "false", "no", "off")
 """Read once at import; ``MATE_LAUNCH_RECIPES=0`` runs every eager call the ordinary way."""
@@ -319,3 +321,26 @@ class RecipeCache:
         entry[0] = LaunchRecipe.build(recording, tensors)
         if entry[0] is None:
             entry[2] = self.MISSES
+
+
+class RecipeCall:
+    """One eager call's use of a :class:`RecipeCache`: ``replay()`` its trusted recipe, else run
+    the launches of the ordinary path inside ``recorded()``. ``tensors`` are the call's tensors
+    in key order with its outputs (at ``outputs``) already allocated."""
+
+    def __init__(self, cache: RecipeCache, key: Any, tensors: list, outputs: Sequence[int]) -> None:
+        self.cache, self.key, self.tensors, self.outputs = cache, key, tensors, outputs
+
+    def replay(self) -> bool:
+        return self.cache.replay(self.key, self.tensors, self.outputs)
+
+    @contextlib.contextmanager
+    def recorded(self) -> Iterator[None]:
+        """Records the launches made inside (when the cache still wants this key) and hands them
+        to the cache on a normal exit (a call that raised records nothing)."""
+        if not self.cache.wants(self.key):
+            yield
+            return
+        with _launch.recording() as rec:
+            yield
+        self.cache.observe(self.key, rec, self.tensors)

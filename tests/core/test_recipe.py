@@ -176,3 +176,118 @@ def test_recipes_need_cuda_and_the_fast_path(fake, monkeypatch):
         assert not R.recipes_usable(cuda_like)  # inside another call's recording
     monkeypatch.setattr(R, "RECIPES", False)
     assert not R.recipes_usable(cuda_like)
+
+
+# ---------------------------------------------------------------- msa() and flash_attn_varlen_func
+# Their recipe glue on CPU tensors, with stand-in kernels on the fast launch path: after a call that
+# compiles, the third call of a signature replays, and a replay launches exactly what the ordinary
+# path launches for the same tensors.
+
+
+_LAUNCHES: list = []
+
+
+def _same_launches(replayed, ordinary, tensors) -> bool:
+    """Whether two lists of stand-in launches agree: equal values, and pointers (ints from a
+    replay, tensors from an ordinary call) at the same offset of the same call tensor, or both
+    outside every call tensor (a workspace, an LSE allocated per call)."""
+    spans = [(t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in tensors]
+
+    def where(p):
+        return next(((i, p - lo) for i, (lo, hi) in enumerate(spans) if lo <= p < hi), "outside")
+
+    def same(a, b):
+        if isinstance(b, torch.Tensor):
+            return isinstance(a, (int, torch.Tensor)) and where(R._address(a)) == where(b.data_ptr())
+        if R._is_descriptor(b):
+            return R._is_descriptor(a) and where(a.base.data_ptr()) == where(b.base.data_ptr()) and (
+                list(a.block_shape) == list(b.block_shape))
+        return type(a) is type(b) and a == b
+
+    return len(replayed) == len(ordinary) and all(
+        len(x) == len(y) and all(same(a, b) for a, b in zip(x, y)) for x, y in zip(replayed, ordinary))
+
+
+@pytest.fixture
+def stand_in_gpu(fake, monkeypatch):
+    """CPU tensors taken for an eager GPU call: recipes usable, the Triton backend, a device;
+    stand-in launches logged in order."""
+    from tests.core.test_launch import FakeCompiled
+
+    _LAUNCHES.clear()
+    monkeypatch.setattr(FakeCompiled, "run", lambda self, *args: _LAUNCHES.append(args))
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    import mate.mha_interface as M
+    import mate.msa_interface as MI
+
+    usable = lambda t: R.RECIPES and L.active_recording() is None  # noqa: E731
+    monkeypatch.setattr(MI, "recipes_usable", usable)
+    monkeypatch.setattr(M, "recipes_usable", usable)
+    monkeypatch.setattr(M, "select_backend", lambda device, override=None: "triton")
+    monkeypatch.setattr("mate._core.dispatch.select_backend", lambda device, override=None: "triton")
+    return _LAUNCHES
+
+
+def _replays_match(call, cache, calls=5):
+    R.RECIPES = False
+    try:
+        call()  # compiles (JITFunction's path; a call that compiles is not recorded)
+    finally:
+        R.RECIPES = True
+    for i in range(calls):
+        before, n = cache.replays, len(_LAUNCHES)
+        tensors = call()
+        assert (cache.replays > before) == (i >= 2), f"call {i}"
+        mine = _LAUNCHES[n:]
+        R.RECIPES = False
+        try:
+            call(tensors)
+        finally:
+            R.RECIPES = True
+        assert mine and _same_launches(mine, _LAUNCHES[n + len(mine):], tensors), f"call {i}: launches differ"
+
+
+def test_msa_sparse_calls_replay_what_the_ordinary_path_launches(stand_in_gpu, monkeypatch):
+    import mate.ops.msa.sparse_attention as SA
+    import mate.ops.msa.sparse_decode as SD
+    from mate.msa_interface import _msa_plan_from_lengths, msa
+
+    fakes = [FakeJIT(), FakeJIT()]
+    monkeypatch.setattr(SD, "msa_decode_t_kernel", fakes[0])
+    monkeypatch.setattr(SA, "_msa_combine_kernel", fakes[1])
+    info = _msa_plan_from_lengths(torch.tensor([1, 1, 1]), torch.tensor([9000, 300, 5000]), 16, num_kv_heads=2,
+                                  page_size=128, kv_block_num=8)
+
+    def call(tensors=None):
+        if tensors is None:
+            k = torch.randn(220, 128, 2, 128, dtype=torch.bfloat16)
+            tensors = (torch.randn(3, 16, 128, dtype=torch.bfloat16), k, torch.randn_like(k),
+                       torch.randint(-1, 80, (3, 2, 8), dtype=torch.int32),
+                       torch.randperm(220)[:3 * 71].to(torch.int32).view(3, 71), torch.empty(3, 16, 128,
+                                                                                            dtype=torch.bfloat16))
+        q, k, v, idx, table, out = tensors
+        msa(q, k, v, info, kv_block_indexes=idx, page_table=table, out=out)
+        return tensors
+
+    _replays_match(call, info.plan.workspace.recipes)
+
+
+def test_varlen_calls_replay_what_the_ordinary_path_launches(stand_in_gpu, monkeypatch):
+    import mate.mha_interface as M
+    import mate.ops.mha.attention as A
+    import mate.ops.mha.prefill_tma as P
+
+    fakes = [FakeJIT(), FakeJIT()]
+    monkeypatch.setattr(A, "_mha_fwd_kernel", fakes[0])
+    monkeypatch.setattr(P, "_mha_prefill_tma_kernel", fakes[1])
+    monkeypatch.setattr(M, "_VARLEN_RECIPES", R.RecipeCache())
+    cu = torch.tensor([0, 1, 200, 328], dtype=torch.int32)
+
+    def call(tensors=None):
+        if tensors is None:
+            k = torch.randn(328, 4, 64, dtype=torch.float16)
+            tensors = (torch.randn(328, 8, 64, dtype=torch.float16), k, torch.randn_like(k))
+        M.flash_attn_varlen_func(*tensors, cu, cu, 199, 199, causal=True, return_softmax_lse=True)
+        return tensors
+
+    _replays_match(call, M._VARLEN_RECIPES)
