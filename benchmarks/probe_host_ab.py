@@ -11,6 +11,7 @@ processes, each importing ``mate`` from its ``PYTHONPATH``::
 
 Each figure is the minimum over five rounds of the median host time of 300 back-to-back
 calls issued behind a GPU spin (nothing waits on the GPU); aten's FA2 varlen op is the peer.
+Where mate has launch recipes (``mate._core.recipe``) each call is also timed with them off.
 """
 
 from __future__ import annotations
@@ -43,38 +44,34 @@ def main() -> None:
     def host(fn):
         return host_us(fn, calls=300, rounds=5, spin_cycles=1_500_000_000)
 
-    res = {
-        "varlen 64x128 causal (3 launches)": host(
-            lambda: flash_attn_varlen_func(q, k, v, cu, cu, 128, 128, causal=True, out=out)),
-        "with_kvcache paged decode B=64": host(
-            lambda: flash_attn_with_kvcache(q_decode, k_cache, v_cache, cache_seqlens=seqlens, page_table=table,
-                                            causal=True)),
-        "aten FA2 varlen (peer)": host(
-            lambda: torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, 128, 128, 0.0, True, False)),
+    calls = {
+        "varlen 64x128 causal (3 launches)": lambda: flash_attn_varlen_func(q, k, v, cu, cu, 128, 128, causal=True,
+                                                                            out=out),
+        "with_kvcache paged decode B=64": lambda: flash_attn_with_kvcache(
+            q_decode, k_cache, v_cache, cache_seqlens=seqlens, page_table=table, causal=True),
     }
+    calls.update(msa_calls())
+    res = {"aten FA2 varlen (peer)": host(
+        lambda: torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, 128, 128, 0.0, True, False))}
     try:
         from mate._core import recipe
-    except ImportError:  # an older checkout
+    except ImportError:  # an older checkout: no launch recipes
         recipe = None
-    if recipe is not None:  # the varlen call the ordinary way (every check, Triton's binder)
-        recipe.RECIPES = False
-        res["varlen 64x128 causal (no recipes)"] = host(
-            lambda: flash_attn_varlen_func(q, k, v, cu, cu, 128, 128, causal=True, out=out))
-        recipe.RECIPES = True
-    res.update(msa_calls(host))
+    for name, fn in calls.items():
+        res[name] = host(fn)
+        if recipe is not None:  # the same call the ordinary way (every check, Triton's binder)
+            recipe.RECIPES = False
+            res[name + " (no recipes)"] = host(fn)
+            recipe.RECIPES = True
     print(tag, "  ".join(f"{n}: {t:.1f}" for n, t in res.items()), flush=True)
 
 
-def msa_calls(host) -> dict[str, float]:
+def msa_calls() -> dict:
     """Eager msa() calls of MiniMax-M3 geometry (64 / 4 heads, d 128, top-16 + 1 forced block):
     64 decode tokens at 8K and one 512-token prefill chunk at the end of 4K, token-major cache;
-    where this mate has launch recipes (``mate._core.recipe``), also with them off."""
-    try:
-        from mate._core import recipe
-    except ImportError:  # an older checkout
-        recipe = None
+    and the max-score pass of that chunk (4 indexer heads) into a given buffer."""
     dev, bf16 = "cuda", torch.bfloat16
-    res = {}
+    calls = {}
     for name, q_lens, kv_lens in (("msa sparse decode B=64 8K", [1] * 64, [8192] * 64),
                                   ("msa sparse prefill 512 at 4K", [512], [4096])):
         b, pages = len(q_lens), -(-max(kv_lens) // 128)
@@ -86,13 +83,14 @@ def msa_calls(host) -> dict[str, float]:
         q = torch.randn(total, 64, 128, device=dev, dtype=bf16)
         idx = torch.randint(0, 32, (total, 4, info.plan.selected_block_count), dtype=torch.int32, device=dev)
         out = torch.empty_like(q)
-        call = functools.partial(msa, q, cache, cache, info, kv_block_indexes=idx, page_table=table, out=out)
-        res[name] = host(call)
-        if recipe is not None:  # the same call the ordinary way (every check, Triton's binder)
-            recipe.RECIPES = False
-            res[name + " (no recipes)"] = host(call)
-            recipe.RECIPES = True
-    return res
+        calls[name] = functools.partial(msa, q, cache, cache, info, kv_block_indexes=idx, page_table=table, out=out)
+    ms_info = _msa_plan_from_lengths(torch.tensor([512]), torch.tensor([4096]), 4, num_kv_heads=4, page_size=128,
+                                     output_maxscore=True, split_prefill_decode=False, device=dev)
+    qi = torch.randn(512, 4, 128, device=dev, dtype=bf16)
+    ms = torch.empty(512, 4, ms_info.plan.max_k_tiles, device=dev)
+    calls["msa max-score 512 at 4K"] = functools.partial(msa, qi, cache, None, ms_info, max_score=ms, output_o=False,
+                                                         page_table=table)
+    return calls
 
 
 if __name__ == "__main__":

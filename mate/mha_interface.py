@@ -409,11 +409,16 @@ def _varlen_recipe_key(args: dict) -> Any:
         scalars = tuple(signature(v) for name, v in args.items() if name not in _VARLEN_TENSORS)
     except TypeError:
         return None
+    return sig, scalars, torch._C._cuda_getDevice(), os.environ.get("MATE_BACKEND"), SDPA_WITH_LSE, _launch_config()
+
+
+def _launch_config() -> tuple:
+    """The module settings that shape the attention kernels' launches (recipe keys include them:
+    benchmarks switch them between calls)."""
     from mate.ops.mha.attention import PREFILL_VARIANT
     from mate.ops.mha.prefill_tma import PREFILL_TMA
 
-    return (sig, scalars, torch._C._cuda_getDevice(), os.environ.get("MATE_BACKEND"), SDPA_WITH_LSE,
-            tuple(PREFILL_VARIANT.items()), tuple(PREFILL_TMA.items()))
+    return tuple(PREFILL_VARIANT.items()), tuple(PREFILL_TMA.items())
 
 
 @mate_api
@@ -528,6 +533,9 @@ def flash_attn_with_kvcache(
     >>> torch.allclose(out[1].float(), ref, atol=2e-3)  # fp16 output
     True
     """
+    recipe = _kvcache_recipe(dict(locals()))
+    if recipe is not None and recipe.replay():
+        return _kvcache_result(q, recipe.tensors[6], recipe.tensors[7], cu_seqlens_q, return_softmax_lse)
     _not_implemented(k=(k, None), v=(v, None), qv=(qv, None), rotary_cos=(rotary_cos, None),
                      rotary_sin=(rotary_sin, None), cache_batch_idx=(cache_batch_idx, None),
                      cache_leftpad=(cache_leftpad, None),
@@ -579,20 +587,61 @@ def flash_attn_with_kvcache(
     if causal:
         right = 0
     scale = d ** -0.5 if softmax_scale is None else checks.check_python_float("softmax_scale", softmax_scale)
-    out = torch.empty(q.shape, dtype=q.dtype, device=device)
     total_q = q.shape[0] if varlen else b * sq
-    lse = torch.empty(hq, total_q, dtype=torch.float32, device=device)
+    if recipe is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=device)
+        lse = torch.empty(hq, total_q, dtype=torch.float32, device=device)
+    else:  # the ordinary path into the recipe's buffers
+        out, lse = recipe.tensors[6], recipe.tensors[7]
     qf = q.reshape(total_q, hq, d)
     of = out.view(total_q, hq, d)
     # without cu_seqlens_q every request has sq queries: the kernel computes their offsets
-    _run(qf, k_cache, v_cache, of, lse, cu_seqlens_q=cu_seqlens_q if varlen else None, max_seqlen_q=sq,
-         cu_seqlens_k=None, seqused_k=seqused, page_table=page_table, batched=not paged, softmax_scale=scale,
-         window=(left, right), backend=select_backend(device), batch=b, k_uniform=k_uniform)
-    if varlen:
-        return (out, lse) if return_softmax_lse else out
-    if return_softmax_lse:
-        return out, lse.view(hq, b, sq).permute(1, 0, 2).contiguous()
-    return out
+    with recipe.recorded() if recipe is not None else contextlib.nullcontext():
+        _run(qf, k_cache, v_cache, of, lse, cu_seqlens_q=cu_seqlens_q if varlen else None, max_seqlen_q=sq,
+             cu_seqlens_k=None, seqused_k=seqused, page_table=page_table, batched=not paged, softmax_scale=scale,
+             window=(left, right), backend=select_backend(device), batch=b, k_uniform=k_uniform)
+    return _kvcache_result(q, out, lse, cu_seqlens_q, return_softmax_lse)
+
+
+def _kvcache_result(q, out, lse, cu_seqlens_q, return_softmax_lse):
+    """flash_attn_with_kvcache's return value: ``out``, and with ``return_softmax_lse`` the LSE
+    ([Hq, total_q] for ragged queries, [B, Hq, S] for batched ones)."""
+    if not return_softmax_lse:
+        return out
+    if cu_seqlens_q is not None:
+        return out, lse
+    b, sq, hq = q.shape[0], q.shape[1], q.shape[2]
+    return out, lse.view(hq, b, sq).permute(1, 0, 2).contiguous()
+
+
+_KVCACHE_RECIPES = RecipeCache()
+"""Launch recipes of eager ``flash_attn_with_kvcache`` calls, by signature."""
+
+_KVCACHE_TENSORS = ("q", "k_cache", "v_cache", "cache_seqlens", "page_table", "cu_seqlens_q")
+
+
+def _kvcache_recipe(args: dict) -> RecipeCall | None:
+    """The launch recipe of a flash_attn_with_kvcache call (its out and LSE allocated), or None
+    where it has no recipe signature (an int ``cache_seqlens`` is a scalar of the key)."""
+    q = args["q"]
+    if not isinstance(q, torch.Tensor) or q.dim() not in (3, 4) or not recipes_usable(q):
+        return None
+    tensors = [args[name] for name in _KVCACHE_TENSORS]
+    if not isinstance(tensors[3], torch.Tensor):
+        tensors[3] = None
+    sig = tensor_signature(tensors)
+    if sig is None:
+        return None
+    try:
+        scalars = tuple(signature(v) for name, v in args.items()
+                        if name not in _KVCACHE_TENSORS or (name == "cache_seqlens" and tensors[3] is None))
+    except TypeError:
+        return None
+    key = (sig, scalars, torch._C._cuda_getDevice(), os.environ.get("MATE_BACKEND"), _launch_config())
+    total_q = q.shape[0] if q.dim() == 3 else q.shape[0] * q.shape[1]
+    tensors += [torch.empty(q.shape, dtype=q.dtype, device=q.device),
+                torch.empty(q.shape[-2], total_q, dtype=torch.float32, device=q.device)]
+    return RecipeCall(_KVCACHE_RECIPES, key, tensors, outputs=(6, 7))
 
 
 @mate_api

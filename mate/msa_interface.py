@@ -1020,7 +1020,7 @@ def msa(
         return _msa(*args)
     out = recipe.tensors[_RECIPE_OUTPUTS[0]]
     if recipe.replay():
-        return out, None
+        return out, max_score
     with recipe.recorded():  # the ordinary path, into the recipe's out (checked as given)
         return _msa(q, k, v, plan_info, kv_indices, kv_block_indexes, q_offset_override, out, max_score, kw)
 
@@ -1036,19 +1036,26 @@ def _out_dtype(q: torch.Tensor) -> torch.dtype:
 def _msa_recipe(q, k, v, plan_info: MsaPlanInfo, kv_indices, kv_block_indexes, q_offset_override, out, max_score,
                 kw: dict) -> RecipeCall | None:
     """The launch recipe of an msa() call (:mod:`mate._core.recipe`; its out allocated), or None
-    where the call runs the ordinary way: anything but sparse attention on the Triton backend
-    (the max-score pass and the dense / paged modes run torch operations too), or with the ids
-    checked on the host."""
+    where the call runs the ordinary way. Recipes cover the calls whose every device operation
+    is a Triton launch: sparse attention, and the max-score pass alone into a given buffer
+    (dense / paged attention may run torch's SDPA and copies); not with the ids checked on the
+    host."""
     plan, pre = plan_info.plan, plan_info.prefill_plan_or_None
-    if not (plan.is_sparse and (pre is None or pre.is_sparse)) or max_score is not None or plan.output_maxscore:
+    sparse = [p.is_sparse for p in (plan, pre) if p is not None]
+    output_o = kw.get("output_o", True)
+    if all(sparse) and max_score is None and not plan.output_maxscore and output_o is True:
+        outputs = _RECIPE_OUTPUTS  # sparse attention
+    elif not any(sparse) and isinstance(max_score, torch.Tensor) and output_o is False and kv_block_indexes is None:
+        outputs = (9,)  # the max-score pass
+    else:
         return None
-    if not isinstance(q, torch.Tensor) or not isinstance(v, torch.Tensor) or q.dim() != 3:
+    if not isinstance(q, torch.Tensor) or not isinstance(v, (torch.Tensor, type(None))) or q.dim() != 3:
         return None
-    if (kw.get("output_maxscore") or kw.get("check_input_valid") or kw.get("output_o", True) is not True
-            or not recipes_usable(q) or check_inputs_enabled()):
+    if kw.get("check_input_valid") or not recipes_usable(q) or check_inputs_enabled():
         return None
     rt = kw.get("runtime_metadata")
-    tensors = [q, k, v, kv_indices, kv_block_indexes, q_offset_override, out, kw.get("lse"), kw.get("page_table")]
+    tensors = [q, k, v, kv_indices, kv_block_indexes, q_offset_override, out, kw.get("lse"), kw.get("page_table"),
+               max_score]
     scalars = []
     if isinstance(q_offset_override, int):
         tensors[5] = None
@@ -1065,14 +1072,16 @@ def _msa_recipe(q, k, v, plan_info: MsaPlanInfo, kv_indices, kv_block_indexes, q
     sig = tensor_signature(tensors)
     if sig is None:
         return None
+    from mate.ops.msa import maxscore
     from mate.ops.msa.sparse_attention import launch_config
 
     key = (Identity(pre), plan_info.split, sig, tuple(scalars), rt is not None, torch._C._cuda_getDevice(),
-           os.environ.get("MATE_BACKEND"), launch_config())
-    if out is None:
-        tensors[_RECIPE_OUTPUTS[0]] = torch.empty((q.shape[0], q.shape[1], v.shape[-1]), dtype=_out_dtype(q),
-                                                  device=q.device)
-    return RecipeCall(plan.workspace.recipes, key, tensors, _RECIPE_OUTPUTS)
+           os.environ.get("MATE_BACKEND"), launch_config(), maxscore.PREFILL_BLOCK_M)
+    if out is None and outputs == _RECIPE_OUTPUTS:
+        if v is None:
+            return None
+        tensors[6] = torch.empty((q.shape[0], q.shape[1], v.shape[-1]), dtype=_out_dtype(q), device=q.device)
+    return RecipeCall(plan.workspace.recipes, key, tensors, outputs)
 
 
 def _msa(q, k, v, plan_info: MsaPlanInfo, kv_indices, kv_block_indexes, q_offset_override, out, max_score,

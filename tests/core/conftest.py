@@ -141,3 +141,18 @@ def mla_rope_dump(tmp_path_factory) -> Path:
                           {"MATE_LOGLEVEL": "10", "MATE_DUMP_DIR": "d", "MATE_LOGDEST": "stderr",
                            "MATE_BACKEND": "reference"})
     return work
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    """A stand-in JIT kernel on the fast launch path (CPU tensors, device 0, stream 1234)."""
+    import torch
+
+    from mate._core import launch as L
+    from tests.core._fake_triton import FakeJIT
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(L, "FAST_LAUNCH", True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 1234, raising=False)
+    return FakeJIT()

@@ -14,50 +14,7 @@ import torch
 from triton import knobs
 
 from mate._core import launch as L
-
-
-class FakeCompiled:
-    def __init__(self):
-        self.function, self.packed_metadata, self.calls = "function", "metadata", []
-
-    def run(self, *args):
-        self.calls.append(args)
-
-
-class FakeJIT:
-    """Triton 3.6's JITFunction as the fast path sees it: per-device binders, hooks, [grid]."""
-
-    def __init__(self):
-        self.pre_run_hooks = []
-        self.slow = []
-        self.compiled = []
-        self.device_caches = {}
-
-    def binder(self, *args, **kwargs):
-        options = {k: v for k, v in kwargs.items() if k == "num_warps"}
-        bound = {f"a{i}": a for i, a in enumerate(args)}
-        bound.update({k: v for k, v in kwargs.items() if k not in options})
-        spec = [("int", "1" if a == 1 else ("D" if a % 16 == 0 else "")) if isinstance(a, int) else ("obj", None)
-                for a in args] + [("constexpr", v) for k, v in kwargs.items() if k not in options]
-        return bound, spec, options
-
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            self.device_caches.setdefault(0, ({}, {}, None, None, self.binder))
-            self.slow.append((grid, args, kwargs))
-            kernel = FakeCompiled()
-            self.compiled.append(kernel)
-            return kernel
-        return launch
-
-
-@pytest.fixture
-def fake(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
-    monkeypatch.setattr(L, "FAST_LAUNCH", True)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 1234, raising=False)
-    return FakeJIT()
+from tests.core._fake_triton import FakeJIT
 
 
 def test_cached_launch_calls_the_compiled_launcher(fake):

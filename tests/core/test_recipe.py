@@ -13,16 +13,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from mate._core import launch as L
 from mate._core import recipe as R
-from tests.core.test_launch import FakeJIT
-
-
-@pytest.fixture
-def fake(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
-    monkeypatch.setattr(L, "FAST_LAUNCH", True)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 1234, raising=False)
-    return FakeJIT()
+from tests.core._fake_triton import FakeJIT
 
 
 def _warm(fake):
@@ -212,7 +203,7 @@ def _same_launches(replayed, ordinary, tensors) -> bool:
 def stand_in_gpu(fake, monkeypatch):
     """CPU tensors taken for an eager GPU call: recipes usable, the Triton backend, a device;
     stand-in launches logged in order."""
-    from tests.core.test_launch import FakeCompiled
+    from tests.core._fake_triton import FakeCompiled
 
     _LAUNCHES.clear()
     monkeypatch.setattr(FakeCompiled, "run", lambda self, *args: _LAUNCHES.append(args))
@@ -224,6 +215,7 @@ def stand_in_gpu(fake, monkeypatch):
     monkeypatch.setattr(MI, "recipes_usable", usable)
     monkeypatch.setattr(M, "recipes_usable", usable)
     monkeypatch.setattr(M, "select_backend", lambda device, override=None: "triton")
+    monkeypatch.setattr(MI, "select_backend", lambda device, override=None: "triton")
     monkeypatch.setattr("mate._core.dispatch.select_backend", lambda device, override=None: "triton")
     return _LAUNCHES
 
@@ -291,3 +283,46 @@ def test_varlen_calls_replay_what_the_ordinary_path_launches(stand_in_gpu, monke
         return tensors
 
     _replays_match(call, M._VARLEN_RECIPES)
+
+
+def test_msa_max_score_calls_replay_what_the_ordinary_path_launches(stand_in_gpu, monkeypatch):
+    import mate.ops.msa.maxscore as MS
+    from mate.msa_interface import _msa_plan_from_lengths, msa
+
+    monkeypatch.setattr(MS, "_max_score_fwd_kernel", FakeJIT())
+    info = _msa_plan_from_lengths(torch.tensor([1, 40]), torch.tensor([900, 300]), 4, num_kv_heads=4,
+                                  page_size=128, output_maxscore=True, split_prefill_decode=False)
+
+    def call(tensors=None):
+        if tensors is None:
+            k = torch.randn(20, 128, 4, 128, dtype=torch.bfloat16)
+            tensors = (torch.randn(41, 4, 128, dtype=torch.bfloat16), k,
+                       torch.randperm(20)[:2 * 8].to(torch.int32).view(2, 8), torch.empty(41, 4, 8))
+        q, k, table, ms = tensors
+        out, scores = msa(q, k, None, info, max_score=ms, output_o=False, page_table=table)
+        assert out is None and scores is ms
+        return tensors
+
+    _replays_match(call, info.plan.workspace.recipes)
+
+
+def test_kvcache_calls_replay_what_the_ordinary_path_launches(stand_in_gpu, monkeypatch):
+    import mate.mha_interface as M
+    import mate.ops.mha.attention as A
+
+    monkeypatch.setattr(A, "_mha_fwd_kernel", FakeJIT())
+    monkeypatch.setattr(M, "_KVCACHE_RECIPES", R.RecipeCache())
+    lens = torch.tensor([300, 17, 64, 1], dtype=torch.int32)
+
+    def call(tensors=None):
+        if tensors is None:
+            k = torch.randn(24, 64, 2, 64, dtype=torch.float16)
+            tensors = (torch.randn(4, 1, 8, 64, dtype=torch.float16), k, torch.randn_like(k),
+                       torch.randperm(24)[:20].to(torch.int32).view(4, 5))
+        q, k, v, table = tensors
+        out, lse = M.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens, page_table=table, causal=True,
+                                             return_softmax_lse=True)
+        assert out.shape == q.shape and lse.shape == (4, 8, 1)
+        return tensors
+
+    _replays_match(call, M._KVCACHE_RECIPES)

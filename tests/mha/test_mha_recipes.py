@@ -91,3 +91,45 @@ def test_single_sequence_never_replays():
         torch.cuda.synchronize()
         assert torch.equal(got, want)
     assert M._VARLEN_RECIPES.replays == before
+
+
+@pytest.mark.parametrize("paged", [True, False])
+def test_replayed_kvcache_calls_equal_the_ordinary_path(paged):
+    """flash_attn_with_kvcache decode steps (batched q [B, 1, Hq, D]; the batched LSE comes back
+    as [B, Hq, 1] through a copy after the launches, in both paths)."""
+    dev = "cuda"
+    g = torch.Generator().manual_seed(torch.seed() % 2**31)
+    b, hq, hkv, d = 48, 32, 8, 128
+    lens = torch.randint(1, 3000, (b,), generator=g, dtype=torch.int32).to(dev)
+
+    def inputs():
+        q = torch.randn(b, 1, hq, d, generator=g).to(dev, torch.bfloat16)
+        if paged:
+            k = torch.randn(b * 24, 128, hkv, d, generator=g).to(dev, torch.bfloat16)
+            kw = dict(page_table=torch.randperm(b * 24, generator=g).to(torch.int32).view(b, 24).to(dev))
+        else:
+            k = torch.randn(b, 3000, hkv, d, generator=g).to(dev, torch.bfloat16)
+            kw = {}
+        return q, k, torch.randn(k.shape, generator=g).to(dev, torch.bfloat16), kw
+
+    def run(q, k, v, kw):
+        return M.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens, causal=True, return_softmax_lse=True, **kw)
+
+    R.RECIPES = False
+    try:
+        run(*inputs())  # compiles
+    finally:
+        R.RECIPES = True
+    for call in range(5):
+        args = inputs()
+        before = M._KVCACHE_RECIPES.replays
+        got = run(*args)
+        assert (M._KVCACHE_RECIPES.replays > before) == (call >= 2), f"call {call}"
+        R.RECIPES = False
+        try:
+            want = run(*args)
+        finally:
+            R.RECIPES = True
+        torch.cuda.synchronize()
+        for a, w in zip(got, want):
+            assert torch.equal(a, w), f"call {call}: differs from the ordinary path"

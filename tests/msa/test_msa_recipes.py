@@ -189,3 +189,53 @@ def test_replay_under_cuda_graph_capture():
             R.RECIPES = True
         torch.cuda.synchronize()
         assert torch.equal(out, want_o) and torch.equal(lse.nan_to_num(), want_l.nan_to_num())
+
+
+@pytest.mark.parametrize("paged", [True, False])
+def test_replayed_max_score_passes_equal_the_ordinary_path(paged):
+    """The max-score pass alone into a given buffer (output_o=False), paged or dense keys."""
+    dev = "cuda"
+    q_lens, kv_lens = [1, 1, 700], [9000, 130, 4000]
+    pages_per = [-(-n // 128) for n in kv_lens]
+    info = _msa_plan_from_lengths(torch.tensor(q_lens), torch.tensor(kv_lens), HKV, num_kv_heads=HKV,
+                                  page_size=128 if paged else 0, output_maxscore=True, split_prefill_decode=False,
+                                  device=dev)
+    cache = info.plan.workspace.recipes
+    g = torch.Generator().manual_seed(torch.seed() % 2**31)
+    tiles = info.plan.max_k_tiles
+
+    def inputs():
+        q = torch.randn(sum(q_lens), HKV, 128, generator=g).to(dev, torch.bfloat16)
+        kw = {}
+        if paged:
+            pages = sum(pages_per) + 2
+            k = torch.randn(pages, 128, HKV, 128, generator=g).to(dev, torch.bfloat16)
+            kw["page_table"] = torch.randperm(pages, generator=g)[:3 * max(pages_per)].to(torch.int32).view(
+                3, -1).to(dev)
+        else:
+            k = torch.randn(sum(kv_lens), HKV, 128, generator=g).to(dev, torch.bfloat16)
+        return q, k, kw
+
+    def run(q, k, kw):
+        ms = poisoned((q.shape[0], HKV, tiles), torch.float32, dev)
+        out, scores = msa(q, k, None, info, max_score=ms, output_o=False, **kw)
+        assert out is None and scores is ms
+        return ms
+
+    R.RECIPES = False
+    try:
+        run(*inputs())  # compiles
+    finally:
+        R.RECIPES = True
+    for call in range(5):
+        q, k, kw = inputs()
+        before = cache.replays
+        got = run(q, k, kw)
+        assert (cache.replays > before) == (call >= 2), f"call {call}"
+        R.RECIPES = False
+        try:
+            want = run(q, k, kw)
+        finally:
+            R.RECIPES = True
+        torch.cuda.synchronize()
+        assert torch.equal(got.nan_to_num(), want.nan_to_num()), f"call {call}: max_score differs"
