@@ -208,7 +208,7 @@ def test_replayed_max_score_passes_equal_the_ordinary_path(paged):
         q = torch.randn(sum(q_lens), HKV, 128, generator=g).to(dev, torch.bfloat16)
         kw = {}
         if paged:
-            pages = sum(pages_per) + 2
+            pages = 3 * max(pages_per) + 2
             k = torch.randn(pages, 128, HKV, 128, generator=g).to(dev, torch.bfloat16)
             kw["page_table"] = torch.randperm(pages, generator=g)[:3 * max(pages_per)].to(torch.int32).view(
                 3, -1).to(dev)
