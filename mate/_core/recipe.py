@@ -15,8 +15,9 @@ kernels, grids, scalars, and addresses). A per-call temporary among the argument
 test (the recipe keeps the first call's temporary alive, so the second call's one lies
 elsewhere), so only calls whose launches are a function of signature and addresses replay.
 A replay re-checks what depends on the addresses: each pointer's 16-byte alignment (part of
-Triton's specialization) and inputs that shared an address when recorded; the caller keeps
-its own address checks (output overlap).
+Triton's specialization), the relative position of tensors that overlapped when recorded
+(views of one buffer: which of them an argument belongs to was decided by addresses), and
+that the call's outputs overlap none of its other tensors.
 
 Where recipes apply is the caller's decision: paths whose every device operation is a
 plain-Triton launch through :func:`mate._core.launch.launcher` (a torch operation or a
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -112,14 +114,15 @@ class _Address:
 
 
 class _DescriptorAt:
-    """A host tensor descriptor (the attributes Triton's launcher reads) at another base."""
+    """A host tensor descriptor (the attributes Triton's launcher reads) at another base; made
+    from a recorded descriptor without keeping its tensor."""
 
     __slots__ = ("base", "shape", "strides", "block_shape", "padding")
 
     def __init__(self, desc: Any, ptr: int) -> None:
         self.base = _Address(ptr)
-        self.shape, self.strides = desc.shape, desc.strides
-        self.block_shape, self.padding = desc.block_shape, desc.padding
+        self.shape, self.strides = list(desc.shape), list(desc.strides)
+        self.block_shape, self.padding = list(desc.block_shape), desc.padding
 
 
 def _is_descriptor(v: Any) -> bool:
@@ -154,7 +157,9 @@ class LaunchRecipe:
     def __init__(self) -> None:
         self.launches: list[tuple[Any, tuple[int, int, int], list, list]] = []
         self.checks: list[tuple[int, int, bool]] = []  # (tensor, byte offset, 16-byte aligned)
-        self.ties: list[tuple[int, int]] = []  # tensors that shared an address when recorded
+        # (i, j, ptr_j - ptr_i) of tensors whose extents overlapped when recorded: which of them an
+        # address belongs to holds only while they still lie so
+        self.relations: list[tuple[int, int, int]] = []
         self.kept: list[torch.Tensor] = []  # argument tensors outside the call's tensors
         self.extents: list[tuple[int, int] | None] = []  # each tensor's byte extent from its address
         self.device = -1
@@ -168,6 +173,8 @@ class LaunchRecipe:
         recipe = cls()
         recipe.device = recording.device
         recipe.extents = [None if s is None else (s[0] - p, s[1] - p) for s, p in zip(spans, ptrs)]
+        recipe.relations = [(i, j, ptrs[j] - ptrs[i]) for i, a in enumerate(spans) for j, b in enumerate(spans)
+                            if i < j and a is not None and b is not None and a[0] <= b[1] and b[0] <= a[1]]
         for kernel, grid, values in recording.launches:
             vals, slots = list(values), []
             for pos, v in enumerate(vals):
@@ -185,8 +192,9 @@ class LaunchRecipe:
                     if desc is None:
                         vals[pos] = addr
                     continue
-                slots.append((pos, owner, addr - ptrs[owner], desc))
+                slots.append((pos, owner, addr - ptrs[owner], None if desc is None else _DescriptorAt(desc, 0)))
                 recipe.checks.append((owner, addr - ptrs[owner], addr % 16 == 0))
+                vals[pos] = None  # filled per replay; the recorded call's tensor is not kept
             recipe.launches.append((kernel, grid, vals, slots))
         return recipe
 
@@ -199,9 +207,7 @@ class LaunchRecipe:
             exact = inside if all(ptrs[i] == ptrs[inside[0]] for i in inside) else []
         if not exact:
             return _AMBIGUOUS
-        for other in exact[1:]:  # the same memory under several names: replay only while it still is
-            self.ties.append((exact[0], other))
-        return exact[0]
+        return exact[0]  # several names for the same memory: the relations keep it so
 
     def _values(self, ptrs: list[int]) -> list[list]:
         out = []
@@ -214,8 +220,8 @@ class LaunchRecipe:
         return out
 
     def _addresses_hold(self, ptrs: list[int]) -> bool:
-        for i, j in self.ties:
-            if ptrs[i] != ptrs[j]:
+        for i, j, delta in self.relations:
+            if ptrs[j] - ptrs[i] != delta:
                 return False
         return all(((ptrs[i] + off) % 16 == 0) == aligned for i, off, aligned in self.checks)
 
@@ -268,7 +274,7 @@ class LaunchRecipe:
 
 
 class RecipeCache:
-    """Recipes by call key (see the module docstring), at most ``limit`` of them.
+    """Recipes by call key (see the module docstring), the ``limit`` most recently used.
 
     ``replay(key, tensors)`` runs a trusted recipe; when it returns ``False`` the caller runs
     the call the ordinary way inside :func:`mate._core.launch.recording` (if ``wants(key)``)
@@ -279,7 +285,7 @@ class RecipeCache:
 
     def __init__(self, limit: int = 64) -> None:
         self.limit = limit
-        self._entries: dict[Any, list] = {}  # key -> [recipe or None, trusted, misses]
+        self._entries: OrderedDict[Any, list] = OrderedDict()  # key -> [recipe or None, trusted, misses]
         self.replays = 0
 
     def __len__(self) -> int:
@@ -292,15 +298,15 @@ class RecipeCache:
     def wants(self, key: Any) -> bool:
         """Whether an ordinary call of ``key`` should be recorded."""
         entry = self._entries.get(key)
-        if entry is None:
-            return len(self._entries) < self.limit
-        return entry[2] < self.MISSES
+        return entry is None or entry[2] < self.MISSES
 
     def replay(self, key: Any, tensors: Sequence[torch.Tensor | None], outputs: Sequence[int] = ()) -> bool:
         entry = self._entries.get(key)
         if entry is None or not entry[1] or not entry[0].replay(tensors, outputs):
             return False
         self.replays += 1
+        with contextlib.suppress(KeyError):  # another thread may have evicted it meanwhile
+            self._entries.move_to_end(key)
         return True
 
     def observe(self, key: Any, recording: _launch.Recording, tensors: Sequence[torch.Tensor | None]) -> None:
@@ -309,8 +315,9 @@ class RecipeCache:
         entry = self._entries.get(key)
         if entry is None:
             if len(self._entries) >= self.limit:
-                return
+                self._entries.popitem(last=False)  # the least recently used
             entry = self._entries[key] = [None, False, 0]
+        self._entries.move_to_end(key)
         if entry[0] is not None and entry[0].predicts(recording, tensors):
             entry[1] = True
             return

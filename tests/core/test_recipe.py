@@ -78,6 +78,21 @@ def test_replay_substitutes_addresses_and_keeps_workspace(fake):
     assert second[9:] == (out2.data_ptr(), temp.data_ptr(), 8, 32)
 
 
+def test_recipe_keeps_none_of_the_recorded_call_tensors(fake):
+    import gc
+    import weakref
+
+    fast = _warm(fake)
+    tensors = _inputs()
+    recipe = R.LaunchRecipe.build(_record(fast, tensors), tensors)
+    refs = [weakref.ref(t) for t in tensors]
+    for compiled in fake.compiled:  # the stand-in's own log of launch arguments
+        compiled.calls.clear()
+    del tensors
+    gc.collect()
+    assert recipe is not None and all(r() is None for r in refs)
+
+
 def test_second_call_is_predicted_unless_it_used_a_temporary(fake):
     fast = _warm(fake)
     tensors = _inputs()
@@ -100,7 +115,7 @@ def test_ambiguous_and_tied_addresses(fake):
     # the same memory under two names: replayed only while they still share it
     q2 = q.view(8, 4)
     recipe = R.LaunchRecipe.build(_record(fast, (q, k, out)), [q, k, out, q2])
-    assert recipe is not None and recipe.ties
+    assert recipe is not None and recipe.relations
     assert recipe.replay([q, k, out, q2])
     assert not recipe.replay([q, k, out, torch.randn(8, 4)])
 
@@ -144,7 +159,10 @@ def test_cache_trusts_after_a_predicted_second_call(fake):
     for _ in range(R.RecipeCache.MISSES + 1):
         call("b", torch.zeros(16))
     assert not cache.trusted("b") and not cache.wants("b")
-    assert not cache.wants("c")  # the limit
+    # past the limit the least recently used key goes ("a": "b" was recorded since its last replay)
+    assert [call("c") for _ in range(3)] == ["recorded", "recorded", "replayed"]
+    assert len(cache) == 2 and not cache.trusted("a") and cache.wants("a")
+    assert call("a") == "recorded"
 
 
 def test_signature():
