@@ -1072,16 +1072,22 @@ def _msa_recipe(q, k, v, plan_info: MsaPlanInfo, kv_indices, kv_block_indexes, q
     sig = tensor_signature(tensors)
     if sig is None:
         return None
-    from mate.ops.msa import maxscore
-    from mate.ops.msa.sparse_attention import launch_config
-
     key = (Identity(pre), plan_info.split, sig, tuple(scalars), rt is not None, torch._C._cuda_getDevice(),
-           os.environ.get("MATE_BACKEND"), launch_config(), maxscore.PREFILL_BLOCK_M)
+           os.environ.get("MATE_BACKEND"), _msa_launch_config())
     if out is None and outputs == _RECIPE_OUTPUTS:
         if v is None:
             return None
         tensors[6] = torch.empty((q.shape[0], q.shape[1], v.shape[-1]), dtype=_out_dtype(q), device=q.device)
     return RecipeCall(plan.workspace.recipes, key, tensors, outputs)
+
+
+def _msa_launch_config() -> tuple:
+    """The module settings that shape msa()'s launches (recipe keys include them: benchmarks
+    switch them between calls)."""
+    from mate.ops.msa import maxscore
+    from mate.ops.msa.sparse_attention import launch_config
+
+    return launch_config(), maxscore.PREFILL_BLOCK_M
 
 
 def _msa(q, k, v, plan_info: MsaPlanInfo, kv_indices, kv_block_indexes, q_offset_override, out, max_score,

@@ -120,9 +120,9 @@ class _DescriptorAt:
     __slots__ = ("base", "shape", "strides", "block_shape", "padding")
 
     def __init__(self, desc: Any, ptr: int) -> None:
-        self.base = _Address(ptr)
-        self.shape, self.strides = list(desc.shape), list(desc.strides)
-        self.block_shape, self.padding = list(desc.block_shape), desc.padding
+        self.base = _Address(ptr)  # the lists are shared with ``desc``: the launcher only reads them
+        self.shape, self.strides, self.block_shape = desc.shape, desc.strides, desc.block_shape
+        self.padding = desc.padding
 
 
 def _is_descriptor(v: Any) -> bool:
@@ -192,7 +192,11 @@ class LaunchRecipe:
                     if desc is None:
                         vals[pos] = addr
                     continue
-                slots.append((pos, owner, addr - ptrs[owner], None if desc is None else _DescriptorAt(desc, 0)))
+                if desc is not None:  # a template that keeps none of the recorded call's tensors
+                    desc = _DescriptorAt(desc, 0)
+                    desc.shape, desc.strides, desc.block_shape = (list(desc.shape), list(desc.strides),
+                                                                  list(desc.block_shape))
+                slots.append((pos, owner, addr - ptrs[owner], desc))
                 recipe.checks.append((owner, addr - ptrs[owner], addr % 16 == 0))
                 vals[pos] = None  # filled per replay; the recorded call's tensor is not kept
             recipe.launches.append((kernel, grid, vals, slots))
@@ -223,7 +227,10 @@ class LaunchRecipe:
         for i, j, delta in self.relations:
             if ptrs[j] - ptrs[i] != delta:
                 return False
-        return all(((ptrs[i] + off) % 16 == 0) == aligned for i, off, aligned in self.checks)
+        for i, off, aligned in self.checks:  # noqa: SIM110 - a loop: no generator on every replay
+            if ((ptrs[i] + off) % 16 == 0) != aligned:
+                return False
+        return True
 
     def predicts(self, recording: _launch.Recording, tensors: Sequence[torch.Tensor | None]) -> bool:
         """Whether ``recording`` (another call's, made the ordinary way) launched exactly what this
