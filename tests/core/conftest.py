@@ -151,7 +151,9 @@ def fake(monkeypatch):
     from mate._core import launch as L
     from tests.core._fake_triton import FakeJIT
 
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    # the launcher's view only: TRITON_INTERPRET itself stays, or a module first imported during
+    # the test would get compiled-mode kernels for the rest of the session
+    monkeypatch.setattr(L, "interpreter_active", lambda: False)
     monkeypatch.setattr(L, "FAST_LAUNCH", True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 1234, raising=False)

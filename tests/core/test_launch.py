@@ -72,7 +72,7 @@ def test_launcher_passes_other_objects_through(fake, monkeypatch):
     other = FakeJIT()
     assert L.launcher(other) is other
     monkeypatch.setattr(L, "FAST_LAUNCH", True)
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(L, "interpreter_active", lambda: True)
     assert L.launcher(other) is other
 
 
