@@ -60,9 +60,8 @@ def main() -> None:
     for name, fn in calls.items():
         res[name] = host(fn)
         if recipe is not None:  # the same call the ordinary way (every check, Triton's binder)
-            recipe.RECIPES = False
-            res[name + " (no recipes)"] = host(fn)
-            recipe.RECIPES = True
+            with recipe.disabled():
+                res[name + " (no recipes)"] = host(fn)
     print(tag, "  ".join(f"{n}: {t:.1f}" for n, t in res.items()), flush=True)
 
 

@@ -38,13 +38,24 @@ from torch._C import _len_torch_dispatch_stack
 from mate._core import launch as _launch
 from mate._core.checks import _byte_range
 
-__all__ = ["Identity", "LaunchRecipe", "RecipeCache", "RecipeCall", "RECIPES", "recipes_usable", "signature",
-           "tensor_signature"]
+__all__ = ["Identity", "LaunchRecipe", "RecipeCache", "RecipeCall", "RECIPES", "disabled", "recipes_usable",
+           "signature", "tensor_signature"]
 
 RECIPES = os.environ.get("MATE_LAUNCH_RECIPES", "1").strip().lower() not in ("0", "false", "no", "off")
 """Read once at import; ``MATE_LAUNCH_RECIPES=0`` runs every eager call the ordinary way."""
 
 _AMBIGUOUS = -1
+
+
+@contextlib.contextmanager
+def disabled() -> Iterator[None]:
+    """Runs the calls inside the ordinary way (tests and benchmarks compare the two paths)."""
+    global RECIPES
+    previous, RECIPES = RECIPES, False
+    try:
+        yield
+    finally:
+        RECIPES = previous
 
 
 def recipes_usable(t: torch.Tensor) -> bool:

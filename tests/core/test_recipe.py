@@ -239,21 +239,15 @@ def stand_in_gpu(fake, monkeypatch):
 
 
 def _replays_match(call, cache, calls=5):
-    R.RECIPES = False
-    try:
+    with R.disabled():
         call()  # compiles (JITFunction's path; a call that compiles is not recorded)
-    finally:
-        R.RECIPES = True
     for i in range(calls):
         before, n = cache.replays, len(_LAUNCHES)
         tensors = call()
         assert (cache.replays > before) == (i >= 2), f"call {i}"
         mine = _LAUNCHES[n:]
-        R.RECIPES = False
-        try:
+        with R.disabled():
             call(tensors)
-        finally:
-            R.RECIPES = True
         assert mine and _same_launches(mine, _LAUNCHES[n + len(mine):], tensors), f"call {i}: launches differ"
 
 

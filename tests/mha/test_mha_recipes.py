@@ -51,11 +51,8 @@ def _inputs(case, g):
 
 
 def _ordinary(q, k, v, kw):
-    R.RECIPES = False
-    try:
+    with R.disabled():
         return M.flash_attn_varlen_func(q, k, v, **kw)
-    finally:
-        R.RECIPES = True
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -115,21 +112,15 @@ def test_replayed_kvcache_calls_equal_the_ordinary_path(paged):
     def run(q, k, v, kw):
         return M.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens, causal=True, return_softmax_lse=True, **kw)
 
-    R.RECIPES = False
-    try:
+    with R.disabled():
         run(*inputs())  # compiles
-    finally:
-        R.RECIPES = True
     for call in range(5):
         args = inputs()
         before = M._KVCACHE_RECIPES.replays
         got = run(*args)
         assert (M._KVCACHE_RECIPES.replays > before) == (call >= 2), f"call {call}"
-        R.RECIPES = False
-        try:
+        with R.disabled():
             want = run(*args)
-        finally:
-            R.RECIPES = True
         torch.cuda.synchronize()
         for a, w in zip(got, want):
             assert torch.equal(a, w), f"call {call}: differs from the ordinary path"

@@ -61,16 +61,13 @@ def _call(info, q, k, v, idx, table, case, *, out=None, lse=None):
 def _warm(info, case, g):
     """One ordinary call: the kernels' first launches in the process compile them, and a call
     that compiles is not recorded."""
-    R.RECIPES = False
-    try:
+    with R.disabled():
         q, k, v, idx, table = _inputs(case, g)
         _call(info, q, k, v, idx, table, case)
-    finally:
-        R.RECIPES = True
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_replayed_calls_equal_the_ordinary_path(name, monkeypatch):
+def test_replayed_calls_equal_the_ordinary_path(name):
     case = CASES[name]
     dev = "cuda"
     info = _msa_plan_from_lengths(torch.tensor(case["q_lens"]), torch.tensor(case["kv_lens"]), HQ, num_kv_heads=HKV,
@@ -93,12 +90,10 @@ def test_replayed_calls_equal_the_ordinary_path(name, monkeypatch):
         before = cache.replays
         o, _ = _call(info, q, k, v, idx, table, case, out=out, lse=lse)
         assert (cache.replays > before) == (call >= 2), f"call {call}: replays {cache.replays}"
-        # the same call the ordinary way
-        monkeypatch.setattr(R, "RECIPES", False)
         want_out = poisoned((total, HQ, 128), out_dtype, dev)
         want_lse = poisoned((total, HQ), torch.float32, dev) if lse is not None else None
-        _call(info, q, k, v, idx, table, case, out=want_out, lse=want_lse)
-        monkeypatch.setattr(R, "RECIPES", True)
+        with R.disabled():  # the same call the ordinary way
+            _call(info, q, k, v, idx, table, case, out=want_out, lse=want_lse)
         torch.cuda.synchronize()
         assert not o.isnan().any(), f"call {call}: unwritten output"
         assert torch.equal(o, want_out), f"call {call}: output differs from the ordinary path"
@@ -167,11 +162,8 @@ def test_replay_under_cuda_graph_capture():
         cu_k.copy_(torch.tensor([0, *torch.tensor(kv_lens).cumsum(0).tolist()], dtype=torch.int32))
 
     set_lengths([max_k] * bmax)
-    R.RECIPES = False
-    try:
+    with R.disabled():
         step()  # compiles the kernels (a call that compiles is not recorded)
-    finally:
-        R.RECIPES = True
     step()
     cache = info.plan.workspace.recipes
     graph = capture_graph(step)  # its eager call is the second recording; the captured one replays
@@ -182,11 +174,8 @@ def test_replay_under_cuda_graph_capture():
         graph.replay()
         want_o = poisoned(out.shape, out.dtype, dev)
         want_l = poisoned(lse.shape, lse.dtype, dev)
-        R.RECIPES = False
-        try:
+        with R.disabled():
             step(want_o, want_l)
-        finally:
-            R.RECIPES = True
         torch.cuda.synchronize()
         assert torch.equal(out, want_o) and torch.equal(lse.nan_to_num(), want_l.nan_to_num())
 
@@ -222,20 +211,14 @@ def test_replayed_max_score_passes_equal_the_ordinary_path(paged):
         assert out is None and scores is ms
         return ms
 
-    R.RECIPES = False
-    try:
+    with R.disabled():
         run(*inputs())  # compiles
-    finally:
-        R.RECIPES = True
     for call in range(5):
         q, k, kw = inputs()
         before = cache.replays
         got = run(q, k, kw)
         assert (cache.replays > before) == (call >= 2), f"call {call}"
-        R.RECIPES = False
-        try:
+        with R.disabled():
             want = run(q, k, kw)
-        finally:
-            R.RECIPES = True
         torch.cuda.synchronize()
         assert torch.equal(got.nan_to_num(), want.nan_to_num()), f"call {call}: max_score differs"
