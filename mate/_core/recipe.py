@@ -74,7 +74,7 @@ def tensor_signature(tensors: Sequence[torch.Tensor | None]) -> tuple | None:
         if t is None:
             sig.append(None)
         elif isinstance(t, torch.Tensor):
-            sig.append((t.shape, t.stride(), t.dtype, t.device))
+            sig.append((t.shape, t.stride(), t.dtype, t.get_device()))  # the device index (-1: CPU)
         else:
             return None
     return tuple(sig)
