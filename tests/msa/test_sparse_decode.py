@@ -11,6 +11,7 @@ from mate.ops.msa import sparse_decode as sd
 from mate.ops.msa.reference_attention import sparse_attention_reference
 from mate.ops.msa.sparse_attention import sparse_attention
 from mate.testing import assert_close, poisoned
+from tests._markers import interpreter_only
 from tests.msa.test_sparse_attention import TOL, assert_lse_close, make_problem, run_case
 
 
@@ -313,8 +314,24 @@ def test_probe_stand_ins_take_the_decode_kernels_arguments(monkeypatch):
     monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))
     import probe_msa_decode_floor
     import probe_msa_decode_fp8_pv
+    import probe_msa_decode_warp
 
     real = sd.msa_decode_t_kernel.arg_names
     runtime = real[: real.index("W") + 1]
     assert probe_msa_decode_floor.floor_kernel.arg_names[: len(real)] == real
     assert probe_msa_decode_fp8_pv.msa_decode_fp8_pv_kernel.arg_names[: len(runtime)] == runtime
+    assert probe_msa_decode_warp.msa_decode_warp_kernel.arg_names[: len(real)] == real
+
+
+@interpreter_only
+def test_per_warp_decode_probe_matches_the_reference(monkeypatch, random_seed):
+    """The per-warp decode probe (not a library kernel, not yet timed) computes the decode: bf16
+    and fp8 against the reference, under the interpreter (bf16 output: a few bf16 ulps)."""
+    import pathlib
+
+    monkeypatch.setenv("MATE_BACKEND", "triton")
+    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))
+    import probe_msa_decode_warp
+
+    for name, (err_o, err_l) in probe_msa_decode_warp.check(random_seed).items():
+        assert err_o < 2e-2 and err_l < 1e-4, (name, err_o, err_l)
