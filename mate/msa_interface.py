@@ -1019,8 +1019,8 @@ def msa(
     if recipe is None:
         return _msa(*args)
     out = recipe.tensors[_RECIPE_OUTPUTS[0]]
-    if recipe.replay():
-        return out, max_score
+    if recipe.replay():  # sparse attention: (out, None); the max-score pass: (None, max_score)
+        return (out, None) if max_score is None else (None, max_score)
     with recipe.recorded():  # the ordinary path, into the recipe's out (checked as given)
         return _msa(q, k, v, plan_info, kv_indices, kv_block_indexes, q_offset_override, out, max_score, kw)
 

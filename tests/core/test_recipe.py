@@ -311,7 +311,8 @@ def test_msa_max_score_calls_replay_what_the_ordinary_path_launches(stand_in_gpu
             tensors = (torch.randn(41, 4, 128, dtype=torch.bfloat16), k,
                        torch.randperm(20)[:2 * 8].to(torch.int32).view(2, 8), torch.empty(41, 4, 8))
         q, k, table, ms = tensors
-        out, scores = msa(q, k, None, info, max_score=ms, output_o=False, page_table=table)
+        unused = torch.empty(41, 4, 128, dtype=torch.bfloat16)  # no attention output: ignored, None returned
+        out, scores = msa(q, k, None, info, max_score=ms, output_o=False, page_table=table, out=unused)
         assert out is None and scores is ms
         return tensors
 
