@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 from typing import Any
 
 import torch
@@ -28,7 +27,7 @@ import torch
 from mate._core import checks
 from mate._core.dispatch import select_backend
 from mate._core.hopper import GRID_YZ_MAX
-from mate._core.recipe import RecipeCache, RecipeCall, recipes_usable, signature, tensor_signature
+from mate._core.recipe import RecipeCache, RecipeCall, call_key, recipes_usable
 from mate.api_logging import mate_api
 
 __all__ = ["MhaSchedulerMetadata", "flash_attn_varlen_func", "flash_attn_with_kvcache", "get_scheduler_metadata"]
@@ -402,14 +401,8 @@ def _varlen_recipe_key(args: dict) -> Any:
     if (not isinstance(q, torch.Tensor) or not isinstance(cu_q, torch.Tensor) or q.dim() != 3
             or not recipes_usable(q) or (cu_q.shape[0] == 2 and args["page_table"] is None)):
         return None  # one dense request may run torch's SDPA
-    sig = tensor_signature([args[name] for name in _VARLEN_TENSORS])
-    if sig is None:
-        return None
-    try:
-        scalars = tuple(signature(v) for name, v in args.items() if name not in _VARLEN_TENSORS)
-    except TypeError:
-        return None
-    return sig, scalars, torch._C._cuda_getDevice(), os.environ.get("MATE_BACKEND"), SDPA_WITH_LSE, _launch_config()
+    return call_key([args[name] for name in _VARLEN_TENSORS],
+                    (v for name, v in args.items() if name not in _VARLEN_TENSORS), SDPA_WITH_LSE, _launch_config())
 
 
 def _launch_config() -> tuple:
@@ -629,15 +622,11 @@ def _kvcache_recipe(args: dict) -> RecipeCall | None:
     tensors = [args[name] for name in _KVCACHE_TENSORS]
     if not isinstance(tensors[3], torch.Tensor):
         tensors[3] = None
-    sig = tensor_signature(tensors)
-    if sig is None:
+    key = call_key(tensors, (v for name, v in args.items()
+                             if name not in _KVCACHE_TENSORS or (name == "cache_seqlens" and tensors[3] is None)),
+                   _launch_config())
+    if key is None:
         return None
-    try:
-        scalars = tuple(signature(v) for name, v in args.items()
-                        if name not in _KVCACHE_TENSORS or (name == "cache_seqlens" and tensors[3] is None))
-    except TypeError:
-        return None
-    key = (sig, scalars, torch._C._cuda_getDevice(), os.environ.get("MATE_BACKEND"), _launch_config())
     total_q = q.shape[0] if q.dim() == 3 else q.shape[0] * q.shape[1]
     tensors += [torch.empty(q.shape, dtype=q.dtype, device=q.device),
                 torch.empty(q.shape[-2], total_q, dtype=torch.float32, device=q.device)]

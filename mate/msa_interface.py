@@ -21,7 +21,6 @@ Typical selection pipeline (MiniMax-M3 indexer: one proxy query head per KV head
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any, NamedTuple, Optional
 
 import torch
@@ -39,7 +38,7 @@ from mate._core.checks import (
 )
 from mate._core.custom_op import mate_custom_op
 from mate._core.dispatch import select_backend
-from mate._core.recipe import Identity, RecipeCall, recipes_usable, tensor_signature
+from mate._core.recipe import Identity, RecipeCall, call_key, recipes_usable
 from mate.api_logging import mate_api
 from mate.ops.msa import plan as _planner
 from mate.ops.msa.plan import (
@@ -1056,24 +1055,17 @@ def _msa_recipe(q, k, v, plan_info: MsaPlanInfo, kv_indices, kv_block_indexes, q
     rt = kw.get("runtime_metadata")
     tensors = [q, k, v, kv_indices, kv_block_indexes, q_offset_override, out, kw.get("lse"), kw.get("page_table"),
                max_score]
-    scalars = []
+    others = [(name, value) for name, value in kw.items() if name not in ("lse", "page_table", "runtime_metadata")]
     if isinstance(q_offset_override, int):
         tensors[5] = None
-        scalars.append(("q_offset_override", type(q_offset_override), q_offset_override))
-    for name, value in kw.items():
-        if name not in ("lse", "page_table", "runtime_metadata"):
-            if not isinstance(value, (bool, int, float, str, type(None))):
-                return None
-            scalars.append((name, type(value), value))
+        others.append(("q_offset_override", q_offset_override))
     if rt is not None:
         if not isinstance(rt, MsaRuntimeMetadata):
             return None
         tensors += [getattr(rt, f.name) for f in dataclasses.fields(rt)]
-    sig = tensor_signature(tensors)
-    if sig is None:
+    key = call_key(tensors, others, Identity(pre), plan_info.split, _msa_launch_config())
+    if key is None:
         return None
-    key = (Identity(pre), plan_info.split, sig, tuple(scalars), rt is not None, torch._C._cuda_getDevice(),
-           os.environ.get("MATE_BACKEND"), _msa_launch_config())
     if out is None and outputs == _RECIPE_OUTPUTS:
         if v is None:
             return None

@@ -106,7 +106,6 @@ class FastLaunch:
         return launch
 
     def run(self, grid: tuple[int, ...], args: tuple, kwargs: dict) -> Any:
-
         rec = active_recording()
         if not plain_launches() or self.fn.pre_run_hooks:
             if rec is not None:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -38,13 +38,15 @@ from torch._C import _len_torch_dispatch_stack
 from mate._core import launch as _launch
 from mate._core.checks import _byte_range
 
-__all__ = ["Identity", "LaunchRecipe", "RecipeCache", "RecipeCall", "RECIPES", "disabled", "recipes_usable",
-           "signature", "tensor_signature"]
+__all__ = ["Identity", "LaunchRecipe", "RecipeCache", "RecipeCall", "RECIPES", "call_key", "disabled",
+           "recipes_usable", "signature", "tensor_signature"]
 
 RECIPES = os.environ.get("MATE_LAUNCH_RECIPES", "1").strip().lower() not in ("0", "false", "no", "off")
 """Read once at import; ``MATE_LAUNCH_RECIPES=0`` runs every eager call the ordinary way."""
 
 _AMBIGUOUS = -1
+
+_PLAIN = frozenset({type(None), bool, int, float, str})
 
 
 @contextlib.contextmanager
@@ -84,6 +86,9 @@ def signature(value: Any) -> Any:
     """A hashable description of one call argument for a recipe key: a tensor's shape, strides,
     dtype and device; plain scalars with their type (``True`` and ``1`` differ); tuples, lists
     and dataclass-like objects field by field. ``TypeError`` for anything else."""
+    kind = type(value)
+    if kind in _PLAIN:  # most arguments: one set lookup
+        return (kind, value)
     if isinstance(value, torch.Tensor):
         return (value.shape, value.stride(), value.dtype, value.device)
     if value is None or isinstance(value, (bool, int, float, str)):
@@ -94,6 +99,21 @@ def signature(value: Any) -> Any:
     if fields is not None:
         return (type(value), tuple(signature(getattr(value, f)) for f in fields))
     raise TypeError(f"no recipe signature for a {type(value).__name__}")
+
+
+def call_key(tensors: Sequence[torch.Tensor | None], others: Iterable[Any], *settings: Any) -> tuple | None:
+    """A call's recipe key: its ``tensors``' :func:`tensor_signature`, the :func:`signature` of its
+    ``others`` (its other arguments, in a fixed order or as (name, value) pairs), the current
+    device, ``MATE_BACKEND`` (read per call) and ``settings`` (module settings that shape the
+    launches). None when an argument has no signature (the call runs the ordinary way)."""
+    sig = tensor_signature(tensors)
+    if sig is None:
+        return None
+    try:
+        values = tuple(signature(v) for v in others)
+    except TypeError:
+        return None
+    return (sig, values, torch._C._cuda_getDevice(), os.environ.get("MATE_BACKEND"), *settings)
 
 
 class Identity:
@@ -195,7 +215,7 @@ class LaunchRecipe:
                     addr, desc = v.base.data_ptr(), v
                 else:
                     continue
-                owner = recipe._owner(addr, spans, ptrs)
+                owner = cls._owner(addr, spans, ptrs)
                 if owner == _AMBIGUOUS:
                     return None
                 if owner is None:  # not in the call's tensors: kept (a workspace slice)
@@ -213,7 +233,10 @@ class LaunchRecipe:
             recipe.launches.append((kernel, grid, vals, slots))
         return recipe
 
-    def _owner(self, addr: int, spans: list, ptrs: list[int]) -> int | None:
+    @staticmethod
+    def _owner(addr: int, spans: list, ptrs: list[int]) -> int | None:
+        """Index of the call tensor that holds ``addr`` (None: none does; ``_AMBIGUOUS``: several
+        that do not start at one address)."""
         inside = [i for i, s in enumerate(spans) if s is not None and s[0] <= addr <= s[1]]
         if len(inside) <= 1:
             return inside[0] if inside else None
