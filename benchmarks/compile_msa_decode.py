@@ -6,8 +6,7 @@ A SPEC is ``dtype:stages:warps[:key=value...]`` with dtype bf16, fp16 or fp8 and
 ``keys`` (keys per TMA tile), ``splits``, ``maxnreg``, ``flat`` (0/1: 2D views of contiguous
 caches), ``layout`` (NHD or HND), ``bw`` (ids per list padded: 16, the default, for
 ``bench_msa_attention``'s 16 blocks, 32 for 17), ``pt`` (0/1: page table or flat page list)
-``qoff`` (0/1), ``fused`` (0/1: the split combine inside the launch), ``lazy`` (the
-lazy-rescale threshold, 0 = off) and ``vmma`` (fp8: 0/1, Vᵀ by an
+``qoff`` (0/1), ``lazy`` (the lazy-rescale threshold, 0 = off) and ``vmma`` (fp8: 0/1, Vᵀ by an
 identity wgmma; default as :data:`~mate.ops.msa.sparse_decode.DECODE_VARIANT`); without one it
 compiles the module defaults (:data:`mate.ops.msa.sparse_decode.DECODE_VARIANT`) for bf16 and fp8.
 Per spec it prints
@@ -30,7 +29,7 @@ from mate.testing.sass import compile_sm90, divisibility_attrs, opcode_counts
 DTYPES = {"bf16": "bf16", "fp16": "fp16", "fp8": "fp8e4nv"}
 ALIGNED = ("q_ptr", "u_page_ptr", "u_blk_ptr", "u_cnt_ptr", "o_ptr", "lse_ptr",
            "op_ptr", "lp_ptr", "stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_lt", "idx_ptr",
-           "qo_indptr_ptr", "kv_lens_ptr", "page_table_ptr", "sem_ptr")
+           "qo_indptr_ptr", "kv_lens_ptr", "page_table_ptr")
 SHOWN = re.compile(r"GMMA|HMMA|F2FP|^UTMALDG|^BAR|^SYNCS")
 
 
@@ -50,7 +49,7 @@ def signature(dt: str, layout: str, out: str, flat: bool, keys: int, v_mma: bool
             "idx_ptr": "*i32", "stride_it": "i32", "stride_ih": "i32", "qo_indptr_ptr": "*i32",
             "kv_lens_ptr": "*i32", "qo_offset_ptr": "*i32", "B": "i32", "n_iter": "i32", "page_table_ptr": "*i32",
             "stride_pt": "i32", "n_cols": "i32", "kv_indices_ptr": "*i32", "kv_page_indptr_ptr": "*i32",
-            "n_indices": "i32", "num_pages": "i32", "W": "i32", "sem_ptr": "*i32"}
+            "n_indices": "i32", "num_pages": "i32", "W": "i32"}
 
 
 def compile_one(spec: str, out_dir: str | None) -> None:
@@ -65,9 +64,7 @@ def compile_one(spec: str, out_dir: str | None) -> None:
               IS_FP8=dt == "fp8e4nv", HEAD_MAJOR=layout == "HND", BLOCK_W=bw,
               USE_PAGE_TABLE=bool(int(kw.get("pt", 1))), HAS_QO_OFFSET=bool(int(kw.get("qoff", 0))),
               LAZY=int(kw.get("lazy", 0)), stride_lh=1,
-              V_MMA=dt == "fp8e4nv" and bool(int(kw.get("vmma", sd.t_constexprs(True)["V_MMA"]))),
-              FUSED_COMBINE=int(kw.get("splits", 1)) > 1
-              and bool(int(kw.get("fused", sd.DECODE_VARIANT["fused_combine"]))))
+              V_MMA=dt == "fp8e4nv" and bool(int(kw.get("vmma", sd.t_constexprs(True)["V_MMA"]))))
     sig = signature(dt, layout, "fp16" if dt == "fp16" else "bf16", flat, keys, ce["V_MMA"])
     sig.update({k: "constexpr" for k in ce})
     src = ASTSource(fn=sd.msa_decode_t_kernel, signature=sig, constexprs=ce, attrs=divisibility_attrs(sig, ALIGNED))

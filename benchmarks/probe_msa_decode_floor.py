@@ -141,8 +141,7 @@ def floor_kernel(
     GP: tl.constexpr, C: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
     CAUSAL: tl.constexpr, IS_FP8: tl.constexpr, HEAD_MAJOR: tl.constexpr, FLAT: tl.constexpr = True,
     KEYS: tl.constexpr = 128, BLOCK_W: tl.constexpr = 16, USE_PAGE_TABLE: tl.constexpr = True,
-    HAS_QO_OFFSET: tl.constexpr = False, LAZY: tl.constexpr = 0, V_MMA: tl.constexpr = False,
-    sem_ptr=None, FUSED_COMBINE: tl.constexpr = False, MODE: tl.constexpr = 2,
+    HAS_QO_OFFSET: tl.constexpr = False, LAZY: tl.constexpr = 0, V_MMA: tl.constexpr = False, MODE: tl.constexpr = 2,
     PAIR: tl.constexpr = False, SOFTMAX: tl.constexpr = True, WIDEN: tl.constexpr = True,
     P_FIXED: tl.constexpr = False, F16_ACC: tl.constexpr = False,
     V_FIRST: tl.constexpr = False, DELAY: tl.constexpr = 0, tl_ptr=None,
@@ -436,7 +435,6 @@ def main() -> None:
             sd.DECODE_VARIANT.update(variant or {})
             if kernel is not None:
                 sd.msa_decode_t_kernel = kernel
-                sd.DECODE_VARIANT["fused_combine"] = False  # stand-ins store no partials to merge
             try:
                 k, v = kv_hnd if hnd else (pb["k"], pb["v"])
                 sparse_attention(pb["q"], k, v, kv_block_indexes=pb["kv_block_indexes"],

@@ -37,7 +37,7 @@ import triton.language as tl
 
 from mate._core.triton_helpers import INTERPRET, finish_softmax, to_out_dtype
 from mate.ops.msa.softmax_helpers import split_entries, visible_limit
-from mate.ops.msa.sparse_decode import combine_if_last, load_kv_tile, next_list_entry, token_block_list
+from mate.ops.msa.sparse_decode import load_kv_tile, next_list_entry, token_block_list
 
 
 @triton.jit
@@ -63,7 +63,7 @@ def msa_decode_warp_kernel(
     CAUSAL: tl.constexpr, IS_FP8: tl.constexpr, HEAD_MAJOR: tl.constexpr, FLAT: tl.constexpr = True,
     KEYS: tl.constexpr = 64, BLOCK_W: tl.constexpr = 16, USE_PAGE_TABLE: tl.constexpr = True,
     HAS_QO_OFFSET: tl.constexpr = False, LAZY: tl.constexpr = 0, V_MMA: tl.constexpr = False,
-    sem_ptr=None, FUSED_COMBINE: tl.constexpr = False, WARPS: tl.constexpr = 4,
+    WARPS: tl.constexpr = 4,
 ):
     tl.static_assert(not V_MMA, "run with MATE_MSA_DECODE_VARIANT=fp8_v=gather (full-width V tiles)")
     t = tl.program_id(0)
@@ -128,9 +128,6 @@ def msa_decode_warp_kernel(
         prow = (split.to(tl.int64) * total_q + t) * HQ + h
         tl.store(op_ptr + prow[:, None] * HEAD_DIM + offs_d[None, :], o / l_safe[:, None], mask=hvalid[:, None])
         tl.store(lp_ptr + prow, lse, mask=hvalid)
-        if FUSED_COMBINE:
-            combine_if_last(sem_ptr + t * tl.num_programs(1) + kvh, op_ptr, lp_ptr, o_ptr, stride_ot, stride_oh,
-                            lse_ptr, stride_lt, stride_lh, t, h, hvalid, total_q, HQ, v_scale, NUM_SPLITS, HEAD_DIM)
 
 
 def check(seed: int = 0) -> dict[str, tuple[float, float]]:

@@ -389,9 +389,8 @@ def test_custom_op_opcheck(device, triton_backend):
     lse = torch.empty(2, 16, device=device)
     iws = torch.empty(4096, dtype=torch.int32, device=device)
     fws = torch.empty(2 * 2 * 16 * 129, device=device)
-    sem = torch.zeros(2, dtype=torch.int32, device=device)
     args = (pb["q"], pb["k"], pb["v"], pb["kv_block_indexes"], pb["qo_indptr"], pb["kv_lens"], None,
-            pb["page_table"], None, None, out, lse, iws, fws, sem, False, 0.088, 1.0, 1.0, True, True, 2)
+            pb["page_table"], None, None, out, lse, iws, fws, False, 0.088, 1.0, 1.0, True, True, 2)
     torch.library.opcheck(msa_sparse_attention_op.op, args, test_utils=("test_schema", "test_faketensor"))
 
 

@@ -335,38 +335,3 @@ def test_per_warp_decode_probe_matches_the_reference(monkeypatch, random_seed):
 
     for name, (err_o, err_l) in probe_msa_decode_warp.check(random_seed).items():
         assert err_o < 2e-2 and err_l < 1e-4, (name, err_o, err_l)
-
-
-@pytest.mark.parametrize("dtype,splits", [(torch.bfloat16, 2), (torch.float8_e4m3fn, 3), (torch.float16, 4)])
-def test_fused_split_combine_equals_the_combine_kernel(device, triton_backend, transposed, monkeypatch, dtype,
-                                                       splits):
-    """A split decode merges its partials inside the launch (the last program of each token and
-    KV head) exactly as the separate combine kernel does: equal outputs (bit for bit: the same
-    arithmetic), and the counters it used are 0 again after each call, so a reused buffer
-    serves the next call, also with another split count."""
-    pb = make_problem([1, 1, 1, 1], [700, 129, 1, 384], hq=8, hkv=2, width=6, dtype=dtype, device=device)
-    pb["kv_block_indexes"][1, 1] = -1  # a token and KV head that sees nothing
-    out_dtype = torch.bfloat16 if dtype == torch.float8_e4m3fn else dtype
-    sem = torch.zeros(64, dtype=torch.int32, device=device)
-    res = {}
-    for fused in (False, True, True):
-        monkeypatch.setitem(sd.DECODE_VARIANT, "fused_combine", fused)
-        out = poisoned(pb["q"].shape, out_dtype, device)
-        lse = poisoned(pb["q"].shape[:2], torch.float32, device)
-        if fused:
-            from mate.ops.msa.sparse_attention import sparse_attention_triton
-
-            sparse_attention_triton(pb["q"], pb["k"], pb["v"], pb["kv_block_indexes"], pb["qo_indptr"],
-                                    pb["kv_lens"], None, pb["page_table"], None, None, out, lse, layout="NHD",
-                                    sm_scale=0.1, k_scale=1.0, v_scale=1.0, causal=True, decode=True,
-                                    num_splits=splits + len(res) - 1, sem=sem)
-            assert (sem == 0).all(), sem
-        else:
-            sparse_attention(**pb, out=out, lse=lse, decode=True, sm_scale=0.1, num_kv_splits=splits)
-        res[len(res)] = (out, lse)
-    (o0, l0), (o1, l1), (o2, l2) = res.values()
-    assert torch.equal(o0, o1) and torch.equal(l0, l1)
-    ro, rl = sparse_attention_reference(**{k_: (v_.cpu() if isinstance(v_, torch.Tensor) else v_)
-                                           for k_, v_ in pb.items()}, sm_scale=0.1)
-    _check(o2, l2, ro, rl, dtype)  # splits + 1 on the same counters
-    assert (o1[1, 4:].float() == 0).all() and torch.isinf(l1[1, 4:]).all()

@@ -86,7 +86,7 @@ def test_static_plan_reuses_workspace(device, triton_backend, decode, with_lse):
         if ptrs is None:
             ptrs = ws.data_ptrs()
             allocs = ws.allocations
-            expected = {"sparse_int", "sparse_float", "sparse_sem"} | (set() if with_lse else {"lse"})
+            expected = {"sparse_int", "sparse_float"} | (set() if with_lse else {"lse"})
             assert set(ptrs) == expected, ptrs
         else:
             assert ws.data_ptrs() == ptrs

@@ -36,7 +36,7 @@ from mate._core.triton_helpers import (
     to_out_dtype,
 )
 from mate.ops.msa import sparse_decode as _sd
-from mate.ops.msa.softmax_helpers import merge_split_partials, split_entries, token_position, visible_limit
+from mate.ops.msa.softmax_helpers import split_entries, token_position, visible_limit
 
 __all__ = ["SparseTiling", "sparse_attention", "run_sparse_attention", "sparse_attention_triton", "sparse_tiling",
            "workspace_numel", "resolve_num_splits"]
@@ -226,8 +226,30 @@ def _msa_combine_kernel(
 ):
     t = tl.program_id(0)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    merge_split_partials(op_ptr, lp_ptr, o_ptr, stride_ot, stride_oh, lse_ptr, stride_lt, stride_lh, t, h, h < HQ,
-                         total_q, HQ, v_scale, NUM_SPLITS, HEAD_DIM, False)
+    hv = h < HQ
+    offs_d = tl.arange(0, HEAD_DIM)
+    m = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    for s in tl.static_range(NUM_SPLITS):
+        ls = tl.load(lp_ptr + (s * total_q + t).to(tl.int64) * HQ + h, mask=hv, other=float("-inf"))
+        m = tl.maximum(m, ls)
+    m_use = tl.where(m == float("-inf"), 0.0, m)
+    den = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, HEAD_DIM], dtype=tl.float32)
+    for s in tl.static_range(NUM_SPLITS):
+        row = (s * total_q + t).to(tl.int64) * HQ + h
+        ls = tl.load(lp_ptr + row, mask=hv, other=float("-inf"))
+        wgt = tl.exp(ls - m_use)
+        os_ = tl.load(op_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], mask=hv[:, None], other=0.0)
+        acc += wgt[:, None] * os_
+        den += wgt
+    empty = den == 0.0
+    den_safe = tl.where(empty, 1.0, den)
+    o = acc / den_safe[:, None] * v_scale
+    lse = tl.where(empty, float("-inf"), m_use + tl.log(den_safe))
+    o_dtype = o_ptr.dtype.element_ty
+    tl.store(o_ptr + t.to(tl.int64) * stride_ot + h[:, None] * stride_oh + offs_d[None, :],
+             to_out_dtype(o, o_dtype), mask=hv[:, None])
+    tl.store(lse_ptr + t.to(tl.int64) * stride_lt + h.to(tl.int64) * stride_lh, lse, mask=hv)
 
 
 class SparseTiling:
@@ -402,7 +424,6 @@ def sparse_attention_triton(
     num_splits: int = -1,
     iws: torch.Tensor | None = None,
     fws: torch.Tensor | None = None,
-    sem: torch.Tensor | None = None,
 ) -> None:
     """Launches the union pre-kernel (not for the transposed decode kernel, which builds its
     token's block list itself), the sparse forward and (split decode) the combine.
@@ -410,9 +431,7 @@ def sparse_attention_triton(
     All tensors validated by the caller; ``out`` [total_q, Hq, D] may be a strided view (last
     dimension contiguous), ``lse`` [total_q, Hq] of any strides. ``iws`` (int32) and ``fws`` (float32)
     are flat scratch buffers of at least :func:`workspace_numel` elements for this call's
-    split count; without them the scratch is allocated here. ``sem``: int32 counters of the
-    split combine inside the decode launch, at least ``total_q * Hkv``, all 0 (each launch
-    leaves them 0 again); without it a zeroed buffer is allocated here. No host sync.
+    split count; without them the scratch is allocated here. No host sync.
     """
     total_q, hq, d = q.shape
     hkv = k.shape[2] if layout == "NHD" else k.shape[1]
@@ -481,11 +500,6 @@ def sparse_attention_triton(
             k_desc = TensorDescriptor(k, list(k.shape), list(k.stride()), box + [d])
             v_desc = TensorDescriptor(v, list(v.shape), list(v.stride()), box + [dv])
         extra = {"maxnreg": cap} if cap and not INTERPRET else {}
-        fused = splits > 1 and bool(_sd.DECODE_VARIANT["fused_combine"])
-        if fused:
-            if sem is None or sem.numel() < total_q * hkv:
-                sem = torch.zeros(total_q * hkv, dtype=torch.int32, device=dev)
-            extra.update(sem_ptr=sem, FUSED_COMBINE=True)
         launcher(_sd.msa_decode_t_kernel)[(total_q, hkv, splits)](
             q, q.stride(0), q.stride(1), k_desc, v_desc, u_page, u_blk, u_cnt,
             out, out.stride(0), out.stride(1), lse, lse.stride(0), lse.stride(1), o_part, l_part,
@@ -495,8 +509,7 @@ def sparse_attention_triton(
             BLOCK_W=til.block_w, USE_PAGE_TABLE=use_pt, HAS_QO_OFFSET=qo_offset is not None,
             **t_const, num_warps=4, num_stages=stages, **extra,
         )
-        if not fused:
-            _combine(o_part, l_part, out, lse, total_q, hq, d, v_scale, splits)
+        _combine(o_part, l_part, out, lse, total_q, hq, d, v_scale, splits)
         return
     big = til.block_m >= 64
     keys = int(FP8_VARIANT["prefill_keys" if big else "decode_keys"]) if is_fp8 else 128
@@ -553,7 +566,6 @@ def _sparse_attention_op_impl(
     lse: torch.Tensor,
     iws: torch.Tensor,
     fws: torch.Tensor,
-    sem: torch.Tensor,
     head_major: bool,
     sm_scale: float,
     k_scale: float,
@@ -566,14 +578,14 @@ def _sparse_attention_op_impl(
         q, k, v, kv_block_indexes, qo_indptr, kv_lens, qo_offset, page_table, kv_indices,
         kv_page_indptr, out, lse, layout="HND" if head_major else "NHD", sm_scale=sm_scale,
         k_scale=k_scale, v_scale=v_scale, causal=causal, decode=decode, num_splits=num_splits,
-        iws=iws, fws=fws, sem=sem,
+        iws=iws, fws=fws,
     )
 
 
 def _register():
     from mate._core.custom_op import mate_custom_op
 
-    return mate_custom_op("msa_sparse_attention", mutates_args=("out", "lse", "iws", "fws", "sem"))(
+    return mate_custom_op("msa_sparse_attention", mutates_args=("out", "lse", "iws", "fws"))(
         _sparse_attention_op_impl)
 
 
@@ -768,16 +780,13 @@ def run_sparse_attention(
         n_int_now, n_flt_now = workspace_numel(total_q, hq, hkv, width, decode, splits, device)
         iws = workspace.buffer("sparse_int", max(n_int, n_int_now), torch.int32, device)
         fws = workspace.buffer("sparse_float", max(n_flt, n_flt_now), torch.float32, device)
-        # split-combine counters: zeroed once, every launch leaves them 0
-        sem = workspace.buffer("sparse_sem", rows_cap * hkv if decode else 1, torch.int32, device, zero=True)
     else:
         n_int, n_flt = workspace_numel(total_q, hq, hkv, width, decode, splits, device)
         iws = torch.empty(n_int, dtype=torch.int32, device=device)
         fws = torch.empty(max(1, n_flt), dtype=torch.float32, device=device)
-        sem = torch.zeros(total_q * hkv if decode and splits > 1 else 1, dtype=torch.int32, device=device)
     msa_sparse_attention_op(
         q, k, v, kv_block_indexes, qo_indptr, kv_lens, qo_offset, page_table, kv_indices, kv_page_indptr,
-        out, lse, iws, fws, sem, head_major, float(sm_scale), float(k_scale), float(v_scale), bool(causal),
+        out, lse, iws, fws, head_major, float(sm_scale), float(k_scale), float(v_scale), bool(causal),
         bool(decode), splits,
     )
     return out, lse

@@ -26,15 +26,14 @@ import triton.language as tl
 from mate._core.env import config_overrides
 from mate._core.hopper import REGS_PER_SM, SMEM_PER_SM, SMEM_RESERVED_PER_PROGRAM
 from mate._core.triton_helpers import INTERPRET, dot_operand, finish_softmax, next_power_of_2, to_out_dtype
-from mate.ops.msa.softmax_helpers import merge_split_partials, split_entries, token_position, visible_limit
+from mate.ops.msa.softmax_helpers import split_entries, token_position, visible_limit
 
 __all__ = ["DECODE_VARIANT", "msa_decode_t_kernel", "decode_t_heads", "t_config", "t_constexprs",
            "t_programs_per_sm", "token_block_list", "publish_entries", "next_list_entry", "flat_tile_origin", "load_kv_tile",
            "load_kv_tile_halves", "identity_transpose", "lazy_softmax_step"]
 
 DECODE_VARIANT = {"kernel": "transposed", "keys": 64, "stages": 3, "maxnreg": None, "lazy": 8,
-                  "fp8_keys": 64, "fp8_stages": 3, "fp8_maxnreg": 128, "fp8_lazy": 8, "fp8_v": "mma",
-                  "fused_combine": True}
+                  "fp8_keys": 64, "fp8_stages": 3, "fp8_maxnreg": 128, "fp8_lazy": 8, "fp8_v": "mma"}
 """Decode kernel of ``sparse_attention`` (module defaults; the benchmark times the others).
 
 ``kernel``: "heads" (``_msa_sparse_fwd_kernel`` with one-token 16-row tiles after
@@ -44,9 +43,7 @@ DECODE_VARIANT = {"kernel": "transposed", "keys": 64, "stages": 3, "maxnreg": No
 (0: off) keeps the softmax's reference max until a logit exceeds it by more than ``lazy``
 (log2 units) and sums the probabilities per key until the loop ends, so a tile without a
 new maximum has no cross-warp max or sum and no rescale (the ``LAZY`` kernel argument; 8 by
-default, 0 keeps the rescale of every tile). ``fused_combine``: a split decode merges its
-partial results inside the launch, in the last program of each token and KV head to finish
-(:func:`combine_if_last`), instead of in a second kernel. ``fp8_v``: how e4m3 V becomes the fp16 Vᵀ operand
+default, 0 keeps the rescale of every tile). ``fp8_v``: how e4m3 V becomes the fp16 Vᵀ operand
 of P·V, "mma" (the identity wgmma, the ``V_MMA`` kernel argument) or "gather" (byte loads from
 shared memory widened in registers); the two give bit-identical outputs. H200, session 30
 (``probe_msa_decode_floor --set hnd``, two processes, copy 4263 GB/s, us, mma / gather): NHD
@@ -415,22 +412,6 @@ def lazy_softmax_step(s, m_i, l_k, acc, LAZY: tl.constexpr):
 
 
 @triton.jit
-def combine_if_last(sem_ptr, op_ptr, lp_ptr, o_ptr, stride_ot, stride_oh, lse_ptr, stride_lt, stride_lh, t, h, hv,
-                    total_q, HQ, v_scale, NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """The split combine inside the decode launch: after its partial result is stored, each
-    program of a (token, KV head) counts itself in at ``sem_ptr`` (a release after a CTA
-    barrier, so every thread's stores are visible first); the last of the ``NUM_SPLITS`` merges
-    all partials (read from L2) into ``o`` / ``lse`` and sets the counter back to 0 for the
-    next launch. The counters start at 0 (a zeroed buffer, kept between calls)."""
-    tl.debug_barrier()
-    arrived = tl.atomic_add(sem_ptr, 1, sem="acq_rel", scope="gpu")
-    if arrived == NUM_SPLITS - 1:
-        merge_split_partials(op_ptr, lp_ptr, o_ptr, stride_ot, stride_oh, lse_ptr, stride_lt, stride_lh, t, h, hv,
-                             total_q, HQ, v_scale, NUM_SPLITS, HEAD_DIM, True)
-        tl.store(sem_ptr, 0)
-
-
-@triton.jit
 def msa_decode_t_kernel(
     q_ptr, stride_qt, stride_qh,
     k_desc, v_desc,
@@ -444,7 +425,6 @@ def msa_decode_t_kernel(
     CAUSAL: tl.constexpr, IS_FP8: tl.constexpr, HEAD_MAJOR: tl.constexpr, FLAT: tl.constexpr = True,
     KEYS: tl.constexpr = 128, BLOCK_W: tl.constexpr = 16, USE_PAGE_TABLE: tl.constexpr = True,
     HAS_QO_OFFSET: tl.constexpr = False, LAZY: tl.constexpr = 0, V_MMA: tl.constexpr = False,
-    sem_ptr=None, FUSED_COMBINE: tl.constexpr = False,
 ):
     t = tl.program_id(0)  # grid (tokens, KV heads, splits)
     kvh = tl.program_id(1)
@@ -545,6 +525,3 @@ def msa_decode_t_kernel(
             tl.store(op_ptr + prow[None, :] * HEAD_DIM + HALF + rows[:, None], acc_hi / l_safe[None, :],
                      mask=hvalid[None, :])
         tl.store(lp_ptr + prow, lse, mask=hvalid)
-        if FUSED_COMBINE:
-            combine_if_last(sem_ptr + t * n_kvh + kvh, op_ptr, lp_ptr, o_ptr, stride_ot, stride_oh, lse_ptr, stride_lt,
-                            stride_lh, t, h, hvalid, total_q, HQ, v_scale, NUM_SPLITS, HEAD_DIM)

@@ -25,8 +25,7 @@ class MsaWorkspace:
     ``buffer(name, numel, dtype, device)`` returns the first ``numel`` elements of the
     buffer ``name``; it allocates only when the buffer is missing, on another device, of
     another dtype, or smaller than ``numel`` (then it is replaced by one of exactly
-    ``numel`` elements; ``zero``: allocated zeroed, for buffers whose users leave them as they
-    found them). ``allocations`` counts those allocations (tests use it to check
+    ``numel`` elements). ``allocations`` counts those allocations (tests use it to check
     that a plan's calls reuse the storage).
     """
 
@@ -42,12 +41,11 @@ class MsaWorkspace:
             self._recipes = RecipeCache()
         return self._recipes
 
-    def buffer(self, name: str, numel: int, dtype: torch.dtype, device: torch.device,
-               zero: bool = False) -> torch.Tensor:
+    def buffer(self, name: str, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         numel = max(1, int(numel))
         buf = self._bufs.get(name)
         if buf is None or buf.device != torch.device(device) or buf.dtype != dtype or buf.numel() < numel:
-            buf = (torch.zeros if zero else torch.empty)(numel, dtype=dtype, device=device)
+            buf = torch.empty(numel, dtype=dtype, device=device)
             self._bufs[name] = buf
             self.allocations += 1
         return buf[:numel]
