@@ -8,9 +8,10 @@ Triton's own kernel cache, and replaces the rest with one dict lookup and a dire
 compiled kernel's launcher (``CompiledKernel.run``): 7-17 us. The first launch of each
 specialization, and every launch under the interpreter, with launch hooks (profilers) or
 ``TRITON_DEBUG``, or with ``MATE_FAST_LAUNCH=0`` at import, goes through ``JITFunction``
-unchanged. Every plain-Triton launch in ``mate.ops`` goes through :func:`launcher`; the Gluon
-kernels keep ``JITFunction``'s path. Inside :func:`recording` the cached launches are also
-recorded, for the launch recipes of :mod:`mate._core.recipe`.
+unchanged. Every kernel launch in ``mate.ops`` goes through :func:`launcher`, the Gluon kernels'
+too (``GluonJITFunction`` is a ``JITFunction`` with the same binder and compiled-kernel launch).
+Inside :func:`recording` the cached launches are also recorded, for the launch recipes of
+:mod:`mate._core.recipe`.
 """
 
 from __future__ import annotations

@@ -69,6 +69,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from mate._core.hopper import cuda_capability, cuda_sm_count
+from mate._core.launch import launcher
 from mate._core.triton_helpers import cdiv, next_power_of_2
 from mate.ops.gemm.groupwise import tile_coords
 
@@ -625,7 +626,7 @@ def groupwise_gemm_gluon(a, b, a_scale, a_scale_strides, b_scale, b_scale_stride
     b2_desc = operand_desc(b, bn - 128, G * N) if wide else b_desc
     c_desc = _out_desc(out, 128 if wide else bn) if epi_tma else a_desc  # a_desc: a placeholder, never used
     c2_desc = _out_desc(out, bn - 128) if epi_tma and wide else c_desc
-    fp8_groupwise_gluon_kernel[grid](
+    launcher(fp8_groupwise_gluon_kernel)[grid](
         a_desc, b_desc, b2_desc, c_desc, c2_desc, a_scale, b_scale, out, idx,
         M, N, K, G,
         a_scale_strides[1], a_scale_strides[2], *b_scale_strides, out.stride(-2), rows_per_group,

@@ -36,6 +36,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from mate._core.hopper import SMEM_PER_PROGRAM
+from mate._core.launch import launcher
 from mate._core.triton_helpers import cdiv, next_power_of_2
 from mate.ops.gemm.groupwise import tile_coords
 from mate.ops.gemm.groupwise_gluon import (
@@ -157,7 +158,7 @@ def groupwise_gemm_flat(a, b, a_scale, a_scale_strides, b_scale, b_scale_strides
     if M == 0 or N == 0:
         return
     stages = min(stages, _stage_count(K, kps))
-    fp8_groupwise_flat_kernel[(cdiv(M, 64) * cdiv(N, bn), )](
+    launcher(fp8_groupwise_flat_kernel)[(cdiv(M, 64) * cdiv(N, bn), )](
         operand_desc(a, a_box_rows(M, 64)), operand_desc(b, bn), a_scale, b_scale, out,
         M, N, K,
         a_scale_strides[1], a_scale_strides[2], b_scale_strides[1], b_scale_strides[2], out.stride(0),

@@ -70,6 +70,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 from mate._core.hopper import SMEM_PER_PROGRAM, cuda_sm_count
+from mate._core.launch import launcher
 from mate._core.triton_helpers import cdiv
 from mate.ops.gemm.groupwise import tile_coords
 from mate.ops.gemm.groupwise_gluon import (
@@ -345,7 +346,7 @@ def groupwise_gemm_kint(a, b, a_scale, a_scale_strides, b_scale, b_scale_strides
     if split > 1 and reduce != "launch":
         cnt = _tile_counters(a.device, tiles)
     ws = torch.empty((split, M, N), dtype=torch.float32, device=a.device) if split > 1 else out
-    fp8_groupwise_kint_kernel[(grid, )](
+    launcher(fp8_groupwise_kint_kernel)[(grid, )](
         operand_desc(a, a_box_rows(M, bm)), operand_desc(b, bn), a_scale, b_scale, out, ws, cnt if cnt is not None else ws,
         M, N, K,
         a_scale_strides[1], a_scale_strides[2], b_scale_strides[1], b_scale_strides[2], out.stride(0),
@@ -356,7 +357,7 @@ def groupwise_gemm_kint(a, b, a_scale, a_scale_strides, b_scale, b_scale_strides
         WAIT=cnt is not None and reduce == "wait" and tiles * split <= grid, num_warps=4, maxnreg=GLUON_MAX_REGS,
     )
     if split > 1 and cnt is None:
-        splitk_reduce_kernel[(cdiv(M, 32), cdiv(N, 128))](
+        launcher(splitk_reduce_kernel)[(cdiv(M, 32), cdiv(N, 128))](
             ws, out, out, M, N, out.stride(0), 0,
             SPLIT_K=split, OUT_FP8=False, OUT_DTYPE=_TL_DTYPE[out.dtype],
             BLOCK_M=32, BLOCK_N=128, num_warps=4,

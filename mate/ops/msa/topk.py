@@ -899,7 +899,7 @@ def sparse_topk_select_triton(
             if nw > 1 and not INTERPRET:
                 nreg = LANES_MAXNREG if lanes_maxnreg is None else lanes_maxnreg
                 from mate.ops.msa.topk_warps import _topk_lanes_warps_kernel
-                _topk_lanes_warps_kernel[(cdiv(n_rows, nw),)](
+                launcher(_topk_lanes_warps_kernel)[(cdiv(n_rows, nw),)](
                     max_score, output,
                     query_positions if query_positions is not None else _dummy_positions(max_score.device),
                     n_rows, T, num_valid_pages, H, force_begin_blocks, force_end_blocks, W,

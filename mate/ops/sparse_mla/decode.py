@@ -437,7 +437,7 @@ def sparse_mla_decode_triton(
     kernel = sparse_mla_decode_split_kernel_t if transposed else sparse_mla_decode_split_kernel
     with launch_fits("the sparse MLA decode kernel", block_h=block_h, block_n=block_n, num_stages=num_stages,
                      num_warps=num_warps, transposed=transposed):
-        kernel[grid](
+        launcher(kernel)[grid](
             *decode_kernel_args(query, kv_rows, block_tables, seq_lens, out, lse, partial_o, partial_lse,
                                 bmm1_scale, bmm2_scale, split_blocks, num_splits),
             1.0,

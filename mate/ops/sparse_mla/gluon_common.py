@@ -14,6 +14,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import async_copy
 
+from mate._core.launch import launcher
 from mate.ops.sparse_mla.metadata import HEAD_DIM_ROPE, HEAD_DIM_V
 
 
@@ -181,7 +182,7 @@ def launch_decode(kernel, head_tiles: tuple, query: torch.Tensor, kv_rows: torch
         return
     split = num_splits > 1
     pdl = pdl and split
-    kernel[(*head_tiles, num_splits, rows)](
+    launcher(kernel)[(*head_tiles, num_splits, rows)](
         *decode_kernel_args(query, kv_rows, block_tables, seq_lens, out, lse, partial_o, partial_lse, bmm1_scale,
                             bmm2_scale, split_blocks, num_splits),
         SPLIT=split,
