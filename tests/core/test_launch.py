@@ -108,3 +108,25 @@ def test_fast_launch_runs_the_right_specialization_on_the_gpu():
         assert torch.isnan(y[~touched]).all(), (n, stride, offset)
         assert torch.isnan(y_base[:offset]).all()
     assert len(fast.cache) >= 5  # 64 / 33 / 1 / stride 2 / misaligned are different specializations
+
+
+def test_every_kernel_launch_in_the_package_goes_through_the_launcher():
+    """``kernel[grid](...)`` anywhere in ``mate`` outside ``mate._core.launch`` is written
+    ``launcher(kernel)[grid](...)``, so every launch (plain Triton and Gluon) takes the cached
+    path and is seen by launch recordings; a direct launch would be invisible to a recipe."""
+    import ast
+    import pathlib
+
+    import mate
+
+    root = pathlib.Path(mate.__file__).parent
+    direct = []
+    for path in sorted(root.rglob("*.py")):
+        if path.name == "launch.py" and path.parent.name == "_core":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript):
+                base = node.func.value
+                if not (isinstance(base, ast.Call) and isinstance(base.func, ast.Name) and base.func.id == "launcher"):
+                    direct.append(f"{path.relative_to(root)}:{node.lineno}: {ast.unparse(node.func)}")
+    assert not direct, direct
