@@ -7,12 +7,16 @@ kernels live in :mod:`mate.ops.sparse_mla`, references in
 
 from __future__ import annotations
 
+import contextlib
+import weakref
+
 import torch
 
 from mate._core import checks
 from mate._core.custom_op import mate_custom_op
 from mate._core.dispatch import select_backend
 from mate._core.hopper import GRID_YZ_MAX
+from mate._core.recipe import RecipeCache, RecipeCall, call_key, recipes_usable
 from mate.api_logging import mate_api
 from mate.ops.sparse_mla.reference import mla_rope_quantize_fp8_reference
 
@@ -238,6 +242,43 @@ from mate.ops.sparse_mla.metadata import DecodeMetadata, plan_decode  # noqa: E4
 
 _FP8 = torch.float8_e4m3fn
 _ROW = 576  # kv_lora_rank + qk_rope_head_dim
+
+_DECODE_RECIPES: weakref.WeakKeyDictionary[DecodeMetadata, RecipeCache] = weakref.WeakKeyDictionary()
+"""Launch recipes of eager ``sparse_mla_fp8_decode`` calls, one cache per metadata object (it
+holds the scratch the launches use, and the layers of a step share it)."""
+
+
+def _decode_launch_config() -> tuple:
+    """The module settings that shape the decode's launches beyond its metadata (recipe keys
+    include them: benchmarks switch them between calls)."""
+    from mate.ops.sparse_mla import decode_gluon_small_h as small_h
+    from mate.ops.sparse_mla import decode_gluon_small_h2 as small_h2
+
+    return small_h.SMALL_H_V_EARLY, small_h.SMALL_H_PV_FP8, small_h2.WG_PV_FP8
+
+
+def _decode_recipe(metadata, query, kv_cache, block_tables, seq_lens, out, lse, return_lse,
+                   others: tuple) -> RecipeCall | None:
+    """The launch recipe of a sparse_mla_fp8_decode call with prepared ``metadata`` (its omitted
+    outputs allocated: ``out``, and ``lse`` when returned), or None (no metadata, not an eager
+    CUDA call, or an argument without a recipe signature). ``others``: the arguments that are
+    checked or shape the launches, besides the tensors."""
+    if (not isinstance(metadata, DecodeMetadata) or not isinstance(query, torch.Tensor) or query.dim() != 4
+            or not recipes_usable(query)):
+        return None
+    tensors = [query, kv_cache, block_tables, seq_lens, out, lse]
+    key = call_key(tensors, others, _decode_launch_config())
+    if key is None:
+        return None
+    batch, q_len, heads = query.shape[:3]
+    if out is None:
+        tensors[4] = torch.empty((batch, q_len, heads, 512), dtype=torch.bfloat16, device=query.device)
+    if lse is None and return_lse is True:
+        tensors[5] = torch.empty((batch, q_len, heads), dtype=torch.float32, device=query.device)
+    cache = _DECODE_RECIPES.get(metadata)
+    if cache is None:
+        cache = _DECODE_RECIPES[metadata] = RecipeCache()
+    return RecipeCall(cache, key, tensors, outputs=(4, 5))
 
 
 @mate_custom_op("sparse_mla_fp8_decode", mutates_args=("out", "lse", "partial_o", "partial_lse"))
@@ -509,6 +550,15 @@ def sparse_mla_fp8_decode(
     >>> torch.allclose(lse[0, 0], logits.logsumexp(-1), atol=1e-4)
     True
     """
+    recipe = _decode_recipe(metadata, query, kv_cache, block_tables, seq_lens, out, lse, return_lse,
+                            (kv_lora_rank, qk_rope_head_dim, sparse_mla_top_k, bmm1_scale, bmm2_scale, sinks,
+                             skip_softmax_threshold_scale_factor, uses_shared_paged_kv_idx, return_lse,
+                             cum_seq_lens_q, max_q_len))
+    if recipe is not None:
+        if recipe.replay():
+            out, lse = recipe.tensors[4], recipe.tensors[5]
+            return (out, lse) if return_lse else out
+        out, lse = recipe.tensors[4], recipe.tensors[5]  # the ordinary path writes the recipe's outputs
     checks.check_default("sinks", sinks, None)
     checks.check_default("skip_softmax_threshold_scale_factor", skip_softmax_threshold_scale_factor, None)
     checks.check_default("uses_shared_paged_kv_idx", uses_shared_paged_kv_idx, True)
@@ -559,9 +609,10 @@ def sparse_mla_fp8_decode(
     else:
         lse_buf = metadata.lse_scratch
 
-    _sparse_mla_fp8_decode_op(query, kv_cache.view(-1, _ROW), block_tables, seq_lens, out, lse_buf,
-                              metadata.partial_o, metadata.partial_lse, bmm1_scale, bmm2_scale, metadata.block_h,
-                              metadata.num_splits, metadata.split_blocks, metadata.num_warps, metadata.num_stages,
-                              metadata.block_n, metadata.transposed, metadata.max_regs, metadata.prefetch_idx,
-                              metadata.gluon, metadata.chains, metadata.pdl)
+    with recipe.recorded() if recipe is not None else contextlib.nullcontext():
+        _sparse_mla_fp8_decode_op(query, kv_cache.view(-1, _ROW), block_tables, seq_lens, out, lse_buf,
+                                  metadata.partial_o, metadata.partial_lse, bmm1_scale, bmm2_scale, metadata.block_h,
+                                  metadata.num_splits, metadata.split_blocks, metadata.num_warps, metadata.num_stages,
+                                  metadata.block_n, metadata.transposed, metadata.max_regs, metadata.prefetch_idx,
+                                  metadata.gluon, metadata.chains, metadata.pdl)
     return (out, lse) if return_lse else out

@@ -7,6 +7,8 @@ tensor, what it keeps, what it refuses to build or replay, and when the cache tr
 
 from __future__ import annotations
 
+import weakref
+
 import pytest
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
@@ -339,3 +341,38 @@ def test_kvcache_calls_replay_what_the_ordinary_path_launches(stand_in_gpu, monk
         return tensors
 
     _replays_match(call, M._KVCACHE_RECIPES)
+
+
+def test_sparse_mla_decode_calls_replay_what_the_ordinary_path_launches(stand_in_gpu, monkeypatch):
+    """Per metadata object: the split decode and its combine, out allocated and the LSE
+    returned (also allocated), and a metadata-less call, which never records."""
+    import mate.ops.sparse_mla.decode as D
+    import mate.sparse_mla_interface as S
+    from mate.ops.sparse_mla.metadata import plan_decode
+
+    for name in ("sparse_mla_decode_split_kernel", "sparse_mla_decode_split_kernel_t",
+                 "sparse_mla_decode_combine_kernel"):
+        monkeypatch.setattr(D, name, FakeJIT())
+    monkeypatch.setattr(S, "recipes_usable", lambda t: R.RECIPES and L.active_recording() is None)
+    monkeypatch.setattr(S, "select_backend", lambda device, override=None: "triton")
+    B, H, top_k = 3, 16, 128
+    meta = plan_decode(B, 1, H, top_k, "cpu", num_splits=2)
+    assert meta.num_splits == 2
+    seq_lens = torch.tensor([128, 70, 5], dtype=torch.int32)
+
+    def call(tensors=None, metadata=meta):
+        if tensors is None:
+            tensors = (torch.randn(B, 1, H, 576).to(torch.float8_e4m3fn),
+                       torch.randn(4, 64, 576).to(torch.float8_e4m3fn),
+                       torch.randint(-1, 256, (B, 1, top_k), dtype=torch.int32))
+        q, kv, bt = tensors
+        out, lse = S.sparse_mla_fp8_decode(q, kv, None, 128, 512, 64, bt, seq_lens, 256, sparse_mla_top_k=top_k,
+                                           bmm1_scale=0.04, return_lse=True, metadata=metadata)
+        assert out.shape == (B, 1, H, 512) and lse.shape == (B, 1, H)
+        return tensors
+
+    monkeypatch.setattr(S, "_DECODE_RECIPES", weakref.WeakKeyDictionary())
+    S._DECODE_RECIPES[meta] = cache = R.RecipeCache()  # the one a first call would make
+    _replays_match(call, cache)
+    call(metadata=None)  # plans per call: no recipe cache for it
+    assert list(S._DECODE_RECIPES) == [meta]
