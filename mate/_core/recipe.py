@@ -20,8 +20,8 @@ Triton's specialization), the relative position of tensors that overlapped when 
 that the call's outputs overlap none of its other tensors.
 
 Where recipes apply is the caller's decision: paths whose every device operation is a
-plain-Triton launch through :func:`mate._core.launch.launcher` (a torch operation or a
-launch outside it would not be replayed). ``MATE_LAUNCH_RECIPES=0`` at import turns them off.
+Triton or Gluon kernel launch through :func:`mate._core.launch.launcher` (a torch operation
+or a launch outside it would not be replayed). ``MATE_LAUNCH_RECIPES=0`` at import turns them off.
 """
 
 from __future__ import annotations
