@@ -20,6 +20,7 @@ Typical selection pipeline (MiniMax-M3 indexer: one proxy query head per KV head
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Any, NamedTuple, Optional
 
@@ -38,7 +39,7 @@ from mate._core.checks import (
 )
 from mate._core.custom_op import mate_custom_op
 from mate._core.dispatch import select_backend
-from mate._core.recipe import Identity, RecipeCall, call_key, recipes_usable
+from mate._core.recipe import Identity, RecipeCache, RecipeCall, call_key, recipes_usable
 from mate.api_logging import mate_api
 from mate.ops.msa import plan as _planner
 from mate.ops.msa.plan import (
@@ -447,6 +448,12 @@ def sparse_topk_select(
     >>> torch.equal(picked, scores.topk(8, dim=-1).indices.sort(dim=-1).values.int())
     True
     """
+    recipe = _topk_recipe(max_score, output, query_positions, (num_valid_pages, topk, force_begin_blocks,
+                                                               force_end_blocks, force_blocks_count_in_topk))
+    if recipe is not None:
+        if recipe.replay():
+            return recipe.tensors[1]
+        output = recipe.tensors[1]  # the ordinary path writes the recipe's output
     check_tensor("max_score", max_score, dtype=torch.float32, ndim=3, contiguous=True)
     width = check_topk_config(topk, force_begin_blocks, force_end_blocks, force_blocks_count_in_topk,
                               topk_name="topk")
@@ -467,9 +474,38 @@ def sparse_topk_select(
                      device=max_score.device)
     if output.numel() == 0:
         return output
-    _topk_select_op(max_score, output, query_positions, num_valid_pages, topk, force_begin_blocks,
-                    force_end_blocks, force_blocks_count_in_topk)
+    with recipe.recorded() if recipe is not None else contextlib.nullcontext():
+        _topk_select_op(max_score, output, query_positions, num_valid_pages, topk, force_begin_blocks,
+                        force_end_blocks, force_blocks_count_in_topk)
     return output
+
+
+_TOPK_RECIPES = RecipeCache()
+"""Launch recipes of eager ``sparse_topk_select`` calls, by signature."""
+
+
+def _topk_recipe(max_score, output, query_positions, others: tuple) -> RecipeCall | None:
+    """The launch recipe of a sparse_topk_select call (its output allocated when omitted), or
+    None (not an eager CUDA call, an argument without a recipe signature, or a top-k
+    configuration the ordinary path will reject). ``others``: its scalar arguments."""
+    if not isinstance(max_score, torch.Tensor) or max_score.dim() != 3 or not recipes_usable(max_score):
+        return None
+    tensors = [max_score, output, query_positions]
+    from mate.ops.msa import topk as _topk
+
+    key = call_key(tensors, others, _topk.TOPK_METHOD, _topk.LANES_KERNEL, _topk.LANES_WARPS, _topk.LANES_MAXNREG,
+                   _topk.LANES_MAX_CHUNK, _topk.INTERVAL_MAX_CHUNK)
+    if key is None:
+        return None
+    if output is None:
+        _, topk, begin, end, in_topk = others
+        if not (type(topk) is int and type(begin) is int and type(end) is int and type(in_topk) is bool):
+            return None
+        width = topk if in_topk else topk + begin + end
+        if width <= 0:
+            return None
+        tensors[1] = torch.empty((*max_score.shape[:2], width), dtype=torch.int32, device=max_score.device)
+    return RecipeCall(_TOPK_RECIPES, key, tensors, outputs=(1,))
 
 
 # ============================================================================ page tables

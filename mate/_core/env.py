@@ -32,9 +32,9 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "MATE_FAST_LAUNCH": ("1", "0: launch the Triton kernels through JITFunction every time (mate._core.launch; "
                          "the default launches a cached specialization's compiled kernel directly); read at import"),
     "MATE_LAUNCH_RECIPES": ("1", "0: run every eager call the ordinary way (mate._core.recipe; by default repeated "
-                            "msa() (sparse, max-score), flash_attn_varlen_func, flash_attn_with_kvcache and "
-                            "sparse_mla_fp8_decode (with metadata) calls of one signature replay their recorded "
-                            "launches); read at import"),
+                            "msa() (sparse, max-score), sparse_topk_select, flash_attn_varlen_func, "
+                            "flash_attn_with_kvcache and sparse_mla_fp8_decode (with metadata) calls of one "
+                            "signature replay their recorded launches); read at import"),
     "MATE_MHA_PREFILL_TMA": ("", "key=value,... overrides of the TMA prefill attention settings "
                              "(mate.ops.mha.prefill_tma.PREFILL_TMA keys, e.g. enabled=0 or stages=2) for "
                              "benchmarks; read at import"),

@@ -376,3 +376,27 @@ def test_sparse_mla_decode_calls_replay_what_the_ordinary_path_launches(stand_in
     _replays_match(call, cache)
     call(metadata=None)  # plans per call: no recipe cache for it
     assert list(S._DECODE_RECIPES) == [meta]
+
+
+@pytest.mark.parametrize("given_output", [True, False])
+def test_topk_select_calls_replay_what_the_ordinary_path_launches(stand_in_gpu, monkeypatch, given_output):
+    import mate.msa_interface as MI
+    import mate.ops.msa.topk as T
+    import mate.ops.msa.topk_warps as TW
+
+    for module, name in ((T, "_topk_lanes_fast_kernel"), (T, "_topk_lanes_kernel"), (T, "_topk_interval_kernel"),
+                         (T, "_topk_select_kernel"), (TW, "_topk_lanes_warps_kernel")):
+        monkeypatch.setattr(module, name, FakeJIT())
+    monkeypatch.setattr(MI, "_TOPK_RECIPES", R.RecipeCache())
+
+    def call(tensors=None):
+        if tensors is None:
+            tensors = (torch.randn(40, 4, 64), torch.arange(40, dtype=torch.int64) * 100,
+                       torch.empty(40, 4, 17, dtype=torch.int32))
+        scores, pos, out = tensors
+        res = MI.sparse_topk_select(scores, 16, output=out if given_output else None, force_end_blocks=1,
+                                    force_blocks_count_in_topk=False, query_positions=pos)
+        assert res.shape == (40, 4, 17) and (res is out) == given_output
+        return tensors
+
+    _replays_match(call, MI._TOPK_RECIPES)

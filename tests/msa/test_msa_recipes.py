@@ -222,3 +222,35 @@ def test_replayed_max_score_passes_equal_the_ordinary_path(paged):
             want = run(q, k, kw)
         torch.cuda.synchronize()
         assert torch.equal(got.nan_to_num(), want.nan_to_num()), f"call {call}: max_score differs"
+
+
+@pytest.mark.parametrize("given_output,tiles", [(True, 256), (False, 64), (True, 1024)])
+def test_replayed_topk_selections_equal_the_ordinary_path(given_output, tiles):
+    """sparse_topk_select: from the third call of a signature its launches replay (the lanes
+    Gluon kernel at up to 256 tiles, the interval kernel past them), bit for bit the ordinary
+    path's selection on fresh scores every call."""
+    from mate.msa_interface import _TOPK_RECIPES, sparse_topk_select
+
+    dev = "cuda"
+    g = torch.Generator().manual_seed(torch.seed() % 2**31)
+
+    def inputs():
+        scores = torch.randn(300, HKV, tiles, generator=g).mul(4).round().to(dev)  # many ties
+        pos = (torch.randint(0, tiles * 128, (300,), generator=g)).to(dev)
+        return scores, pos
+
+    def call(scores, pos, out):
+        return sparse_topk_select(scores, TOPK, output=out, force_end_blocks=1, query_positions=pos)
+
+    with R.disabled():
+        call(*inputs(), None)
+    for i in range(5):
+        scores, pos = inputs()
+        out = poisoned((300, HKV, TOPK), torch.int32, dev) if given_output else None
+        before = _TOPK_RECIPES.replays
+        res = call(scores, pos, out)
+        assert (_TOPK_RECIPES.replays > before) == (i >= 2), f"call {i}"
+        with R.disabled():
+            want = call(scores, pos, None)
+        torch.cuda.synchronize()
+        assert torch.equal(res, want), f"call {i}: selection differs from the ordinary path"
