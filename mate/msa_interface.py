@@ -1086,7 +1086,7 @@ def _msa_recipe(q, k, v, plan_info: MsaPlanInfo, kv_indices, kv_block_indexes, q
         return None
     if not isinstance(q, torch.Tensor) or not isinstance(v, (torch.Tensor, type(None))) or q.dim() != 3:
         return None
-    if kw.get("check_input_valid") or not recipes_usable(q) or check_inputs_enabled():
+    if kw.get("check_input_valid") or not recipes_usable(q):
         return None
     rt = kw.get("runtime_metadata")
     tensors = [q, k, v, kv_indices, kv_block_indexes, q_offset_override, out, kw.get("lse"), kw.get("page_table"),

@@ -36,7 +36,7 @@ import torch
 from torch._C import _len_torch_dispatch_stack
 
 from mate._core import launch as _launch
-from mate._core.checks import _byte_range
+from mate._core.checks import _byte_range, check_inputs_enabled
 
 __all__ = ["Identity", "LaunchRecipe", "RecipeCache", "RecipeCall", "RECIPES", "call_key", "disabled",
            "recipes_usable", "signature", "tensor_signature"]
@@ -62,10 +62,12 @@ def disabled() -> Iterator[None]:
 
 def recipes_usable(t: torch.Tensor) -> bool:
     """Whether a call on ``t``'s device may record or replay a recipe: an eager CUDA call outside
-    tracing, dispatch modes and another call's recording. (Without the fast launch path, under
-    the interpreter or on another backend a call records no launch, so no recipe comes of it.)"""
+    tracing, dispatch modes and another call's recording, with ``MATE_CHECK_INPUTS`` off (its
+    value checks read the inputs on the host, which a replay would skip). (Without the fast
+    launch path, under the interpreter or on another backend a call records no launch, so no
+    recipe comes of it.)"""
     return (RECIPES and t.is_cuda and _launch.active_recording() is None and not torch.compiler.is_compiling()
-            and not _len_torch_dispatch_stack())
+            and not _len_torch_dispatch_stack() and not check_inputs_enabled())
 
 
 def tensor_signature(tensors: Sequence[torch.Tensor | None]) -> tuple | None:

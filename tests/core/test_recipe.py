@@ -185,6 +185,10 @@ def test_recipes_need_cuda_and_the_fast_path(fake, monkeypatch):
     assert R.recipes_usable(cuda_like)
     with L.recording():
         assert not R.recipes_usable(cuda_like)  # inside another call's recording
+    monkeypatch.setenv("MATE_CHECK_INPUTS", "1")  # value checks that read inputs: never skipped
+    assert not R.recipes_usable(cuda_like)
+    monkeypatch.delenv("MATE_CHECK_INPUTS")
+    assert R.recipes_usable(cuda_like)
     monkeypatch.setattr(R, "RECIPES", False)
     assert not R.recipes_usable(cuda_like)
 
