@@ -12,6 +12,8 @@ processes, each importing ``mate`` from its ``PYTHONPATH``::
 Each figure is the minimum over five rounds of the median host time of 300 back-to-back
 calls issued behind a GPU spin (nothing waits on the GPU); aten's FA2 varlen op is the peer.
 Where mate has launch recipes (``mate._core.recipe``) each call is also timed with them off.
+Calls: MHA varlen and paged decode, msa() sparse decode / prefill / max-score, and (session 33)
+sparse_topk_select and the sparse MLA decode with metadata.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ def main() -> None:
             q_decode, k_cache, v_cache, cache_seqlens=seqlens, page_table=table, causal=True),
     }
     calls.update(msa_calls())
+    calls.update(selection_and_mla_calls())
     res = {"aten FA2 varlen (peer)": host(
         lambda: torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, 128, 128, 0.0, True, False))}
     try:
@@ -89,6 +92,37 @@ def msa_calls() -> dict:
     ms = torch.empty(512, 4, ms_info.plan.max_k_tiles, device=dev)
     calls["msa max-score 512 at 4K"] = functools.partial(msa, qi, cache, None, ms_info, max_score=ms, output_o=False,
                                                          page_table=table)
+    return calls
+
+
+def selection_and_mla_calls() -> dict:
+    """Eager sparse_topk_select (4096 tokens x 4 heads x 64 tiles, top 16 + the own block,
+    output and positions given) and sparse_mla_fp8_decode with metadata (B=64 H=128 unsplit;
+    B=8 H=16 split, so decode and combine), top-k 2048, out given (session 33 and later)."""
+    try:
+        from mate.msa_interface import sparse_topk_select
+        from mate.sparse_mla_interface import get_batch_decode_metadata_mla, sparse_mla_fp8_decode
+        from mate.testing import rand_fp8
+    except ImportError:  # an older checkout
+        return {}
+    dev = "cuda"
+    scores = torch.randn(4096, 4, 64, device=dev)
+    pos = torch.arange(4096, device=dev, dtype=torch.int64) + 4096
+    sel = torch.empty(4096, 4, 16, dtype=torch.int32, device=dev)
+    calls = {"topk select 4096x4x64": functools.partial(sparse_topk_select, scores, 16, output=sel,
+                                                         force_end_blocks=1, query_positions=pos)}
+    for b, h in ((64, 128), (8, 16)):
+        top_k, page = 2048, 64
+        query = rand_fp8((b, 1, h, 576), dev)
+        pages = b * 4 * top_k // page
+        kv = rand_fp8((pages, page, 576), dev)
+        bt = torch.randint(0, pages * page, (b, 1, top_k), dtype=torch.int32, device=dev)
+        lens = torch.full((b,), top_k, dtype=torch.int32, device=dev)
+        meta = get_batch_decode_metadata_mla(query, lens, top_k)
+        out = torch.empty(b, 1, h, 512, dtype=torch.bfloat16, device=dev)
+        calls[f"sparse MLA decode B={b} H={h}"] = functools.partial(
+            sparse_mla_fp8_decode, query, kv, None, 128, 512, 64, bt, lens, 4 * top_k, sparse_mla_top_k=top_k,
+            bmm1_scale=192 ** -0.5, out=out, metadata=meta)
     return calls
 
 
