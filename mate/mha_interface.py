@@ -18,7 +18,6 @@ run the fp32 PyTorch reference. Arguments listed as not implemented raise
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from typing import Any
 
@@ -27,7 +26,7 @@ import torch
 from mate._core import checks
 from mate._core.dispatch import select_backend
 from mate._core.hopper import GRID_YZ_MAX
-from mate._core.recipe import RecipeCache, RecipeCall, call_key, recipes_usable
+from mate._core.recipe import RecipeCache, RecipeCall, call_key, recipes_usable, recorded
 from mate.api_logging import mate_api
 
 __all__ = ["MhaSchedulerMetadata", "flash_attn_varlen_func", "flash_attn_with_kvcache", "get_scheduler_metadata"]
@@ -367,7 +366,7 @@ def flash_attn_varlen_func(
         # one dense sequence spanning the tensors: torch's fused (cuDNN / flash) attention; the
         # kernel below then recomputes the request only if cu_seqlens say it spans less
         _sdpa_single_sequence(q, k, v, out, scale, causal, lse if with_lse else None)
-    with recipe.recorded() if recipe is not None else contextlib.nullcontext():
+    with recorded(recipe):
         _run(q, k, v, out, lse, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, cu_seqlens_k=cu_seqlens_k,
              seqused_k=seqused_k, page_table=page_table, batched=False, softmax_scale=scale, window=(left, right),
              backend=backend_used, skip_whole=single)
@@ -589,7 +588,7 @@ def flash_attn_with_kvcache(
     qf = q.reshape(total_q, hq, d)
     of = out.view(total_q, hq, d)
     # without cu_seqlens_q every request has sq queries: the kernel computes their offsets
-    with recipe.recorded() if recipe is not None else contextlib.nullcontext():
+    with recorded(recipe):
         _run(qf, k_cache, v_cache, of, lse, cu_seqlens_q=cu_seqlens_q if varlen else None, max_seqlen_q=sq,
              cu_seqlens_k=None, seqused_k=seqused, page_table=page_table, batched=not paged, softmax_scale=scale,
              window=(left, right), backend=select_backend(device), batch=b, k_uniform=k_uniform)

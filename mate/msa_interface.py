@@ -20,7 +20,6 @@ Typical selection pipeline (MiniMax-M3 indexer: one proxy query head per KV head
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from typing import Any, NamedTuple, Optional
 
@@ -39,7 +38,7 @@ from mate._core.checks import (
 )
 from mate._core.custom_op import mate_custom_op
 from mate._core.dispatch import select_backend
-from mate._core.recipe import Identity, RecipeCache, RecipeCall, call_key, recipes_usable
+from mate._core.recipe import Identity, RecipeCache, RecipeCall, call_key, recipes_usable, recorded
 from mate.api_logging import mate_api
 from mate.ops.msa import plan as _planner
 from mate.ops.msa.plan import (
@@ -474,7 +473,7 @@ def sparse_topk_select(
                      device=max_score.device)
     if output.numel() == 0:
         return output
-    with recipe.recorded() if recipe is not None else contextlib.nullcontext():
+    with recorded(recipe):
         _topk_select_op(max_score, output, query_positions, num_valid_pages, topk, force_begin_blocks,
                         force_end_blocks, force_blocks_count_in_topk)
     return output

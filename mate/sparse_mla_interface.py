@@ -7,7 +7,6 @@ kernels live in :mod:`mate.ops.sparse_mla`, references in
 
 from __future__ import annotations
 
-import contextlib
 import weakref
 
 import torch
@@ -16,7 +15,7 @@ from mate._core import checks
 from mate._core.custom_op import mate_custom_op
 from mate._core.dispatch import select_backend
 from mate._core.hopper import GRID_YZ_MAX
-from mate._core.recipe import RecipeCache, RecipeCall, call_key, recipes_usable
+from mate._core.recipe import RecipeCache, RecipeCall, call_key, recipes_usable, recorded
 from mate.api_logging import mate_api
 from mate.ops.sparse_mla.reference import mla_rope_quantize_fp8_reference
 
@@ -609,7 +608,7 @@ def sparse_mla_fp8_decode(
     else:
         lse_buf = metadata.lse_scratch
 
-    with recipe.recorded() if recipe is not None else contextlib.nullcontext():
+    with recorded(recipe):
         _sparse_mla_fp8_decode_op(query, kv_cache.view(-1, _ROW), block_tables, seq_lens, out, lse_buf,
                                   metadata.partial_o, metadata.partial_lse, bmm1_scale, bmm2_scale, metadata.block_h,
                                   metadata.num_splits, metadata.split_blocks, metadata.num_warps, metadata.num_stages,

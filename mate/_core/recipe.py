@@ -39,7 +39,7 @@ from mate._core import launch as _launch
 from mate._core.checks import _byte_range, check_inputs_enabled
 
 __all__ = ["Identity", "LaunchRecipe", "RecipeCache", "RecipeCall", "RECIPES", "call_key", "disabled",
-           "recipes_usable", "signature", "tensor_signature"]
+           "recipes_usable", "recorded", "signature", "tensor_signature"]
 
 RECIPES = os.environ.get("MATE_LAUNCH_RECIPES", "1").strip().lower() not in ("0", "false", "no", "off")
 """Read once at import; ``MATE_LAUNCH_RECIPES=0`` runs every eager call the ordinary way."""
@@ -394,3 +394,9 @@ class RecipeCall:
         with _launch.recording() as rec:
             yield
         self.cache.observe(self.key, rec, self.tensors)
+
+
+def recorded(call: RecipeCall | None) -> contextlib.AbstractContextManager:
+    """``call.recorded()``, or a context that does nothing for a call without a recipe (the
+    entry points run their ordinary launches inside it either way)."""
+    return call.recorded() if call is not None else contextlib.nullcontext()
