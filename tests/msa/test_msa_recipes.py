@@ -211,17 +211,8 @@ def test_replayed_max_score_passes_equal_the_ordinary_path(paged):
         assert out is None and scores is ms
         return ms
 
-    with R.disabled():
-        run(*inputs())  # compiles
-    for call in range(5):
-        q, k, kw = inputs()
-        before = cache.replays
-        got = run(q, k, kw)
-        assert (cache.replays > before) == (call >= 2), f"call {call}"
-        with R.disabled():
-            want = run(q, k, kw)
-        torch.cuda.synchronize()
-        assert torch.equal(got.nan_to_num(), want.nan_to_num()), f"call {call}: max_score differs"
+    _replays_equal_the_ordinary_path(lambda: cache.replays, inputs, run,
+                                     lambda got, want: torch.equal(got.nan_to_num(), want.nan_to_num()))
 
 
 @pytest.mark.parametrize("given_output,tiles", [(True, 256), (False, 64), (True, 1024)])
@@ -239,18 +230,27 @@ def test_replayed_topk_selections_equal_the_ordinary_path(given_output, tiles):
         pos = (torch.randint(0, tiles * 128, (300,), generator=g)).to(dev)
         return scores, pos
 
-    def call(scores, pos, out):
-        return sparse_topk_select(scores, TOPK, output=out, force_end_blocks=1, query_positions=pos)
-
-    with R.disabled():
-        call(*inputs(), None)
-    for i in range(5):
-        scores, pos = inputs()
+    def run(scores, pos):
         out = poisoned((300, HKV, TOPK), torch.int32, dev) if given_output else None
-        before = _TOPK_RECIPES.replays
-        res = call(scores, pos, out)
-        assert (_TOPK_RECIPES.replays > before) == (i >= 2), f"call {i}"
+        res = sparse_topk_select(scores, TOPK, output=out, force_end_blocks=1, query_positions=pos)
+        assert res.shape == (300, HKV, TOPK) and (res is out or not given_output)
+        return res
+
+    _replays_equal_the_ordinary_path(lambda: _TOPK_RECIPES.replays, inputs, run, torch.equal)
+
+
+def _replays_equal_the_ordinary_path(replays, inputs, run, same, calls: int = 5) -> None:
+    """After a first call that compiles (recipes off), ``calls`` calls of ``run`` on fresh
+    ``inputs()``: from the third on each one replays (``replays()`` grows), and each result
+    equals (``same``) the same call run the ordinary way."""
+    with R.disabled():
+        run(*inputs())
+    for call in range(calls):
+        args = inputs()
+        before = replays()
+        got = run(*args)
+        assert (replays() > before) == (call >= 2), f"call {call}"
         with R.disabled():
-            want = call(scores, pos, None)
+            want = run(*args)
         torch.cuda.synchronize()
-        assert torch.equal(res, want), f"call {i}: selection differs from the ordinary path"
+        assert same(got, want), f"call {call}: result differs from the ordinary path"
