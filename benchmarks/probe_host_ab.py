@@ -101,10 +101,9 @@ def selection_and_mla_calls() -> dict:
     B=8 H=16 split, so decode and combine), top-k 2048, out given (session 33 and later)."""
     try:
         from mate.msa_interface import sparse_topk_select
-        from mate.sparse_mla_interface import get_batch_decode_metadata_mla, sparse_mla_fp8_decode
-        from mate.testing import rand_fp8
     except ImportError:  # an older checkout
         return {}
+    from probe_host_overhead import sparse_mla_decode_call
     dev = "cuda"
     scores = torch.randn(4096, 4, 64, device=dev)
     pos = torch.arange(4096, device=dev, dtype=torch.int64) + 4096
@@ -112,17 +111,7 @@ def selection_and_mla_calls() -> dict:
     calls = {"topk select 4096x4x64": functools.partial(sparse_topk_select, scores, 16, output=sel,
                                                          force_end_blocks=1, query_positions=pos)}
     for b, h in ((64, 128), (8, 16)):
-        top_k, page = 2048, 64
-        query = rand_fp8((b, 1, h, 576), dev)
-        pages = b * 4 * top_k // page
-        kv = rand_fp8((pages, page, 576), dev)
-        bt = torch.randint(0, pages * page, (b, 1, top_k), dtype=torch.int32, device=dev)
-        lens = torch.full((b,), top_k, dtype=torch.int32, device=dev)
-        meta = get_batch_decode_metadata_mla(query, lens, top_k)
-        out = torch.empty(b, 1, h, 512, dtype=torch.bfloat16, device=dev)
-        calls[f"sparse MLA decode B={b} H={h}"] = functools.partial(
-            sparse_mla_fp8_decode, query, kv, None, 128, 512, 64, bt, lens, 4 * top_k, sparse_mla_top_k=top_k,
-            bmm1_scale=192 ** -0.5, out=out, metadata=meta)
+        calls[f"sparse MLA decode B={b} H={h}"] = sparse_mla_decode_call(b, h, with_out=True)
     return calls
 
 

@@ -14,6 +14,7 @@ most own time (cProfile) of the direct path.
 from __future__ import annotations
 
 import cProfile
+import functools
 import math
 import pstats
 import statistics
@@ -79,20 +80,24 @@ def _cases() -> dict:
     A, Bm = rand_fp8((4, 64, 512), dev), rand_fp8((4, 1024, 512), dev).transpose(1, 2)
     one = torch.ones((), device=dev)
     cases["bmm_fp8 4x64x512x1024"] = lambda: gemm.bmm_fp8(A, Bm, one, one, torch.bfloat16)
-    # sparse MLA decode with prepared metadata, B 64, H 128, top-k 2048
-    B2, Hm, topk, page = 64, 128, 2048, 64
-    query = rand_fp8((B2, 1, Hm, 576), dev)
-    pages = B2 * 4 * topk // page
-    cache = rand_fp8((pages, page, 576), dev)
-    bt = torch.randint(0, pages * page, (B2, 1, topk), dtype=torch.int32, device=dev)
-    sl = torch.full((B2,), topk, dtype=torch.int32, device=dev)
-    meta = get_batch_decode_metadata_mla(query, sl, topk)
-    ws = torch.empty(0, dtype=torch.uint8, device=dev)
-    scale = 1 / math.sqrt(192)
-    cases["sparse_mla_fp8_decode B64 H128"] = lambda: sparse_mla_fp8_decode(
-        query, cache, ws, 128, 512, 64, bt, sl, 4 * topk, sparse_mla_top_k=topk, bmm1_scale=scale,
-        bmm2_scale=1.0, metadata=meta)
+    cases["sparse_mla_fp8_decode B64 H128"] = sparse_mla_decode_call(64, 128)
     return cases
+
+
+def sparse_mla_decode_call(batch: int, heads: int, with_out: bool = False):
+    """An eager sparse_mla_fp8_decode call with prepared metadata: ``batch`` queries of ``heads``
+    heads, top-k 2048 rows of a paged FP8 cache (pages of 64), ``out`` given when ``with_out``."""
+    dev, top_k, page = "cuda", 2048, 64
+    query = rand_fp8((batch, 1, heads, 576), dev)
+    pages = batch * 4 * top_k // page
+    cache = rand_fp8((pages, page, 576), dev)
+    bt = torch.randint(0, pages * page, (batch, 1, top_k), dtype=torch.int32, device=dev)
+    sl = torch.full((batch,), top_k, dtype=torch.int32, device=dev)
+    meta = get_batch_decode_metadata_mla(query, sl, top_k)
+    out = torch.empty(batch, 1, heads, 512, dtype=torch.bfloat16, device=dev) if with_out else None
+    return functools.partial(sparse_mla_fp8_decode, query, cache, None, 128, 512, 64, bt, sl, 4 * top_k,
+                             sparse_mla_top_k=top_k, bmm1_scale=1 / math.sqrt(192), bmm2_scale=1.0, out=out,
+                             metadata=meta)
 
 
 @triton.jit
