@@ -26,10 +26,18 @@ The default kernel's loop: 395 instructions at 124 registers (4 programs per SM)
 registers, a 296-instruction loop. So in plain Triton the design trades the warpgroup's
 barriers and P round trip for per-element widening and a 64-register accumulator per warp;
 it would pay only with fp8 ``mma.sync`` operands (inline PTX) and fewer registers.
+
+Session 34 (``python benchmarks/probe_msa_decode_warp.py ptx``, no GPU): inline PTX would not
+help either, because sm_90 has no fp8 ``mma.sync``. ptxas (Triton's 12.8 and CUDA 13.0's
+alike) lowers one ``mma.sync.m16n8k32.e4m3.e4m3.f32`` for sm_90a to 12 ``F2FP.F16.E4M3.UNPACK_B``
+and 2 ``HMMA.16816.F32``: the widening and fp16 products Triton's build already has, while
+for sm_89 it is one native ``QMMA.16832``. Hopper's fp8 tensor-core path is wgmma only, so the
+per-warp design cannot drop the widening on the H200, and it stays untimed.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 
 import triton
@@ -196,8 +204,6 @@ def compile_stats() -> None:
 
 def _hmma_loop(sass: str) -> list[str]:
     """The key loop's instructions: the shortest backward branch's span holding an HMMA."""
-    import re
-
     lines = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]{4,6})\*/\s+([^;]*);", sass)]
     best: list[str] = []
     for at, text in lines:
@@ -209,9 +215,53 @@ def _hmma_loop(sass: str) -> list[str]:
     return best
 
 
+_FP8_MMA_PTX = """.version 8.4
+.target {arch}
+.address_size 64
+.visible .entry fp8_mma_sync(.param .u64 p) {{
+  .reg .b32 a<4>; .reg .b32 b<2>; .reg .f32 d<4>; .reg .u64 rd;
+  ld.param.u64 rd, [p];
+  ld.global.v4.b32 {{a0, a1, a2, a3}}, [rd];
+  ld.global.v2.b32 {{b0, b1}}, [rd+16];
+  ld.global.v4.f32 {{d0, d1, d2, d3}}, [rd+32];
+  mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32
+      {{d0, d1, d2, d3}}, {{a0, a1, a2, a3}}, {{b0, b1}}, {{d0, d1, d2, d3}};
+  st.global.v4.f32 [rd+32], {{d0, d1, d2, d3}};
+  ret;
+}}
+"""
+
+
+def fp8_mma_sync_sass() -> dict[str, dict[str, int]]:
+    """What ptxas makes of one e4m3 ``mma.sync`` (m16n8k32, fp32 accumulation), the operation
+    the per-warp design's inline PTX would issue: its matrix and conversion instructions for
+    sm_89 (Ada) and sm_90a (Hopper), from Triton's own ptxas and cuobjdump."""
+    import os
+    import subprocess
+    import tempfile
+
+    from mate.testing.sass import TOOLS, opcode_counts
+
+    found = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for arch in ("sm_89", "sm_90a"):
+            ptx, cubin = os.path.join(tmp, f"{arch}.ptx"), os.path.join(tmp, f"{arch}.cubin")
+            with open(ptx, "w") as f:
+                f.write(_FP8_MMA_PTX.format(arch=arch))
+            subprocess.run([os.path.join(TOOLS, "ptxas"), f"-arch={arch}", ptx, "-o", cubin], check=True)
+            sass = subprocess.run([os.path.join(TOOLS, "cuobjdump"), "-sass", cubin], check=True,
+                                  capture_output=True, text=True).stdout
+            found[arch] = {op: n for op, n in sorted(opcode_counts(sass).items()) if re.match(r"[HQ]MMA|F2FP", op)}
+    return found
+
+
 if __name__ == "__main__":
-    if (sys.argv[1] if len(sys.argv) > 1 else "check") == "check":
+    command = sys.argv[1] if len(sys.argv) > 1 else "check"
+    if command == "check":
         for name, (err_o, err_l) in check().items():
             print(f"{name}: max |out - ref| {err_o:.3g}, max |lse - ref| {err_l:.3g}")
+    elif command == "ptx":
+        for arch, ops in fp8_mma_sync_sass().items():
+            print(f"{arch}: {ops}")
     else:
         compile_stats()

@@ -335,3 +335,17 @@ def test_per_warp_decode_probe_matches_the_reference(monkeypatch, random_seed):
 
     for name, (err_o, err_l) in probe_msa_decode_warp.check(random_seed).items():
         assert err_o < 2e-2 and err_l < 1e-4, (name, err_o, err_l)
+
+
+def test_hopper_has_no_fp8_mma_sync(monkeypatch):
+    """Why the per-warp decode stays untimed: ptxas lowers an e4m3 ``mma.sync`` for sm_90a to
+    unpacks and fp16 HMMA (the widening Triton's build already does), native only on sm_89."""
+    import pathlib
+
+    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))
+    import probe_msa_decode_warp
+
+    ops = probe_msa_decode_warp.fp8_mma_sync_sass()
+    assert ops["sm_89"] == {"QMMA.16832.F32.E4M3.E4M3": 1}
+    assert ops["sm_90a"].get("HMMA.16816.F32") == 2 and ops["sm_90a"].get("F2FP.F16.E4M3.UNPACK_B", 0) >= 8
+    assert not any(op.startswith("QMMA") for op in ops["sm_90a"])
