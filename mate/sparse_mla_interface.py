@@ -7,6 +7,7 @@ kernels live in :mod:`mate.ops.sparse_mla`, references in
 
 from __future__ import annotations
 
+import collections
 import weakref
 
 import torch
@@ -245,6 +246,36 @@ _ROW = 576  # kv_lora_rank + qk_rope_head_dim
 _DECODE_RECIPES: weakref.WeakKeyDictionary[DecodeMetadata, RecipeCache] = weakref.WeakKeyDictionary()
 """Launch recipes of eager ``sparse_mla_fp8_decode`` calls, one cache per metadata object (it
 holds the scratch the launches use, and the layers of a step share it)."""
+
+
+_IMPLICIT_PLANS: collections.OrderedDict[tuple, DecodeMetadata] = collections.OrderedDict()
+IMPLICIT_PLANS_KEPT = 8
+"""Plans kept for eager calls without metadata (least recently used dropped first)."""
+
+
+def _implicit_plan_key(query, top_k) -> tuple | None:
+    """The key under which an eager call without metadata keeps its plan, or None where it plans
+    for itself: (B, q_len, H, top-k, device, current stream). One stream runs its calls in
+    order, so they can share the plan's scratch as the layers of a step share a metadata object,
+    and keep its launch recipes; calls on other streams get their own plan. Under CUDA-graph
+    capture, with recipes off (``MATE_LAUNCH_RECIPES=0``, ``MATE_CHECK_INPUTS=1``) or off the
+    GPU a call plans per call and its scratch lives as long as the call (in a capture, in the
+    graph's pool)."""
+    if (not isinstance(query, torch.Tensor) or query.dim() != 4 or type(top_k) is not int
+            or not recipes_usable(query)):
+        return None
+    stream = None
+    if query.is_cuda:
+        if torch.cuda.is_current_stream_capturing():
+            return None
+        stream = torch.cuda.current_stream(query.device).cuda_stream
+    return (*query.shape[:3], top_k, query.device, stream)
+
+
+def _keep_implicit_plan(key: tuple, metadata: DecodeMetadata) -> None:
+    _IMPLICIT_PLANS[key] = metadata
+    while len(_IMPLICIT_PLANS) > IMPLICIT_PLANS_KEPT:
+        _IMPLICIT_PLANS.popitem(last=False)
 
 
 def _decode_launch_config() -> tuple:
@@ -504,9 +535,12 @@ def sparse_mla_fp8_decode(
     return_lse : bool
         Return ``(out, lse)``; ``lse`` is allocated as [B, q_len, H] when not supplied.
     metadata : DecodeMetadata, optional
-        From :func:`get_batch_decode_metadata_mla` for this (B, q_len, H, top-k, device);
-        built for the call when omitted. With it the call does no host sync and allocates
-        nothing beyond omitted outputs.
+        From :func:`get_batch_decode_metadata_mla` for this (B, q_len, H, top-k, device).
+        With it the call does no host sync and allocates nothing beyond omitted outputs. When
+        omitted, an eager CUDA call reuses the plan of the last calls of its shape on the
+        current stream (up to ``IMPLICIT_PLANS_KEPT`` plans are kept, with their scratch), so
+        repeated calls allocate no scratch and replay launch recipes; a call under CUDA-graph
+        capture or with recipes off plans for itself.
 
     Returns
     -------
@@ -549,6 +583,11 @@ def sparse_mla_fp8_decode(
     >>> torch.allclose(lse[0, 0], logits.logsumexp(-1), atol=1e-4)
     True
     """
+    implicit_key = _implicit_plan_key(query, sparse_mla_top_k) if metadata is None else None
+    if implicit_key is not None:
+        metadata = _IMPLICIT_PLANS.get(implicit_key)  # None on the first call of its shape and stream
+        if metadata is not None:
+            _IMPLICIT_PLANS.move_to_end(implicit_key)
     recipe = _decode_recipe(metadata, query, kv_cache, block_tables, seq_lens, out, lse, return_lse,
                             (kv_lora_rank, qk_rope_head_dim, sparse_mla_top_k, bmm1_scale, bmm2_scale, sinks,
                              skip_softmax_threshold_scale_factor, uses_shared_paged_kv_idx, return_lse,
@@ -587,6 +626,8 @@ def sparse_mla_fp8_decode(
 
     if metadata is None:
         metadata = plan_decode(batch, q_len, heads, top_k, device)
+        if implicit_key is not None:
+            _keep_implicit_plan(implicit_key, metadata)
     elif not isinstance(metadata, DecodeMetadata):
         raise TypeError(
             f"metadata must be a DecodeMetadata from get_batch_decode_metadata_mla, got {type(metadata).__name__}"

@@ -7,6 +7,7 @@ tensor, what it keeps, what it refuses to build or replay, and when the cache tr
 
 from __future__ import annotations
 
+import collections
 import weakref
 
 import pytest
@@ -376,10 +377,59 @@ def test_sparse_mla_decode_calls_replay_what_the_ordinary_path_launches(stand_in
         return tensors
 
     monkeypatch.setattr(S, "_DECODE_RECIPES", weakref.WeakKeyDictionary())
+    monkeypatch.setattr(S, "_IMPLICIT_PLANS", collections.OrderedDict())
     S._DECODE_RECIPES[meta] = cache = R.RecipeCache()  # the one a first call would make
     _replays_match(call, cache)
-    call(metadata=None)  # plans per call: no recipe cache for it
-    assert list(S._DECODE_RECIPES) == [meta]
+
+    # without metadata: the first call keeps its plan, the later ones of its shape use it and its recipes
+    call(metadata=None)
+    assert list(S._DECODE_RECIPES) == [meta] and len(S._IMPLICIT_PLANS) == 1
+    kept = next(iter(S._IMPLICIT_PLANS.values()))
+    assert kept is not meta and (kept.batch_size, kept.q_len, kept.num_heads, kept.top_k) == (B, 1, H, top_k)
+    S._DECODE_RECIPES[kept] = kept_cache = R.RecipeCache()
+    _replays_match(lambda tensors=None: call(tensors, metadata=None), kept_cache)
+    assert list(S._IMPLICIT_PLANS.values()) == [kept]
+
+
+def test_sparse_mla_decode_without_metadata_keeps_a_few_plans(stand_in_gpu, monkeypatch):
+    """Metadata-less calls keep one plan per (B, q_len, H, top-k, device, stream), the least
+    recently used dropped past IMPLICIT_PLANS_KEPT; with recipes off a call plans for itself."""
+    import mate.ops.sparse_mla.decode as D
+    import mate.sparse_mla_interface as S
+
+    for name in ("sparse_mla_decode_split_kernel", "sparse_mla_decode_split_kernel_t",
+                 "sparse_mla_decode_combine_kernel"):
+        monkeypatch.setattr(D, name, FakeJIT())
+    monkeypatch.setattr(S, "recipes_usable", lambda t: R.RECIPES and L.active_recording() is None)
+    monkeypatch.setattr(S, "select_backend", lambda device, override=None: "triton")
+    monkeypatch.setattr(S, "_IMPLICIT_PLANS", collections.OrderedDict())
+    monkeypatch.setattr(S, "IMPLICIT_PLANS_KEPT", 2)
+
+    def call(B, top_k):
+        q = torch.randn(B, 1, 16, 576).to(torch.float8_e4m3fn)
+        kv = torch.randn(4, 64, 576).to(torch.float8_e4m3fn)
+        bt = torch.randint(-1, 256, (B, 1, top_k), dtype=torch.int32)
+        S.sparse_mla_fp8_decode(q, kv, None, 128, 512, 64, bt, torch.full((B,), 5, dtype=torch.int32), 256,
+                                sparse_mla_top_k=top_k, bmm1_scale=0.04)
+
+    def kept():
+        return [(k[0], k[3]) for k in S._IMPLICIT_PLANS]
+
+    with R.disabled():
+        call(2, 64)
+    assert kept() == []
+    call(2, 64), call(2, 128), call(2, 64)
+    assert kept() == [(2, 128), (2, 64)]  # most recently used last
+    first = S._IMPLICIT_PLANS[next(reversed(S._IMPLICIT_PLANS))]
+    call(3, 64)
+    assert kept() == [(2, 64), (3, 64)]
+    call(2, 64)
+    assert S._IMPLICIT_PLANS[next(k for k in S._IMPLICIT_PLANS if k[0] == 2)] is first
+    with pytest.raises(ValueError, match="sparse_mla_top_k"):  # a kept key still gets every check
+        S.sparse_mla_fp8_decode(torch.randn(2, 1, 16, 576).to(torch.float8_e4m3fn),
+                                torch.randn(4, 64, 576).to(torch.float8_e4m3fn), None, 128, 512, 64,
+                                torch.zeros(2, 1, 128, dtype=torch.int32), torch.full((2,), 5, dtype=torch.int32),
+                                256, sparse_mla_top_k=64, bmm1_scale=0.04)
 
 
 @pytest.mark.parametrize("given_output", [True, False])

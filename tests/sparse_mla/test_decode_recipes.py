@@ -100,3 +100,49 @@ def test_replay_keeps_the_overlap_check_and_replays_under_capture():
         _call(meta, q, kv, bt, sl, "out", want)
     torch.cuda.synchronize()
     assert torch.equal(out, want)
+
+
+def test_calls_without_metadata_keep_a_plan_per_stream(monkeypatch):
+    """Eager calls without metadata share one kept plan per shape and stream, replay its recipes
+    bit for bit as the ordinary path computes, get another plan on another stream, and plan for
+    themselves under capture (the captured call still right after new inputs)."""
+    import collections
+
+    import mate.sparse_mla_interface as S
+
+    monkeypatch.setattr(S, "_IMPLICIT_PLANS", collections.OrderedDict())
+    B, q_len, H = 4, 1, 128
+    g = torch.Generator().manual_seed(torch.seed() % 2**31)
+    with R.disabled():
+        _call(None, *_inputs(B, q_len, H, g), "out", poisoned((B, q_len, H, 512), torch.bfloat16, "cuda"))
+    assert not S._IMPLICIT_PLANS
+    for call in range(5):
+        q, kv, bt, sl = _inputs(B, q_len, H, g)
+        o, _ = _call(None, q, kv, bt, sl, "none")
+        want = poisoned(o.shape, o.dtype, "cuda")
+        with R.disabled():
+            _call(None, q, kv, bt, sl, "out", want)
+        torch.cuda.synchronize()
+        assert torch.equal(o, want), f"call {call}: output differs from the ordinary path"
+    (kept,) = S._IMPLICIT_PLANS.values()
+    assert _DECODE_RECIPES[kept].replays == 2  # calls 3 and 4 (the first kept the plan)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        o_side, _ = _call(None, q, kv, bt, sl, "none")
+    torch.cuda.current_stream().wait_stream(side)
+    assert len(S._IMPLICIT_PLANS) == 2 and torch.equal(o_side, want)
+    out = poisoned((B, q_len, H, 512), torch.bfloat16, "cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):  # compiled and warm already
+        _call(None, q, kv, bt, sl, "out", out)
+    assert len(S._IMPLICIT_PLANS) == 2
+    q2, kv2, bt2, sl2 = _inputs(B, q_len, H, g)
+    q.copy_(q2), kv.copy_(kv2), bt.copy_(bt2), sl.copy_(sl2)
+    out.fill_(float("nan"))
+    graph.replay()
+    want = poisoned(out.shape, out.dtype, "cuda")
+    with R.disabled():
+        _call(None, q, kv, bt, sl, "out", want)
+    torch.cuda.synchronize()
+    assert torch.equal(out, want)
