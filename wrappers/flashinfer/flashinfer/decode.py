@@ -146,8 +146,9 @@ def trtllm_batch_decode_with_kv_cache_mla(
         (``None``, ``False``, ``1``, ``0``, ``None``); ``NotImplementedError`` otherwise.
     metadata : object, optional
         Not in upstream: the result of :func:`get_batch_decode_metadata_mla` for this
-        query shape and top-k, reused across calls (CUDA-graph friendly). Planned per call
-        when omitted.
+        query shape and top-k, reused across calls (CUDA-graph friendly). When omitted, eager
+        calls reuse the plan kept for their shape on the current stream (mate's
+        ``sparse_mla_fp8_decode``); a call under CUDA-graph capture plans for itself.
 
     Returns
     -------
