@@ -20,6 +20,8 @@ from mate._core.recipe import RecipeCache, RecipeCall, call_key, recipes_usable,
 from mate.api_logging import mate_api
 from mate.ops.sparse_mla.reference import mla_rope_quantize_fp8_reference
 
+_FP8 = torch.float8_e4m3fn
+
 # ---- mla_rope_quantize_fp8 -------------------------------------------------------------
 
 _FP8_DTYPES = tuple(
@@ -56,6 +58,35 @@ def _mla_rope_quantize_fp8_op(
         mla_rope_quantize_fp8_triton(*args)
     else:
         mla_rope_quantize_fp8_reference(*args)
+
+
+_ROPE_RECIPES = RecipeCache()
+"""Launch recipes of eager ``mla_rope_quantize_fp8`` calls (one per signature: the layers of a
+step repeat it)."""
+
+
+def _rope_recipe(tensors: list, others: tuple) -> RecipeCall | None:
+    """The launch recipe of an mla_rope_quantize_fp8 call (``tensors``: the six inputs, then the
+    four outputs, omitted ones allocated here as e4m3 like their inputs), or None (not an eager
+    CUDA call, an argument without a recipe signature, or an omitted output whose dtype the
+    call decides otherwise). The outputs may be views of one merged buffer, as the ordinary path
+    allows."""
+    q_rope = tensors[0]
+    if not isinstance(q_rope, torch.Tensor) or not recipes_usable(q_rope):
+        return None
+    key = call_key(tensors, others)
+    if key is None:
+        return None
+    given = [t for t in tensors[6:] if t is not None]
+    if len(given) < 4:
+        dtype = others[1] if others[1] is not None else (given[0].dtype if given else _FP8)
+        if dtype != _FP8:
+            return None  # the ordinary path raises its error
+        tensors = list(tensors)
+        for i in range(6, 10):
+            if tensors[i] is None:
+                tensors[i] = torch.empty(tensors[i - 6].shape, dtype=_FP8, device=q_rope.device)
+    return RecipeCall(_ROPE_RECIPES, key, tensors, outputs=(6, 7, 8, 9), outputs_may_share=True)
 
 
 def _resolve_quantize_dtype(quantize_dtype: torch.dtype | None, outs: dict[str, torch.Tensor | None]) -> torch.dtype:
@@ -188,6 +219,14 @@ def mla_rope_quantize_fp8(
     >>> torch.allclose(k_rope_fp8.float(), rotated, rtol=0.0625, atol=2e-3)  # e4m3 rounding
     True
     """
+    outs = {"q_rope_out": q_rope_out, "k_rope_out": k_rope_out, "q_nope_out": q_nope_out,
+            "k_nope_out": k_nope_out}
+    recipe = _rope_recipe([q_rope, k_rope, q_nope, k_nope, cos_sin_cache, pos_ids, *outs.values()],
+                          (is_neox, quantize_dtype, quant_scale_q, quant_scale_kv, enable_pdl))
+    if recipe is not None:
+        outs = dict(zip(outs, recipe.tensors[6:]))
+        if recipe.replay():
+            return outs["q_rope_out"], outs["k_rope_out"], outs["q_nope_out"], outs["k_nope_out"]
     bf16 = torch.bfloat16
     checks.check_tensor("q_rope", q_rope, dtype=bf16, ndim=3)
     nnz, num_heads = q_rope.shape[0], q_rope.shape[1]
@@ -203,8 +242,6 @@ def mla_rope_quantize_fp8(
     checks.check_bool("is_neox", is_neox)
     quant_scale_q = checks.check_python_float("quant_scale_q", quant_scale_q)
     quant_scale_kv = checks.check_python_float("quant_scale_kv", quant_scale_kv)
-    outs = {"q_rope_out": q_rope_out, "k_rope_out": k_rope_out, "q_nope_out": q_nope_out,
-            "k_nope_out": k_nope_out}
     out_dtype = _resolve_quantize_dtype(quantize_dtype, outs)
     device = checks.check_same_device(q_rope=q_rope, k_rope=k_rope, q_nope=q_nope, k_nope=k_nope,
                                       cos_sin_cache=cos_sin_cache, pos_ids=pos_ids, **outs)
@@ -229,9 +266,10 @@ def mla_rope_quantize_fp8(
                                     contiguous=False, last_dim_contiguous=True)
             # the outputs may be views of one merged buffer; none may share memory with an input
             checks.check_no_overlap(name, t, **reads)
-    _mla_rope_quantize_fp8_op(q_rope, k_rope, q_nope, k_nope, cos_sin_cache, pos_ids, is_neox, quant_scale_q,
-                              quant_scale_kv, outs["q_rope_out"], outs["k_rope_out"], outs["q_nope_out"],
-                              outs["k_nope_out"])
+    with recorded(recipe):
+        _mla_rope_quantize_fp8_op(q_rope, k_rope, q_nope, k_nope, cos_sin_cache, pos_ids, is_neox, quant_scale_q,
+                                  quant_scale_kv, outs["q_rope_out"], outs["k_rope_out"], outs["q_nope_out"],
+                                  outs["k_nope_out"])
     return outs["q_rope_out"], outs["k_rope_out"], outs["q_nope_out"], outs["k_nope_out"]
 
 
@@ -240,7 +278,6 @@ def mla_rope_quantize_fp8(
 from mate.ops.sparse_mla.metadata import BLOCK_N as _DECODE_BLOCK_N  # noqa: E402
 from mate.ops.sparse_mla.metadata import DecodeMetadata, plan_decode  # noqa: E402
 
-_FP8 = torch.float8_e4m3fn
 _ROW = 576  # kv_lora_rank + qk_rope_head_dim
 
 _DECODE_RECIPES: weakref.WeakKeyDictionary[DecodeMetadata, RecipeCache] = weakref.WeakKeyDictionary()

@@ -286,25 +286,30 @@ class LaunchRecipe:
                 return False
         return True
 
-    def _disjoint(self, ptrs: list[int], outputs: Sequence[int]) -> bool:
-        """Whether each of the ``outputs`` (indices) shares no byte with any other tensor."""
+    def _disjoint(self, ptrs: list[int], outputs: Sequence[int], outputs_may_share: bool) -> bool:
+        """Whether each of the ``outputs`` (indices) shares no byte with any other tensor (with
+        ``outputs_may_share``: with any tensor that is not an output)."""
         ext = self.extents
         for o in outputs:
             if ext[o] is None:
                 continue
             lo, hi = ptrs[o] + ext[o][0], ptrs[o] + ext[o][1]
             for i, e in enumerate(ext):
-                if i != o and e is not None and lo <= ptrs[i] + e[1] and ptrs[i] + e[0] <= hi:
+                if (i != o and e is not None and lo <= ptrs[i] + e[1] and ptrs[i] + e[0] <= hi
+                        and not (outputs_may_share and i in outputs)):
                     return False
         return True
 
-    def replay(self, tensors: Sequence[torch.Tensor | None], outputs: Sequence[int] = ()) -> bool:
+    def replay(self, tensors: Sequence[torch.Tensor | None], outputs: Sequence[int] = (),
+               outputs_may_share: bool = False) -> bool:
         """Launches the recipe with ``tensors``' addresses; ``False`` (nothing launched) when the
         addresses break what the recorded kernels were specialized for, one of the ``outputs``
-        (indices into ``tensors``) overlaps another tensor, or launch hooks or Triton's debug mode
+        (indices into ``tensors``) overlaps another tensor (another output too, unless
+        ``outputs_may_share``: views of one merged buffer), or launch hooks or Triton's debug mode
         want the ordinary path."""
         ptrs = [t.data_ptr() if t is not None else 0 for t in tensors]
-        if not self._addresses_hold(ptrs) or not self._disjoint(ptrs, outputs) or not _launch.plain_launches():
+        if (not self._addresses_hold(ptrs) or not self._disjoint(ptrs, outputs, outputs_may_share)
+                or not _launch.plain_launches()):
             return False
         device = torch.cuda.current_device()
         if device != self.device:
@@ -343,9 +348,10 @@ class RecipeCache:
         entry = self._entries.get(key)
         return entry is None or entry[2] < self.MISSES
 
-    def replay(self, key: Any, tensors: Sequence[torch.Tensor | None], outputs: Sequence[int] = ()) -> bool:
+    def replay(self, key: Any, tensors: Sequence[torch.Tensor | None], outputs: Sequence[int] = (),
+               outputs_may_share: bool = False) -> bool:
         entry = self._entries.get(key)
-        if entry is None or not entry[1] or not entry[0].replay(tensors, outputs):
+        if entry is None or not entry[1] or not entry[0].replay(tensors, outputs, outputs_may_share):
             return False
         self.replays += 1
         with contextlib.suppress(KeyError):  # another thread may have evicted it meanwhile
@@ -376,13 +382,16 @@ class RecipeCache:
 class RecipeCall:
     """One eager call's use of a :class:`RecipeCache`: ``replay()`` its trusted recipe, else run
     the launches of the ordinary path inside ``recorded()``. ``tensors`` are the call's tensors
-    in key order with its outputs (at ``outputs``) already allocated."""
+    in key order with its outputs (at ``outputs``) already allocated; ``outputs_may_share``: the
+    outputs may overlap each other (the ordinary path checks them against the inputs only)."""
 
-    def __init__(self, cache: RecipeCache, key: Any, tensors: list, outputs: Sequence[int]) -> None:
+    def __init__(self, cache: RecipeCache, key: Any, tensors: list, outputs: Sequence[int],
+                 outputs_may_share: bool = False) -> None:
         self.cache, self.key, self.tensors, self.outputs = cache, key, tensors, outputs
+        self.outputs_may_share = outputs_may_share
 
     def replay(self) -> bool:
-        return self.cache.replay(self.key, self.tensors, self.outputs)
+        return self.cache.replay(self.key, self.tensors, self.outputs, self.outputs_may_share)
 
     @contextlib.contextmanager
     def recorded(self) -> Iterator[None]:

@@ -391,6 +391,52 @@ def test_sparse_mla_decode_calls_replay_what_the_ordinary_path_launches(stand_in
     assert list(S._IMPLICIT_PLANS.values()) == [kept]
 
 
+@pytest.mark.parametrize("outputs", ["merged", "omitted"])
+def test_rope_quantize_calls_replay_what_the_ordinary_path_launches(stand_in_gpu, monkeypatch, outputs):
+    """Outputs as views of one merged [nnz, H, 576] query row and [nnz, 576] key row (they
+    overlap each other, never an input), or all omitted (allocated per call)."""
+    import mate.ops.sparse_mla.rope_quant as RQ
+    import mate.sparse_mla_interface as S
+
+    monkeypatch.setattr(RQ, "mla_rope_quantize_fp8_kernel", FakeJIT())
+    monkeypatch.setattr(S, "recipes_usable", lambda t: R.RECIPES and L.active_recording() is None)
+    monkeypatch.setattr(S, "select_backend", lambda device, override=None: "triton")
+    monkeypatch.setattr(S, "_ROPE_RECIPES", R.RecipeCache())
+    nnz, H = 5, 16
+
+    def call(tensors=None):
+        if tensors is None:
+            q = torch.randn(nnz, H, 576, dtype=torch.bfloat16)
+            k = torch.randn(nnz, 576, dtype=torch.bfloat16)
+            tensors = (q[..., 512:], k[:, 512:], q[..., :512], k[:, :512], torch.randn(64, 64),
+                       torch.randint(0, 64, (nnz,)), torch.empty(nnz, H, 576, dtype=torch.float8_e4m3fn),
+                       torch.empty(nnz, 576, dtype=torch.float8_e4m3fn))
+        *inputs, q_out, k_out = tensors
+        kw = {}
+        if outputs == "merged":
+            kw = dict(q_rope_out=q_out[..., 512:], k_rope_out=k_out[:, 512:], q_nope_out=q_out[..., :512],
+                      k_nope_out=k_out[:, :512])
+        res = S.mla_rope_quantize_fp8(*inputs, quant_scale_q=0.5, quant_scale_kv=2.0, **kw)
+        assert [r.shape for r in res] == [t.shape for t in inputs[:4]]
+        assert all(r.dtype == torch.float8_e4m3fn for r in res)
+        if outputs == "merged":
+            assert all(r is o for r, o in zip(res, kw.values()))
+        return tensors
+
+    _replays_match(call, S._ROPE_RECIPES)
+    if outputs == "merged":  # an output on an input: the replay declines, the ordinary path raises
+        q_in, k_in, qn_in, kn_in, cos, pos, q_out, k_out = call()
+        replays = S._ROPE_RECIPES.replays
+        # a merged query buffer of the recorded signature laid over the input query's bytes
+        alias = torch.empty(0, dtype=torch.float8_e4m3fn).set_(q_in.untyped_storage())[:nnz * H * 576]
+        alias = alias.view(nnz, H, 576)
+        with pytest.raises(ValueError, match="q_rope_out must not overlap"):
+            S.mla_rope_quantize_fp8(q_in, k_in, qn_in, kn_in, cos, pos, quant_scale_q=0.5, quant_scale_kv=2.0,
+                                    q_rope_out=alias[..., 512:], k_rope_out=k_out[:, 512:],
+                                    q_nope_out=alias[..., :512], k_nope_out=k_out[:, :512])
+        assert S._ROPE_RECIPES.replays == replays
+
+
 def test_sparse_mla_decode_without_metadata_keeps_a_few_plans(stand_in_gpu, monkeypatch):
     """Metadata-less calls keep one plan per (B, q_len, H, top-k, device, stream), the least
     recently used dropped past IMPLICIT_PLANS_KEPT; with recipes off a call plans for itself."""
