@@ -13,7 +13,8 @@ Each figure is the minimum over five rounds of the median host time of 300 back-
 calls issued behind a GPU spin (nothing waits on the GPU); aten's FA2 varlen op is the peer.
 Where mate has launch recipes (``mate._core.recipe``) each call is also timed with them off.
 Calls: MHA varlen and paged decode, msa() sparse decode / prefill / max-score, and (session 33)
-sparse_topk_select and the sparse MLA decode with metadata.
+sparse_topk_select and the sparse MLA decode with metadata; (session 34) the sparse MLA decode
+without metadata and mla_rope_quantize_fp8 into merged rows.
 """
 
 from __future__ import annotations
@@ -112,7 +113,27 @@ def selection_and_mla_calls() -> dict:
                                                          force_end_blocks=1, query_positions=pos)}
     for b, h in ((64, 128), (8, 16)):
         calls[f"sparse MLA decode B={b} H={h}"] = sparse_mla_decode_call(b, h, with_out=True)
+    calls["sparse MLA decode B=64 H=128, no metadata"] = sparse_mla_decode_call(64, 128, with_out=True,
+                                                                                with_metadata=False)
+    calls["rope quantize nnz=64 H=128, merged out"] = rope_quantize_call(64, 128)
     return calls
+
+
+def rope_quantize_call(nnz: int, heads: int):
+    """An eager mla_rope_quantize_fp8 call writing views of merged [nnz, H, 576] / [nnz, 576]
+    FP8 rows (session 34)."""
+    from mate.sparse_mla_interface import mla_rope_quantize_fp8
+
+    dev, bf16, fp8 = "cuda", torch.bfloat16, torch.float8_e4m3fn
+    q = torch.randn(nnz, heads, 576, device=dev, dtype=bf16)
+    k = torch.randn(nnz, 576, device=dev, dtype=bf16)
+    cos_sin = torch.randn(4096, 64, device=dev)
+    pos = torch.randint(0, 4096, (nnz,), device=dev)
+    q_out = torch.empty(nnz, heads, 576, device=dev, dtype=fp8)
+    k_out = torch.empty(nnz, 576, device=dev, dtype=fp8)
+    return functools.partial(mla_rope_quantize_fp8, q[..., 512:], k[:, 512:], q[..., :512], k[:, :512], cos_sin, pos,
+                             q_rope_out=q_out[..., 512:], k_rope_out=k_out[:, 512:], q_nope_out=q_out[..., :512],
+                             k_nope_out=k_out[:, :512])
 
 
 if __name__ == "__main__":

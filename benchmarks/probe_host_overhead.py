@@ -84,16 +84,17 @@ def _cases() -> dict:
     return cases
 
 
-def sparse_mla_decode_call(batch: int, heads: int, with_out: bool = False):
-    """An eager sparse_mla_fp8_decode call with prepared metadata: ``batch`` queries of ``heads``
-    heads, top-k 2048 rows of a paged FP8 cache (pages of 64), ``out`` given when ``with_out``."""
+def sparse_mla_decode_call(batch: int, heads: int, with_out: bool = False, with_metadata: bool = True):
+    """An eager sparse_mla_fp8_decode call with prepared metadata (none when not
+    ``with_metadata``): ``batch`` queries of ``heads`` heads, top-k 2048 rows of a paged FP8
+    cache (pages of 64), ``out`` given when ``with_out``."""
     dev, top_k, page = "cuda", 2048, 64
     query = rand_fp8((batch, 1, heads, 576), dev)
     pages = batch * 4 * top_k // page
     cache = rand_fp8((pages, page, 576), dev)
     bt = torch.randint(0, pages * page, (batch, 1, top_k), dtype=torch.int32, device=dev)
     sl = torch.full((batch,), top_k, dtype=torch.int32, device=dev)
-    meta = get_batch_decode_metadata_mla(query, sl, top_k)
+    meta = get_batch_decode_metadata_mla(query, sl, top_k) if with_metadata else None
     out = torch.empty(batch, 1, heads, 512, dtype=torch.bfloat16, device=dev) if with_out else None
     return functools.partial(sparse_mla_fp8_decode, query, cache, None, 128, 512, 64, bt, sl, 4 * top_k,
                              sparse_mla_top_k=top_k, bmm1_scale=1 / math.sqrt(192), bmm2_scale=1.0, out=out,
