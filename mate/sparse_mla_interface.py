@@ -276,7 +276,7 @@ def mla_rope_quantize_fp8(
 # ---- get_batch_decode_metadata_mla / sparse_mla_fp8_decode ----------------------------
 
 from mate.ops.sparse_mla.metadata import BLOCK_N as _DECODE_BLOCK_N  # noqa: E402
-from mate.ops.sparse_mla.metadata import DecodeMetadata, plan_decode  # noqa: E402
+from mate.ops.sparse_mla.metadata import DecodeMetadata, plan_decode, plan_settings  # noqa: E402
 
 _ROW = 576  # kv_lora_rank + qk_rope_head_dim
 
@@ -294,7 +294,8 @@ def _implicit_plan_key(query, top_k) -> tuple | None:
     """The key under which an eager call without metadata keeps its plan, or None where it plans
     for itself: (B, q_len, H, top-k, device, current stream). One stream runs its calls in
     order, so they can share the plan's scratch as the layers of a step share a metadata object,
-    and keep its launch recipes; calls on other streams get their own plan. Under CUDA-graph
+    and keep its launch recipes; calls on other streams get their own plan. The planning
+    settings (:func:`~mate.ops.sparse_mla.metadata.plan_settings`) are part of the key. Under CUDA-graph
     capture, with recipes off (``MATE_LAUNCH_RECIPES=0``, ``MATE_CHECK_INPUTS=1``) or off the
     GPU a call plans per call and its scratch lives as long as the call (in a capture, in the
     graph's pool)."""
@@ -306,7 +307,7 @@ def _implicit_plan_key(query, top_k) -> tuple | None:
         if torch.cuda.is_current_stream_capturing():
             return None
         stream = torch.cuda.current_stream(query.device).cuda_stream
-    return (*query.shape[:3], top_k, query.device, stream)
+    return (*query.shape[:3], top_k, query.device, stream, plan_settings())
 
 
 def _keep_implicit_plan(key: tuple, metadata: DecodeMetadata) -> None:

@@ -471,6 +471,11 @@ def test_sparse_mla_decode_without_metadata_keeps_a_few_plans(stand_in_gpu, monk
     assert kept() == [(2, 64), (3, 64)]
     call(2, 64)
     assert S._IMPLICIT_PLANS[next(k for k in S._IMPLICIT_PLANS if k[0] == 2)] is first
+    import mate.ops.sparse_mla.metadata as MD
+
+    monkeypatch.setattr(MD, "GLUON_MIN_SPLIT_BLOCKS", 3)  # a planning setting changed: a new plan
+    call(2, 64)
+    assert kept() == [(3, 64), (2, 64)] and S._IMPLICIT_PLANS[next(reversed(S._IMPLICIT_PLANS))] is not first
     with pytest.raises(ValueError, match="sparse_mla_top_k"):  # a kept key still gets every check
         S.sparse_mla_fp8_decode(torch.randn(2, 1, 16, 576).to(torch.float8_e4m3fn),
                                 torch.randn(4, 64, 576).to(torch.float8_e4m3fn), None, 128, 512, 64,
