@@ -91,13 +91,18 @@ def test_replay_keeps_the_overlap_check_and_replays_under_capture():
     with pytest.raises(ValueError, match="out must not overlap"):
         _call(meta, q, kv, bt, sl, "out", alias)
     graph = capture_graph(lambda: _call(meta, q, kv, bt, sl, "out", out))
-    q2, kv2, bt2, sl2 = _inputs(B, q_len, H, g)
-    q.copy_(q2), kv.copy_(kv2), bt.copy_(bt2), sl.copy_(sl2)
+    _assert_replay_with_new_inputs(graph, meta, (q, kv, bt, sl), out, g)
+
+
+def _assert_replay_with_new_inputs(graph, meta, inputs, out, g):
+    """New inputs written in place, the graph replayed: ``out`` equals the ordinary path's."""
+    for t, new in zip(inputs, _inputs(*out.shape[:3], g)):
+        t.copy_(new)
     out.fill_(float("nan"))
     graph.replay()
     want = poisoned(out.shape, out.dtype, "cuda")
     with R.disabled():
-        _call(meta, q, kv, bt, sl, "out", want)
+        _call(meta, *inputs, "out", want)
     torch.cuda.synchronize()
     assert torch.equal(out, want)
 
@@ -137,12 +142,4 @@ def test_calls_without_metadata_keep_a_plan_per_stream(monkeypatch):
     with torch.cuda.graph(graph):  # compiled and warm already
         _call(None, q, kv, bt, sl, "out", out)
     assert len(S._IMPLICIT_PLANS) == 2
-    q2, kv2, bt2, sl2 = _inputs(B, q_len, H, g)
-    q.copy_(q2), kv.copy_(kv2), bt.copy_(bt2), sl.copy_(sl2)
-    out.fill_(float("nan"))
-    graph.replay()
-    want = poisoned(out.shape, out.dtype, "cuda")
-    with R.disabled():
-        _call(None, q, kv, bt, sl, "out", want)
-    torch.cuda.synchronize()
-    assert torch.equal(out, want)
+    _assert_replay_with_new_inputs(graph, None, (q, kv, bt, sl), out, g)
