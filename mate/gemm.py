@@ -11,6 +11,7 @@ references in :mod:`mate.ops.gemm.reference`, and the ``backend="auto"`` table i
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 
 import torch
@@ -27,6 +28,7 @@ from mate._core.checks import (
 )
 from mate._core.custom_op import mate_custom_op
 from mate._core.dispatch import requested_backend, select_backend
+from mate._core.recipe import RecipeCache, RecipeCall, call_key, recipes_usable, recorded
 from mate.api_logging import mate_api
 from mate.ops.gemm import cublas, reference, tuning
 
@@ -381,6 +383,33 @@ def _groupwise_impl(a, b, a_scale, b_scale, k_major, out, output_scale, backend)
                               layout=PLAIN, config=cfg)
 
 
+_GROUPWISE_RECIPES = RecipeCache()
+"""Launch recipes of eager ``gemm_fp8_nt_groupwise`` calls that run Triton / Gluon kernels only
+(the layers of a model repeat each signature)."""
+
+
+def _groupwise_recipe(tensors: list, others: tuple, out_dtype) -> RecipeCall | None:
+    """The launch recipe of a gemm_fp8_nt_groupwise call (``tensors``: a, b, a_scale, b_scale,
+    out, output_scale; an omitted ``out`` allocated here as the call would), or None (not an
+    eager CUDA call, or an argument without a recipe signature). Besides the arguments the key
+    holds the current stream (split-K counters and workspaces are per stream),
+    ``MATE_GEMM_SPLITK_REDUCE`` and :func:`mate.ops.gemm.tuning.recipe_settings`."""
+    a, b = tensors[0], tensors[1]
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or not recipes_usable(a):
+        return None
+    key = call_key(tensors, others, torch._C._cuda_getCurrentRawStream(a.get_device()),
+                   os.environ.get("MATE_GEMM_SPLITK_REDUCE"), tuning.recipe_settings())
+    if key is None:
+        return None
+    if tensors[4] is None:
+        if a.dim() != 2 or b.dim() != 2:
+            return None  # the ordinary path raises its error
+        default = torch.float8_e4m3fn if tensors[5] is not None else torch.bfloat16
+        tensors = list(tensors)
+        tensors[4] = torch.empty((a.shape[0], b.shape[0]), dtype=out_dtype or default, device=a.device)
+    return RecipeCall(_GROUPWISE_RECIPES, key, tensors, outputs=(4, 5))
+
+
 @mate_custom_op("gemm_fp8_nt_groupwise", mutates_args=("out", "output_scale"))
 def _gemm_fp8_nt_groupwise_op(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor,
                               k_major: bool, out: torch.Tensor, output_scale: torch.Tensor | None,
@@ -485,6 +514,12 @@ def gemm_fp8_nt_groupwise(
     >>> out8.dtype, torch.allclose(deq, a_deq @ b_deq.T, rtol=0.07, atol=0.05)  # e4m3: 3 mantissa bits
     (torch.float8_e4m3fn, True)
     """
+    recipe = _groupwise_recipe([a, b, a_scale, b_scale, out, output_scale],
+                               (scale_major_mode, mma_sm, scale_granularity_mnk, out_dtype, backend), out_dtype)
+    if recipe is not None:
+        out = recipe.tensors[4]
+        if recipe.replay():
+            return out
     check_tensor("a", a, ndim=2, last_dim_contiguous=True)
     check_tensor("b", b, ndim=2, last_dim_contiguous=True)
     _check_fp8_pair(("a", "b"), a, b)
@@ -515,7 +550,10 @@ def gemm_fp8_nt_groupwise(
             impl = bf16 + "+quant"
     if out.numel() == 0:
         return out
-    _gemm_fp8_nt_groupwise_op(a, b, a_scale, b_scale, mode == "K", out, output_scale, impl)
+    if impl != "triton":
+        recipe = None  # cuBLAS, the two-step FP8 output and the reference do more than Triton launches
+    with recorded(recipe):
+        _gemm_fp8_nt_groupwise_op(a, b, a_scale, b_scale, mode == "K", out, output_scale, impl)
     return out
 
 

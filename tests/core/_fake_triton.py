@@ -22,11 +22,14 @@ class FakeJIT:
         self.device_caches = {}
 
     def binder(self, *args, **kwargs):
+        """Positional arguments and tensors given by keyword are runtime arguments (specialized
+        as Triton does for ints: 1, a multiple of 16 or neither); other keywords are constexprs."""
         options = {k: v for k, v in kwargs.items() if k == "num_warps"}
         bound = {f"a{i}": a for i, a in enumerate(args)}
         bound.update({k: v for k, v in kwargs.items() if k not in options})
         spec = [("int", "1" if a == 1 else ("D" if a % 16 == 0 else "")) if isinstance(a, int) else ("obj", None)
-                for a in args] + [("constexpr", v) for k, v in kwargs.items() if k not in options]
+                for a in args] + [("obj", None) if hasattr(v, "data_ptr") else ("constexpr", v)
+                                  for k, v in kwargs.items() if k not in options]
         return bound, spec, options
 
     def __getitem__(self, grid):

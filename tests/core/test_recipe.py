@@ -437,6 +437,78 @@ def test_rope_quantize_calls_replay_what_the_ordinary_path_launches(stand_in_gpu
         assert S._ROPE_RECIPES.replays == replays
 
 
+@pytest.fixture
+def stand_in_gemm(stand_in_gpu, monkeypatch):
+    """gemm_fp8_nt_groupwise on stand-ins: the Triton kernels' path (TMA descriptors, split-K
+    counters and workspace), a fresh recipe cache and fresh per-stream buffers."""
+    import mate.gemm as G
+    import mate.ops.gemm.groupwise as GW
+
+    for name in ("fp8_groupwise_tma_kernel", "fp8_groupwise_gemm_kernel", "splitk_reduce_kernel"):
+        monkeypatch.setattr(GW, name, FakeJIT())
+    monkeypatch.setattr(G, "recipes_usable", lambda t: R.RECIPES and L.active_recording() is None)
+    monkeypatch.setattr(G, "select_backend", lambda device, override=None: "triton")
+    monkeypatch.setattr(G, "_GROUPWISE_RECIPES", R.RecipeCache())
+    monkeypatch.setattr(GW, "_COUNTERS", {})
+    monkeypatch.setattr(GW, "_WORKSPACES", {})
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 1234, raising=False)
+    return G
+
+
+def _groupwise_inputs(m, n, k):
+    fp8 = torch.float8_e4m3fn
+    return (torch.randn(m, k).to(fp8), torch.randn(n, k).to(fp8), torch.rand(k // 128, m) + 0.5,
+            torch.rand(k // 128, -(-n // 128)) + 0.5)
+
+
+@pytest.mark.parametrize("mnk,reduce,given_out", [((16, 256, 2048), "fused", True), ((16, 256, 2048), "launch", False),
+                                                  ((300, 384, 512), "fused", True)])
+def test_groupwise_gemm_calls_replay_what_the_ordinary_path_launches(stand_in_gemm, monkeypatch, mnk, reduce,
+                                                                     given_out):
+    """Split-K with the fused reduce (counters and workspace of the stream) or a reduce launch,
+    and a shape without split-K; ``out`` given or allocated per call."""
+    monkeypatch.setenv("MATE_GEMM_SPLITK_REDUCE", reduce)
+    m, n, k = mnk
+    G = stand_in_gemm
+
+    def call(tensors=None):
+        if tensors is None:
+            tensors = (*_groupwise_inputs(m, n, k), torch.empty(m, n, dtype=torch.bfloat16))
+        a, b, sa, sb, out = tensors
+        res = G.gemm_fp8_nt_groupwise(a, b, sa, sb, scale_major_mode="MN", out=out if given_out else None,
+                                      backend="triton")
+        assert res.shape == (m, n) and (res is out) == given_out
+        return tensors
+
+    _replays_match(call, G._GROUPWISE_RECIPES)
+    if mnk[0] == 16:
+        assert any(launch[4:5] for launch in _LAUNCHES)  # split-K: the workspace kept in the recipe
+
+
+def test_groupwise_gemm_paths_beyond_triton_launches_never_record(stand_in_gemm, monkeypatch):
+    """The two-step FP8 output (a bf16 temporary, then a quantization launch) and an output that
+    overlaps an input keep no recipe / never replay."""
+    from mate.ops.gemm import tuning
+
+    G = stand_in_gemm
+    monkeypatch.setattr(tuning, "fp8_out_two_step", lambda *args: True)
+    monkeypatch.setattr(G, "select_backend", lambda device, override=None: "triton")
+    monkeypatch.setattr("mate.ops.gemm.quantize.quantize_fp8_row_groups", lambda res, out, scale: None)
+    a, b, sa, sb = _groupwise_inputs(16, 256, 512)
+    for _ in range(4):
+        G.gemm_fp8_nt_groupwise(a, b, sa, sb, scale_major_mode="MN", output_scale=torch.empty(16, 2))
+    assert len(G._GROUPWISE_RECIPES) == 0
+    out = torch.empty(16, 256, dtype=torch.bfloat16)
+    for _ in range(4):
+        G.gemm_fp8_nt_groupwise(a, b, sa, sb, scale_major_mode="MN", out=out, backend="triton")
+    replays = G._GROUPWISE_RECIPES.replays
+    assert replays >= 1
+    alias = torch.empty(0, dtype=torch.bfloat16).set_(a.untyped_storage(), 0, (16, 256), (256, 1))  # a's bytes
+    with pytest.raises(ValueError, match="out must not overlap"):
+        G.gemm_fp8_nt_groupwise(a, b, sa, sb, scale_major_mode="MN", out=alias, backend="triton")
+    assert G._GROUPWISE_RECIPES.replays == replays
+
+
 def test_sparse_mla_decode_without_metadata_keeps_a_few_plans(stand_in_gpu, monkeypatch):
     """Metadata-less calls keep one plan per (B, q_len, H, top-k, device, stream), the least
     recently used dropped past IMPLICIT_PLANS_KEPT; with recipes off a call plans for itself."""

@@ -15,6 +15,7 @@ group scales (amax / 448, 1 for a zero group).
 
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -339,6 +340,25 @@ def _tile_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
     return buf
 
 
+_WORKSPACES: dict[tuple, torch.Tensor] = {}
+
+
+def splitk_workspace(device: torch.device, shape: tuple[int, ...]) -> torch.Tensor:
+    """fp32 scratch of ``shape`` for split-K partials. Eager calls take a view of one growing
+    buffer per device and stream (calls on a stream run in order, and each call's partials are
+    summed before the stream's next call starts), so repeated calls pass the same address and
+    their launches can be replayed (``mate._core.recipe``); under CUDA-graph capture each call
+    allocates its own (in the graph's pool)."""
+    numel = math.prod(shape)
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return torch.empty(shape, dtype=torch.float32, device=device)
+    key = _counter_key(device)
+    buf = _WORKSPACES.get(key)
+    if buf is None or buf.numel() < numel:
+        buf = _WORKSPACES[key] = torch.empty(numel, dtype=torch.float32, device=device)
+    return buf[:numel].view(shape)
+
+
 def _tma_ok(t: torch.Tensor) -> bool:
     """A [.., rows, k] operand TMA can read as one 2-D [rows_total, k] tensor."""
     if t.stride(-1) != 1 or t.data_ptr() % 16 or (t.stride(-2) * t.element_size()) % 16:
@@ -412,7 +432,7 @@ def groupwise_gemm_triton(
         assert bn == 128, "FP8 output needs BLOCK_N == 128 (one scale group per tile)"
     tiles = cdiv(M, bm) * cdiv(N, bn)
     grid = (tiles, split_k, G if layout == MASKED else 1)
-    ws = torch.empty((split_k, M, N), dtype=torch.float32, device=a.device) if split_k > 1 else out
+    ws = splitk_workspace(a.device, (split_k, M, N)) if split_k > 1 else out
     cs = output_scale if output_scale is not None else out
     idx = m_indices if m_indices is not None else out
     mm = masked_m if masked_m is not None else out

@@ -63,7 +63,6 @@ Selected with ``config["GLUON"] = {"KINT": True, ...}`` (see ``groupwise_gemm_ki
 
 from __future__ import annotations
 
-import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
@@ -326,7 +325,7 @@ def groupwise_gemm_kint(a, b, a_scale, a_scale_strides, b_scale, b_scale_strides
     else as ``"fused"``; ``"fused"``: the tile's last unit to arrive sums the partials; or
     ``"launch"``: a second kernel sums the split-K partials), EAGER (KPS > 1: each K block's
     wgmma issued before the previous one is waited for and scaled; default False)."""
-    from mate.ops.gemm.groupwise import _TL_DTYPE, _tile_counters, splitk_reduce_kernel
+    from mate.ops.gemm.groupwise import _TL_DTYPE, _tile_counters, splitk_reduce_kernel, splitk_workspace
 
     M, N, K = plain_mnk(a, b, "K-interleaved")
     bm, bn = config["BLOCK_M"], config["BLOCK_N"]
@@ -345,7 +344,7 @@ def groupwise_gemm_kint(a, b, a_scale, a_scale_strides, b_scale, b_scale_strides
     cnt = None
     if split > 1 and reduce != "launch":
         cnt = _tile_counters(a.device, tiles)
-    ws = torch.empty((split, M, N), dtype=torch.float32, device=a.device) if split > 1 else out
+    ws = splitk_workspace(a.device, (split, M, N)) if split > 1 else out
     launcher(fp8_groupwise_kint_kernel)[(grid, )](
         operand_desc(a, a_box_rows(M, bm)), operand_desc(b, bn), a_scale, b_scale, out, ws, cnt if cnt is not None else ws,
         M, N, K,

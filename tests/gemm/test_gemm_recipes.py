@@ -1,0 +1,102 @@
+"""Launch recipes of eager gemm_fp8_nt_groupwise calls (GPU): from the third or fourth call of a
+signature the call replays the launches of its first calls, bit for bit what the ordinary path
+writes, on fresh operands every call, for each kernel ``auto`` and ``triton`` pick at small and
+mid M (the K-interleaved Gluon kernel with split-K, the single-partition Gluon kernel, the
+persistent Gluon kernel, the plain Triton kernels with A by pointer loads and the fused FP8
+epilogue); the two-step FP8 output and cuBLAS never replay."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mate import gemm
+from mate._core import recipe as R
+from mate.testing import poisoned
+from mate.testing.graphs import capture_graph
+from tests.gemm._inputs import fp8_block_operands
+
+pytestmark = pytest.mark.gpu
+
+CASES = [  # (m, n, k, backend, fp8 output, replays)
+    (1, 2112, 7168, "auto", False, True),      # K-interleaved Gluon, split-K with the fused reduce
+    (64, 4096, 7168, "auto", False, True),     # K-interleaved Gluon, unsplit
+    (16, 7168, 2048, "auto", False, True),     # single-partition Gluon
+    (16, 4096, 7168, "auto", False, True),     # 16-row Triton tile, split-K
+    (256, 7168, 2048, "triton", False, True),  # plain Triton, TMA
+    (1, 2112, 7168, "triton", True, True),     # fused FP8 epilogue, A by pointer loads, split-K
+    (4096, 4096, 7168, "auto", False, False),  # cuBLAS
+    (64, 4096, 7168, "auto", True, False),     # two-step FP8 output (a bf16 temporary)
+]
+
+
+def _call(ops, out, oscale, backend):
+    a, b, sa, sb = ops
+    return gemm.gemm_fp8_nt_groupwise(a, b, sa, sb, scale_major_mode="K", out=out, output_scale=oscale,
+                                      backend=backend)
+
+
+@pytest.mark.parametrize("m,n,k,backend,fp8_out,replays", CASES)
+def test_replayed_gemms_equal_the_ordinary_path(m, n, k, backend, fp8_out, replays, monkeypatch):
+    monkeypatch.setattr(gemm, "_GROUPWISE_RECIPES", R.RecipeCache())
+    out_dtype = torch.float8_e4m3fn if fp8_out else torch.bfloat16
+    nb = -(-n // 128)
+
+    def outputs():
+        return poisoned((m, n), out_dtype, "cuda"), poisoned((m, nb), torch.float32, "cuda") if fp8_out else None
+
+    with R.disabled():
+        _call(fp8_block_operands(m, n, k, "cuda"), *outputs(), backend)  # compiles
+    for call in range(5):
+        ops = fp8_block_operands(m, n, k, "cuda")
+        out, oscale = outputs()
+        before = gemm._GROUPWISE_RECIPES.replays
+        assert _call(ops, out, oscale, backend) is out
+        replayed = gemm._GROUPWISE_RECIPES.replays > before
+        want, want_scale = outputs()
+        with R.disabled():
+            _call(ops, want, want_scale, backend)
+        torch.cuda.synchronize()
+        assert torch.equal(out.view(torch.uint8), want.view(torch.uint8)), f"call {call}: output differs"
+        if fp8_out:
+            assert torch.equal(oscale, want_scale), f"call {call}: output scales differ"
+        if call >= 3:
+            assert replayed == replays, f"call {call}"
+
+
+def test_replay_keeps_the_overlap_check_and_the_split_k_stream(monkeypatch):
+    """An ``out`` laid over an operand still raises; a call on another stream is another key
+    (its own split-K counters and workspace) and right; a captured replay after new operands is
+    right."""
+    monkeypatch.setattr(gemm, "_GROUPWISE_RECIPES", R.RecipeCache())
+    m, n, k = 1, 2112, 7168
+    ops = fp8_block_operands(m, n, k, "cuda")
+    out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+    for _ in range(5):
+        _call(ops, out, None, "auto")
+    replays = gemm._GROUPWISE_RECIPES.replays
+    assert replays >= 1 and len(gemm._GROUPWISE_RECIPES) == 1
+    alias = torch.empty(0, dtype=torch.bfloat16, device="cuda").set_(ops[1].untyped_storage(), 0, (m, n), (n, 1))
+    with pytest.raises(ValueError, match="out must not overlap"):
+        _call(ops, alias, None, "auto")
+    assert gemm._GROUPWISE_RECIPES.replays == replays
+    want = poisoned((m, n), torch.bfloat16, "cuda")
+    with R.disabled():
+        _call(ops, want, None, "auto")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        got = [_call(ops, poisoned((m, n), torch.bfloat16, "cuda"), None, "auto") for _ in range(5)]
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    assert len(gemm._GROUPWISE_RECIPES) == 2 and gemm._GROUPWISE_RECIPES.replays > replays
+    assert all(torch.equal(g, want) for g in got)
+    graph = capture_graph(lambda: _call(ops, out, None, "auto"))
+    for t, x in zip(ops, fp8_block_operands(m, n, k, "cuda")):
+        t.copy_(x)
+    out.fill_(float("nan"))
+    graph.replay()
+    with R.disabled():
+        _call(ops, want, None, "auto")
+    torch.cuda.synchronize()
+    assert torch.equal(out, want)
