@@ -14,7 +14,7 @@ calls issued behind a GPU spin (nothing waits on the GPU); aten's FA2 varlen op 
 Where mate has launch recipes (``mate._core.recipe``) each call is also timed with them off.
 Calls: MHA varlen and paged decode, msa() sparse decode / prefill / max-score, and (session 33)
 sparse_topk_select and the sparse MLA decode with metadata; (session 34) the sparse MLA decode
-without metadata and mla_rope_quantize_fp8 into merged rows.
+without metadata, mla_rope_quantize_fp8 into merged rows and gemm_fp8_nt_groupwise.
 """
 
 from __future__ import annotations
@@ -116,6 +116,23 @@ def selection_and_mla_calls() -> dict:
     calls["sparse MLA decode B=64 H=128, no metadata"] = sparse_mla_decode_call(64, 128, with_out=True,
                                                                                 with_metadata=False)
     calls["rope quantize nnz=64 H=128, merged out"] = rope_quantize_call(64, 128)
+    calls.update(gemm_calls())
+    return calls
+
+
+def gemm_calls() -> dict:
+    """Eager gemm_fp8_nt_groupwise calls, ``out`` given (session 34): (64, 4096, 7168) on the
+    K-interleaved Gluon kernel and (1, 2112, 7168) on it with split-K."""
+    from mate.gemm import gemm_fp8_nt_groupwise
+
+    calls = {}
+    for m, n, k in ((64, 4096, 7168), (1, 2112, 7168)):
+        a = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
+        b = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn)
+        sa, sb = torch.rand(m, k // 128, device="cuda"), torch.rand(-(-n // 128), k // 128, device="cuda")
+        out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        calls[f"gemm_fp8_nt_groupwise ({m}, {n}, {k})"] = functools.partial(
+            gemm_fp8_nt_groupwise, a, b, sa, sb, scale_major_mode="K", out=out)
     return calls
 
 
