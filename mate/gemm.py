@@ -402,7 +402,7 @@ def _groupwise_recipe(tensors: list, others: tuple, out_dtype) -> RecipeCall | N
     if key is None:
         return None
     if tensors[4] is None:
-        if a.dim() != 2 or b.dim() != 2:
+        if a.dim() != 2 or b.dim() != 2 or not (out_dtype is None or isinstance(out_dtype, torch.dtype)):
             return None  # the ordinary path raises its error
         default = torch.float8_e4m3fn if tensors[5] is not None else torch.bfloat16
         tensors = list(tensors)

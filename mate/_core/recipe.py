@@ -46,7 +46,7 @@ RECIPES = os.environ.get("MATE_LAUNCH_RECIPES", "1").strip().lower() not in ("0"
 
 _AMBIGUOUS = -1
 
-_PLAIN = frozenset({type(None), bool, int, float, str})
+_PLAIN = frozenset({type(None), bool, int, float, str, torch.dtype})
 
 
 @contextlib.contextmanager
@@ -86,7 +86,7 @@ def tensor_signature(tensors: Sequence[torch.Tensor | None]) -> tuple | None:
 
 def signature(value: Any) -> Any:
     """A hashable description of one call argument for a recipe key: a tensor's shape, strides,
-    dtype and device; plain scalars with their type (``True`` and ``1`` differ); tuples, lists
+    dtype and device; plain scalars and dtypes with their type (``True`` and ``1`` differ); tuples, lists
     and dataclass-like objects field by field. ``TypeError`` for anything else."""
     kind = type(value)
     if kind in _PLAIN:  # most arguments: one set lookup

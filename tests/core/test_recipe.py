@@ -485,6 +485,21 @@ def test_groupwise_gemm_calls_replay_what_the_ordinary_path_launches(stand_in_ge
         assert any(launch[4:5] for launch in _LAUNCHES)  # split-K: the workspace kept in the recipe
 
 
+def test_groupwise_gemm_out_dtype_in_the_key(stand_in_gemm):
+    """An explicit ``out_dtype`` (a dtype is a plain key part) replays like the default; one that
+    is not a dtype gets the ordinary path's error, not an allocation's."""
+    G = stand_in_gemm
+    a, b, sa, sb = _groupwise_inputs(64, 256, 512)
+    for dtype in (torch.bfloat16, torch.float16):
+        before = G._GROUPWISE_RECIPES.replays
+        for _ in range(5):
+            assert G.gemm_fp8_nt_groupwise(a, b, sa, sb, scale_major_mode="MN", out_dtype=dtype,
+                                           backend="triton").dtype == dtype
+        assert G._GROUPWISE_RECIPES.replays > before
+    with pytest.raises(ValueError, match="out_dtype must be one of"):
+        G.gemm_fp8_nt_groupwise(a, b, sa, sb, scale_major_mode="MN", out_dtype="bf16", backend="triton")
+
+
 def test_groupwise_gemm_paths_beyond_triton_launches_never_record(stand_in_gemm, monkeypatch):
     """The two-step FP8 output (a bf16 temporary, then a quantization launch) and an output that
     overlaps an input keep no recipe / never replay."""

@@ -17,8 +17,8 @@ import torch
 from mate._core import checks
 from mate._core.hopper import REGS_PER_SM, cuda_capability, planning_sm_count
 
-__all__ = ["DecodeMetadata", "plan_decode", "plan_settings", "pdl_combine", "BLOCK_N", "HEAD_DIM_V", "HEAD_DIM_ROPE", "GLUON_STAGES",
-           "GLUON_MAX_STAGES", "GLUON_SMALL_H_STAGES", "GLUON_WG_STAGES", "PDL_MAX_GRID_FRACTION"]
+__all__ = ["DecodeMetadata", "plan_decode", "plan_settings", "pdl_combine", "BLOCK_N", "HEAD_DIM_V", "HEAD_DIM_ROPE",
+           "GLUON_STAGES", "GLUON_MAX_STAGES", "GLUON_SMALL_H_STAGES", "GLUON_WG_STAGES", "PDL_MAX_GRID_FRACTION"]
 
 BLOCK_N = 64  # sparse_mla_top_k is a multiple of it; the 64-head kernel's rows per step
 HEAD_DIM_V = 512  # kv_lora_rank: the value part of each 576-value row
@@ -77,6 +77,7 @@ H=128 (128 programs) 22.3 / 23.8, B=16 q1 H=128 (128) 31.7 / 32.1, B=32 q1 H=128
 50.2. Benchmark run 15 (the plan's choice against ``pdl=False`` / ``True``): B=1 q1 H=128 19.3
 / 20.2, B=1 q1 H=16 (one-warpgroup kernel, 8 programs) 11.8 / 12.2, B=8 q1 H=128 22.2 / 23.8;
 run 16, with 16 splits of 2 blocks at B=1 q1 H=128 (32 programs): 16.4 / 17.1."""
+
 
 def plan_settings() -> tuple:
     """The module settings :func:`plan_decode`'s defaults depend on (a plan kept for reuse is
