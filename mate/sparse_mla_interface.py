@@ -8,6 +8,7 @@ kernels live in :mod:`mate.ops.sparse_mla`, references in
 from __future__ import annotations
 
 import collections
+import contextlib
 import weakref
 
 import torch
@@ -313,7 +314,8 @@ def _implicit_plan_key(query, top_k) -> tuple | None:
 def _keep_implicit_plan(key: tuple, metadata: DecodeMetadata) -> None:
     _IMPLICIT_PLANS[key] = metadata
     while len(_IMPLICIT_PLANS) > IMPLICIT_PLANS_KEPT:
-        _IMPLICIT_PLANS.popitem(last=False)
+        with contextlib.suppress(KeyError):  # emptied by another thread meanwhile
+            _IMPLICIT_PLANS.popitem(last=False)
 
 
 def _decode_launch_config() -> tuple:
@@ -625,7 +627,8 @@ def sparse_mla_fp8_decode(
     if implicit_key is not None:
         metadata = _IMPLICIT_PLANS.get(implicit_key)  # None on the first call of its shape and stream
         if metadata is not None:
-            _IMPLICIT_PLANS.move_to_end(implicit_key)
+            with contextlib.suppress(KeyError):  # another thread may have dropped it meanwhile
+                _IMPLICIT_PLANS.move_to_end(implicit_key)
     recipe = _decode_recipe(metadata, query, kv_cache, block_tables, seq_lens, out, lse, return_lse,
                             (kv_lora_rank, qk_rope_head_dim, sparse_mla_top_k, bmm1_scale, bmm2_scale, sinks,
                              skip_softmax_threshold_scale_factor, uses_shared_paged_kv_idx, return_lse,
