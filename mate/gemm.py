@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -384,30 +385,39 @@ def _groupwise_impl(a, b, a_scale, b_scale, k_major, out, output_scale, backend)
 
 
 _GROUPWISE_RECIPES = RecipeCache()
-"""Launch recipes of eager ``gemm_fp8_nt_groupwise`` calls that run Triton / Gluon kernels only
-(the layers of a model repeat each signature)."""
+_GROUPED_RECIPES = RecipeCache()
+_MASKED_RECIPES = RecipeCache()
+"""Launch recipes of eager ``gemm_fp8_nt_groupwise``, ``group_deepgemm_fp8_nt_groupwise`` and
+``batch_deepgemm_fp8_nt_groupwise`` calls that run Triton / Gluon kernels only (the layers of a
+model repeat each signature)."""
 
 
-def _groupwise_recipe(tensors: list, others: tuple, out_dtype) -> RecipeCall | None:
-    """The launch recipe of a gemm_fp8_nt_groupwise call (``tensors``: a, b, a_scale, b_scale,
-    out, output_scale; an omitted ``out`` allocated here as the call would), or None (not an
-    eager CUDA call, or an argument without a recipe signature). Besides the arguments the key
-    holds the current stream (split-K counters and workspaces are per stream),
+def _gemm_recipe(cache: RecipeCache, tensors: list, others: tuple, out_shape: tuple[int, ...] | None,
+                 out_dtype: Any, default_dtype: torch.dtype, outputs: tuple[int, ...]) -> RecipeCall | None:
+    """The launch recipe of a GEMM call (``tensors`` in key order, the operands first, the output
+    at ``outputs[0]``; an omitted output allocated here as ``out_shape`` of ``out_dtype`` or
+    ``default_dtype``, as the call would), or None (not an eager CUDA call, an argument without a
+    recipe signature, or an omitted output the call would not allocate so). Besides the
+    arguments the key holds the current stream (split-K counters and workspaces are per stream),
     ``MATE_GEMM_SPLITK_REDUCE`` and :func:`mate.ops.gemm.tuning.recipe_settings`."""
-    a, b = tensors[0], tensors[1]
-    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or not recipes_usable(a):
+    a = tensors[0]
+    if not isinstance(a, torch.Tensor) or not recipes_usable(a):
         return None
     key = call_key(tensors, others, torch._C._cuda_getCurrentRawStream(a.get_device()),
                    os.environ.get("MATE_GEMM_SPLITK_REDUCE"), tuning.recipe_settings())
     if key is None:
         return None
-    if tensors[4] is None:
-        if a.dim() != 2 or b.dim() != 2 or not (out_dtype is None or isinstance(out_dtype, torch.dtype)):
+    if tensors[outputs[0]] is None:
+        if out_shape is None or not (out_dtype is None or isinstance(out_dtype, torch.dtype)):
             return None  # the ordinary path raises its error
-        default = torch.float8_e4m3fn if tensors[5] is not None else torch.bfloat16
         tensors = list(tensors)
-        tensors[4] = torch.empty((a.shape[0], b.shape[0]), dtype=out_dtype or default, device=a.device)
-    return RecipeCall(_GROUPWISE_RECIPES, key, tensors, outputs=(4, 5))
+        tensors[outputs[0]] = torch.empty(out_shape, dtype=out_dtype or default_dtype, device=a.device)
+    return RecipeCall(cache, key, tensors, outputs=outputs)
+
+
+def _dims(t: Any, ndim: int) -> tuple[int, ...] | None:
+    """``t``'s shape when it is a tensor of ``ndim`` dimensions (an output shape to derive), else None."""
+    return tuple(t.shape) if isinstance(t, torch.Tensor) and t.dim() == ndim else None
 
 
 @mate_custom_op("gemm_fp8_nt_groupwise", mutates_args=("out", "output_scale"))
@@ -514,8 +524,11 @@ def gemm_fp8_nt_groupwise(
     >>> out8.dtype, torch.allclose(deq, a_deq @ b_deq.T, rtol=0.07, atol=0.05)  # e4m3: 3 mantissa bits
     (torch.float8_e4m3fn, True)
     """
-    recipe = _groupwise_recipe([a, b, a_scale, b_scale, out, output_scale],
-                               (scale_major_mode, mma_sm, scale_granularity_mnk, out_dtype, backend), out_dtype)
+    sa, sb = _dims(a, 2), _dims(b, 2)
+    recipe = _gemm_recipe(_GROUPWISE_RECIPES, [a, b, a_scale, b_scale, out, output_scale],
+                          (scale_major_mode, mma_sm, scale_granularity_mnk, out_dtype, backend),
+                          (sa[0], sb[0]) if sa and sb else None, out_dtype,
+                          torch.float8_e4m3fn if output_scale is not None else torch.bfloat16, outputs=(4, 5))
     if recipe is not None:
         out = recipe.tensors[4]
         if recipe.replay():
@@ -550,9 +563,8 @@ def gemm_fp8_nt_groupwise(
             impl = bf16 + "+quant"
     if out.numel() == 0:
         return out
-    if impl != "triton":
-        recipe = None  # cuBLAS, the two-step FP8 output and the reference do more than Triton launches
-    with recorded(recipe):
+    # cuBLAS, the two-step FP8 output and the reference do more than Triton launches: not recorded
+    with recorded(recipe if impl == "triton" else None):
         _gemm_fp8_nt_groupwise_op(a, b, a_scale, b_scale, mode == "K", out, output_scale, impl)
     return out
 
@@ -670,6 +682,14 @@ def group_deepgemm_fp8_nt_groupwise(
     >>> out.shape, torch.allclose(out[128:228].float(), ref, rtol=1e-2, atol=1e-2)  # bf16
     (torch.Size([256, 64]), True)
     """
+    sa, sb = _dims(a, 2), _dims(b, 3)
+    recipe = _gemm_recipe(_GROUPED_RECIPES, [a, b, a_scale, b_scale, m_indices, out],
+                          (scale_granularity_mnk, out_dtype), (sa[0], sb[1]) if sa and sb else None, out_dtype,
+                          torch.bfloat16, outputs=(5,))
+    if recipe is not None:
+        out = recipe.tensors[5]
+        if recipe.replay():
+            return out
     check_tensor("a", a, ndim=2)
     m = a.shape[0]
     G, n, k = _check_grouped_operands(a, b, a_scale, b_scale, scale_granularity_mnk, (m,))
@@ -682,7 +702,8 @@ def group_deepgemm_fp8_nt_groupwise(
     impl = select_backend(device)
     if out.numel() == 0 or G == 0:  # no expert: every row is padding (not written)
         return out
-    _group_op(a, b, a_scale, b_scale, m_indices, out, impl)
+    with recorded(recipe if impl == "triton" else None):
+        _group_op(a, b, a_scale, b_scale, m_indices, out, impl)
     return out
 
 
@@ -767,6 +788,14 @@ def batch_deepgemm_fp8_nt_groupwise(
     >>> out.shape, torch.allclose(out[0, :3].float(), ref, rtol=1e-2, atol=1e-2)  # bf16
     (torch.Size([2, 8, 64]), True)
     """
+    sa, sb = _dims(a, 3), _dims(b, 3)
+    recipe = _gemm_recipe(_MASKED_RECIPES, [a, b, a_scale, b_scale, masked_m, out],
+                          (expected_m, scale_granularity_mnk, out_dtype), (sa[0], sa[1], sb[1]) if sa and sb else None,
+                          out_dtype, torch.bfloat16, outputs=(5,))
+    if recipe is not None:
+        out = recipe.tensors[5]
+        if recipe.replay():
+            return out
     check_tensor("a", a, ndim=3)
     G, max_m = a.shape[0], a.shape[1]
     check_tensor("b", b, ndim=3, shape=(G, None, None))
@@ -783,5 +812,6 @@ def batch_deepgemm_fp8_nt_groupwise(
     impl = select_backend(device)
     if out.numel() == 0:
         return out
-    _batch_op(a, b, a_scale, b_scale, masked_m, expected_m, out, impl)
+    with recorded(recipe if impl == "triton" else None):
+        _batch_op(a, b, a_scale, b_scale, masked_m, expected_m, out, impl)
     return out

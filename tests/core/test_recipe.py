@@ -448,7 +448,8 @@ def stand_in_gemm(stand_in_gpu, monkeypatch):
         monkeypatch.setattr(GW, name, FakeJIT())
     monkeypatch.setattr(G, "recipes_usable", lambda t: R.RECIPES and L.active_recording() is None)
     monkeypatch.setattr(G, "select_backend", lambda device, override=None: "triton")
-    monkeypatch.setattr(G, "_GROUPWISE_RECIPES", R.RecipeCache())
+    for name in ("_GROUPWISE_RECIPES", "_GROUPED_RECIPES", "_MASKED_RECIPES"):
+        monkeypatch.setattr(G, name, R.RecipeCache())
     monkeypatch.setattr(GW, "_COUNTERS", {})
     monkeypatch.setattr(GW, "_WORKSPACES", {})
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 1234, raising=False)
@@ -483,6 +484,41 @@ def test_groupwise_gemm_calls_replay_what_the_ordinary_path_launches(stand_in_ge
     _replays_match(call, G._GROUPWISE_RECIPES)
     if mnk[0] == 16:
         assert any(launch[4:5] for launch in _LAUNCHES)  # split-K: the workspace kept in the recipe
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "masked"])
+def test_grouped_gemm_calls_replay_what_the_ordinary_path_launches(stand_in_gemm, layout):
+    """The MoE layouts: m_indices / masked_m are read on the device only, so their values may
+    change between replays; ``out`` given or allocated per call."""
+    G = stand_in_gemm
+    fp8, groups, n, k = torch.float8_e4m3fn, 3, 256, 512
+
+    def call(tensors=None, given_out=True):
+        if tensors is None:
+            b = torch.randn(groups, n, k).to(fp8)
+            sb = torch.rand(groups, n // 128, k // 128)
+            if layout == "contiguous":
+                rows = torch.randint(-1, groups, (4 * 128,), dtype=torch.int32)
+                tensors = (torch.randn(4 * 128, k).to(fp8), b, torch.rand(4 * 128, k // 128), sb, rows,
+                           torch.empty(4 * 128, n, dtype=torch.bfloat16))
+            else:
+                tensors = (torch.randn(groups, 64, k).to(fp8), b, torch.rand(groups, 64, k // 128), sb,
+                           torch.randint(0, 65, (groups,), dtype=torch.int32),
+                           torch.empty(groups, 64, n, dtype=torch.bfloat16))
+        *ops, rows, out = tensors
+        if layout == "contiguous":
+            res = G.group_deepgemm_fp8_nt_groupwise(*ops, rows, out=out if given_out else None)
+        else:
+            res = G.batch_deepgemm_fp8_nt_groupwise(*ops, rows, 48, out=out if given_out else None)
+        assert res.shape == out.shape and (res is out) == given_out
+        return tensors
+
+    cache = G._GROUPED_RECIPES if layout == "contiguous" else G._MASKED_RECIPES
+    _replays_match(call, cache)
+    before = cache.replays
+    for _ in range(4):
+        call(given_out=False)
+    assert cache.replays > before and len(cache) == 2  # the allocated output: another signature
 
 
 def test_groupwise_gemm_out_dtype_in_the_key(stand_in_gemm):

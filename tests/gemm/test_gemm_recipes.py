@@ -1,9 +1,10 @@
-"""Launch recipes of eager gemm_fp8_nt_groupwise calls (GPU): from the third or fourth call of a
-signature the call replays the launches of its first calls, bit for bit what the ordinary path
-writes, on fresh operands every call, for each kernel ``auto`` and ``triton`` pick at small and
-mid M (the K-interleaved Gluon kernel with split-K, the single-partition Gluon kernel, the
-persistent Gluon kernel, the plain Triton kernels with A by pointer loads and the fused FP8
-epilogue); the two-step FP8 output and cuBLAS never replay."""
+"""Launch recipes of eager GEMM calls (GPU): from the third or fourth call of a signature the
+call replays the launches of its first calls, bit for bit what the ordinary path writes, on
+fresh operands every call. ``gemm_fp8_nt_groupwise`` on each kernel ``auto`` and ``triton``
+pick at small and mid M (the K-interleaved Gluon kernel with and without split-K, the
+single-partition Gluon kernel, the plain Triton kernels with A by pointer loads and the fused
+FP8 epilogue); cuBLAS and the two-step FP8 output never replay. The MoE layouts (contiguous on
+the Triton and the persistent Gluon kernel, masked) replay with new group layouts every call."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 
 from mate import gemm
 from mate._core import recipe as R
-from mate.testing import poisoned
+from mate.testing import poisoned, rand_fp8
 from mate.testing.graphs import capture_graph
 from tests.gemm._inputs import fp8_block_operands
 
@@ -100,3 +101,68 @@ def test_replay_keeps_the_overlap_check_and_the_split_k_stream(monkeypatch):
         _call(ops, want, None, "auto")
     torch.cuda.synchronize()
     assert torch.equal(out, want)
+
+
+def _contiguous_layout(blocks: int, groups: int) -> torch.Tensor:
+    """m_indices of ``blocks`` 128-row blocks: each group one contiguous run of whole blocks (a
+    random count, some empty), its last rows padding (-1), other layouts on every call."""
+    counts = torch.multinomial(torch.ones(groups), blocks, replacement=True).bincount(minlength=groups)
+    idx = []
+    for g, c in enumerate(counts.tolist()):
+        rows = [g] * (c * 128)
+        if c:
+            pad = int(torch.randint(0, 100, ()))
+            rows[len(rows) - pad:] = [-1] * pad
+        idx += rows
+    return torch.tensor(idx, dtype=torch.int32, device="cuda")
+
+
+@pytest.mark.parametrize("layout,blocks,n,k", [("contiguous", 8, 4096, 7168),    # Triton (256 tiles, below 448)
+                                               ("contiguous", 64, 4096, 2048),   # persistent Gluon (2048 tiles)
+                                               ("masked", 0, 4096, 7168)])
+def test_replayed_grouped_gemms_equal_the_ordinary_path(layout, blocks, n, k, monkeypatch):
+    """The MoE layouts replay with new group layouts (m_indices / masked_m values) every call;
+    the rows a call writes equal the ordinary path's bit for bit."""
+    cache = R.RecipeCache()
+    monkeypatch.setattr(gemm, "_GROUPED_RECIPES" if layout == "contiguous" else "_MASKED_RECIPES", cache)
+    groups, max_m = 8, 128
+
+    def inputs():
+        b = rand_fp8((groups, n, k), device="cuda", scale=2.0)
+        sb = torch.rand(groups, n // 128, k // 128, device="cuda") * 0.02 + 0.005
+        if layout == "contiguous":
+            m = blocks * 128
+            return (rand_fp8((m, k), device="cuda", scale=2.0), b, torch.rand(m, k // 128, device="cuda") * 0.02,
+                    sb, _contiguous_layout(blocks, groups))
+        return (rand_fp8((groups, max_m, k), device="cuda", scale=2.0), b,
+                torch.rand(groups, max_m, k // 128, device="cuda") * 0.02, sb,
+                torch.randint(0, max_m + 1, (groups,), dtype=torch.int32, device="cuda"))
+
+    def run(ops, out):
+        if layout == "contiguous":
+            return gemm.group_deepgemm_fp8_nt_groupwise(*ops, out=out)
+        return gemm.batch_deepgemm_fp8_nt_groupwise(*ops, 64, out=out)
+
+    def written(ops, out):
+        if layout == "contiguous":
+            return out[ops[4] >= 0]
+        rows = torch.arange(max_m, device="cuda")[None, :] < ops[4][:, None]
+        return out[rows]
+
+    shape = (blocks * 128, n) if layout == "contiguous" else (groups, max_m, n)
+    with R.disabled():
+        run(inputs(), poisoned(shape, torch.bfloat16, "cuda"))  # compiles
+    for call in range(5):
+        ops = inputs()
+        out = poisoned(shape, torch.bfloat16, "cuda")
+        before = cache.replays
+        assert run(ops, out) is out
+        replayed = cache.replays > before
+        want = poisoned(shape, torch.bfloat16, "cuda")
+        with R.disabled():
+            run(ops, want)
+        torch.cuda.synchronize()
+        got, ref = written(ops, out), written(ops, want)
+        assert not got.isnan().any() and torch.equal(got, ref), f"call {call}: output differs"
+        if call >= 3:
+            assert replayed, f"call {call}"

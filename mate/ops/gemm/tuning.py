@@ -262,12 +262,12 @@ GROUPWISE_GLUON: dict[str, dict] = {
 
 
 def recipe_settings() -> tuple:
-    """What of this module a groupwise GEMM launch recipe depends on (part of its key,
+    """What of this module a GEMM launch recipe depends on (part of its key,
     ``mate.gemm``): the functions that choose backends and configurations, which benchmarks
     replace, and the ids of the tables. Editing a table in place (``tune_gemm.py``) does not show
     here: do it with recipes off (``mate._core.recipe.disabled()``)."""
-    return (groupwise_backend, groupwise_config, fp8_out_two_step, id(GROUPWISE_TABLE), id(GROUPWISE_OVERRIDES),
-            id(GROUPWISE_GLUON))
+    return (groupwise_backend, groupwise_config, fp8_out_two_step, grouped_config, masked_config,
+            GLUON_GROUPED_MIN_TILES, id(GROUPWISE_TABLE), id(GROUPWISE_OVERRIDES), id(GROUPWISE_GLUON))
 
 
 def m_bucket(m: int) -> str:
