@@ -9,6 +9,8 @@ processes, each importing ``mate`` from its ``PYTHONPATH``::
         PYTHONPATH=/path/to/old/checkout python benchmarks/probe_host_ab.py old
     done
 
+A second argument times only the calls whose name contains it (``... new gemm``).
+
 Each figure is the minimum over five rounds of the median host time of 300 back-to-back
 calls issued behind a GPU spin (nothing waits on the GPU); aten's FA2 varlen op is the peer.
 Where mate has launch recipes (``mate._core.recipe``) each call is also timed with them off.
@@ -31,6 +33,7 @@ from mate.testing.bench import host_us
 
 def main() -> None:
     tag = sys.argv[1] if len(sys.argv) > 1 else ""
+    only = sys.argv[2] if len(sys.argv) > 2 else ""  # a substring of the call names to time
     lens = [128] * 64
     total = sum(lens)
     dev, bf16 = "cuda", torch.bfloat16
@@ -62,6 +65,8 @@ def main() -> None:
     except ImportError:  # an older checkout: no launch recipes
         recipe = None
     for name, fn in calls.items():
+        if only not in name:
+            continue
         res[name] = host(fn)
         if recipe is not None:  # the same call the ordinary way (every check, Triton's binder)
             with recipe.disabled():
@@ -123,16 +128,30 @@ def selection_and_mla_calls() -> dict:
 def gemm_calls() -> dict:
     """Eager gemm_fp8_nt_groupwise calls, ``out`` given (session 34): (64, 4096, 7168) on the
     K-interleaved Gluon kernel and (1, 2112, 7168) on it with split-K."""
-    from mate.gemm import gemm_fp8_nt_groupwise
+    from mate.gemm import batch_deepgemm_fp8_nt_groupwise, gemm_fp8_nt_groupwise, group_deepgemm_fp8_nt_groupwise
 
+    fp8 = torch.float8_e4m3fn
     calls = {}
     for m, n, k in ((64, 4096, 7168), (1, 2112, 7168)):
-        a = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
-        b = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn)
+        a = torch.randn(m, k, device="cuda").to(fp8)
+        b = torch.randn(n, k, device="cuda").to(fp8)
         sa, sb = torch.rand(m, k // 128, device="cuda"), torch.rand(-(-n // 128), k // 128, device="cuda")
         out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         calls[f"gemm_fp8_nt_groupwise ({m}, {n}, {k})"] = functools.partial(
             gemm_fp8_nt_groupwise, a, b, sa, sb, scale_major_mode="K", out=out)
+    groups, n, k = 8, 4096, 7168
+    b = torch.randn(groups, n, k, device="cuda").to(fp8)
+    sb = torch.rand(groups, n // 128, k // 128, device="cuda")
+    a = torch.randn(groups * 128, k, device="cuda").to(fp8)
+    idx = torch.arange(groups, device="cuda", dtype=torch.int32).repeat_interleave(128)
+    calls["group_deepgemm 8 x 128 rows"] = functools.partial(
+        group_deepgemm_fp8_nt_groupwise, a, b, torch.rand(groups * 128, k // 128, device="cuda"), sb, idx,
+        out=torch.empty(groups * 128, n, device="cuda", dtype=torch.bfloat16))
+    calls["batch_deepgemm 8 x 128, expected 64"] = functools.partial(
+        batch_deepgemm_fp8_nt_groupwise, a.view(groups, 128, k), b,
+        torch.rand(groups, 128, k // 128, device="cuda"), sb, torch.full((groups,), 64, device="cuda",
+                                                                         dtype=torch.int32), 64,
+        out=torch.empty(groups, 128, n, device="cuda", dtype=torch.bfloat16))
     return calls
 
 
