@@ -126,8 +126,9 @@ def selection_and_mla_calls() -> dict:
 
 
 def gemm_calls() -> dict:
-    """Eager gemm_fp8_nt_groupwise calls, ``out`` given (session 34): (64, 4096, 7168) on the
-    K-interleaved Gluon kernel and (1, 2112, 7168) on it with split-K."""
+    """Eager GEMM calls, ``out`` given (session 34): gemm_fp8_nt_groupwise at (64, 4096, 7168) on
+    the K-interleaved Gluon kernel and at (1, 2112, 7168) on it with split-K; the MoE layouts with
+    8 experts of 128 rows, N=4096, K=7168 (contiguous, masked with expected_m 64)."""
     from mate.gemm import batch_deepgemm_fp8_nt_groupwise, gemm_fp8_nt_groupwise, group_deepgemm_fp8_nt_groupwise
 
     fp8 = torch.float8_e4m3fn
