@@ -34,7 +34,7 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "MATE_LAUNCH_RECIPES": ("1", "0: run every eager call the ordinary way (mate._core.recipe; by default repeated "
                             "msa() (sparse, max-score), sparse_topk_select, flash_attn_varlen_func, "
                             "flash_attn_with_kvcache, sparse_mla_fp8_decode, mla_rope_quantize_fp8 and "
-                            "gemm_fp8_nt_groupwise (Triton / Gluon paths) calls of one signature replay their "
+                            "the groupwise and MoE GEMMs (Triton / Gluon paths) calls of one signature replay their "
                             "recorded launches, and sparse_mla_fp8_decode calls without metadata keep a plan "
                             "per shape and stream); read at import"),
     "MATE_MHA_PREFILL_TMA": ("", "key=value,... overrides of the TMA prefill attention settings "
