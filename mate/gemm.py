@@ -399,9 +399,12 @@ def _gemm_recipe(cache: RecipeCache, tensors: list, others: tuple, out_shape: tu
     ``default_dtype``, as the call would), or None (not an eager CUDA call, an argument without a
     recipe signature, or an omitted output the call would not allocate so). Besides the
     arguments the key holds the current stream (split-K counters and workspaces are per stream),
-    ``MATE_GEMM_SPLITK_REDUCE`` and :func:`mate.ops.gemm.tuning.recipe_settings`."""
+    ``MATE_GEMM_SPLITK_REDUCE`` and :func:`mate.ops.gemm.tuning.recipe_settings`. Under CUDA-graph
+    capture a call takes the ordinary path, whose split-K workspace comes from the graph's pool
+    (a replay would bake the stream's eager workspace into the graph)."""
     a = tensors[0]
-    if not isinstance(a, torch.Tensor) or not recipes_usable(a):
+    if (not isinstance(a, torch.Tensor) or not recipes_usable(a)
+            or (a.is_cuda and torch.cuda.is_current_stream_capturing())):
         return None
     key = call_key(tensors, others, torch._C._cuda_getCurrentRawStream(a.get_device()),
                    os.environ.get("MATE_GEMM_SPLITK_REDUCE"), tuning.recipe_settings())

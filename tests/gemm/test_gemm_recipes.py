@@ -67,8 +67,8 @@ def test_replayed_gemms_equal_the_ordinary_path(m, n, k, backend, fp8_out, repla
 
 def test_replay_keeps_the_overlap_check_and_the_split_k_stream(monkeypatch):
     """An ``out`` laid over an operand still raises; a call on another stream is another key
-    (its own split-K counters and workspace) and right; a captured replay after new operands is
-    right."""
+    (its own split-K counters and workspace) and right; a capture, also on a stream whose recipe
+    is trusted, takes the ordinary path, and its graph replayed after new operands is right."""
     monkeypatch.setattr(gemm, "_GROUPWISE_RECIPES", R.RecipeCache())
     m, n, k = 1, 2112, 7168
     ops = fp8_block_operands(m, n, k, "cuda")
@@ -92,6 +92,19 @@ def test_replay_keeps_the_overlap_check_and_the_split_k_stream(monkeypatch):
     torch.cuda.synchronize()
     assert len(gemm._GROUPWISE_RECIPES) == 2 and gemm._GROUPWISE_RECIPES.replays > replays
     assert all(torch.equal(g, want) for g in got)
+    replays = gemm._GROUPWISE_RECIPES.replays
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):  # a stream with a trusted recipe: captured the ordinary way
+        _call(ops, out, None, "auto")
+    assert gemm._GROUPWISE_RECIPES.replays == replays
+    for t, x in zip(ops, fp8_block_operands(m, n, k, "cuda")):
+        t.copy_(x)
+    out.fill_(float("nan"))
+    graph.replay()
+    with R.disabled():
+        _call(ops, want, None, "auto")
+    torch.cuda.synchronize()
+    assert torch.equal(out, want)
     graph = capture_graph(lambda: _call(ops, out, None, "auto"))
     for t, x in zip(ops, fp8_block_operands(m, n, k, "cuda")):
         t.copy_(x)
